@@ -1,0 +1,1 @@
+"""Files copied into model archives (not imported at serve time from here)."""

@@ -1,0 +1,146 @@
+"""The artifact directory: manifest read/write and integrity.
+
+An artifact is self-contained: the compiled module(s), tokenizer files, config.json
+and manifest.json, which records everything a server needs to load it (task, target,
+buckets, input names, labels, tokenizer settings, versions) and a sha256 of every
+other file so a changed or truncated file is refused at load, by name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .buckets import Bucket, BucketGrid
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class ArtifactError(RuntimeError):
+    """The artifact directory is missing, incomplete or altered."""
+
+
+class InputSpec(BaseModel):
+    name: str
+    dtype: str = "int64"
+    pad_value: int = 0
+
+
+class TokenizerSettings(BaseModel):
+    file: str = "tokenizer.json"
+    max_length: int
+    truncation: bool = True
+    pad_token_id: int = 0
+    supports_pairs: bool = True
+
+
+class BucketValidation(BaseModel):
+    batch: int
+    seq: int
+    max_abs_diff: float
+
+
+class Manifest(BaseModel):
+    format_version: int = FORMAT_VERSION
+    name: str
+    task: str
+    architecture: str
+    model_type: str
+    target: str
+    precision: str = "fp32"
+    batch_sizes: list[int]
+    sequence_lengths: list[int]
+    inputs: list[InputSpec]
+    output_name: str
+    output_dim: int
+    # bucket key -> module file; a dynamic-shape target has the single key "dynamic"
+    modules: dict[str, str]
+    labels: list[str] | None = None
+    pooling: str | None = None
+    normalize: bool | None = None
+    tokenizer: TokenizerSettings
+    versions: dict[str, str] = Field(default_factory=dict)
+    compiler: dict[str, Any] = Field(default_factory=dict)
+    tolerance: float
+    validation: list[BucketValidation] = Field(default_factory=list)
+    files: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def grid(self) -> BucketGrid:
+        return BucketGrid(tuple(self.batch_sizes), tuple(self.sequence_lengths))
+
+    def module_for(self, bucket: Bucket) -> str:
+        return self.modules.get(bucket.key) or self.modules["dynamic"]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _payload_files(directory: Path) -> list[Path]:
+    return sorted(
+        p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST
+    )
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> Path:
+    """Checksum every file in `directory` and write manifest.json beside them."""
+    directory = Path(directory)
+    manifest.files = {
+        str(p.relative_to(directory)): sha256_file(p) for p in _payload_files(directory)
+    }
+    path = directory / MANIFEST
+    path.write_text(json.dumps(manifest.model_dump(), indent=2) + "\n")
+    return path
+
+
+def read_manifest(directory: Path, verify: bool = True) -> Manifest:
+    """Load the manifest; with `verify`, refuse a missing, altered or unlisted file."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise ArtifactError(
+            f"{directory} is not a neuronserve artifact: {MANIFEST} is missing "
+            "(create one with `neuronserve compile`)"
+        )
+    try:
+        manifest = Manifest.model_validate_json(path.read_text())
+    except ValueError as e:
+        raise ArtifactError(f"{path} is not a valid manifest: {e}") from e
+    if manifest.format_version != FORMAT_VERSION:
+        raise ArtifactError(
+            f"{path} has format version {manifest.format_version}; this neuronserve "
+            f"reads version {FORMAT_VERSION}: recompile the model"
+        )
+    if verify:
+        verify_files(directory, manifest)
+    return manifest
+
+
+def verify_files(directory: Path, manifest: Manifest) -> None:
+    problems = []
+    for rel, expected in manifest.files.items():
+        p = directory / rel
+        if not p.is_file():
+            problems.append(f"{rel} is missing")
+        elif sha256_file(p) != expected:
+            problems.append(f"{rel} does not match its sha256 in {MANIFEST} (altered or corrupt)")
+    for p in _payload_files(directory):
+        rel = str(p.relative_to(directory))
+        if rel not in manifest.files:
+            problems.append(f"{rel} is not listed in {MANIFEST}")
+    if problems:
+        raise ArtifactError(
+            f"artifact {directory} failed its integrity check:\n  "
+            + "\n  ".join(problems)
+            + "\nRecompile it with `neuronserve compile` or restore the original files."
+        )

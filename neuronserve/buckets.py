@@ -1,0 +1,103 @@
+"""The shape grid: which (batch, sequence) buckets exist, which one a batch goes to,
+how it is padded into it and how outputs are sliced back.
+
+This is the only place that knows about shapes. Static-shape targets compile one
+module per bucket; dynamic-shape targets use the grid to bound padding so the
+module only ever sees the shapes that were validated and warmed up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, order=True)
+class Bucket:
+    batch: int
+    seq: int
+
+    @property
+    def key(self) -> str:
+        return f"b{self.batch}_s{self.seq}"
+
+
+@dataclass(frozen=True)
+class BucketGrid:
+    batch_sizes: tuple[int, ...]
+    sequence_lengths: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "batch_sizes", tuple(sorted(set(self.batch_sizes))))
+        object.__setattr__(self, "sequence_lengths", tuple(sorted(set(self.sequence_lengths))))
+        if not self.batch_sizes or not self.sequence_lengths:
+            raise ValueError("a bucket grid needs at least one batch size and one sequence length")
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        return [Bucket(b, s) for b in self.batch_sizes for s in self.sequence_lengths]
+
+    @property
+    def max_batch(self) -> int:
+        return self.batch_sizes[-1]
+
+    @property
+    def max_seq(self) -> int:
+        return self.sequence_lengths[-1]
+
+    def choose(self, batch: int, seq: int) -> Bucket:
+        """The smallest bucket holding `batch` rows of `seq` tokens."""
+        if batch > self.max_batch or seq > self.max_seq:
+            raise ValueError(
+                f"({batch}, {seq}) is larger than the largest bucket "
+                f"({self.max_batch}, {self.max_seq}); split or truncate first"
+            )
+        b = next(x for x in self.batch_sizes if x >= batch)
+        s = next(x for x in self.sequence_lengths if x >= max(seq, 1))
+        return Bucket(b, s)
+
+    def chunks(self, lengths: Sequence[int]) -> Iterator[list[int]]:
+        """Split row indices into runs that each fit one bucket.
+
+        Rows are grouped by length first, so long and short texts do not share a
+        bucket and short ones are not padded to the longest of the whole request.
+        """
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        for start in range(0, len(order), self.max_batch):
+            yield order[start : start + self.max_batch]
+
+
+def pad_batch(
+    rows: Sequence[dict[str, Sequence[int]]],
+    bucket: Bucket,
+    input_names: Sequence[str],
+    pad_values: dict[str, int],
+) -> dict[str, np.ndarray]:
+    """Pad token rows into int64 arrays of exactly the bucket's shape.
+
+    Padding rows (when the batch is smaller than the bucket) are all padding with an
+    all-zero mask; their outputs are dropped by `unpad`.
+    """
+    out = {}
+    for name in input_names:
+        arr = np.full((bucket.batch, bucket.seq), pad_values.get(name, 0), dtype=np.int64)
+        for i, row in enumerate(rows):
+            values = row[name]
+            if len(values) > bucket.seq:
+                raise ValueError(f"row {i} has {len(values)} tokens, bucket holds {bucket.seq}")
+            arr[i, : len(values)] = values
+        out[name] = arr
+    return out
+
+
+def unpad(output: np.ndarray, n_rows: int) -> np.ndarray:
+    """Drop the padding rows a bucket added."""
+    return output[:n_rows]
+
+
+def padding_ratio(real_tokens: int, bucket: Bucket) -> float:
+    """Padded tokens per real token: 0.0 means no waste."""
+    total = bucket.batch * bucket.seq
+    return (total - real_tokens) / max(real_tokens, 1)

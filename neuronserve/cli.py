@@ -1,0 +1,199 @@
+"""The `neuronserve` command: compile, package, serve.
+
+Every command reads the same deployment spec (`--spec deploy.yaml`); flags given on
+the command line override the file's fields.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .spec import DeploySpec, SpecError, load_spec
+
+app = typer.Typer(
+    help="Compile Hugging Face encoders ahead of time and serve them behind TorchServe "
+         "with one pinned worker per core group.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+package_app = typer.Typer(help="Package an artifact for a model server.", no_args_is_help=True)
+serve_app = typer.Typer(help="Start (or stop) a model server on packaged models.",
+                        no_args_is_help=True)
+app.add_typer(package_app, name="package")
+app.add_typer(serve_app, name="serve")
+
+SpecOpt = Annotated[Path | None, typer.Option("--spec", help="deployment spec (YAML); "
+                                              "flags override its fields")]
+
+
+def _ints(value: str | None) -> list[int] | None:
+    if value is None:
+        return None
+    try:
+        return [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+
+
+def _spec(path: Path | None, **overrides) -> DeploySpec:
+    try:
+        return load_spec(path, overrides)
+    except SpecError as e:
+        _fail(str(e))
+
+
+def _fail(message: str, code: int = 2):
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+@app.command()
+def compile(
+    spec: SpecOpt = None,
+    model: Annotated[Path | None, typer.Option(help="local Hugging Face model directory")] = None,
+    task: Annotated[str | None, typer.Option(
+        help="feature-extraction | text-classification")] = None,
+    target: Annotated[str | None, typer.Option(help="cpu")] = None,
+    batch_sizes: Annotated[str | None, typer.Option(help="compiled batch sizes, e.g. 1,4,8")] = None,
+    sequence_lengths: Annotated[str | None, typer.Option(
+        help="compiled sequence lengths, e.g. 16,32,64,128")] = None,
+    out: Annotated[Path | None, typer.Option(help="artifact directory to write")] = None,
+    name: Annotated[str | None, typer.Option(help="model name (default: the out directory's)")]
+    = None,
+    pooling: Annotated[str | None, typer.Option(
+        help="feature-extraction pooling: auto (sentence-transformers config, else cls), "
+             "mean, cls")] = None,
+    normalize: Annotated[bool | None, typer.Option(
+        "--normalize/--no-normalize", help="L2-normalise embeddings (default: auto)")] = None,
+    truncation: Annotated[bool | None, typer.Option(
+        "--truncation/--no-truncation",
+        help="truncate texts longer than the largest sequence length (default) or refuse them "
+             "with a 413")] = None,
+    tolerance: Annotated[float | None, typer.Option(
+        help="largest accepted |compiled - eager| per bucket")] = None,
+):
+    """Compile a model for a target over a bucket grid, validating every bucket."""
+    from .compile import CompileError, compile_model
+    from .compile.driver import describe
+
+    s = _spec(spec, model=model, task=task, target=target, batch_sizes=_ints(batch_sizes),
+              sequence_lengths=_ints(sequence_lengths), artifact=out, name=name,
+              pooling=pooling, normalize=normalize, truncation=truncation, tolerance=tolerance)
+    try:
+        path = compile_model(s)
+    except (CompileError, ValueError, OSError) as e:
+        _fail(str(e), 1)
+    typer.echo(describe(path))
+    typer.echo(f"artifact written to {path}")
+
+
+def _serving_overrides(**kw):
+    return {k: v for k, v in kw.items() if v is not None}
+
+
+@package_app.command("torchserve")
+def package_torchserve_cmd(
+    artifact: Annotated[Path | None, typer.Argument(help="artifact directory from `compile`")]
+    = None,
+    spec: SpecOpt = None,
+    model_store: Annotated[Path | None, typer.Option(help="TorchServe model store")] = None,
+    name: Annotated[str | None, typer.Option(help="model name (default: the artifact's)")] = None,
+    workers: Annotated[int | None, typer.Option(help="workers (default: one per core group)")]
+    = None,
+    cores_per_worker: Annotated[int | None, typer.Option(help="cores leased by each worker")]
+    = None,
+    max_batch_delay_ms: Annotated[int | None, typer.Option(
+        help="how long TorchServe waits to fill a batch")] = None,
+    response_timeout_s: Annotated[int | None, typer.Option()] = None,
+    archive_format: Annotated[str | None, typer.Option(help="default (.mar) or no-archive")]
+    = None,
+    token_auth: Annotated[bool | None, typer.Option(
+        "--token-auth/--no-token-auth", help="TorchServe token authorization (default on)")]
+    = None,
+    truncation: Annotated[bool | None, typer.Option("--truncation/--no-truncation")] = None,
+    inference_port: Annotated[int | None, typer.Option()] = None,
+    management_port: Annotated[int | None, typer.Option()] = None,
+    metrics_port: Annotated[int | None, typer.Option()] = None,
+):
+    """Build <store>/<name>.mar with model-config.yaml, and the store's config.properties."""
+    from .artifact import ArtifactError
+    from .packaging.torchserve import PackagingError, package_torchserve
+
+    s = _spec(spec, **_serving_overrides(
+        artifact=artifact, model_store=model_store, name=name, workers=workers,
+        cores_per_worker=cores_per_worker, max_batch_delay_ms=max_batch_delay_ms,
+        response_timeout_s=response_timeout_s, archive_format=archive_format,
+        token_auth=token_auth, truncation=truncation, inference_port=inference_port,
+        management_port=management_port, metrics_port=metrics_port))
+    if s.artifact is None:
+        _fail("no artifact: pass the artifact directory or set `artifact` in the spec")
+    try:
+        out = package_torchserve(s.artifact, s)
+    except (ArtifactError, PackagingError, OSError, RuntimeError) as e:
+        _fail(str(e), 1)
+    typer.echo(f"wrote {out}")
+    typer.echo(f"wrote {out.parent / 'config.properties'}")
+
+
+@serve_app.command("torchserve")
+def serve_torchserve_cmd(
+    spec: SpecOpt = None,
+    model_store: Annotated[Path | None, typer.Option(help="model store to serve")] = None,
+    run_dir: Annotated[Path | None, typer.Option(
+        help="where TorchServe keeps its pid file, keys, logs and temp files")] = None,
+    stop: Annotated[bool, typer.Option("--stop", help="stop the server started from run-dir "
+                                                      "and wait until its processes exit")]
+    = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for every worker")] = 600,
+    inference_port: Annotated[int | None, typer.Option()] = None,
+    management_port: Annotated[int | None, typer.Option()] = None,
+    metrics_port: Annotated[int | None, typer.Option()] = None,
+):
+    """Start TorchServe and return once every worker is READY (not when /ping says so)."""
+    from .serve import torchserve as ts
+
+    s = _spec(spec, **_serving_overrides(model_store=model_store, run_dir=run_dir,
+                                         inference_port=inference_port,
+                                         management_port=management_port,
+                                         metrics_port=metrics_port))
+    if stop:
+        ts.stop(s.run_dir)
+        return
+    overrides = {}
+    host = s.bind_address
+    for flag, key, port in ((inference_port, "inference_address", s.inference_port),
+                            (management_port, "management_address", s.management_port),
+                            (metrics_port, "metrics_address", s.metrics_port)):
+        if flag is not None or spec is not None:
+            overrides[key] = f"http://{host}:{port}"
+    try:
+        inst = ts.start(s.model_store, s.run_dir, overrides, timeout_s=timeout)
+    except ts.ServeError as e:
+        _fail(str(e), 1)
+    typer.echo("TorchServe is ready:")
+    typer.echo(f"  inference   {inst.inference_url}/predictions/<model>")
+    typer.echo(f"  management  {inst.management_url}/models")
+    typer.echo(f"  metrics     {inst.metrics_url}/metrics")
+    if inst.keys:
+        typer.echo("  token authorization is on; send")
+        typer.echo(f"    -H 'Authorization: Bearer {inst.keys.get('inference')}'  (inference)")
+        typer.echo(f"    -H 'Authorization: Bearer {inst.keys.get('management')}'  (management)")
+        typer.echo(f"  keys are in {inst.run_dir / 'key_file.json'}")
+    typer.echo(f"  logs in {inst.log_dir}; stop with `neuronserve serve torchserve --stop"
+               + (f" --run-dir {s.run_dir}`" if run_dir else "`"))
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""compile: Hugging Face model directory + spec -> self-contained artifact directory.
+
+The same driver serves every target. A dynamic-shape target compiles once and the
+module is validated at every bucket; a static-shape target compiles and validates one
+module per bucket. Validation runs real tokenized text, padded by the same code the
+Runner uses, through the compiled module and the eager one.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import platform
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .. import __version__
+from ..artifact import BucketValidation, InputSpec, Manifest, TokenizerSettings, write_manifest
+from ..buckets import Bucket, BucketGrid, pad_batch
+from ..spec import DeploySpec
+from ..tasks import get_task
+from ..tokenization import TextTokenizer
+from . import get_target
+from .base import CompileError
+from .texts import VALIDATION_TEXTS
+
+INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def _check_model_dir(model_dir: Path) -> None:
+    if not model_dir.is_dir():
+        raise CompileError(f"model directory {model_dir} does not exist")
+    if not (model_dir / "config.json").is_file():
+        raise CompileError(f"{model_dir} has no config.json: is it a Hugging Face model directory?")
+    weights = list(model_dir.glob("*.safetensors")) + list(model_dir.glob("pytorch_model*.bin"))
+    if not weights:
+        raise CompileError(f"{model_dir} has no weights (*.safetensors or pytorch_model*.bin)")
+
+
+def _save_tokenizer(model_dir: Path, out: Path) -> int:
+    """Write the fast tokenizer as tokenizer.json with padding and truncation off
+    (the grid decides both at serve time); return the pad token id."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(model_dir)
+    except Exception as e:  # noqa: BLE001 - any loader failure means the same to the user
+        raise CompileError(f"cannot load a tokenizer from {model_dir}: {e}") from e
+    if not getattr(tok, "is_fast", False):
+        raise CompileError(
+            f"{model_dir} has no fast (Rust) tokenizer; neuronserve tokenizes whole batches "
+            "with `tokenizers`. Save one with tokenizer.save_pretrained() from a fast tokenizer."
+        )
+    backend = tok.backend_tokenizer
+    backend.no_padding()
+    backend.no_truncation()
+    backend.save(str(out / "tokenizer.json"))
+    return int(tok.pad_token_id if tok.pad_token_id is not None else 0)
+
+
+def _input_names(model: torch.nn.Module) -> list[str]:
+    params = inspect.signature(model.forward).parameters
+    return [n for n in INPUT_ORDER if n in params]
+
+
+def _validation_batch(tokenizer: TextTokenizer, bucket: Bucket) -> list[dict[str, list[int]]]:
+    """`bucket.batch` rows of real text, the first filling the bucket, the others
+    shorter, so masking and padding are both exercised."""
+    step = max(1, bucket.seq // (2 * bucket.batch))
+    rows = []
+    for j in range(bucket.batch):
+        length = max(3, bucket.seq - j * step)
+        rows.append(tokenizer.encode_to_length(VALIDATION_TEXTS[j % len(VALIDATION_TEXTS)],
+                                               length).row())
+    return rows
+
+
+def _tensors(arrays: dict[str, np.ndarray], names: list[str]) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.from_numpy(arrays[n]) for n in names)
+
+
+def compile_model(spec: DeploySpec, progress: bool = True) -> Path:
+    """Compile `spec.model` for `spec.target` over the spec's bucket grid into `spec.artifact`."""
+    if spec.model is None:
+        raise CompileError("no model directory: pass --model or set `model` in the spec")
+    if spec.artifact is None:
+        raise CompileError("no output directory: pass --out or set `artifact` in the spec")
+    model_dir, out = Path(spec.model), Path(spec.artifact)
+    _check_model_dir(model_dir)
+    task = get_task(spec.task)
+    target = get_target(spec.target)
+    grid = BucketGrid(tuple(spec.batch_sizes), tuple(spec.sequence_lengths))
+
+    if out.exists() and any(out.iterdir()) and not (out / "manifest.json").is_file():
+        raise CompileError(f"{out} exists and is not an artifact; choose an empty directory")
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        manifest = _compile_into(spec, model_dir, staging, task, target, grid, progress)
+        write_manifest(staging, manifest)
+        shutil.rmtree(out, ignore_errors=True)
+        staging.rename(out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def _compile_into(spec, model_dir, out, task, target, grid, progress) -> Manifest:
+    pad_id = _save_tokenizer(model_dir, out)
+    shutil.copy2(model_dir / "config.json", out / "config.json")
+    tokenizer = TextTokenizer(out / "tokenizer.json", grid.max_seq)
+
+    model = task.load_model(model_dir)
+    config = model.config
+    max_pos = getattr(config, "max_position_embeddings", None)
+    if max_pos is not None and grid.max_seq > max_pos:
+        raise CompileError(
+            f"sequence length {grid.max_seq} exceeds the model's max_position_embeddings "
+            f"({max_pos}); lower --sequence-lengths"
+        )
+    names = _input_names(model)
+    wrapped = task.wrap(model, model_dir, {
+        "pooling": spec.pooling, "normalize": spec.normalize, "input_names": names,
+    })
+    eager = wrapped.module
+    pad_values = {"input_ids": pad_id}
+
+    modules: dict[str, str] = {}
+    compiled = None
+    if target.dynamic_shapes:
+        largest = Bucket(grid.max_batch, grid.max_seq)
+        example = _tensors(pad_batch(_validation_batch(tokenizer, largest), largest, names,
+                                     pad_values), names)
+        compiled = target.compile(eager, example, {})
+        modules["dynamic"] = "model" + target.file_suffix
+        target.save(compiled, out / modules["dynamic"])
+        # Validate what was saved, not what is in memory.
+        compiled = target.load(out / modules["dynamic"])
+
+    results: list[BucketValidation] = []
+    output_dim = None
+    bar = tqdm(grid.buckets, desc=f"compile {target.name}", unit="bucket",
+               disable=not progress, file=sys.stderr)
+    for bucket in bar:
+        bar.set_postfix_str(f"batch={bucket.batch} seq={bucket.seq}")
+        rows = _validation_batch(tokenizer, bucket)
+        inputs = _tensors(pad_batch(rows, bucket, names, pad_values), names)
+        if not target.dynamic_shapes:
+            module = target.compile(eager, inputs, {})
+            modules[bucket.key] = bucket.key + target.file_suffix
+            target.save(module, out / modules[bucket.key])
+            module = target.load(out / modules[bucket.key])
+        else:
+            module = compiled
+        with torch.no_grad():
+            want = eager(*inputs).float().numpy()
+            got = module(*inputs).float().numpy()
+        if got.shape != want.shape:
+            raise CompileError(f"bucket {bucket.key}: compiled output shape {got.shape} "
+                               f"differs from eager {want.shape}")
+        diff = float(np.max(np.abs(got - want)))
+        if not np.all(np.isfinite(got)) or math.isnan(diff):
+            raise CompileError(f"bucket {bucket.key}: the compiled module produced NaN or inf")
+        if diff > spec.tolerance:
+            raise CompileError(
+                f"bucket {bucket.key}: compiled output differs from the eager model by {diff:.3g} "
+                f"(tolerance {spec.tolerance:g}); the compiled graph is not faithful. Raise "
+                "`tolerance` only if that difference is acceptable for your use."
+            )
+        results.append(BucketValidation(batch=bucket.batch, seq=bucket.seq, max_abs_diff=diff))
+        output_dim = int(got.shape[-1])
+
+    import tokenizers
+    import transformers
+
+    return Manifest(
+        name=spec.name or Path(spec.artifact).resolve().name,
+        task=task.name,
+        architecture=(config.architectures or [type(model).__name__])[0],
+        model_type=config.model_type,
+        target=target.name,
+        batch_sizes=list(grid.batch_sizes),
+        sequence_lengths=list(grid.sequence_lengths),
+        inputs=[InputSpec(name=n, pad_value=pad_values.get(n, 0)) for n in names],
+        output_name=wrapped.output_name,
+        output_dim=output_dim,
+        modules=modules,
+        tokenizer=TokenizerSettings(max_length=grid.max_seq, truncation=spec.truncation,
+                                    pad_token_id=pad_id),
+        versions={
+            "neuronserve": __version__, "torch": torch.__version__,
+            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
+            "python": platform.python_version(),
+        },
+        compiler=target.versions(),
+        tolerance=spec.tolerance,
+        validation=results,
+        **wrapped.manifest_fields,
+    )
+
+
+def describe(path: Path) -> str:
+    """One line per bucket for the CLI's summary."""
+    data = json.loads((Path(path) / "manifest.json").read_text())
+    lines = [f"{data['name']}: {data['task']} ({data['architecture']}) for {data['target']}"]
+    for v in data["validation"]:
+        lines.append(f"  bucket batch={v['batch']:<3} seq={v['seq']:<4} "
+                     f"max |compiled - eager| = {v['max_abs_diff']:.2e}")
+    return "\n".join(lines)

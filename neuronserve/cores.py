@@ -1,0 +1,222 @@
+"""Cores are leased, not guessed.
+
+Discovery finds the cores this process may use; a plan splits them into groups of
+`cores_per_worker`; a worker claims a group with one advisory file lock per core
+(the kernel drops the locks when the process dies, so a restarted worker finds its
+predecessor's group free) and pins itself before any runtime initialises.
+
+Servers give workers no usable index (TorchServe none at all on CPU/Neuron, Triton an
+instance name), so a lease is the only way two live workers never share a core.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LEASE_DIR_ENV = "NEURONSERVE_LEASE_DIR"
+CORES_ENV = "NEURONSERVE_CORES"  # restrict discovery, e.g. "0-3" or "0,2"
+
+
+class NoFreeCoreGroup(RuntimeError):
+    """Every core group of the plan is leased by a live worker."""
+
+
+@dataclass(frozen=True)
+class CoreGroup:
+    index: int
+    cores: tuple[int, ...]
+
+    @property
+    def label(self) -> str:
+        """`a` or `a-b` for contiguous groups, else a comma list (NEURON_RT_VISIBLE_CORES form)."""
+        c = self.cores
+        if len(c) == 1:
+            return str(c[0])
+        if list(c) == list(range(c[0], c[-1] + 1)):
+            return f"{c[0]}-{c[-1]}"
+        return ",".join(map(str, c))
+
+
+def parse_core_list(text: str) -> list[int]:
+    """'0-3,6' -> [0, 1, 2, 3, 6]"""
+    cores: set[int] = set()
+    for part in text.replace(" ", "").split(","):
+        if not part:
+            continue
+        if "-" in part:
+            lo, hi = part.split("-", 1)
+            cores.update(range(int(lo), int(hi) + 1))
+        else:
+            cores.add(int(part))
+    return sorted(cores)
+
+
+def discover_cpu_cores() -> list[int]:
+    """CPU cores from this process's affinity, narrowed by NEURONSERVE_CORES if set."""
+    allowed = sorted(os.sched_getaffinity(0))
+    restrict = os.environ.get(CORES_ENV)
+    if restrict:
+        wanted = parse_core_list(restrict)
+        missing = sorted(set(wanted) - set(allowed))
+        if missing:
+            raise NoFreeCoreGroup(
+                f"{CORES_ENV}={restrict} names cores {missing} outside this process's "
+                f"affinity {allowed}"
+            )
+        return wanted
+    return allowed
+
+
+def plan_groups(cores: list[int], cores_per_worker: int) -> list[CoreGroup]:
+    if cores_per_worker < 1:
+        raise ValueError("cores_per_worker must be at least 1")
+    n = len(cores) // cores_per_worker
+    if n == 0:
+        raise NoFreeCoreGroup(
+            f"cores_per_worker={cores_per_worker} but only {len(cores)} core(s) are available "
+            f"({cores}); lower cores_per_worker"
+        )
+    return [
+        CoreGroup(i, tuple(cores[i * cores_per_worker : (i + 1) * cores_per_worker]))
+        for i in range(n)
+    ]
+
+
+def default_lease_dir() -> Path:
+    env = os.environ.get(LEASE_DIR_ENV)
+    if env:
+        return Path(env)
+    # Host-wide by default: cores belong to the host, not to one server or model.
+    return Path(tempfile.gettempdir()) / f"neuronserve-{os.getuid()}" / "leases"
+
+
+@dataclass
+class CoreLease:
+    kind: str
+    group: CoreGroup
+    groups_total: int
+    _fds: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def cores(self) -> tuple[int, ...]:
+        return self.group.cores
+
+    def release(self) -> None:
+        for fd in self._fds:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+        self._fds.clear()
+
+    def __enter__(self) -> CoreLease:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _lock_path(directory: Path, kind: str, core: int) -> Path:
+    return directory / f"{kind}-core-{core}.lock"
+
+
+def _try_lock(path: Path) -> int | None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _holder(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return "unknown"
+    return f"pid {info.get('pid', '?')} ({info.get('owner', '?')})"
+
+
+def acquire(
+    groups: list[CoreGroup],
+    kind: str,
+    owner: str = "",
+    directory: Path | None = None,
+) -> CoreLease:
+    """Lease the first group whose cores are all free; all-or-nothing per group."""
+    directory = Path(directory or default_lease_dir())
+    directory.mkdir(parents=True, exist_ok=True)
+    for group in groups:
+        fds: list[int] = []
+        for core in group.cores:
+            fd = _try_lock(_lock_path(directory, kind, core))
+            if fd is None:
+                break
+            fds.append(fd)
+        if len(fds) == len(group.cores):
+            record = json.dumps({"pid": os.getpid(), "owner": owner, "group": group.index,
+                                 "cores": list(group.cores)}).encode()
+            for fd in fds:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, record, 0)
+            return CoreLease(kind=kind, group=group, groups_total=len(groups), _fds=fds)
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+    held = "; ".join(
+        f"group {g.index} (cores {g.label}) held by "
+        + _holder(_lock_path(directory, kind, g.cores[0]))
+        for g in groups
+    )
+    cpw = len(groups[0].cores) if groups else 0
+    raise NoFreeCoreGroup(
+        f"no free {kind} core group for this worker: the plan has {len(groups)} group(s) of "
+        f"{cpw} core(s) and all are leased by live workers [{held}]. Run at most "
+        f"{len(groups)} worker(s) (spec `workers`, TorchServe minWorkers/maxWorkers, Triton "
+        "instance count) or lower `cores_per_worker`."
+    )
+
+
+def pin_cpu(cores: tuple[int, ...]) -> None:
+    """Pin every thread of this process to `cores`, and size thread pools to match.
+
+    Threads per worker must follow the cores it was given: two threads on one core
+    ran ~5x slower than one here.
+    """
+    n = str(len(cores))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = n
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except (ProcessLookupError, PermissionError):
+            pass  # a thread that exited meanwhile
+    import torch
+
+    torch.set_num_threads(len(cores))
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass  # already fixed by earlier parallel work in this process
+
+
+def claim(kind: str, cores_per_worker: int, owner: str = "",
+          directory: Path | None = None) -> CoreLease:
+    """Discover, plan and lease; raises NoFreeCoreGroup with what to change."""
+    if kind != "cpu":
+        raise ValueError(f"core kind {kind!r} is not supported by this version (cpu only)")
+    groups = plan_groups(discover_cpu_cores(), cores_per_worker)
+    return acquire(groups, kind, owner=owner, directory=directory)
+
+
+def pin(lease: CoreLease) -> None:
+    if lease.kind == "cpu":
+        pin_cpu(lease.cores)
+    else:
+        raise ValueError(f"cannot pin core kind {lease.kind!r}")

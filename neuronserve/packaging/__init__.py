@@ -1,0 +1,1 @@
+"""Packagers: TorchServe archives (Triton repositories and SageMaker contexts to come)."""

@@ -1,0 +1,186 @@
+"""Runner: the one pad-run-unpad path every task, target and server uses.
+
+    decode -> tokenize (whole batch) -> pick bucket -> pad -> run -> unpad -> task output
+
+Server adapters hand the Runner a list of request bodies (one batch as their server
+formed it) and get back one result per request: a JSON-able response, or a
+`RequestError` that fails that request alone while its neighbours are served.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .artifact import Manifest, read_manifest
+from .buckets import Bucket, pad_batch, padding_ratio, unpad
+from .compile import get_target
+from .tasks import RequestError, TaskRequest, decode_payload, get_task
+from .tokenization import TextTokenizer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class BucketRun:
+    bucket: Bucket
+    rows: int
+    real_tokens: int
+    model_ms: float
+
+    @property
+    def padding_ratio(self) -> float:
+        return padding_ratio(self.real_tokens, self.bucket)
+
+
+@dataclass
+class RunReport:
+    """What one Runner call did, for the servers' metrics."""
+
+    requests: int = 0
+    texts: int = 0
+    tokenize_ms: float = 0.0
+    runs: list[BucketRun] = field(default_factory=list)
+
+    @property
+    def model_ms(self) -> float:
+        return sum(r.model_ms for r in self.runs)
+
+    @property
+    def padding_ratio(self) -> float:
+        real = sum(r.real_tokens for r in self.runs)
+        total = sum(r.bucket.batch * r.bucket.seq for r in self.runs)
+        return (total - real) / max(real, 1)
+
+
+Result = Any  # a JSON-able response, or a RequestError for that request alone
+
+
+class Runner:
+    def __init__(self, artifact_dir: Path | str, truncation: bool | None = None,
+                 verify: bool = True, warmup: bool = True):
+        self.artifact_dir = Path(artifact_dir)
+        self.manifest: Manifest = read_manifest(self.artifact_dir, verify=verify)
+        m = self.manifest
+        self.task = get_task(m.task)
+        self.target = get_target(m.target)
+        self.grid = m.grid
+        self.input_names = [i.name for i in m.inputs]
+        self.pad_values = {i.name: i.pad_value for i in m.inputs}
+        self.truncation = m.tokenizer.truncation if truncation is None else truncation
+        self.tokenizer = TextTokenizer(self.artifact_dir / m.tokenizer.file, m.tokenizer.max_length)
+        loaded: dict[str, torch.nn.Module] = {}
+        for filename in sorted(set(m.modules.values())):
+            loaded[filename] = self.target.load(self.artifact_dir / filename)
+        self._modules = {key: loaded[filename] for key, filename in m.modules.items()}
+        self.info = {"labels": m.labels}
+        if warmup:
+            self.warmup()
+
+    @property
+    def max_sequence_length(self) -> int:
+        return self.grid.max_seq
+
+    def _module(self, bucket: Bucket) -> torch.nn.Module:
+        return self._modules.get(bucket.key) or self._modules["dynamic"]
+
+    def warmup(self, rounds: int = 2) -> None:
+        """Run every bucket so no request pays for first-call graph optimisation.
+
+        TorchScript's profiling executor specialises on the second call of a shape,
+        hence two rounds.
+        """
+        for bucket in self.grid.buckets:
+            rows = [{"input_ids": [self.pad_values.get("input_ids", 0)] * bucket.seq,
+                     "attention_mask": [1] * bucket.seq, "token_type_ids": [0] * bucket.seq}]
+            for _ in range(rounds):
+                self._run_bucket(rows, bucket)
+
+    def _run_bucket(self, rows: Sequence[dict[str, Sequence[int]]], bucket: Bucket) -> np.ndarray:
+        arrays = pad_batch(rows, bucket, self.input_names, self.pad_values)
+        with torch.inference_mode():
+            out = self._module(bucket)(*(torch.from_numpy(arrays[n]) for n in self.input_names))
+        return unpad(out.float().numpy(), len(rows))
+
+    def forward(self, rows: Sequence[dict[str, Sequence[int]]],
+                report: RunReport | None = None) -> np.ndarray:
+        """Model outputs for token rows, in order: bucket by length, pad, run, unpad."""
+        lengths = [len(r["input_ids"]) for r in rows]
+        out = np.empty((len(rows), self.manifest.output_dim), dtype=np.float32)
+        for chunk in self.grid.chunks(lengths):
+            bucket = self.grid.choose(len(chunk), max(lengths[i] for i in chunk))
+            t0 = time.perf_counter()
+            out[chunk] = self._run_bucket([rows[i] for i in chunk], bucket)
+            if report is not None:
+                report.runs.append(BucketRun(bucket, len(chunk), sum(lengths[i] for i in chunk),
+                                             (time.perf_counter() - t0) * 1e3))
+        return out
+
+    def parse(self, body: Any, content_type: str | None = None) -> TaskRequest:
+        """Decode one request body into the task's request (raises RequestError)."""
+        inputs, parameters = decode_payload(body, content_type)
+        return self.task.parse(inputs, parameters)
+
+    def run(self, requests: Sequence[TaskRequest | RequestError],
+            report: RunReport | None = None) -> list[Result]:
+        """Serve already-parsed requests as one batch; errors pass through in place."""
+        report = report if report is not None else RunReport()
+        results: list[Result] = list(requests)
+        live = [i for i, r in enumerate(requests) if isinstance(r, TaskRequest)]
+        texts = [t for i in live for t in requests[i].texts]
+        report.requests, report.texts = len(requests), len(texts)
+
+        t0 = time.perf_counter()
+        encoded = self.tokenizer.encode(texts, truncate=self.truncation)
+        report.tokenize_ms = (time.perf_counter() - t0) * 1e3
+
+        rows, owners, pos = [], [], 0
+        for i in live:
+            n = len(requests[i].texts)
+            mine = encoded[pos : pos + n]
+            pos += n
+            too_long = [k for k, e in enumerate(mine) if len(e.ids) > self.max_sequence_length]
+            if too_long:
+                k = too_long[0]
+                results[i] = RequestError(
+                    f"inputs[{k}] is {mine[k].full_length} tokens long; this model was compiled "
+                    f"for at most {self.max_sequence_length} tokens and truncation is off. Send "
+                    "shorter text, compile with a larger --sequence-lengths, or set "
+                    "`truncation: true`.",
+                    status=413,
+                )
+                continue
+            rows.extend(e.row() for e in mine)
+            owners.append((i, n))
+
+        try:
+            outputs = self.forward(rows, report) if rows else np.empty((0, 0), np.float32)
+        except Exception as e:  # noqa: BLE001 - the batch fails, the worker must not
+            log.exception("model execution failed")
+            for i, _ in owners:
+                results[i] = RequestError(f"model execution failed: {e}", status=500)
+            return results
+
+        pos = 0
+        for i, n in owners:
+            results[i] = self.task.respond(outputs[pos : pos + n], requests[i], self.info)
+            pos += n
+        return results
+
+    def handle(self, bodies: Sequence[tuple[Any, str | None]],
+               report: RunReport | None = None) -> list[Result]:
+        """Decode, then run: one result (or RequestError) per (body, content_type)."""
+        parsed: list[TaskRequest | RequestError] = []
+        for body, content_type in bodies:
+            try:
+                parsed.append(self.parse(body, content_type))
+            except RequestError as e:
+                parsed.append(e)
+        return self.run(parsed, report)

@@ -1,0 +1,1 @@
+"""Launchers for the model servers, with truthful readiness."""

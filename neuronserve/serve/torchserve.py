@@ -1,0 +1,238 @@
+"""serve torchserve: start TorchServe on a model store, return when every worker is READY.
+
+TorchServe's `/ping` answers Healthy before workers have loaded anything, so readiness
+is read from the management API, worker by worker. A worker that cannot start (no free
+core group, broken artifact) logs a `neuronserve:` line that is reported here instead
+of waiting for a worker that will never come.
+
+All of TorchServe's files (pid file, key file, logs, unpacked models) live in a run
+directory of our own, so `--stop` finds the server it started and nothing lands in a
+bare /tmp or the caller's working directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import requests
+
+from ..packaging.torchserve import CONFIG_FILE, read_properties, write_properties
+from ..resources import tool
+
+FAILURE_MARKER = "neuronserve: worker failed to start:"
+
+
+class ServeError(RuntimeError):
+    pass
+
+
+@dataclass
+class TorchServeInstance:
+    run_dir: Path
+    inference_url: str
+    management_url: str
+    metrics_url: str
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def headers(self, api: str = "inference") -> dict[str, str]:
+        key = self.keys.get(api)
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    def model_status(self, name: str) -> list[dict]:
+        r = requests.get(f"{self.management_url}/models/{name}",
+                         headers=self.headers("management"), timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+    def workers(self, name: str) -> list[dict]:
+        return [w for entry in self.model_status(name) for w in entry.get("workers", [])]
+
+
+def _tmp(run_dir: Path) -> Path:
+    return run_dir / "tmp"
+
+
+def _env(run_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        # TorchServe puts its pid file in $TMPDIR: `--stop` must see the same one.
+        "TMPDIR": str(_tmp(run_dir)),
+        "LOG_LOCATION": str(run_dir / "logs"),
+        "METRICS_LOCATION": str(run_dir / "logs"),
+        # Workers pin themselves and size their own pools after leasing cores; until
+        # then nothing should spread threads across every core.
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    })
+    return env
+
+
+def _pid_file(run_dir: Path) -> Path:
+    return _tmp(run_dir) / ".model_server.pid"
+
+
+def _server_pid(run_dir: Path) -> int | None:
+    try:
+        pid = int(_pid_file(run_dir).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if psutil.pid_exists(pid) else None
+
+
+def _instance(run_dir: Path, props: dict[str, str]) -> TorchServeInstance:
+    keys = {}
+    key_file = run_dir / "key_file.json"
+    if key_file.is_file():
+        data = json.loads(key_file.read_text())
+        keys = {api: data[api]["key"] for api in ("inference", "management", "API") if api in data}
+    return TorchServeInstance(
+        run_dir=run_dir,
+        inference_url=props["inference_address"],
+        management_url=props["management_address"],
+        metrics_url=props["metrics_address"],
+        keys=keys,
+    )
+
+
+def start(model_store: Path, run_dir: Path, overrides: dict[str, str] | None = None,
+          timeout_s: float = 600, log=print) -> TorchServeInstance:
+    """Start TorchServe on `model_store` and wait until every worker of every model is READY."""
+    model_store, run_dir = Path(model_store).resolve(), Path(run_dir).resolve()
+    store_config = model_store / CONFIG_FILE
+    if not store_config.is_file():
+        raise ServeError(f"{store_config} is missing: run `neuronserve package torchserve` "
+                         "into this model store first")
+    if _server_pid(run_dir):
+        raise ServeError(f"a TorchServe started from {run_dir} is already running "
+                         f"(pid {_server_pid(run_dir)}); stop it with "
+                         "`neuronserve serve torchserve --stop`")
+    for sub in ("tmp", "logs"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    for old in (run_dir / "logs").glob("*.log"):
+        old.unlink()
+    props = read_properties(store_config)
+    props.update(overrides or {})
+    props["model_store"] = str(model_store)
+    if "metrics_config" in props and not Path(props["metrics_config"]).is_absolute():
+        props["metrics_config"] = str(model_store / props["metrics_config"])
+    props["vmargs"] = f"-Djava.io.tmpdir={_tmp(run_dir)}"
+    config = run_dir / CONFIG_FILE
+    write_properties(config, props)
+
+    cmd = [*tool("torchserve", "ts.model_server", "start"), "--start", "--ncs",
+           "--model-store", str(model_store), "--ts-config", str(config)]
+    log(f"starting TorchServe (run directory {run_dir}) ...")
+    with open(run_dir / "logs" / "launcher.log", "w") as out:
+        proc = subprocess.run(cmd, cwd=run_dir, env=_env(run_dir), stdout=out,
+                              stderr=subprocess.STDOUT, timeout=120)
+    if proc.returncode != 0:
+        raise ServeError(f"torchserve --start failed; see {run_dir / 'logs' / 'launcher.log'}")
+
+    instance = _instance(run_dir, props)
+    try:
+        wait_ready(instance, timeout_s=timeout_s, log=log)
+    except BaseException:
+        stop(run_dir, log=lambda *_: None)
+        raise
+    return instance
+
+
+def _expected_workers(instance: TorchServeInstance, name: str) -> tuple[int, int, list[str]]:
+    """(ready, expected, statuses) for one model."""
+    workers, expected = [], 1
+    for entry in instance.model_status(name):
+        workers.extend(entry.get("workers", []))
+        expected = max(expected, int(entry.get("minWorkers", 1)))
+    statuses = [w.get("status", "?") for w in workers]
+    return statuses.count("READY"), expected, statuses
+
+
+def worker_failures(log_dir: Path) -> list[str]:
+    """Lines in the model log where a worker reported it could not start."""
+    lines = []
+    path = log_dir / "model_log.log"
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            if FAILURE_MARKER in line:
+                lines.append(line.split(FAILURE_MARKER)[-1].strip())
+    return lines
+
+
+def wait_ready(instance: TorchServeInstance, timeout_s: float = 600, log=print,
+               poll_s: float = 0.5) -> None:
+    """Poll the management API until every worker of every model is READY."""
+    started = time.monotonic()
+    deadline = started + timeout_s
+    last = None
+    while True:
+        # The pid file appears a moment after `torchserve --start` returns.
+        if not _server_pid(instance.run_dir) and time.monotonic() - started > 10:
+            raise ServeError(f"TorchServe exited during start; see {instance.log_dir}")
+        try:
+            if not instance.keys:
+                instance.keys = _instance(instance.run_dir, {
+                    "inference_address": instance.inference_url,
+                    "management_address": instance.management_url,
+                    "metrics_address": instance.metrics_url}).keys
+            r = requests.get(f"{instance.management_url}/models",
+                             headers=instance.headers("management"), timeout=5)
+            r.raise_for_status()
+            names = [m["modelName"] for m in r.json().get("models", [])]
+            state = {n: _expected_workers(instance, n) for n in names}
+        except (requests.RequestException, ValueError, KeyError):
+            state = None
+        if state:
+            summary = ", ".join(f"{n}: {ready}/{want} workers ready"
+                                for n, (ready, want, _) in state.items())
+            if summary != last:
+                log(f"  {summary}")
+                last = summary
+            if all(ready >= want for ready, want, _ in state.values()):
+                return
+        failures = worker_failures(instance.log_dir)
+        if failures:
+            raise ServeError("a worker failed to start:\n  " + "\n  ".join(sorted(set(failures))))
+        if time.monotonic() > deadline:
+            raise ServeError(f"workers not READY after {timeout_s:.0f}s; see {instance.log_dir}")
+        time.sleep(poll_s)
+
+
+def running(run_dir: Path) -> TorchServeInstance | None:
+    run_dir = Path(run_dir).resolve()
+    if not _server_pid(run_dir):
+        return None
+    return _instance(run_dir, read_properties(run_dir / CONFIG_FILE))
+
+
+def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
+    """Stop the TorchServe started from `run_dir` and wait until its processes are gone."""
+    run_dir = Path(run_dir).resolve()
+    pid = _server_pid(run_dir)
+    if pid is None:
+        log(f"no TorchServe is running from {run_dir}")
+        return False
+    try:
+        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        procs = []
+    log(f"stopping TorchServe (pid {pid}, {len(procs) - 1} worker process(es)) ...")
+    subprocess.run([*tool("torchserve", "ts.model_server", "start"), "--stop"], cwd=run_dir,
+                   env=_env(run_dir), capture_output=True, timeout=60)
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for p in alive:  # `torchserve --stop` returns before the JVM exits, and may miss workers
+        p.kill()
+    psutil.wait_procs(alive, timeout=10)
+    _pid_file(run_dir).unlink(missing_ok=True)
+    log("TorchServe stopped")
+    return True

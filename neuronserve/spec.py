@@ -1,0 +1,108 @@
+"""One validated deployment spec shared by `compile`, `package` and `serve`.
+
+A spec comes from a YAML file, from command-line flags, or both; flags override the
+file field by field. Every field has one meaning everywhere, so the same file drives
+all three commands.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+Task = Literal["feature-extraction", "text-classification"]
+Target = Literal["cpu"]
+Pooling = Literal["auto", "mean", "cls"]
+
+
+class SpecError(ValueError):
+    """A spec file or flag has a value neuronserve cannot use."""
+
+
+class DeploySpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # what to compile
+    model: Path | None = Field(None, description="local Hugging Face model directory")
+    name: str | None = Field(None, description="model name on the servers (default: artifact dir)")
+    task: Task = "feature-extraction"
+    target: Target = "cpu"
+    batch_sizes: list[int] = Field(default_factory=lambda: [1, 4, 8])
+    sequence_lengths: list[int] = Field(default_factory=lambda: [16, 32, 64, 128])
+    pooling: Pooling = Field("auto", description="auto: sentence-transformers config, else cls")
+    normalize: bool | None = Field(None, description="L2-normalise embeddings (None: auto)")
+    truncation: bool = Field(True, description="truncate texts over the largest sequence length")
+    tolerance: float = Field(1e-3, gt=0, description="max abs difference to the eager model")
+    artifact: Path | None = Field(None, description="artifact directory (compile output)")
+
+    # how to serve it
+    workers: int | None = Field(None, ge=1, description="default: one per core group")
+    cores_per_worker: int = Field(1, ge=1)
+    max_batch_delay_ms: int = Field(5, ge=0)
+    response_timeout_s: int = Field(120, ge=1)
+    model_store: Path = Path("model_store")
+    archive_format: Literal["default", "no-archive"] = "default"
+    token_auth: bool = True
+    bind_address: str = "127.0.0.1"
+    inference_port: int = Field(8080, gt=0, lt=65536)
+    management_port: int = Field(8081, gt=0, lt=65536)
+    metrics_port: int = Field(8082, gt=0, lt=65536)
+    run_dir: Path = Path(".neuronserve/torchserve")
+
+    @field_validator("batch_sizes", "sequence_lengths")
+    @classmethod
+    def _positive_sorted_unique(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("needs at least one value")
+        if any(x < 1 for x in v):
+            raise ValueError(f"values must be positive, got {v}")
+        return sorted(set(v))
+
+    @field_validator("sequence_lengths")
+    @classmethod
+    def _room_for_special_tokens(cls, v: list[int]) -> list[int]:
+        if v[0] < 4:
+            raise ValueError("the smallest sequence length must be at least 4 (special tokens)")
+        return v
+
+    def model_name(self) -> str:
+        if self.name:
+            return self.name
+        if self.artifact:
+            return Path(self.artifact).resolve().name
+        raise SpecError("no model name: set `name` in the spec or pass --name")
+
+
+def load_spec(path: Path | None = None, overrides: dict[str, Any] | None = None) -> DeploySpec:
+    """Read `path` (YAML) if given, apply non-None `overrides`, validate the result."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError as e:
+            raise SpecError(f"spec file {path} does not exist") from e
+        except yaml.YAMLError as e:
+            raise SpecError(f"spec file {path} is not valid YAML: {e}") from e
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise SpecError(f"spec file {path} must hold a mapping of fields, not {type(loaded)}")
+        data.update({k.replace("-", "_"): v for k, v in loaded.items()})
+        base = Path(path).resolve().parent
+        # Relative paths in a spec file are relative to the file, as users expect.
+        for key in ("model", "artifact", "model_store", "run_dir"):
+            if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
+                data[key] = str(base / data[key])
+    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        return DeploySpec(**data)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "spec"
+            lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
+        src = f" in {path}" if path else ""
+        raise SpecError(f"invalid deployment spec{src}:\n" + "\n".join(lines)) from None

@@ -1,0 +1,19 @@
+"""Per-task adapters: request -> texts, model outputs -> response."""
+
+from __future__ import annotations
+
+from .base import RequestError, Task, TaskRequest, decode_payload
+from .feature_extraction import FeatureExtraction
+from .text_classification import TextClassification
+
+TASKS: dict[str, type[Task]] = {t.name: t for t in (FeatureExtraction, TextClassification)}
+
+
+def get_task(name: str) -> Task:
+    try:
+        return TASKS[name]()
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)}") from None
+
+
+__all__ = ["RequestError", "Task", "TaskRequest", "decode_payload", "get_task", "TASKS"]

@@ -1,0 +1,143 @@
+"""What every task shares: request payload decoding and the per-request error type.
+
+A task turns one request's decoded payload into texts (or text pairs), and one
+request's slice of model outputs into its JSON response. Anything a user sent that
+cannot be served raises `RequestError`, which fails that request alone.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+Text = str | tuple[str, str]
+
+
+class RequestError(ValueError):
+    """One request cannot be served; `status` is the HTTP code to answer with."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+@dataclass
+class TaskRequest:
+    texts: list[Text]
+    single: bool  # one text was sent, not a list: answer with one result, not a list
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+def decode_payload(body: Any, content_type: str | None = None) -> tuple[Any, dict[str, Any]]:
+    """Turn a request body into (inputs, parameters).
+
+    Accepts a parsed JSON object (servers often decode JSON for us), raw bytes or a
+    string holding JSON (`{"inputs": ..., "parameters": {...}}`), or plain text, which
+    is one input. Bytes that are not UTF-8, and JSON that does not parse, are errors:
+    guessing would silently serve something other than what was sent.
+    """
+    content_type = (content_type or "").split(";")[0].strip().lower()
+    if isinstance(body, (bytes, bytearray)):
+        try:
+            body = bytes(body).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise RequestError(f"request body is not valid UTF-8 text: {e}") from None
+    if isinstance(body, str):
+        looks_json = body.lstrip()[:1] in ("{", "[")
+        if content_type == "application/json" or (looks_json and content_type != "text/plain"):
+            try:
+                body = json.loads(body)
+            except json.JSONDecodeError as e:
+                raise RequestError(f"request body is not valid JSON: {e}") from None
+        else:
+            return body, {}
+    if isinstance(body, list):
+        return body, {}
+    if not isinstance(body, dict):
+        raise RequestError(
+            f'request JSON must be an object like {{"inputs": ...}}, got {type(body).__name__}'
+        )
+    if "inputs" not in body:
+        raise RequestError(
+            'request JSON has no "inputs" field: send {"inputs": "text"} or '
+            '{"inputs": ["text", ...]}'
+        )
+    unknown = set(body) - {"inputs", "parameters"}
+    if unknown:
+        raise RequestError(f"unknown request fields {sorted(unknown)}: expected inputs, parameters")
+    params = body.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise RequestError('"parameters" must be a JSON object')
+    return body["inputs"], params
+
+
+def _check_text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise RequestError(f"{where} must be a string, got {type(value).__name__}")
+    return value
+
+
+class Task:
+    """Base class of the per-task adapters (see feature_extraction, text_classification)."""
+
+    name: str
+    accepts_pairs = False
+    parameters: frozenset[str] = frozenset()
+
+    def parse(self, inputs: Any, parameters: dict[str, Any]) -> TaskRequest:
+        unknown = set(parameters) - self.parameters
+        if unknown:
+            allowed = sorted(self.parameters) or "none"
+            raise RequestError(
+                f"unknown parameters {sorted(unknown)} for task {self.name} (allowed: {allowed})"
+            )
+        single = not isinstance(inputs, list)
+        items = [inputs] if single else inputs
+        if not items:
+            raise RequestError('"inputs" is an empty list: send at least one text')
+        texts = [self._parse_item(item, f"inputs[{i}]") for i, item in enumerate(items)]
+        return TaskRequest(texts=texts, single=single, parameters=self.check_parameters(parameters))
+
+    def _parse_item(self, item: Any, where: str) -> Text:
+        if isinstance(item, dict) and self.accepts_pairs:
+            if set(item) != {"text", "text_pair"}:
+                raise RequestError(f'{where} must be {{"text": ..., "text_pair": ...}}')
+            return (_check_text(item["text"], f"{where}.text"),
+                    _check_text(item["text_pair"], f"{where}.text_pair"))
+        pairs = ' or {"text": ..., "text_pair": ...}' if self.accepts_pairs else ""
+        if not isinstance(item, str):
+            raise RequestError(f"{where} must be a string{pairs}, got {type(item).__name__}")
+        return item
+
+    def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        return dict(parameters)
+
+    # compile time
+    def load_model(self, model_dir: Path) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def wrap(self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]) -> WrappedModel:
+        raise NotImplementedError
+
+    # serve time
+    def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+
+@dataclass
+class WrappedModel:
+    """A module taking plain int64 tensors (in `input_names` order) and returning one
+    float tensor, plus what the manifest must record to serve it."""
+
+    module: torch.nn.Module
+    output_name: str
+    manifest_fields: dict[str, Any]

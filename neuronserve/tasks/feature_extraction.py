@@ -1,0 +1,96 @@
+"""feature-extraction: one embedding per text, pooled inside the compiled module.
+
+Pooling runs in the module so padded positions are excluded by the attention mask
+on every target, and the server moves one vector per text instead of a matrix.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .base import Task, TaskRequest, WrappedModel
+
+
+class PooledEncoder(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, pooling: str, normalize: bool, input_names: list[str]):
+        super().__init__()
+        self.model = model
+        self.cls_pooling = pooling == "cls"
+        self.normalize = normalize
+        self.uses_token_types = "token_type_ids" in input_names
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.uses_token_types:
+            kwargs["token_type_ids"] = token_type_ids
+        hidden = self.model(**kwargs).last_hidden_state
+        if self.cls_pooling:
+            pooled = hidden[:, 0]
+        else:
+            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        if self.normalize:
+            pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
+        return pooled.float()
+
+
+def sentence_transformers_pooling(model_dir: Path) -> tuple[str | None, bool | None]:
+    """(pooling, normalize) from a sentence-transformers layout, or (None, None)."""
+    modules_file = model_dir / "modules.json"
+    if not modules_file.is_file():
+        return None, None
+    modules = json.loads(modules_file.read_text())
+    pooling, normalize = None, False
+    for m in modules:
+        kind = m.get("type", "")
+        if kind.endswith("models.Pooling"):
+            cfg = json.loads((model_dir / m.get("path", "") / "config.json").read_text())
+            if cfg.get("pooling_mode_cls_token"):
+                pooling = "cls"
+            elif cfg.get("pooling_mode_mean_tokens"):
+                pooling = "mean"
+            else:
+                modes = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v]
+                raise ValueError(
+                    f"{model_dir}: sentence-transformers pooling {modes} is not supported; "
+                    "set `pooling: mean` or `pooling: cls` in the spec to override"
+                )
+        elif kind.endswith("models.Normalize"):
+            normalize = True
+    return pooling, normalize
+
+
+class FeatureExtraction(Task):
+    name = "feature-extraction"
+    accepts_pairs = False
+    parameters = frozenset()
+
+    def load_model(self, model_dir: Path) -> torch.nn.Module:
+        from transformers import AutoModel
+
+        return AutoModel.from_pretrained(model_dir).eval()
+
+    def wrap(self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]) -> WrappedModel:
+        st_pooling, st_normalize = sentence_transformers_pooling(model_dir)
+        pooling = options.get("pooling", "auto")
+        if pooling == "auto":
+            pooling = st_pooling or "cls"
+        normalize = options.get("normalize")
+        if normalize is None:
+            normalize = bool(st_normalize)
+        module = PooledEncoder(model, pooling, normalize, options["input_names"]).eval()
+        return WrappedModel(
+            module=module,
+            output_name="embedding",
+            manifest_fields={"pooling": pooling, "normalize": normalize, "labels": None},
+        )
+
+    def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
+        vectors = outputs.astype(np.float32).tolist()
+        return vectors[0] if request.single else vectors

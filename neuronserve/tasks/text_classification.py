@@ -1,0 +1,72 @@
+"""text-classification: softmax scores over the model's `id2label`, top_k per text.
+
+The compiled module returns logits; softmax and ranking run on the host in numpy,
+in float64, so scores do not depend on the target's precision beyond the logits.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .base import RequestError, Task, TaskRequest, WrappedModel
+
+
+class LogitsClassifier(torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, input_names: list[str]):
+        super().__init__()
+        self.model = model
+        self.uses_token_types = "token_type_ids" in input_names
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.uses_token_types:
+            kwargs["token_type_ids"] = token_type_ids
+        return self.model(**kwargs).logits.float()
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+class TextClassification(Task):
+    name = "text-classification"
+    accepts_pairs = True
+    parameters = frozenset({"top_k"})
+
+    def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        top_k = parameters.get("top_k", 1)
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+            raise RequestError(f'"top_k" must be a positive integer or null (all labels), got {top_k!r}')
+        return {"top_k": top_k}
+
+    def load_model(self, model_dir: Path) -> torch.nn.Module:
+        from transformers import AutoModelForSequenceClassification
+
+        return AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+
+    def wrap(self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]) -> WrappedModel:
+        id2label = model.config.id2label
+        labels = [str(id2label[i]) for i in range(model.config.num_labels)]
+        return WrappedModel(
+            module=LogitsClassifier(model, options["input_names"]).eval(),
+            output_name="logits",
+            manifest_fields={"labels": labels, "pooling": None, "normalize": None},
+        )
+
+    def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
+        labels = info["labels"]
+        top_k = request.parameters.get("top_k") or len(labels)
+        scores = softmax(outputs)
+        results = []
+        for row in scores:
+            order = np.argsort(-row, kind="stable")[:top_k]
+            results.append([{"label": labels[i], "score": float(row[i])} for i in order])
+        return results[0] if request.single else results
