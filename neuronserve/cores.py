@@ -101,10 +101,19 @@ class CoreLease:
     group: CoreGroup
     groups_total: int
     _fds: list[int] = field(default_factory=list, repr=False)
+    record: dict = field(default_factory=dict)
 
     @property
     def cores(self) -> tuple[int, ...]:
         return self.group.cores
+
+    def note(self, **info) -> None:
+        """Add to the record kept in the lock files (who holds the group, how it pinned)."""
+        self.record.update(info)
+        data = json.dumps(self.record).encode()
+        for fd in self._fds:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
 
     def release(self) -> None:
         for fd in self._fds:
@@ -160,12 +169,9 @@ def acquire(
                 break
             fds.append(fd)
         if len(fds) == len(group.cores):
-            record = json.dumps({"pid": os.getpid(), "owner": owner, "group": group.index,
-                                 "cores": list(group.cores)}).encode()
-            for fd in fds:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, record, 0)
-            return CoreLease(kind=kind, group=group, groups_total=len(groups), _fds=fds)
+            lease = CoreLease(kind=kind, group=group, groups_total=len(groups), _fds=fds)
+            lease.note(pid=os.getpid(), owner=owner, group=group.index, cores=list(group.cores))
+            return lease
         for fd in fds:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
@@ -218,5 +224,8 @@ def claim(kind: str, cores_per_worker: int, owner: str = "",
 def pin(lease: CoreLease) -> None:
     if lease.kind == "cpu":
         pin_cpu(lease.cores)
+        import torch
+
+        lease.note(threads=torch.get_num_threads(), affinity=sorted(os.sched_getaffinity(0)))
     else:
         raise ValueError(f"cannot pin core kind {lease.kind!r}")

@@ -1,0 +1,115 @@
+"""Core leases across real processes: distinct groups, a clear error when none is
+free, and a group freed by a killed process is leased again."""
+
+import multiprocessing as mp
+import os
+import signal
+
+import pytest
+
+from neuronserve import cores
+
+# Each child leases from the same directory and reports what it got.
+
+
+def _lease_and_wait(directory, cpw, n_cores, conn):
+    groups = cores.plan_groups(list(range(n_cores)), cpw)
+    try:
+        lease = cores.acquire(groups, "cpu", owner="test", directory=directory)
+        conn.send(("ok", lease.group.index, lease.cores))
+    except cores.NoFreeCoreGroup as e:
+        conn.send(("error", str(e), None))
+        return
+    # Hold the lease until the parent says so. A pipe, not an Event: a child killed
+    # while waiting on an Event can leave its lock held and hang the parent.
+    conn.poll(60)
+
+
+def _spawn(directory, cpw, n_cores):
+    parent, child = mp.Pipe()
+    p = mp.get_context("fork").Process(target=_lease_and_wait,
+                                       args=(directory, cpw, n_cores, child))
+    p.start()
+    assert parent.poll(30), "child did not report its lease"
+    p.conn = parent
+    return p, parent.recv()
+
+
+def _release(procs):
+    for p in procs:
+        try:
+            p.conn.send("release")
+        except OSError:
+            pass  # killed already
+        p.join(10)
+
+
+def test_plan_groups():
+    assert [g.cores for g in cores.plan_groups([0, 1, 2, 3], 2)] == [(0, 1), (2, 3)]
+    assert [g.label for g in cores.plan_groups([4, 5, 6, 7, 8], 2)] == ["4-5", "6-7"]
+    with pytest.raises(cores.NoFreeCoreGroup, match="only 2 core"):
+        cores.plan_groups([0, 1], 4)
+
+
+def test_parse_core_list():
+    assert cores.parse_core_list("0-2,5") == [0, 1, 2, 5]
+
+
+def test_leases_are_distinct_and_extra_worker_fails(tmp_path):
+    procs = []
+    try:
+        results = []
+        for _ in range(2):
+            p, r = _spawn(tmp_path, 2, 4)
+            procs.append(p)
+            results.append(r)
+        assert [r[0] for r in results] == ["ok", "ok"]
+        assert sorted(r[2] for r in results) == [(0, 1), (2, 3)]
+        p, third = _spawn(tmp_path, 2, 4)
+        procs.append(p)
+        assert third[0] == "error"
+        assert "2 group(s) of 2 core(s)" in third[1]
+        assert "Run at most 2 worker(s)" in third[1]
+        assert "cores_per_worker" in third[1]
+        assert f"pid {procs[0].pid}" in third[1]  # names who holds the groups
+    finally:
+        _release(procs)
+
+
+def test_killed_holder_frees_its_group(tmp_path):
+    a, ra = _spawn(tmp_path, 1, 2)
+    b, rb = _spawn(tmp_path, 1, 2)
+    procs = [a, b]
+    try:
+        assert {ra[2], rb[2]} == {(0,), (1,)}
+        os.kill(a.pid, signal.SIGKILL)
+        a.join(10)
+        c, rc = _spawn(tmp_path, 1, 2)
+        procs.append(c)
+        assert rc[0] == "ok" and rc[2] == ra[2]  # the replacement gets the freed group
+    finally:
+        _release(procs)
+
+
+def test_overlapping_plans_do_not_share_cores(tmp_path):
+    groups_of_one = cores.plan_groups([0, 1], 1)
+    groups_of_two = cores.plan_groups([0, 1], 2)
+    with cores.acquire(groups_of_one, "cpu", directory=tmp_path):
+        with pytest.raises(cores.NoFreeCoreGroup):
+            cores.acquire(groups_of_two, "cpu", directory=tmp_path)
+
+
+def test_pin_cpu_sets_affinity_and_threads():
+    def child(conn):
+        import torch
+
+        cores.pin_cpu((0,))
+        conn.send((sorted(os.sched_getaffinity(0)), torch.get_num_threads(),
+                   os.environ["OMP_NUM_THREADS"]))
+
+    parent, c = mp.Pipe()
+    p = mp.get_context("fork").Process(target=child, args=(c,))
+    p.start()
+    assert parent.poll(60)
+    assert parent.recv() == ([0], 1, "1")
+    p.join(10)
