@@ -59,7 +59,8 @@ def compile(
     task: Annotated[str | None, typer.Option(
         help="feature-extraction | text-classification")] = None,
     target: Annotated[str | None, typer.Option(help="cpu")] = None,
-    batch_sizes: Annotated[str | None, typer.Option(help="compiled batch sizes, e.g. 1,4,8")] = None,
+    batch_sizes: Annotated[str | None, typer.Option(
+        help="compiled batch sizes, e.g. 1,4,8")] = None,
     sequence_lengths: Annotated[str | None, typer.Option(
         help="compiled sequence lengths, e.g. 16,32,64,128")] = None,
     out: Annotated[Path | None, typer.Option(help="artifact directory to write")] = None,

@@ -151,6 +151,7 @@ def eager_classifier_scores(model_dir: Path, texts) -> np.ndarray:
     rows = []
     with torch.no_grad():
         for t in texts:
-            enc = tok(*t, return_tensors="pt") if isinstance(t, tuple) else tok(t, return_tensors="pt")
+            pair = t if isinstance(t, tuple) else (t,)
+            enc = tok(*pair, return_tensors="pt")
             rows.append(torch.softmax(model(**enc).logits.double(), -1)[0].numpy())
     return np.stack(rows)

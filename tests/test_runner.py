@@ -3,8 +3,8 @@ truncation, per-request errors."""
 
 import numpy as np
 import pytest
-
 from conftest import SENTENCES, cosine, eager_classifier_scores, reference_embeddings
+
 from neuronserve.runtime import Runner, RunReport
 from neuronserve.tasks import RequestError
 
@@ -35,7 +35,7 @@ def test_batch_larger_than_largest_bucket_is_split(runner, reference):
     assert len(out) == len(texts)
     assert len(report.runs) >= 3 and all(r.rows <= 8 for r in report.runs)
     assert sum(r.rows for r in report.runs) == len(texts)
-    for i, t in enumerate(texts):
+    for i in range(len(texts)):
         assert cosine(out[i], reference[i % len(SENTENCES)]) >= 0.9999
 
 

@@ -16,8 +16,8 @@ import psutil
 import pytest
 import requests
 import yaml
-
 from conftest import SENTENCES, cosine, free_port, reference_embeddings, run_cli, wait_for
+
 from neuronserve.cores import parse_core_list
 from neuronserve.serve import torchserve as ts
 

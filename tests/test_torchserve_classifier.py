@@ -9,7 +9,6 @@ import psutil
 import pytest
 import requests
 import yaml
-
 from conftest import eager_classifier_scores, free_port, run_cli
 
 pytestmark = pytest.mark.server

@@ -17,8 +17,8 @@ import yaml
 from ..artifact import read_manifest
 from ..compile import get_target
 from ..cores import discover_cpu_cores, plan_groups
-from ..spec import DeploySpec
 from ..resources import handler_file, tool
+from ..spec import DeploySpec
 
 HANDLER = "neuronserve_handler.py"
 ARTIFACT_DIR = "artifact"
@@ -34,7 +34,8 @@ def _dims(*extra: str) -> list[str]:
 
 NEURONSERVE_METRICS = {
     "counter": [
-        {"name": "NeuronServeBucketRuns", "unit": "count", "dimensions": _dims("Bucket", "BatchSize")},
+        {"name": "NeuronServeBucketRuns", "unit": "count",
+         "dimensions": _dims("Bucket", "BatchSize")},
     ],
     "gauge": [
         {"name": "NeuronServeBatchRequests", "unit": "count", "dimensions": _dims()},

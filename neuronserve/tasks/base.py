@@ -125,7 +125,8 @@ class Task:
     def load_model(self, model_dir: Path) -> torch.nn.Module:
         raise NotImplementedError
 
-    def wrap(self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]) -> WrappedModel:
+    def wrap(self, model: torch.nn.Module, model_dir: Path,
+             options: dict[str, Any]) -> WrappedModel:
         raise NotImplementedError
 
     # serve time

@@ -17,7 +17,8 @@ from .base import Task, TaskRequest, WrappedModel
 
 
 class PooledEncoder(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module, pooling: str, normalize: bool, input_names: list[str]):
+    def __init__(self, model: torch.nn.Module, pooling: str, normalize: bool,
+                 input_names: list[str]):
         super().__init__()
         self.model = model
         self.cls_pooling = pooling == "cls"
@@ -76,7 +77,8 @@ class FeatureExtraction(Task):
 
         return AutoModel.from_pretrained(model_dir).eval()
 
-    def wrap(self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]) -> WrappedModel:
+    def wrap(self, model: torch.nn.Module, model_dir: Path,
+             options: dict[str, Any]) -> WrappedModel:
         st_pooling, st_normalize = sentence_transformers_pooling(model_dir)
         pooling = options.get("pooling", "auto")
         if pooling == "auto":

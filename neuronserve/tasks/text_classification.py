@@ -43,8 +43,10 @@ class TextClassification(Task):
 
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         top_k = parameters.get("top_k", 1)
-        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-            raise RequestError(f'"top_k" must be a positive integer or null (all labels), got {top_k!r}')
+        valid = isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1
+        if top_k is not None and not valid:
+            raise RequestError(
+                f'"top_k" must be a positive integer or null (all labels), got {top_k!r}')
         return {"top_k": top_k}
 
     def load_model(self, model_dir: Path) -> torch.nn.Module:
@@ -52,7 +54,8 @@ class TextClassification(Task):
 
         return AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
 
-    def wrap(self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]) -> WrappedModel:
+    def wrap(self, model: torch.nn.Module, model_dir: Path,
+             options: dict[str, Any]) -> WrappedModel:
         id2label = model.config.id2label
         labels = [str(id2label[i]) for i in range(model.config.num_labels)]
         return WrappedModel(
