@@ -15,8 +15,8 @@ import typer
 from .spec import DeploySpec, SpecError, load_spec
 
 app = typer.Typer(
-    help="Compile Hugging Face encoders ahead of time and serve them behind TorchServe "
-         "with one pinned worker per core group.",
+    help="Compile Hugging Face encoders ahead of time and serve them behind TorchServe or "
+         "Triton with one pinned worker per core group.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
@@ -187,6 +187,83 @@ def serve_torchserve_cmd(
         typer.echo(f"  keys are in {inst.run_dir / 'key_file.json'}")
     typer.echo(f"  logs in {inst.log_dir}; stop with `neuronserve serve torchserve --stop"
                + (f" --run-dir {s.run_dir}`" if run_dir else "`"))
+
+
+@package_app.command("triton")
+def package_triton_cmd(
+    artifact: Annotated[Path | None, typer.Argument(help="artifact directory from `compile`")]
+    = None,
+    spec: SpecOpt = None,
+    repository: Annotated[Path | None, typer.Option(help="Triton model repository")] = None,
+    name: Annotated[str | None, typer.Option(help="model name (default: the artifact's)")] = None,
+    instances: Annotated[int | None, typer.Option(
+        help="model instances (default: one per core group)")] = None,
+    cores_per_instance: Annotated[int | None, typer.Option(
+        help="cores leased by each instance")] = None,
+    max_batch_delay_ms: Annotated[int | None, typer.Option(
+        help="dynamic batching queue delay")] = None,
+    truncation: Annotated[bool | None, typer.Option("--truncation/--no-truncation")] = None,
+):
+    """Write <repository>/<name>/{config.pbtxt, 1/model.py, 1/artifact/}."""
+    from .artifact import ArtifactError
+    from .packaging.triton import package_triton
+
+    s = _spec(spec, **_serving_overrides(
+        artifact=artifact, triton_repository=repository, name=name, workers=instances,
+        cores_per_worker=cores_per_instance, max_batch_delay_ms=max_batch_delay_ms,
+        truncation=truncation))
+    if s.artifact is None:
+        _fail("no artifact: pass the artifact directory or set `artifact` in the spec")
+    try:
+        out = package_triton(s.artifact, s)
+    except (ArtifactError, OSError, RuntimeError) as e:
+        _fail(str(e), 1)
+    typer.echo(f"wrote {out}/config.pbtxt, {out}/1/model.py and {out}/1/artifact")
+
+
+@serve_app.command("triton")
+def serve_triton_cmd(
+    spec: SpecOpt = None,
+    repository: Annotated[Path | None, typer.Option(help="Triton model repository")] = None,
+    run_dir: Annotated[Path | None, typer.Option(help="where the server's pid file and "
+                                                      "log are kept")] = None,
+    stop: Annotated[bool, typer.Option("--stop", help="stop the server started from run-dir "
+                                                      "and wait until its processes exit")]
+    = False,
+    timeout: Annotated[float, typer.Option(help="seconds to wait for every model")] = 600,
+    http_port: Annotated[int | None, typer.Option()] = None,
+    grpc_port: Annotated[int | None, typer.Option()] = None,
+    metrics_port: Annotated[int | None, typer.Option()] = None,
+    sagemaker: Annotated[bool | None, typer.Option(
+        "--sagemaker/--no-sagemaker",
+        help="also serve SageMaker's GET /ping and POST /invocations")] = None,
+    sagemaker_port: Annotated[int | None, typer.Option()] = None,
+):
+    """Start tritonserver and return once every model in the repository is READY."""
+    from .serve import triton
+
+    s = _spec(spec, **_serving_overrides(
+        triton_repository=repository, triton_run_dir=run_dir, http_port=http_port,
+        grpc_port=grpc_port, triton_metrics_port=metrics_port, sagemaker=sagemaker,
+        sagemaker_port=sagemaker_port))
+    if stop:
+        triton.stop(s.triton_run_dir)
+        return
+    try:
+        inst = triton.start(s.triton_repository, s.triton_run_dir, s.http_port, s.grpc_port,
+                            s.triton_metrics_port,
+                            s.sagemaker_port if s.sagemaker else None, timeout_s=timeout,
+                            address=s.bind_address)
+    except triton.ServeError as e:
+        _fail(str(e), 1)
+    typer.echo("tritonserver is ready:")
+    typer.echo(f"  HTTP     {inst.http_url}/v2/models/<model>/infer")
+    typer.echo(f"  gRPC     {inst.grpc_url}")
+    typer.echo(f"  metrics  {inst.metrics_url}/metrics")
+    if inst.sagemaker_url:
+        typer.echo(f"  SageMaker  {inst.sagemaker_url}/ping, {inst.sagemaker_url}/invocations")
+    typer.echo(f"  log in {inst.log}; stop with `neuronserve serve triton --stop"
+               + (f" --run-dir {s.triton_run_dir}`" if run_dir else "`"))
 
 
 def main() -> None:

@@ -157,11 +157,21 @@ def acquire(
     kind: str,
     owner: str = "",
     directory: Path | None = None,
+    prefer: int | None = None,
 ) -> CoreLease:
-    """Lease the first group whose cores are all free; all-or-nothing per group."""
+    """Lease a group whose cores are all free (all-or-nothing per group).
+
+    `prefer` is the group a worker with a known index should get (Triton instance
+    index); if a live process still holds it (a restart racing its predecessor's exit
+    is already covered by the kernel dropping the lock), the next free group is taken.
+    """
     directory = Path(directory or default_lease_dir())
     directory.mkdir(parents=True, exist_ok=True)
-    for group in groups:
+    order = list(groups)
+    if prefer is not None and groups:
+        k = prefer % len(groups)
+        order = order[k:] + order[:k]
+    for group in order:
         fds: list[int] = []
         for core in group.cores:
             fd = _try_lock(_lock_path(directory, kind, core))
@@ -213,12 +223,12 @@ def pin_cpu(cores: tuple[int, ...]) -> None:
 
 
 def claim(kind: str, cores_per_worker: int, owner: str = "",
-          directory: Path | None = None) -> CoreLease:
+          directory: Path | None = None, prefer: int | None = None) -> CoreLease:
     """Discover, plan and lease; raises NoFreeCoreGroup with what to change."""
     if kind != "cpu":
         raise ValueError(f"core kind {kind!r} is not supported by this version (cpu only)")
     groups = plan_groups(discover_cpu_cores(), cores_per_worker)
-    return acquire(groups, kind, owner=owner, directory=directory)
+    return acquire(groups, kind, owner=owner, directory=directory, prefer=prefer)
 
 
 def pin(lease: CoreLease) -> None:

@@ -18,6 +18,14 @@ def handler_file(name: str) -> Path:
     return path
 
 
+def triton_model_file() -> Path:
+    """`triton_backend/model.py` (package data `neuronserve/_triton_backend`)."""
+    path = Path(str(resources.files("neuronserve._triton_backend") / "model.py"))
+    if not path.is_file():
+        raise FileNotFoundError(f"model.py is not installed with neuronserve (looked in {path})")
+    return path
+
+
 def tool(command: str, module: str, function: str) -> list[str]:
     """argv prefix for a console script: the one beside this interpreter, else on PATH,
     else the entry point called through this interpreter."""

@@ -130,9 +130,21 @@ class Runner:
 
     def run(self, requests: Sequence[TaskRequest | RequestError],
             report: RunReport | None = None) -> list[Result]:
-        """Serve already-parsed requests as one batch; errors pass through in place."""
+        """Serve already-parsed requests as one batch: JSON-able responses, with errors
+        passed through in place."""
+        raw = self.infer(requests, report)
+        return [r if isinstance(r, RequestError) else self.task.respond(r, req, self.info)
+                for r, req in zip(raw, requests, strict=True)]
+
+    def infer(self, requests: Sequence[TaskRequest | RequestError],
+              report: RunReport | None = None) -> list[np.ndarray | RequestError]:
+        """Model outputs (one row per text) for each request of one batch; errors in place.
+
+        Tensor-based servers (Triton) turn these rows into their output tensors with
+        `task.tensors`; JSON servers use `run`.
+        """
         report = report if report is not None else RunReport()
-        results: list[Result] = list(requests)
+        results: list[Any] = list(requests)
         live = [i for i, r in enumerate(requests) if isinstance(r, TaskRequest)]
         texts = [t for i in live for t in requests[i].texts]
         report.requests, report.texts = len(requests), len(texts)
@@ -170,7 +182,7 @@ class Runner:
 
         pos = 0
         for i, n in owners:
-            results[i] = self.task.respond(outputs[pos : pos + n], requests[i], self.info)
+            results[i] = outputs[pos : pos + n]
             pos += n
         return results
 

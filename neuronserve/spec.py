@@ -52,6 +52,15 @@ class DeploySpec(BaseModel):
     metrics_port: int = Field(8082, gt=0, lt=65536)
     run_dir: Path = Path(".neuronserve/torchserve")
 
+    # Triton (instances = `workers`, cores per instance = `cores_per_worker`)
+    triton_repository: Path = Path("triton_repo")
+    triton_run_dir: Path = Path(".neuronserve/triton")
+    http_port: int = Field(8000, gt=0, lt=65536)
+    grpc_port: int = Field(8001, gt=0, lt=65536)
+    triton_metrics_port: int = Field(8002, gt=0, lt=65536)
+    sagemaker: bool = Field(False, description="also serve SageMaker's /ping and /invocations")
+    sagemaker_port: int = Field(8080, gt=0, lt=65536)
+
     @field_validator("batch_sizes", "sequence_lengths")
     @classmethod
     def _positive_sorted_unique(cls, v: list[int]) -> list[int]:
@@ -93,7 +102,8 @@ def load_spec(path: Path | None = None, overrides: dict[str, Any] | None = None)
         data.update({k.replace("-", "_"): v for k, v in loaded.items()})
         base = Path(path).resolve().parent
         # Relative paths in a spec file are relative to the file, as users expect.
-        for key in ("model", "artifact", "model_store", "run_dir"):
+        for key in ("model", "artifact", "model_store", "run_dir", "triton_repository",
+                    "triton_run_dir"):
             if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
                 data[key] = str(base / data[key])
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})

@@ -131,7 +131,23 @@ class Task:
 
     # serve time
     def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
+        """JSON response for one request from its rows of model output."""
         raise NotImplementedError
+
+    def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
+        """Named output tensors (per text) for tensor-based servers such as Triton."""
+        raise NotImplementedError
+
+    def tensors(self, outputs: np.ndarray, info: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Output tensors for one request's rows, named as in `output_tensors`."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # numpy dtype name, or "bytes"
+    dims: tuple[int, ...]  # per text, without the batch dimension
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .base import Task, TaskRequest, WrappedModel
+from .base import Task, TaskRequest, TensorSpec, WrappedModel
 
 
 class PooledEncoder(torch.nn.Module):
@@ -96,3 +96,9 @@ class FeatureExtraction(Task):
     def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
         vectors = outputs.astype(np.float32).tolist()
         return vectors[0] if request.single else vectors
+
+    def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
+        return [TensorSpec("EMBEDDING", "float32", (output_dim,))]
+
+    def tensors(self, outputs: np.ndarray, info: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {"EMBEDDING": outputs.astype(np.float32)}

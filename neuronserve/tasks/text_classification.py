@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .base import RequestError, Task, TaskRequest, WrappedModel
+from .base import RequestError, Task, TaskRequest, TensorSpec, WrappedModel
 
 
 class LogitsClassifier(torch.nn.Module):
@@ -73,3 +73,17 @@ class TextClassification(Task):
             order = np.argsort(-row, kind="stable")[:top_k]
             results.append([{"label": labels[i], "score": float(row[i])} for i in order])
         return results[0] if request.single else results
+
+    def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
+        return [TensorSpec("LOGITS", "float32", (output_dim,)),
+                TensorSpec("SCORES", "float32", (output_dim,)),
+                TensorSpec("LABEL", "bytes", (1,))]
+
+    def tensors(self, outputs: np.ndarray, info: dict[str, Any]) -> dict[str, np.ndarray]:
+        labels = info["labels"]
+        best = np.argmax(outputs, axis=-1)
+        return {
+            "LOGITS": outputs.astype(np.float32),
+            "SCORES": softmax(outputs).astype(np.float32),
+            "LABEL": np.array([[labels[i].encode()] for i in best], dtype=object),
+        }

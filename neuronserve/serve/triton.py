@@ -1,0 +1,249 @@
+"""serve triton: start tritonserver on a model repository, return when every model is READY.
+
+The binary comes from a `tritonserver` on PATH (NVIDIA's containers) or from the
+nvidia-pytriton wheel. For the wheel, a backend directory of links is assembled (the
+Python backend library and utils, plus the stub built for this Python version), and
+the environment is set so the stub embeds this environment's Python: its libpython
+first on LD_LIBRARY_PATH, its interpreter first on PATH, its packages on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import requests
+
+from .torchserve import ServeError
+
+PID_FILE = "tritonserver.pid"
+ENDPOINTS_FILE = "endpoints.json"
+LOG_FILE = "tritonserver.log"
+
+
+@dataclass
+class TritonInstance:
+    run_dir: Path
+    http_url: str
+    grpc_url: str
+    metrics_url: str
+    sagemaker_url: str | None = None
+
+    @property
+    def log(self) -> Path:
+        return self.run_dir / LOG_FILE
+
+    def pid(self) -> int | None:
+        return _pid(self.run_dir)
+
+
+def check_numpy() -> None:
+    import numpy
+
+    if int(numpy.__version__.split(".")[0]) >= 2:
+        raise ServeError(
+            f"numpy {numpy.__version__} is installed in the serving environment; Triton's "
+            "Python-backend stub misreads tensors with numpy 2 (string tensors crash it, "
+            "numeric ones read as zeros). Install numpy<2: pip install 'numpy<2'")
+
+
+def _pytriton_root() -> Path | None:
+    try:
+        import pytriton
+    except ImportError:
+        return None
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def find_tritonserver() -> tuple[Path, Path | None]:
+    """(binary, pytriton tritonserver dir or None when a system install is used)."""
+    root = _pytriton_root()
+    if root is not None and (root / "bin" / "tritonserver").is_file():
+        return root / "bin" / "tritonserver", root
+    import shutil
+
+    found = shutil.which("tritonserver")
+    if found:
+        return Path(found), None
+    raise ServeError("no tritonserver found: install the triton extra "
+                     "(pip install 'neuronserve[triton]', which brings nvidia-pytriton) or "
+                     "run inside NVIDIA's Triton container")
+
+
+def backend_directory(root: Path, run_dir: Path) -> Path:
+    """Links to the Python backend and this Python's stub, in the layout Triton expects."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServeError(f"nvidia-pytriton ships no Python-backend stub for Python {version} "
+                         f"(looked for {stub})")
+    backends = run_dir / "backends"
+    python = backends / "python"
+    python.mkdir(parents=True, exist_ok=True)
+    links = {
+        "libtriton_python.so": root / "backends" / "python" / "libtriton_python.so",
+        "triton_python_backend_utils.py":
+            root / "backends" / "python" / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": stub,
+    }
+    for name, src in links.items():
+        dst = python / name
+        if dst.is_symlink() or dst.exists():
+            dst.unlink()
+        dst.symlink_to(src)
+    return backends
+
+
+def _env() -> dict[str, str]:
+    import neuronserve
+
+    env = dict(os.environ)
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH"))
+                                             if p)
+    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    # The stub embeds the base interpreter: give it this environment's packages, and the
+    # directory holding `neuronserve` itself (the repository for an editable install).
+    paths = [str(Path(neuronserve.__file__).resolve().parent.parent),
+             sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+                "TOKENIZERS_PARALLELISM": "false"})
+    return env
+
+
+def _pid(run_dir: Path) -> int | None:
+    try:
+        pid = int((Path(run_dir) / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+    except psutil.NoSuchProcess:
+        return None
+    return pid
+
+
+def models_in(repository: Path) -> list[str]:
+    return sorted(p.name for p in Path(repository).iterdir() if (p / "config.pbtxt").is_file())
+
+
+def start(repository: Path, run_dir: Path, http_port: int = 8000, grpc_port: int = 8001,
+          metrics_port: int = 8002, sagemaker_port: int | None = None,
+          timeout_s: float = 600, log=print, address: str = "127.0.0.1") -> TritonInstance:
+    repository, run_dir = Path(repository).resolve(), Path(run_dir).resolve()
+    if not repository.is_dir() or not models_in(repository):
+        raise ServeError(f"{repository} holds no model: run `neuronserve package triton` first")
+    if _pid(run_dir):
+        raise ServeError(f"a tritonserver started from {run_dir} is already running "
+                         f"(pid {_pid(run_dir)}); stop it with `neuronserve serve triton --stop`")
+    check_numpy()
+    binary, root = find_tritonserver()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    models = models_in(repository)
+    cmd = [str(binary), f"--model-repository={repository}", f"--http-port={http_port}",
+           f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
+           f"--http-address={address}", f"--grpc-address={address}",
+           f"--metrics-address={address}", "--allow-metrics=true",
+           "--allow-cpu-metrics=true", "--allow-gpu-metrics=false", "--log-info=true"]
+    if root is not None:
+        cmd.append(f"--backend-directory={backend_directory(root, run_dir)}")
+    env = _env()
+    if sagemaker_port is not None:
+        cmd += ["--allow-sagemaker=true", f"--sagemaker-port={sagemaker_port}"]
+        env.setdefault("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME", models[0])
+    log(f"starting tritonserver {binary} (run directory {run_dir}) ...")
+    with open(run_dir / LOG_FILE, "w") as out:
+        # Its own session, so the server and its stub processes outlive this command and
+        # `--stop` can signal the whole group.
+        proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    (run_dir / PID_FILE).write_text(str(proc.pid))
+    inst = TritonInstance(run_dir, f"http://{address}:{http_port}", f"{address}:{grpc_port}",
+                          f"http://{address}:{metrics_port}",
+                          f"http://{address}:{sagemaker_port}" if sagemaker_port else None)
+    (run_dir / ENDPOINTS_FILE).write_text(json.dumps({
+        "http_url": inst.http_url, "grpc_url": inst.grpc_url, "metrics_url": inst.metrics_url,
+        "sagemaker_url": inst.sagemaker_url}))
+    try:
+        wait_ready(inst, models, timeout_s=timeout_s, log=log)
+    except BaseException:
+        stop(run_dir, log=lambda *_: None)
+        raise
+    return inst
+
+
+def _log_errors(path: Path) -> str:
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    picked = [ln for ln in lines if "neuronserve" in ln or " E" in ln[:3] or "error" in ln.lower()]
+    return "\n  ".join((picked or lines)[-12:])
+
+
+def wait_ready(inst: TritonInstance, models: list[str], timeout_s: float = 600, log=print,
+               poll_s: float = 0.5) -> None:
+    deadline = time.monotonic() + timeout_s
+    last = None
+    while True:
+        if inst.pid() is None:
+            raise ServeError(f"tritonserver exited during start; from {inst.log}:\n  "
+                             + _log_errors(inst.log))
+        ready = []
+        for m in models:
+            try:
+                r = requests.get(f"{inst.http_url}/v2/models/{m}/ready", timeout=5)
+                ready.append(r.status_code == 200)
+            except requests.RequestException:
+                ready.append(False)
+        summary = ", ".join(f"{m}: {'READY' if ok else 'loading'}"
+                            for m, ok in zip(models, ready, strict=True))
+        if summary != last:
+            log(f"  {summary}")
+            last = summary
+        if all(ready):
+            return
+        if time.monotonic() > deadline:
+            raise ServeError(f"models not READY after {timeout_s:.0f}s; see {inst.log}")
+        time.sleep(poll_s)
+
+
+def running(run_dir: Path) -> TritonInstance | None:
+    run_dir = Path(run_dir).resolve()
+    if _pid(run_dir) is None:
+        return None
+    return TritonInstance(run_dir, **json.loads((run_dir / ENDPOINTS_FILE).read_text()))
+
+
+def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
+    """Stop the tritonserver started from `run_dir`; wait until it and its stubs are gone."""
+    run_dir = Path(run_dir).resolve()
+    pid = _pid(run_dir)
+    if pid is None:
+        log(f"no tritonserver is running from {run_dir}")
+        return False
+    server = psutil.Process(pid)
+    procs = [server, *server.children(recursive=True)]
+    log(f"stopping tritonserver (pid {pid}, {len(procs) - 1} stub process(es)) ...")
+    server.send_signal(signal.SIGTERM)  # Triton unloads models and stops its stubs itself
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for p in alive:
+        p.kill()
+    psutil.wait_procs(alive, timeout=10)
+    try:
+        server.wait(0)  # reap it if we are its parent
+    except (psutil.TimeoutExpired, psutil.NoSuchProcess, ChildProcessError):
+        pass
+    (run_dir / PID_FILE).unlink(missing_ok=True)
+    log("tritonserver stopped")
+    return True

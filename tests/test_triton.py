@@ -1,0 +1,227 @@
+"""A real tritonserver (from the nvidia-pytriton wheel) serving the real MiniLM model
+through triton_backend/model.py: two instances pinned to two core groups, HTTP and
+gRPC, dynamic batching, per-request errors, metrics and SageMaker mode. One server
+for the module, started through the CLI while /ping is watched."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import requests
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import yaml
+from tritonclient.utils import InferenceServerException
+
+from conftest import SENTENCES, cosine, free_port, reference_embeddings, run_cli
+from neuronserve.cores import parse_core_list
+from neuronserve.packaging.triton import model_config, read_config
+from neuronserve.serve import triton
+
+pytestmark = pytest.mark.server
+MODEL = "minilm"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, minilm_artifact):
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs two CPU cores for a two-group plan")
+    work = tmp_path_factory.mktemp("triton")
+    spec = {"name": MODEL, "artifact": str(minilm_artifact), "triton_repository": "repo",
+            "triton_run_dir": "run", "workers": 2, "cores_per_worker": 1, "truncation": False,
+            "max_batch_delay_ms": 50, "http_port": free_port(), "grpc_port": free_port(),
+            "triton_metrics_port": free_port(), "sagemaker": True,
+            "sagemaker_port": free_port()}
+    (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
+    run_cli("package", "triton", "--spec", "deploy.yaml", cwd=work)
+
+    # Watch /ping while the server starts: it must not say 200 before the model is READY.
+    seen, done = [], threading.Event()
+
+    def watch():
+        base = f"http://127.0.0.1:{spec['sagemaker_port']}"
+        ready_url = f"http://127.0.0.1:{spec['http_port']}/v2/models/{MODEL}/ready"
+        while not done.is_set():
+            try:
+                ping = requests.get(f"{base}/ping", timeout=2).status_code
+            except requests.RequestException:
+                ping = None
+            try:
+                ready = requests.get(ready_url, timeout=2).status_code == 200
+            except requests.RequestException:
+                ready = False
+            seen.append((ping, ready))
+            done.wait(0.1)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        proc = run_cli("serve", "triton", "--spec", "deploy.yaml", cwd=work)
+    finally:
+        done.set()
+        watcher.join()
+    assert "tritonserver is ready" in proc.stdout
+    inst = triton.running(work / "run")
+    procs = [psutil.Process(inst.pid()), *psutil.Process(inst.pid()).children(recursive=True)]
+    inst.spec, inst.work, inst.ping_log = spec, work, seen
+    yield inst
+    out = run_cli("serve", "triton", "--spec", "deploy.yaml", "--stop", cwd=work)
+    assert "tritonserver stopped" in out.stdout
+    assert not [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _texts(texts, client):
+    t = client.InferInput("TEXT", [len(texts), 1], "BYTES")
+    t.set_data_from_numpy(np.array([[s.encode() if isinstance(s, str) else s] for s in texts],
+                                   dtype=object))
+    return t
+
+
+def http_embed(inst, texts):
+    c = httpclient.InferenceServerClient(inst.http_url.removeprefix("http://"))
+    return c.infer(MODEL, [_texts(texts, httpclient)]).as_numpy("EMBEDDING")
+
+
+@pytest.fixture(scope="module")
+def reference(minilm_dir):
+    return reference_embeddings(minilm_dir, SENTENCES)
+
+
+def test_config_is_triton_protobuf_and_round_trips(server, minilm_artifact):
+    path = server.work / "repo" / MODEL / "config.pbtxt"
+    parsed = read_config(path)
+    from neuronserve.artifact import read_manifest
+    from neuronserve.spec import load_spec
+
+    spec = load_spec(server.work / "deploy.yaml")
+    assert parsed == model_config(read_manifest(minilm_artifact), spec, MODEL, 2)
+    assert parsed.backend == "python" and parsed.max_batch_size == 8
+    assert list(parsed.dynamic_batching.preferred_batch_size) == [1, 4, 8]
+    assert parsed.dynamic_batching.max_queue_delay_microseconds == 50_000
+    assert parsed.instance_group[0].count == 2
+    assert parsed.parameters["neuronserve_artifact"].string_value == "artifact"
+    assert (path.parent / "1" / "model.py").read_text() == (
+        Path(__file__).parent.parent / "triton_backend" / "model.py").read_text()
+
+
+def test_embeddings_over_http_and_grpc_match_reference(server, reference):
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    for i in range(0, len(SENTENCES), 4):  # max_batch_size texts per request at most
+        chunk = SENTENCES[i : i + 4]
+        via_http = http_embed(server, chunk)
+        via_grpc = grpc.infer(MODEL, [_texts(chunk, grpcclient)]).as_numpy("EMBEDDING")
+        for j, text in enumerate(chunk):
+            assert cosine(via_http[j], reference[i + j]) >= 0.9999, text
+            assert cosine(via_grpc[j], reference[i + j]) >= 0.9999, text
+        assert np.array_equal(via_http, via_grpc)
+
+
+def _stub_pids(inst) -> list[int]:
+    server = psutil.Process(inst.pid())
+    return [p.pid for p in server.children(recursive=True)
+            if "triton_python_backend_stub" in " ".join(p.cmdline())]
+
+
+def test_two_instances_in_two_processes_with_distinct_affinity(server, lease_dir):
+    pids = _stub_pids(server)
+    assert len(pids) == 2
+    affinities = []
+    for pid in pids:
+        per_thread = set()
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+            per_thread.add(tuple(parse_core_list(
+                re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1))))
+        assert len(per_thread) == 1, per_thread
+        affinities.append(per_thread.pop())
+    assert len(set(affinities)) == 2 and all(len(a) == 1 for a in affinities)
+
+
+def test_dynamic_batching_forms_batches_under_concurrency(server, minilm_dir):
+    texts = [f"concurrent request {i} " + "word " * (i % 5) for i in range(24)]
+    ref = reference_embeddings(minilm_dir, texts)
+    barrier = threading.Barrier(len(texts))
+
+    def call(i):
+        barrier.wait()
+        return http_embed(server, [texts[i]])[0]
+
+    with ThreadPoolExecutor(len(texts)) as pool:
+        out = list(pool.map(call, range(len(texts))))
+    for i, emb in enumerate(out):
+        assert cosine(emb, ref[i]) >= 0.9999
+    metrics = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
+    sizes = [int(s) for s in re.findall(r'neuronserve_bucket_runs\{batch_size="(\d+)"', metrics)]
+    assert max(sizes) > 1, metrics
+    assert "nv_inference_request_success" in metrics  # Triton's own, on the same port
+    for name in ("neuronserve_padding_ratio", "neuronserve_tokenize_ms", "neuronserve_model_ms"):
+        assert re.search(rf"^{name}\{{", metrics, re.M), name
+
+
+def test_bad_inputs_fail_alone_while_neighbours_succeed(server, minilm_dir):
+    good = ["first good text", "second good text", "third good text"]
+    ref = reference_embeddings(minilm_dir, good)
+    c = httpclient
+
+    def wrong_dtype():
+        t = c.InferInput("TEXT", [1, 1], "INT32")
+        t.set_data_from_numpy(np.zeros((1, 1), dtype=np.int32))
+        return [t]
+
+    def empty():
+        t = c.InferInput("TEXT", [0, 1], "BYTES")
+        t.set_data_from_numpy(np.zeros((0, 1), dtype=object))
+        return [t]
+
+    bad = [
+        (wrong_dtype, "INT32"),
+        (empty, "expected 1 string elements"),
+        (lambda: [_texts([" ".join(["long"] * 400)], c)], "at most 256"),
+        (lambda: [_texts([b"\xff\xfe broken"], c)], "not valid UTF-8"),
+    ]
+    calls = [(lambda g=g: [_texts([g], c)], None) for g in good] + bad
+    barrier = threading.Barrier(len(calls))
+    client = c.InferenceServerClient(server.http_url.removeprefix("http://"),
+                                     concurrency=len(calls))
+
+    def call(args):
+        make, _ = args
+        inputs = make()
+        barrier.wait()
+        try:
+            return client.infer(MODEL, inputs).as_numpy("EMBEDDING")
+        except InferenceServerException as e:
+            return e
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        results = list(pool.map(call, calls))
+    for i, r in enumerate(results[: len(good)]):
+        assert not isinstance(r, Exception), r
+        assert cosine(r[0], ref[i]) >= 0.9999
+    for (_, needle), r in zip(bad, results[len(good):], strict=True):
+        assert isinstance(r, InferenceServerException), r
+        assert r.status() == "400" and needle in r.message(), (needle, r.message())
+    assert len(_stub_pids(server)) == 2  # no instance died
+
+
+def test_sagemaker_ping_only_after_ready_and_invocations(server, reference):
+    log = server.ping_log
+    assert log, "the watcher saw nothing"
+    assert not [(p, r) for p, r in log if p == 200 and not r], log
+    assert any(p != 200 for p, _ in log), "never saw the server before it was ready"
+    base = f"http://127.0.0.1:{server.spec['sagemaker_port']}"
+    assert requests.get(f"{base}/ping", timeout=10).status_code == 200
+    body = {"inputs": [{"name": "TEXT", "shape": [2, 1], "datatype": "BYTES",
+                        "data": SENTENCES[4:6]}]}
+    r = requests.post(f"{base}/invocations", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    out = np.array(r.json()["outputs"][0]["data"], dtype=np.float32).reshape(2, -1)
+    assert cosine(out[0], reference[4]) >= 0.9999 and cosine(out[1], reference[5]) >= 0.9999
+    assert np.array_equal(out, http_embed(server, SENTENCES[4:6]))

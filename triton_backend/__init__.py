@@ -1,0 +1,1 @@
+"""Files copied into Triton model repositories (not imported from here at serve time)."""
