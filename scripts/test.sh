@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
-.venv/bin/ruff check neuronserve handlers tests
+.venv/bin/ruff check neuronserve handlers triton_backend tests scripts
 exec .venv/bin/python -m pytest -v "$@"

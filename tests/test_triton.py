@@ -18,9 +18,9 @@ import requests
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
+from conftest import SENTENCES, cosine, free_port, reference_embeddings, run_cli
 from tritonclient.utils import InferenceServerException
 
-from conftest import SENTENCES, cosine, free_port, reference_embeddings, run_cli
 from neuronserve.cores import parse_core_list
 from neuronserve.packaging.triton import model_config, read_config
 from neuronserve.serve import triton

@@ -37,7 +37,9 @@ def parameters(model_config: dict) -> dict[str, str]:
 
 def _error(message: str):
     code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
-    return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+    if code is None:  # older stubs have no error codes: Triton then answers 500
+        return pb_utils.TritonError(message)
+    return pb_utils.TritonError(message, code)
 
 
 class TritonPythonModel:

@@ -64,15 +64,19 @@ def _pytriton_root() -> Path | None:
 
 
 def find_tritonserver() -> tuple[Path, Path | None]:
-    """(binary, pytriton tritonserver dir or None when a system install is used)."""
-    root = _pytriton_root()
-    if root is not None and (root / "bin" / "tritonserver").is_file():
-        return root / "bin" / "tritonserver", root
+    """(binary, pytriton tritonserver dir or None when a system install is used).
+
+    A `tritonserver` on PATH wins (NVIDIA's containers, with their own backends
+    directory); otherwise the one in the nvidia-pytriton wheel.
+    """
     import shutil
 
     found = shutil.which("tritonserver")
     if found:
         return Path(found), None
+    root = _pytriton_root()
+    if root is not None and (root / "bin" / "tritonserver").is_file():
+        return root / "bin" / "tritonserver", root
     raise ServeError("no tritonserver found: install the triton extra "
                      "(pip install 'neuronserve[triton]', which brings nvidia-pytriton) or "
                      "run inside NVIDIA's Triton container")
@@ -187,7 +191,8 @@ def start(repository: Path, run_dir: Path, http_port: int = 8000, grpc_port: int
 
 def _log_errors(path: Path) -> str:
     lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-    picked = [ln for ln in lines if "neuronserve" in ln or " E" in ln[:3] or "error" in ln.lower()]
+    picked = [ln for ln in lines if "neuronserve" in ln or ln.startswith("E")
+              or "error" in ln.lower()]
     return "\n  ".join((picked or lines)[-12:])
 
 

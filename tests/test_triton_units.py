@@ -1,0 +1,62 @@
+"""triton_backend/model.py's pure parts, imported with Triton's real utils module, and
+the numpy guard of `serve triton`."""
+
+import importlib.util
+import sys
+
+import pytest
+from conftest import REPO
+
+from neuronserve.serve import triton
+from neuronserve.serve.torchserve import ServeError
+
+
+@pytest.fixture(scope="module")
+def model_py():
+    utils_dir = triton._pytriton_root() / "backends" / "python"
+    sys.path.insert(0, str(utils_dir))
+    try:
+        spec = importlib.util.spec_from_file_location("ns_triton_model",
+                                                      REPO / "triton_backend" / "model.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(utils_dir))
+
+
+def test_instance_index_counts_across_groups(model_py):
+    config = {"instance_group": [{"count": 2}, {"count": 3}]}
+    assert model_py.instance_index("minilm_0_0", config) == 0
+    assert model_py.instance_index("minilm_0_1", config) == 1
+    assert model_py.instance_index("minilm_1_0", config) == 2
+    assert model_py.instance_index("my_model_x_1_2", config) == 4  # underscores in the name
+
+
+def test_parameters_read_back_with_prefix(model_py):
+    config = {"parameters": {"neuronserve_artifact": {"string_value": "artifact"},
+                             "other": {"string_value": "x"}}}
+    assert model_py.parameters(config) == {"artifact": "artifact"}
+
+
+def test_numpy_2_is_refused(monkeypatch):
+    import numpy
+
+    monkeypatch.setattr(numpy, "__version__", "2.1.0")
+    with pytest.raises(ServeError, match="numpy<2"):
+        triton.check_numpy()
+
+
+def test_backend_directory_links_this_pythons_stub(tmp_path):
+    root = triton._pytriton_root()
+    backends = triton.backend_directory(root, tmp_path)
+    stub = backends / "python" / "triton_python_backend_stub"
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert stub.resolve() == (root / "python_backend_stubs" / version /
+                              "triton_python_backend_stub").resolve()
+    assert (backends / "python" / "libtriton_python.so").resolve().is_file()
+
+
+def test_serve_without_models_is_a_clear_error(tmp_path):
+    with pytest.raises(ServeError, match="package triton"):
+        triton.start(tmp_path, tmp_path / "run")
