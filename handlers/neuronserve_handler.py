@@ -47,8 +47,11 @@ class NeuronServeHandler(BaseHandler):
         cfg = (getattr(context, "model_yaml_config", None) or {}).get(CONFIG_SECTION, {})
         kind = cfg.get("core_kind", "cpu")
         owner = f"torchserve:{context.model_name}"
-        self.lease = cores.claim(kind, int(cfg.get("cores_per_worker", 1)), owner=owner)
-        cores.pin(self.lease)
+        self.lease = cores.claim(kind, int(cfg.get("cores_per_worker", 1)), owner=owner,
+                                 neuron_cores=cfg.get("neuron_cores"))
+        # Before anything imports the Neuron SDK: its runtime reads the pinning variables
+        # once. Inputs stay on the host; the compiled graph moves them to the device.
+        cores.pin(self.lease, target=cfg.get("target"))
         logger.info("neuronserve: pid %d leased %s core group %d (cores %s)", os.getpid(), kind,
                     self.lease.group.index, self.lease.group.label)
 

@@ -14,12 +14,17 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 LEASE_DIR_ENV = "NEURONSERVE_LEASE_DIR"
 CORES_ENV = "NEURONSERVE_CORES"  # restrict discovery, e.g. "0-3" or "0,2"
+NEURON_CORES_ENV = "NEURONSERVE_NEURON_CORES"  # how many NeuronCores the host has
+NEURON_SDK_MODULES = ("torch_neuronx", "torch_neuron")
+# NeuronCores per Neuron device, by instance family (for counting /dev/neuron*)
+CORES_PER_DEVICE = {"inf1": 4, "inf2": 2, "trn1": 2, "trn1n": 2, "trn2": 8}
 
 
 class NoFreeCoreGroup(RuntimeError):
@@ -70,6 +75,50 @@ def discover_cpu_cores() -> list[int]:
             )
         return wanted
     return allowed
+
+
+def _instance_family() -> str | None:
+    try:
+        name = Path("/sys/devices/virtual/dmi/id/product_name").read_text().strip()
+    except OSError:
+        return None
+    return name.split(".")[0] if name else None
+
+
+def discover_neuron_cores(override: int | None = None) -> list[int]:
+    """NeuronCore indices of this host.
+
+    In order: an explicit count (spec `neuron_cores`), NEURONSERVE_NEURON_CORES,
+    `neuron-ls --json-output`, then /dev/neuron* devices times the cores per device of
+    the instance family.
+    """
+    if override:
+        return list(range(int(override)))
+    env = os.environ.get(NEURON_CORES_ENV)
+    if env:
+        return list(range(int(env)))
+    import shutil
+    import subprocess
+
+    if shutil.which("neuron-ls"):
+        try:
+            out = subprocess.run(["neuron-ls", "--json-output"], capture_output=True, text=True,
+                                 timeout=30, check=True).stdout
+            devices = json.loads(out)
+            total = sum(int(d.get("nc_count", 0)) for d in devices)
+            if total:
+                return list(range(total))
+        except (subprocess.SubprocessError, ValueError, TypeError):
+            pass
+    devices = sorted(Path("/dev").glob("neuron[0-9]*"))
+    family = _instance_family()
+    if devices and family in CORES_PER_DEVICE:
+        return list(range(len(devices) * CORES_PER_DEVICE[family]))
+    raise NoFreeCoreGroup(
+        "no NeuronCores found (neuron-ls is not installed or reports none, and no "
+        f"/dev/neuron* devices on a known instance family): on a Neuron host install the "
+        f"Neuron tools; to plan for another host set `neuron_cores` in the spec or "
+        f"{NEURON_CORES_ENV}")
 
 
 def plan_groups(cores: list[int], cores_per_worker: int) -> list[CoreGroup]:
@@ -222,20 +271,48 @@ def pin_cpu(cores: tuple[int, ...]) -> None:
         pass  # already fixed by earlier parallel work in this process
 
 
+def discover(kind: str, neuron_cores: int | None = None) -> list[int]:
+    if kind == "cpu":
+        return discover_cpu_cores()
+    if kind == "neuron":
+        return discover_neuron_cores(neuron_cores)
+    raise ValueError(f"unknown core kind {kind!r} (cpu or neuron)")
+
+
 def claim(kind: str, cores_per_worker: int, owner: str = "",
-          directory: Path | None = None, prefer: int | None = None) -> CoreLease:
+          directory: Path | None = None, prefer: int | None = None,
+          neuron_cores: int | None = None) -> CoreLease:
     """Discover, plan and lease; raises NoFreeCoreGroup with what to change."""
-    if kind != "cpu":
-        raise ValueError(f"core kind {kind!r} is not supported by this version (cpu only)")
-    groups = plan_groups(discover_cpu_cores(), cores_per_worker)
+    groups = plan_groups(discover(kind, neuron_cores), cores_per_worker)
     return acquire(groups, kind, owner=owner, directory=directory, prefer=prefer)
 
 
-def pin(lease: CoreLease) -> None:
+def pin_neuron(cores: tuple[int, ...], inf1_group_sizes: bool = False) -> None:
+    """Make the Neuron runtime of this process see only `cores`.
+
+    Must run before torch_neuronx / torch_neuron is imported: the runtime reads these
+    variables once, when it initialises.
+    """
+    early = [m for m in NEURON_SDK_MODULES if m in sys.modules]
+    if early:
+        raise RuntimeError(f"{', '.join(early)} was imported before this worker pinned its "
+                           "NeuronCores; the runtime would already have claimed cores")
+    label = CoreGroup(0, cores).label
+    os.environ["NEURON_RT_VISIBLE_CORES"] = label
+    os.environ["NEURON_RT_NUM_CORES"] = str(len(cores))
+    if inf1_group_sizes:
+        # torch-neuron (Inf1) still reads the legacy variable: one group of all our cores.
+        os.environ["NEURONCORE_GROUP_SIZES"] = str(len(cores))
+
+
+def pin(lease: CoreLease, target: str | None = None) -> None:
     if lease.kind == "cpu":
         pin_cpu(lease.cores)
         import torch
 
         lease.note(threads=torch.get_num_threads(), affinity=sorted(os.sched_getaffinity(0)))
+    elif lease.kind == "neuron":
+        pin_neuron(lease.cores, inf1_group_sizes=target == "neuron")
+        lease.note(visible_cores=os.environ["NEURON_RT_VISIBLE_CORES"])
     else:
         raise ValueError(f"cannot pin core kind {lease.kind!r}")

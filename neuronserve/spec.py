@@ -11,10 +11,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 Task = Literal["feature-extraction", "text-classification"]
-Target = Literal["cpu"]
+Target = Literal["cpu", "neuronx", "neuron"]
 Pooling = Literal["auto", "mean", "cls"]
 
 
@@ -37,6 +44,17 @@ class DeploySpec(BaseModel):
     truncation: bool = Field(True, description="truncate texts over the largest sequence length")
     tolerance: float = Field(1e-3, gt=0, description="max abs difference to the eager model")
     artifact: Path | None = Field(None, description="artifact directory (compile output)")
+
+    # Neuron compiler options (targets neuronx and neuron)
+    auto_cast: Literal["none", "matmult", "all"] | None = None
+    auto_cast_type: Literal["bf16", "fp16", "tf32"] | None = None
+    optlevel: Literal[1, 2, 3] | None = Field(None, description="neuronx-cc --optlevel")
+    compiler_args: list[str] = Field(default_factory=list, description="extra compiler args")
+    pipeline_cores: int | Literal["auto"] | None = Field(
+        None, description="Inf1 pipeline mode: NeuronCores per model (auto: seed's rule)")
+    compiler_workdir: Path | None = None
+    neuron_cores: int | None = Field(
+        None, ge=1, description="NeuronCores on the serving host (default: discovered)")
 
     # how to serve it
     workers: int | None = Field(None, ge=1, description="default: one per core group")
@@ -77,6 +95,21 @@ class DeploySpec(BaseModel):
             raise ValueError("the smallest sequence length must be at least 4 (special tokens)")
         return v
 
+    @model_validator(mode="after")
+    def _neuron_options_need_neuron_target(self):
+        neuron_only = {"auto_cast": self.auto_cast, "auto_cast_type": self.auto_cast_type,
+                       "optlevel": self.optlevel, "pipeline_cores": self.pipeline_cores}
+        given = [k for k, v in neuron_only.items() if v is not None]
+        if self.target == "cpu" and given:
+            raise ValueError(f"{', '.join(given)} apply to the Neuron targets (neuronx, neuron), "
+                             "not to target cpu")
+        return self
+
+    def compiler_options(self) -> dict:
+        return {"auto_cast": self.auto_cast, "auto_cast_type": self.auto_cast_type,
+                "optlevel": self.optlevel, "compiler_args": list(self.compiler_args),
+                "pipeline_cores": self.pipeline_cores, "compiler_workdir": self.compiler_workdir}
+
     def model_name(self) -> str:
         if self.name:
             return self.name
@@ -103,7 +136,7 @@ def load_spec(path: Path | None = None, overrides: dict[str, Any] | None = None)
         base = Path(path).resolve().parent
         # Relative paths in a spec file are relative to the file, as users expect.
         for key in ("model", "artifact", "model_store", "run_dir", "triton_repository",
-                    "triton_run_dir"):
+                    "triton_run_dir", "compiler_workdir"):
             if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
                 data[key] = str(base / data[key])
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})

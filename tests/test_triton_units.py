@@ -8,7 +8,7 @@ import pytest
 from conftest import REPO
 
 from neuronserve.serve import triton
-from neuronserve.serve.torchserve import ServeError
+from neuronserve.serve.process import ServeError
 
 
 @pytest.fixture(scope="module")

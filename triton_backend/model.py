@@ -51,11 +51,14 @@ class TritonPythonModel:
         self.model_name = config["name"]
         self.instance_name = args["model_instance_name"]
         index = instance_index(self.instance_name, config)
+        neuron_cores = params.get("neuron_cores")
         self.lease = cores.claim(params.get("core_kind", "cpu"),
                                  int(params.get("cores_per_instance", "1")),
-                                 owner=f"triton:{self.instance_name}", prefer=index)
-        # Pinning sets thread counts and affinity before torch is imported here.
-        cores.pin(self.lease)
+                                 owner=f"triton:{self.instance_name}", prefer=index,
+                                 neuron_cores=int(neuron_cores) if neuron_cores else None)
+        # Pinning (thread counts and affinity, or NEURON_RT_VISIBLE_CORES) happens before
+        # torch or the Neuron SDK is imported in this process.
+        cores.pin(self.lease, target=params.get("target"))
         self.lease.note(instance=self.instance_name, index=index)
 
         from neuronserve.runtime import Runner

@@ -10,7 +10,15 @@ def get_target(name: str) -> Target:
         from .cpu import CpuTarget
 
         return CpuTarget()
-    raise ValueError(f"unknown target {name!r}; this version supports: cpu")
+    if name == "neuronx":
+        from .neuronx import NeuronxTarget
+
+        return NeuronxTarget()
+    if name == "neuron":
+        from .neuron import NeuronTarget
+
+        return NeuronTarget()
+    raise ValueError(f"unknown target {name!r}; choose cpu, neuronx (Inf2/Trn1) or neuron (Inf1)")
 
 
 def compile_model(*args, **kwargs):

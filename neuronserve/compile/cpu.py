@@ -38,3 +38,6 @@ class CpuTarget:
 
     def versions(self) -> dict[str, str]:
         return {"compiler": f"torch.jit {torch.__version__}"}
+
+    def describe(self, options: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
+        return {"cores_per_module": 1}

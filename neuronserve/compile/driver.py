@@ -131,6 +131,15 @@ def _compile_into(spec, model_dir, out, task, target, grid, progress) -> Manifes
     })
     eager = wrapped.module
     pad_values = {"input_ids": pad_id}
+    options = spec.compiler_options()
+    try:
+        described = target.describe(options, eager)
+    except ValueError as e:
+        raise CompileError(str(e)) from None
+
+    def bucket_options(bucket: Bucket) -> dict:
+        workdir = options.get("compiler_workdir")
+        return {**options, "compiler_workdir": Path(workdir) / bucket.key if workdir else None}
 
     modules: dict[str, str] = {}
     compiled = None
@@ -138,7 +147,7 @@ def _compile_into(spec, model_dir, out, task, target, grid, progress) -> Manifes
         largest = Bucket(grid.max_batch, grid.max_seq)
         example = _tensors(pad_batch(_validation_batch(tokenizer, largest), largest, names,
                                      pad_values), names)
-        compiled = target.compile(eager, example, {})
+        compiled = target.compile(eager, example, options)
         modules["dynamic"] = "model" + target.file_suffix
         target.save(compiled, out / modules["dynamic"])
         # Validate what was saved, not what is in memory.
@@ -153,7 +162,7 @@ def _compile_into(spec, model_dir, out, task, target, grid, progress) -> Manifes
         rows = _validation_batch(tokenizer, bucket)
         inputs = _tensors(pad_batch(rows, bucket, names, pad_values), names)
         if not target.dynamic_shapes:
-            module = target.compile(eager, inputs, {})
+            module = target.compile(eager, inputs, bucket_options(bucket))
             modules[bucket.key] = bucket.key + target.file_suffix
             target.save(module, out / modules[bucket.key])
             module = target.load(out / modules[bucket.key])
@@ -199,7 +208,8 @@ def _compile_into(spec, model_dir, out, task, target, grid, progress) -> Manifes
             "transformers": transformers.__version__, "tokenizers": tokenizers.__version__,
             "python": platform.python_version(),
         },
-        compiler=target.versions(),
+        compiler={**target.versions(), **described,
+                  "artifact_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())},
         tolerance=spec.tolerance,
         validation=results,
         **wrapped.manifest_fields,

@@ -16,7 +16,7 @@ import yaml
 
 from ..artifact import read_manifest
 from ..compile import get_target
-from ..cores import discover_cpu_cores, plan_groups
+from ..cores import NoFreeCoreGroup, discover, plan_groups
 from ..resources import handler_file, tool
 from ..spec import DeploySpec
 
@@ -50,9 +50,25 @@ class PackagingError(RuntimeError):
     pass
 
 
-def _plan_workers(spec: DeploySpec) -> tuple[int, int]:
-    """(workers, core groups on this host)."""
-    groups = len(plan_groups(discover_cpu_cores(), spec.cores_per_worker))
+def _plan_workers(spec: DeploySpec, manifest) -> tuple[int, int]:
+    """(workers, core groups on this host) for the artifact's target.
+
+    A worker of a module compiled for several NeuronCores (Inf1 pipeline mode) needs at
+    least that many cores.
+    """
+    kind = get_target(manifest.target).core_kind
+    per_module = int(manifest.compiler.get("cores_per_module", 1))
+    if spec.cores_per_worker < per_module:
+        raise PackagingError(
+            f"the artifact was compiled for {per_module} NeuronCores per model (pipeline mode) "
+            f"but cores_per_worker is {spec.cores_per_worker}: set cores_per_worker to "
+            f"{per_module} or a multiple of it")
+    try:
+        groups = len(plan_groups(discover(kind, spec.neuron_cores), spec.cores_per_worker))
+    except NoFreeCoreGroup as e:
+        if spec.workers:
+            return spec.workers, spec.workers  # packaging on a build host for another host
+        raise PackagingError(f"{e}; or pass --workers") from None
     return (spec.workers or groups), groups
 
 
@@ -67,7 +83,9 @@ def model_config(spec: DeploySpec, manifest, workers: int) -> dict:
         "neuronserve": {
             "artifact": ARTIFACT_DIR,
             "core_kind": target.core_kind,
+            "target": target.name,
             "cores_per_worker": spec.cores_per_worker,
+            "neuron_cores": spec.neuron_cores,
             "truncation": spec.truncation,
         },
     }
@@ -123,7 +141,7 @@ def package_torchserve(artifact: Path, spec: DeploySpec) -> Path:
     name = spec.name or manifest.name
     store = Path(spec.model_store).resolve()
     store.mkdir(parents=True, exist_ok=True)
-    workers, groups = _plan_workers(spec)
+    workers, groups = _plan_workers(spec, manifest)
     if workers > groups:
         print(f"warning: {workers} workers but this host has {groups} core group(s) of "
               f"{spec.cores_per_worker} core(s); workers beyond {groups} will fail to start "

@@ -51,9 +51,12 @@ def model_config(manifest: Manifest, spec: DeploySpec, name: str, instances: int
     params = {
         "artifact": ARTIFACT_DIR,
         "core_kind": target.core_kind,
+        "target": target.name,
         "cores_per_instance": str(spec.cores_per_worker),
         "truncation": str(spec.truncation).lower(),
     }
+    if spec.neuron_cores:
+        params["neuron_cores"] = str(spec.neuron_cores)
     for key, value in params.items():
         config.parameters[PARAM_PREFIX + key].string_value = value
     return config
@@ -76,7 +79,7 @@ def package_triton(artifact: Path, spec: DeploySpec) -> Path:
     artifact = Path(artifact)
     manifest = read_manifest(artifact)
     name = spec.name or manifest.name
-    instances, groups = _plan_workers(spec)
+    instances, groups = _plan_workers(spec, manifest)
     if instances > groups:
         print(f"warning: {instances} instances but this host has {groups} core group(s) of "
               f"{spec.cores_per_worker} core(s); instances beyond {groups} will fail to start "

@@ -19,17 +19,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import requests
 
 from ..packaging.torchserve import CONFIG_FILE, read_properties, write_properties
 from ..resources import tool
+from .process import ServeError, live_pid, process_tree, wait_gone
 
 FAILURE_MARKER = "neuronserve: worker failed to start:"
-
-
-class ServeError(RuntimeError):
-    pass
+__all__ = ["ServeError", "TorchServeInstance", "running", "start", "stop", "wait_ready"]
 
 
 @dataclass
@@ -83,11 +80,7 @@ def _pid_file(run_dir: Path) -> Path:
 
 
 def _server_pid(run_dir: Path) -> int | None:
-    try:
-        pid = int(_pid_file(run_dir).read_text().strip())
-    except (OSError, ValueError):
-        return None
-    return pid if psutil.pid_exists(pid) else None
+    return live_pid(_pid_file(run_dir))
 
 
 def _instance(run_dir: Path, props: dict[str, str]) -> TorchServeInstance:
@@ -222,17 +215,12 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
     if pid is None:
         log(f"no TorchServe is running from {run_dir}")
         return False
-    try:
-        procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        procs = []
+    procs = process_tree(pid)
     log(f"stopping TorchServe (pid {pid}, {len(procs) - 1} worker process(es)) ...")
     subprocess.run([*tool("torchserve", "ts.model_server", "start"), "--stop"], cwd=run_dir,
                    env=_env(run_dir), capture_output=True, timeout=60)
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
-    for p in alive:  # `torchserve --stop` returns before the JVM exits, and may miss workers
-        p.kill()
-    psutil.wait_procs(alive, timeout=10)
+    # `torchserve --stop` returns before the JVM has exited, and may leave workers behind.
+    wait_gone(procs, timeout_s)
     _pid_file(run_dir).unlink(missing_ok=True)
     log("TorchServe stopped")
     return True

@@ -19,10 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import requests
 
-from .torchserve import ServeError
+from .process import ServeError, live_pid, process_tree, wait_gone
 
 PID_FILE = "tritonserver.pid"
 ENDPOINTS_FILE = "endpoints.json"
@@ -127,17 +126,7 @@ def _env() -> dict[str, str]:
 
 
 def _pid(run_dir: Path) -> int | None:
-    try:
-        pid = int((Path(run_dir) / PID_FILE).read_text().strip())
-    except (OSError, ValueError):
-        return None
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-    except psutil.NoSuchProcess:
-        return None
-    return pid
+    return live_pid(Path(run_dir) / PID_FILE)
 
 
 def models_in(repository: Path) -> list[str]:
@@ -237,18 +226,10 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
     if pid is None:
         log(f"no tritonserver is running from {run_dir}")
         return False
-    server = psutil.Process(pid)
-    procs = [server, *server.children(recursive=True)]
+    procs = process_tree(pid)
     log(f"stopping tritonserver (pid {pid}, {len(procs) - 1} stub process(es)) ...")
-    server.send_signal(signal.SIGTERM)  # Triton unloads models and stops its stubs itself
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
-    for p in alive:
-        p.kill()
-    psutil.wait_procs(alive, timeout=10)
-    try:
-        server.wait(0)  # reap it if we are its parent
-    except (psutil.TimeoutExpired, psutil.NoSuchProcess, ChildProcessError):
-        pass
+    os.kill(pid, signal.SIGTERM)  # Triton unloads its models and stops its stubs itself
+    wait_gone(procs, timeout_s)
     (run_dir / PID_FILE).unlink(missing_ok=True)
     log("tritonserver stopped")
     return True

@@ -150,6 +150,23 @@ class TensorSpec:
     dims: tuple[int, ...]  # per text, without the batch dimension
 
 
+class EncoderModule(torch.nn.Module):
+    """Base of the per-task modules that get compiled: plain int64 tensors in, the
+    Hugging Face model called with the inputs it takes."""
+
+    def __init__(self, model: torch.nn.Module, input_names: list[str]):
+        super().__init__()
+        self.model = model
+        self.uses_token_types = "token_type_ids" in input_names
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+               token_type_ids: torch.Tensor | None):
+        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+        if self.uses_token_types:
+            kwargs["token_type_ids"] = token_type_ids
+        return self.model(**kwargs)
+
+
 @dataclass
 class WrappedModel:
     """A module taking plain int64 tensors (in `input_names` order) and returning one

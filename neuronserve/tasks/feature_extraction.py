@@ -13,24 +13,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from .base import Task, TaskRequest, TensorSpec, WrappedModel
+from .base import EncoderModule, Task, TaskRequest, TensorSpec, WrappedModel
 
 
-class PooledEncoder(torch.nn.Module):
+class PooledEncoder(EncoderModule):
     def __init__(self, model: torch.nn.Module, pooling: str, normalize: bool,
                  input_names: list[str]):
-        super().__init__()
-        self.model = model
+        super().__init__(model, input_names)
         self.cls_pooling = pooling == "cls"
         self.normalize = normalize
-        self.uses_token_types = "token_type_ids" in input_names
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if self.uses_token_types:
-            kwargs["token_type_ids"] = token_type_ids
-        hidden = self.model(**kwargs).last_hidden_state
+        hidden = self.encode(input_ids, attention_mask, token_type_ids).last_hidden_state
         if self.cls_pooling:
             pooled = hidden[:, 0]
         else:

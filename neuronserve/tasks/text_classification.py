@@ -12,21 +12,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from .base import RequestError, Task, TaskRequest, TensorSpec, WrappedModel
+from .base import EncoderModule, RequestError, Task, TaskRequest, TensorSpec, WrappedModel
 
 
-class LogitsClassifier(torch.nn.Module):
-    def __init__(self, model: torch.nn.Module, input_names: list[str]):
-        super().__init__()
-        self.model = model
-        self.uses_token_types = "token_type_ids" in input_names
-
+class LogitsClassifier(EncoderModule):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
-        if self.uses_token_types:
-            kwargs["token_type_ids"] = token_type_ids
-        return self.model(**kwargs).logits.float()
+        return self.encode(input_ids, attention_mask, token_type_ids).logits.float()
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
