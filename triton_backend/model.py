@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
@@ -42,8 +43,17 @@ def _error(message: str):
     return pb_utils.TritonError(message, code)
 
 
+def restore_pythonpath() -> None:
+    """The stub ignores PYTHONPATH; `neuronserve serve triton` passes it on here."""
+    extra = [p for p in os.environ.get("NEURONSERVE_PYTHONPATH", "").split(os.pathsep) if p]
+    for path in reversed(extra):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+
+
 class TritonPythonModel:
     def initialize(self, args):
+        restore_pythonpath()
         from neuronserve import cores
 
         config = json.loads(args["model_config"])

@@ -106,20 +106,15 @@ def backend_directory(root: Path, run_dir: Path) -> Path:
 
 
 def _env() -> dict[str, str]:
-    import neuronserve
-
     env = dict(os.environ)
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH"))
                                              if p)
+    # The stub finds its packages through the `python3` first on PATH (this environment's,
+    # editable installs included) and ignores PYTHONPATH: model.py puts what the caller
+    # had on PYTHONPATH back in front of sys.path from this variable.
     env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
-    # The stub embeds the base interpreter: give it this environment's packages, and the
-    # directory holding `neuronserve` itself (the repository for an editable install).
-    paths = [str(Path(neuronserve.__file__).resolve().parent.parent),
-             sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env["NEURONSERVE_PYTHONPATH"] = env.get("PYTHONPATH", "")
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                 "TOKENIZERS_PARALLELISM": "false"})
     return env
