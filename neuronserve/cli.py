@@ -58,7 +58,8 @@ def compile(
     model: Annotated[Path | None, typer.Option(help="local Hugging Face model directory")] = None,
     task: Annotated[str | None, typer.Option(
         help="feature-extraction | text-classification")] = None,
-    target: Annotated[str | None, typer.Option(help="cpu")] = None,
+    target: Annotated[str | None, typer.Option(
+        help="cpu | neuronx (Inf2/Trn1) | neuron (Inf1)")] = None,
     batch_sizes: Annotated[str | None, typer.Option(
         help="compiled batch sizes, e.g. 1,4,8")] = None,
     sequence_lengths: Annotated[str | None, typer.Option(
@@ -77,6 +78,19 @@ def compile(
              "with a 413")] = None,
     tolerance: Annotated[float | None, typer.Option(
         help="largest accepted |compiled - eager| per bucket")] = None,
+    auto_cast: Annotated[str | None, typer.Option(
+        help="Neuron: none | matmult | all")] = None,
+    auto_cast_type: Annotated[str | None, typer.Option(help="Neuron: bf16 | fp16 | tf32")] = None,
+    optlevel: Annotated[int | None, typer.Option(help="neuronx-cc --optlevel 1-3")] = None,
+    compiler_arg: Annotated[list[str] | None, typer.Option(
+        help="extra compiler argument (repeat for several)")] = None,
+    pipeline_cores: Annotated[str | None, typer.Option(
+        help="Inf1 pipeline mode: NeuronCores per model, or auto (4*round(weights/2e7))")]
+    = None,
+    compile_for: Annotated[str | None, typer.Option(
+        help="neuronx: compile for inf2 | trn1 | trn1n | trn2 on a build host")] = None,
+    compiler_workdir: Annotated[Path | None, typer.Option(
+        help="keep the compiler's intermediate files here (one folder per bucket)")] = None,
 ):
     """Compile a model for a target over a bucket grid, validating every bucket."""
     from .compile import CompileError, compile_model
@@ -84,7 +98,12 @@ def compile(
 
     s = _spec(spec, model=model, task=task, target=target, batch_sizes=_ints(batch_sizes),
               sequence_lengths=_ints(sequence_lengths), artifact=out, name=name,
-              pooling=pooling, normalize=normalize, truncation=truncation, tolerance=tolerance)
+              pooling=pooling, normalize=normalize, truncation=truncation, tolerance=tolerance,
+              auto_cast=auto_cast, auto_cast_type=auto_cast_type, optlevel=optlevel,
+              compiler_args=compiler_arg,
+              pipeline_cores=(int(pipeline_cores) if pipeline_cores and pipeline_cores.isdigit()
+                              else pipeline_cores),
+              compile_for=compile_for, compiler_workdir=compiler_workdir)
     try:
         path = compile_model(s)
     except (CompileError, ValueError, OSError) as e:
@@ -120,6 +139,9 @@ def package_torchserve_cmd(
     inference_port: Annotated[int | None, typer.Option()] = None,
     management_port: Annotated[int | None, typer.Option()] = None,
     metrics_port: Annotated[int | None, typer.Option()] = None,
+    neuron_cores: Annotated[int | None, typer.Option(
+        help="NeuronCores of the serving host (default: discovered where workers start)")]
+    = None,
 ):
     """Build <store>/<name>.mar with model-config.yaml, and the store's config.properties."""
     from .artifact import ArtifactError
@@ -130,7 +152,7 @@ def package_torchserve_cmd(
         cores_per_worker=cores_per_worker, max_batch_delay_ms=max_batch_delay_ms,
         response_timeout_s=response_timeout_s, archive_format=archive_format,
         token_auth=token_auth, truncation=truncation, inference_port=inference_port,
-        management_port=management_port, metrics_port=metrics_port))
+        management_port=management_port, metrics_port=metrics_port, neuron_cores=neuron_cores))
     if s.artifact is None:
         _fail("no artifact: pass the artifact directory or set `artifact` in the spec")
     try:
@@ -203,6 +225,9 @@ def package_triton_cmd(
     max_batch_delay_ms: Annotated[int | None, typer.Option(
         help="dynamic batching queue delay")] = None,
     truncation: Annotated[bool | None, typer.Option("--truncation/--no-truncation")] = None,
+    neuron_cores: Annotated[int | None, typer.Option(
+        help="NeuronCores of the serving host (default: discovered where instances start)")]
+    = None,
 ):
     """Write <repository>/<name>/{config.pbtxt, 1/model.py, 1/artifact/}."""
     from .artifact import ArtifactError
@@ -211,7 +236,7 @@ def package_triton_cmd(
     s = _spec(spec, **_serving_overrides(
         artifact=artifact, triton_repository=repository, name=name, workers=instances,
         cores_per_worker=cores_per_instance, max_batch_delay_ms=max_batch_delay_ms,
-        truncation=truncation))
+        truncation=truncation, neuron_cores=neuron_cores))
     if s.artifact is None:
         _fail("no artifact: pass the artifact directory or set `artifact` in the spec")
     try:

@@ -53,6 +53,8 @@ class DeploySpec(BaseModel):
     pipeline_cores: int | Literal["auto"] | None = Field(
         None, description="Inf1 pipeline mode: NeuronCores per model (auto: seed's rule)")
     compiler_workdir: Path | None = None
+    compile_for: Literal["inf2", "trn1", "trn1n", "trn2"] | None = Field(
+        None, description="neuronx-cc --target: compile on a build host without Neuron devices")
     neuron_cores: int | None = Field(
         None, ge=1, description="NeuronCores on the serving host (default: discovered)")
 
@@ -61,6 +63,9 @@ class DeploySpec(BaseModel):
     cores_per_worker: int = Field(1, ge=1)
     max_batch_delay_ms: int = Field(5, ge=0)
     response_timeout_s: int = Field(120, ge=1)
+    worker_retry_timeout_s: int = Field(
+        60, ge=1, description="TorchServe /ping turns Unhealthy once a worker has failed to "
+                              "start for this long (maxRetryTimeoutInSec)")
     model_store: Path = Path("model_store")
     archive_format: Literal["default", "no-archive"] = "default"
     token_auth: bool = True
@@ -98,7 +103,8 @@ class DeploySpec(BaseModel):
     @model_validator(mode="after")
     def _neuron_options_need_neuron_target(self):
         neuron_only = {"auto_cast": self.auto_cast, "auto_cast_type": self.auto_cast_type,
-                       "optlevel": self.optlevel, "pipeline_cores": self.pipeline_cores}
+                       "optlevel": self.optlevel, "pipeline_cores": self.pipeline_cores,
+                       "compile_for": self.compile_for}
         given = [k for k, v in neuron_only.items() if v is not None]
         if self.target == "cpu" and given:
             raise ValueError(f"{', '.join(given)} apply to the Neuron targets (neuronx, neuron), "
@@ -108,7 +114,8 @@ class DeploySpec(BaseModel):
     def compiler_options(self) -> dict:
         return {"auto_cast": self.auto_cast, "auto_cast_type": self.auto_cast_type,
                 "optlevel": self.optlevel, "compiler_args": list(self.compiler_args),
-                "pipeline_cores": self.pipeline_cores, "compiler_workdir": self.compiler_workdir}
+                "pipeline_cores": self.pipeline_cores, "compiler_workdir": self.compiler_workdir,
+                "compile_for": self.compile_for}
 
     def model_name(self) -> str:
         if self.name:

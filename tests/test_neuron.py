@@ -84,13 +84,14 @@ def test_neuronx_compiles_one_module_per_bucket(tmp_path, classifier_dir, standi
         "model": classifier_dir, "artifact": tmp_path / "art", "task": "text-classification",
         "target": "neuronx", "batch_sizes": [1, 4], "sequence_lengths": [16, 32],
         "auto_cast": "matmult", "auto_cast_type": "bf16", "optlevel": 2,
-        "compiler_args": ["--model-type", "transformer"], "compiler_workdir": tmp_path / "wd"})
+        "compiler_args": ["--model-type", "transformer"], "compiler_workdir": tmp_path / "wd",
+        "compile_for": "inf2"})
     compile_model(spec, progress=False)
     m = read_manifest(tmp_path / "art")
     assert m.target == "neuronx"
     assert set(m.modules) == {"b1_s16", "b1_s32", "b4_s16", "b4_s32"}
     want_args = ["--auto-cast", "matmult", "--auto-cast-type", "bf16", "--optlevel", "2",
-                 "--model-type", "transformer"]
+                 "--target", "inf2", "--model-type", "transformer"]
     assert m.compiler["compiler_args"] == want_args
     assert m.compiler["compiler"] == "torch_neuronx 0.0.0+standin"
     assert m.compiler["inline_weights_to_neff"] is False

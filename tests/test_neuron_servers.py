@@ -17,8 +17,8 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 import yaml
-
 from conftest import eager_classifier_scores, free_port, run_cli, wait_for
+
 from neuronserve.serve import torchserve as ts
 
 pytestmark = pytest.mark.server
@@ -57,7 +57,8 @@ def imports(log: Path) -> dict[int, dict]:
 
 
 @contextmanager
-def serving(work: Path, engine: str, artifact: Path, workers: int, cores_per_worker: int):
+def serving(work: Path, engine: str, artifact: Path, workers: int, cores_per_worker: int,
+            **extra):
     """Package and serve `artifact` with the stand-in on a fake 4-NeuronCore host."""
     work.mkdir(parents=True, exist_ok=True)
     log = work / "standin.jsonl"
@@ -72,7 +73,7 @@ def serving(work: Path, engine: str, artifact: Path, workers: int, cores_per_wor
             "triton_run_dir": "tr", "inference_port": free_port(),
             "management_port": free_port(), "metrics_port": free_port(),
             "http_port": free_port(), "grpc_port": free_port(),
-            "triton_metrics_port": free_port()}
+            "triton_metrics_port": free_port(), **extra}
     (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
     run_cli("package", engine, "--spec", "deploy.yaml", cwd=work, env=env)
     run_cli("serve", engine, "--spec", "deploy.yaml", cwd=work, env=env)
@@ -96,7 +97,8 @@ def _ts_scores(spec, texts):
 
 def test_torchserve_four_workers_four_cores(tmp_path, neuronx_artifact, classifier_dir):
     want = eager_classifier_scores(classifier_dir, TEXTS)
-    with serving(tmp_path, "torchserve", neuronx_artifact, 4, 1) as (spec, log):
+    with serving(tmp_path, "torchserve", neuronx_artifact, 4, 1,
+                 worker_retry_timeout_s=5) as (spec, log):
         workers = _ts_workers(spec)
         pids = [int(w["pid"]) for w in workers]
         assert len(pids) == 4 and all(w["status"] == "READY" for w in workers)
@@ -129,6 +131,10 @@ def test_torchserve_four_workers_four_cores(tmp_path, neuronx_artifact, classifi
         assert "no free neuron core group" in failures[0]
         assert "4 group(s) of 1 core(s)" in failures[0] and "Run at most 4 worker(s)" in failures[0]
         assert len([w for w in _ts_workers(spec) if w["status"] == "READY"]) == 4
+        # and TorchServe's own /ping stops saying Healthy once the retry timeout has passed
+        ping = f"http://127.0.0.1:{spec['inference_port']}/ping"
+        wait_for(lambda: requests.get(ping, timeout=10).status_code == 500, timeout=90,
+                 what="/ping to report the failing worker")
 
 
 def test_torchserve_two_cores_per_worker(tmp_path, neuronx_artifact):

@@ -30,6 +30,9 @@ def compiler_args(options: dict[str, Any], model: torch.nn.Module | None = None)
         raise ValueError("auto_cast_type tf32 is not available on Inf1: use bf16 or fp16")
     if options.get("optlevel"):
         raise ValueError("optlevel is a neuronx-cc (Inf2/Trn1) option; neuron-cc has none")
+    if options.get("compile_for"):
+        raise ValueError("compile_for names an Inf2/Trn platform; neuron-cc (Inf1) compiles "
+                         "on any host without it")
     if cast:
         mode = {"none": "none", "matmult": "fp32-cast-matmult", "all": "fp32-cast-all"}[cast]
         if cast != "none" and cast_type == "fp16":

@@ -23,6 +23,9 @@ def compiler_args(options: dict[str, Any]) -> list[str]:
         args += ["--auto-cast-type", options["auto_cast_type"]]
     if options.get("optlevel"):
         args += ["--optlevel", str(options["optlevel"])]
+    if options.get("compile_for"):
+        # neuronx-cc compiles for the named platform without a Neuron device present
+        args += ["--target", options["compile_for"]]
     if options.get("pipeline_cores"):
         raise ValueError("pipeline_cores is an Inf1 (target neuron) option; on Inf2/Trn1 give "
                          "each worker several cores with cores_per_worker instead")

@@ -80,6 +80,9 @@ def model_config(spec: DeploySpec, manifest, workers: int) -> dict:
         "batchSize": manifest.grid.max_batch,
         "maxBatchDelay": spec.max_batch_delay_ms,
         "responseTimeout": spec.response_timeout_s,
+        # A worker that cannot start (no free core group) makes /ping say Unhealthy after
+        # this long, instead of TorchServe retrying behind a Healthy /ping forever.
+        "maxRetryTimeoutInSec": spec.worker_retry_timeout_s,
         "neuronserve": {
             "artifact": ARTIFACT_DIR,
             "core_kind": target.core_kind,
