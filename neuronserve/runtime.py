@@ -76,10 +76,9 @@ class Runner:
         self.pad_values = {i.name: i.pad_value for i in m.inputs}
         self.truncation = m.tokenizer.truncation if truncation is None else truncation
         self.tokenizer = TextTokenizer(self.artifact_dir / m.tokenizer.file, m.tokenizer.max_length)
-        loaded: dict[str, torch.nn.Module] = {}
-        for filename in sorted(set(m.modules.values())):
-            loaded[filename] = self.target.load(self.artifact_dir / filename)
-        self._modules = {key: loaded[filename] for key, filename in m.modules.items()}
+        # one load per file: a dynamic-shape target's buckets all share one module
+        self._loaded = {f: self.target.load(self.artifact_dir / f)
+                        for f in sorted(set(m.modules.values()))}
         self.info = {"labels": m.labels}
         if warmup:
             self.warmup()
@@ -89,7 +88,7 @@ class Runner:
         return self.grid.max_seq
 
     def _module(self, bucket: Bucket) -> torch.nn.Module:
-        return self._modules.get(bucket.key) or self._modules["dynamic"]
+        return self._loaded[self.manifest.module_for(bucket)]
 
     def warmup(self, rounds: int = 2) -> None:
         """Run every bucket so no request pays for first-call graph optimisation.
