@@ -60,6 +60,9 @@ class Manifest(BaseModel):
     output_dim: int
     # bucket key -> module file; a dynamic-shape target has the single key "dynamic"
     modules: dict[str, str]
+    # one copy of the weights that every bucket module is given at load, when the
+    # target keeps weights out of its compiled graphs (neuronx)
+    weights: str | None = None
     labels: list[str] | None = None
     pooling: str | None = None
     normalize: bool | None = None

@@ -79,6 +79,8 @@ class Runner:
         # one load per file: a dynamic-shape target's buckets all share one module
         self._loaded = {f: self.target.load(self.artifact_dir / f)
                         for f in sorted(set(m.modules.values()))}
+        if m.weights:
+            self.target.attach_weights(list(self._loaded.values()), self.artifact_dir / m.weights)
         self.info = {"labels": m.labels}
         if warmup:
             self.warmup()

@@ -107,6 +107,26 @@ def test_neuronx_compiles_one_module_per_bucket(tmp_path, classifier_dir, standi
         assert t["compiler_workdir"].startswith(str(tmp_path / "wd"))
 
 
+def test_neuronx_bucket_modules_get_one_copy_of_the_weights(tmp_path, classifier_dir,
+                                                            standin):
+    from safetensors.torch import load_file
+
+    from neuronserve.runtime import Runner
+
+    spec = load_spec(None, {
+        "model": classifier_dir, "artifact": tmp_path / "art", "task": "text-classification",
+        "target": "neuronx", "batch_sizes": [1, 4], "sequence_lengths": [16, 32]})
+    compile_model(spec, progress=False)
+    m = read_manifest(tmp_path / "art")
+    assert m.weights == "weights.safetensors" and (tmp_path / "art" / m.weights).is_file()
+    Runner(tmp_path / "art", warmup=False)
+    calls = [e for e in standin_events(standin) if e["event"] == "replace_weights"]
+    # every bucket module was handed the very same tensors, read once from the artifact
+    assert len(calls) == 4 and len({c["model"] for c in calls}) == 4
+    assert len({c["first_tensor_ptr"] for c in calls}) == 1
+    assert {c["tensors"] for c in calls} == {len(load_file(str(tmp_path / "art" / m.weights)))}
+
+
 def test_inf1_target_records_pipeline_cores(tmp_path, classifier_dir, standin):
     spec = load_spec(None, {
         "model": classifier_dir, "artifact": tmp_path / "art", "task": "text-classification",

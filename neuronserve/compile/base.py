@@ -21,6 +21,12 @@ class Target(Protocol):
     # Which cores a worker leases for this target ("cpu", "neuron", "cuda").
     core_kind: str
     file_suffix: str
+    # set when compiled modules take their weights at load (one file for all buckets)
+    weights_file: str | None
+
+    def save_weights(self, module: torch.nn.Module, path: Path) -> None: ...
+
+    def attach_weights(self, modules: list[torch.nn.Module], path: Path) -> None: ...
 
     def compile(self, module: torch.nn.Module, example: tuple[torch.Tensor, ...],
                 options: dict[str, Any]) -> torch.nn.Module: ...

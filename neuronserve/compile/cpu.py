@@ -19,6 +19,7 @@ class CpuTarget:
     dynamic_shapes = True
     core_kind = "cpu"
     file_suffix = ".pt"
+    weights_file = None  # frozen into the one module
 
     def compile(self, module: torch.nn.Module, example: tuple[torch.Tensor, ...],
                 options: dict[str, Any]) -> torch.nn.Module:

@@ -186,6 +186,11 @@ def _compile_into(spec, model_dir, out, task, target, grid, progress) -> Manifes
         results.append(BucketValidation(batch=bucket.batch, seq=bucket.seq, max_abs_diff=diff))
         output_dim = int(got.shape[-1])
 
+    weights = None
+    if not target.dynamic_shapes and target.weights_file:
+        weights = target.weights_file
+        target.save_weights(eager, out / weights)
+
     import tokenizers
     import transformers
 
@@ -201,6 +206,7 @@ def _compile_into(spec, model_dir, out, task, target, grid, progress) -> Manifes
         output_name=wrapped.output_name,
         output_dim=output_dim,
         modules=modules,
+        weights=weights,
         tokenizer=TokenizerSettings(max_length=grid.max_seq, truncation=spec.truncation,
                                     pad_token_id=pad_id),
         versions={

@@ -44,6 +44,7 @@ class TorchScriptNeuronModule:
     core_kind = "neuron"
     file_suffix = ".pt"
     sdk = ""
+    weights_file: str | None = None
 
     def save(self, compiled: torch.nn.Module, path: Path) -> None:
         torch.jit.save(compiled, str(path))

@@ -8,6 +8,7 @@ tensors that torch_neuronx loads onto the device.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -35,6 +36,23 @@ def compiler_args(options: dict[str, Any]) -> list[str]:
 class NeuronxTarget(TorchScriptNeuronModule):
     name = "neuronx"
     sdk = "torch_neuronx"
+    weights_file = "weights.safetensors"
+
+    def save_weights(self, module: torch.nn.Module, path: Path) -> None:
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous().clone() for k, v in module.state_dict().items()},
+                  str(path))
+
+    def attach_weights(self, modules: list[torch.nn.Module], path: Path) -> None:
+        """Give every bucket module the same host tensors, read once from `path`
+        (torch_neuronx.replace_weights takes the original model's state_dict)."""
+        from safetensors.torch import load_file
+
+        neuronx = import_sdk(self.sdk)
+        shared = load_file(str(path))
+        for module in modules:
+            neuronx.replace_weights(module, shared)
 
     def compile(self, module: torch.nn.Module, example: tuple[torch.Tensor, ...],
                 options: dict[str, Any]) -> torch.nn.Module:
