@@ -1,4 +1,5 @@
-"""A plain wheel install (not editable) carries the handler as package data, and
+"""A plain wheel install (not editable) carries the handler and the Triton model.py as
+package data, and
 `neuronserve` is the only import name it installs."""
 
 import os
@@ -18,14 +19,17 @@ def test_wheel_ships_handler_and_only_neuronserve(tmp_path):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert top == {"neuronserve"}, top
     assert "neuronserve/_handlers/neuronserve_handler.py" in names
+    assert "neuronserve/_triton_backend/model.py" in names
 
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                     str(target), str(wheel)], check=True, timeout=300)
     env = {**os.environ, "PYTHONPATH": str(target)}
     code = ("import neuronserve, neuronserve.resources as r; "
-            "print(neuronserve.__file__); print(r.handler_file('neuronserve_handler.py'))")
+            "print(neuronserve.__file__); print(r.handler_file('neuronserve_handler.py')); "
+            "print(r.triton_model_file())")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, check=True,
                          capture_output=True, text=True).stdout.split()
     assert all(p.startswith(str(target)) for p in out), out
     assert open(out[1]).read() == (REPO / "handlers" / "neuronserve_handler.py").read_text()
+    assert open(out[2]).read() == (REPO / "triton_backend" / "model.py").read_text()
