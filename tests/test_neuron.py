@@ -105,6 +105,7 @@ def test_neuronx_compiles_one_module_per_bucket(tmp_path, classifier_dir, standi
         assert t["compiler_args"] == want_args and t["inline_weights_to_neff"] is False
         assert len(t["shapes"]) == 3 and len({tuple(s) for s in t["shapes"]}) == 1
         assert t["compiler_workdir"].startswith(str(tmp_path / "wd"))
+        assert t["extra"] == ["cpu_backend"]  # build-host compile: no device needed
 
 
 def test_neuronx_bucket_modules_get_one_copy_of_the_weights(tmp_path, classifier_dir,

@@ -58,9 +58,14 @@ class NeuronxTarget(TorchScriptNeuronModule):
                 options: dict[str, Any]) -> torch.nn.Module:
         neuronx = import_sdk(self.sdk)
         workdir = options.get("compiler_workdir")
+        extra = {}
+        if options.get("compile_for"):
+            # A build host has no Neuron device: trace through torch-neuronx's CPU backend
+            # and let neuronx-cc compile for the named platform.
+            extra["cpu_backend"] = True
         return neuronx.trace(module.eval(), example, compiler_args=compiler_args(options),
                              compiler_workdir=str(workdir) if workdir else None,
-                             inline_weights_to_neff=False)
+                             inline_weights_to_neff=False, **extra)
 
     def versions(self) -> dict[str, str]:
         return {"compiler": f"torch_neuronx {sdk_version(import_sdk(self.sdk))}"}
