@@ -291,6 +291,41 @@ def serve_triton_cmd(
                + (f" --run-dir {s.triton_run_dir}`" if run_dir else "`"))
 
 
+@package_app.command("sagemaker")
+def package_sagemaker_cmd(
+    artifact: Annotated[Path | None, typer.Argument(help="artifact directory from `compile`")]
+    = None,
+    spec: SpecOpt = None,
+    engine: Annotated[str, typer.Option(help="torchserve | triton")] = "torchserve",
+    target: Annotated[str, typer.Option(help="cpu | neuronx | cuda (picks the Dockerfile)")]
+    = "cpu",
+    out: Annotated[Path, typer.Option(help="build context directory to write")] = Path("build"),
+    name: Annotated[str | None, typer.Option(help="model name (default: the artifact's)")] = None,
+):
+    """Write a Docker build context for a SageMaker endpoint (Dockerfile, model, `serve`)."""
+    from .artifact import ArtifactError
+    from .packaging.sagemaker import ContextError, package_sagemaker
+
+    s = _spec(spec, **_serving_overrides(artifact=artifact, name=name))
+    if s.artifact is None:
+        _fail("no artifact: pass the artifact directory or set `artifact` in the spec")
+    try:
+        path = package_sagemaker(s.artifact, s, engine, target, out)
+    except (ArtifactError, ContextError, OSError, RuntimeError) as e:
+        _fail(str(e), 1)
+    typer.echo(f"wrote the build context {path}: docker build -t <image> {path}")
+
+
+@serve_app.command("sagemaker")
+def serve_sagemaker_cmd():
+    """Run the SageMaker container entrypoint (what the image's `serve` runs): reads
+    SAGEMAKER_BIND_TO_PORT, SAGEMAKER_MODEL_SERVER_WORKERS, SAGEMAKER_MODEL_SERVER_TIMEOUT
+    and the model in /opt/ml/model (NEURONSERVE_MODEL_DIR) or baked into the image."""
+    from .serve.sagemaker import main as sagemaker_main
+
+    raise typer.Exit(sagemaker_main())
+
+
 def main() -> None:
     try:
         app()

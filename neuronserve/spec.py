@@ -73,6 +73,9 @@ class DeploySpec(BaseModel):
     inference_port: int = Field(8080, gt=0, lt=65536)
     management_port: int = Field(8081, gt=0, lt=65536)
     metrics_port: int = Field(8082, gt=0, lt=65536)
+    # TorchServe always starts its gRPC endpoints too: two servers on one host need their own
+    grpc_inference_port: int = Field(7070, gt=0, lt=65536)
+    grpc_management_port: int = Field(7071, gt=0, lt=65536)
     run_dir: Path = Path(".neuronserve/torchserve")
 
     # Triton (instances = `workers`, cores per instance = `cores_per_worker`)

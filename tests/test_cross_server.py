@@ -24,7 +24,8 @@ TEXTS = ["I loved every minute", "worst purchase ever", "it is fine", "Ünïcöd
 def servers(tmp_path_factory, minilm_artifact, classifier_artifact):
     work = tmp_path_factory.mktemp("cross")
     ports = {k: free_port() for k in ("inference_port", "management_port", "metrics_port",
-                                      "http_port", "grpc_port", "triton_metrics_port")}
+                                      "http_port", "grpc_port", "triton_metrics_port",
+                                      "grpc_inference_port", "grpc_management_port")}
     common = {"workers": 1, "cores_per_worker": 1, "token_auth": False, "model_store": "store",
               "triton_repository": "repo", "run_dir": "ts", "triton_run_dir": "tr", **ports}
     for name, artifact in (("minilm", minilm_artifact), ("classifier", classifier_artifact)):

@@ -73,7 +73,8 @@ def serving(work: Path, engine: str, artifact: Path, workers: int, cores_per_wor
             "triton_run_dir": "tr", "inference_port": free_port(),
             "management_port": free_port(), "metrics_port": free_port(),
             "http_port": free_port(), "grpc_port": free_port(),
-            "triton_metrics_port": free_port(), **extra}
+            "triton_metrics_port": free_port(), "grpc_inference_port": free_port(),
+            "grpc_management_port": free_port(), **extra}
     (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
     run_cli("package", engine, "--spec", "deploy.yaml", cwd=work, env=env)
     run_cli("serve", engine, "--spec", "deploy.yaml", cwd=work, env=env)

@@ -35,6 +35,7 @@ def server(tmp_path_factory, minilm_artifact, lease_dir):
         "run_dir": "run", "workers": 2, "cores_per_worker": 1, "truncation": False,
         "max_batch_delay_ms": 100, "inference_port": free_port(),
         "management_port": free_port(), "metrics_port": free_port(),
+        "grpc_inference_port": free_port(), "grpc_management_port": free_port(),
     }
     (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
     run_cli("package", "torchserve", "--spec", "deploy.yaml", cwd=work)

@@ -19,7 +19,8 @@ LABELS = ["negative", "neutral", "positive"]
 def _spec(work, artifact, **extra):
     spec = {"name": MODEL, "artifact": str(artifact), "model_store": "store", "run_dir": "run",
             "cores_per_worker": 1, "inference_port": free_port(),
-            "management_port": free_port(), "metrics_port": free_port(), **extra}
+            "management_port": free_port(), "metrics_port": free_port(),
+            "grpc_inference_port": free_port(), "grpc_management_port": free_port(), **extra}
     (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
     return spec
 

@@ -100,6 +100,8 @@ def store_properties(spec: DeploySpec, store: Path) -> dict[str, str]:
         "inference_address": f"http://{host}:{spec.inference_port}",
         "management_address": f"http://{host}:{spec.management_port}",
         "metrics_address": f"http://{host}:{spec.metrics_port}",
+        "grpc_inference_port": str(spec.grpc_inference_port),
+        "grpc_management_port": str(spec.grpc_management_port),
         "model_store": str(store),
         "load_models": "all",
         "metrics_mode": "prometheus",

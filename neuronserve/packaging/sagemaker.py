@@ -1,0 +1,108 @@
+"""package sagemaker: artifact -> a self-contained Docker build context.
+
+    <out>/Dockerfile          for the target (base image as a build argument)
+    <out>/serve               SageMaker's entrypoint (neuronserve.serve.sagemaker)
+    <out>/model/              the packaged model: a .mar store or a Triton repository
+    <out>/python/neuronserve  this neuronserve, handler and Triton model.py included
+    <out>/requirements.txt    what neuronserve and the engine need besides torch
+    <out>/neuronserve.json    engine and target, read by `serve`
+
+At run time `serve` prefers a model SageMaker mounts in /opt/ml/model (a .mar, a Triton
+repository or an artifact), so one image can serve many models.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib import metadata, resources
+from pathlib import Path
+
+from ..artifact import read_manifest
+from ..spec import DeploySpec
+
+ENGINES = ("torchserve", "triton")
+TARGETS = ("cpu", "neuronx", "cuda")
+# The artifact's compile target each image can run.
+RUNS = {"cpu": {"cpu"}, "cuda": {"cpu"}, "neuronx": {"neuronx"}}
+ENGINE_EXTRA = {"torchserve": "torchserve", "triton": "triton"}
+
+
+class ContextError(RuntimeError):
+    pass
+
+
+def _files() -> Path:
+    return Path(str(resources.files("neuronserve.packaging.sagemaker_files")))
+
+
+def requirements(engine: str) -> list[str]:
+    """neuronserve's own requirements plus the engine's, without torch (the Dockerfile
+    installs the build of torch its target needs)."""
+    from packaging.requirements import Requirement
+
+    out = []
+    for line in metadata.requires("neuronserve") or []:
+        req = Requirement(line)
+        wanted = req.marker is None or req.marker.evaluate({"extra": ENGINE_EXTRA[engine]})
+        if wanted and req.name != "torch":
+            req.marker = None
+            out.append(str(req))
+    return sorted(set(out))
+
+
+def _copy_package(dst: Path) -> None:
+    import neuronserve
+
+    from ..resources import handler_file, triton_model_file
+
+    src = Path(neuronserve.__file__).parent
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    # Editable installs map these from the repository: put real copies in the image.
+    for folder, files in (("_handlers", [handler_file("neuronserve_handler.py")]),
+                          ("_triton_backend", [triton_model_file()])):
+        (dst / folder).mkdir(exist_ok=True)
+        (dst / folder / "__init__.py").touch()
+        for f in files:
+            shutil.copy2(f, dst / folder / f.name)
+
+
+def package_sagemaker(artifact: Path, spec: DeploySpec, engine: str, target: str,
+                      out: Path) -> Path:
+    if engine not in ENGINES:
+        raise ContextError(f"engine {engine!r}: choose {' or '.join(ENGINES)}")
+    if target not in TARGETS:
+        raise ContextError(f"target {target!r}: choose one of {', '.join(TARGETS)}")
+    manifest = read_manifest(artifact)
+    if manifest.target not in RUNS[target]:
+        raise ContextError(f"{artifact} was compiled for {manifest.target}; a {target} image "
+                           f"runs artifacts compiled for {', '.join(sorted(RUNS[target]))}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        if not (out / "neuronserve.json").is_file():
+            raise ContextError(f"{out} exists and is not a neuronserve build context")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    files = _files()
+    shutil.copy2(files / f"Dockerfile.{target}", out / "Dockerfile")
+    shutil.copy2(files / "serve", out / "serve")
+    (out / "serve").chmod(0o755)
+    _copy_package(out / "python" / "neuronserve")
+    (out / "requirements.txt").write_text("\n".join(requirements(engine)) + "\n")
+
+    # `serve` re-plans workers for the host it runs on; one is enough to build with.
+    model_spec = spec.model_copy(update={"workers": spec.workers or 1, "token_auth": False})
+    if engine == "torchserve":
+        from .torchserve import package_torchserve
+
+        package_torchserve(artifact, model_spec.model_copy(update={"model_store": out / "model"}))
+    else:
+        from .triton import package_triton
+
+        package_triton(artifact, model_spec.model_copy(update={"triton_repository":
+                                                               out / "model"}))
+    name = spec.name or manifest.name
+    (out / "neuronserve.json").write_text(json.dumps(
+        {"engine": engine, "target": target, "model": name}, indent=2) + "\n")
+    return out

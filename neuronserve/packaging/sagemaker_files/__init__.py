@@ -1,0 +1,1 @@
+"""Build-context files for SageMaker images: Dockerfiles per target and `serve`."""
