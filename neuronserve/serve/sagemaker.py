@@ -214,8 +214,11 @@ class Front(BaseHTTPRequestHandler):
                                              "application/json or text/plain"})
         try:
             status, payload = Front.backend.invoke(body, content_type)
-        except requests.RequestException as e:
-            status, payload = 502, {"error": f"model server did not answer: {e}"}
+        except (requests.RequestException, ValueError) as e:
+            status, payload = 502, {"error": f"model server did not answer properly: {e}"}
+        except Exception as e:  # noqa: BLE001 - one bad request must not stop the front
+            log.exception("invocation failed")
+            status, payload = 500, {"error": f"invocation failed: {e}"}
         return self._send(status, payload)
 
 
