@@ -279,6 +279,11 @@ def discover(kind: str, neuron_cores: int | None = None) -> list[int]:
     raise ValueError(f"unknown core kind {kind!r} (cpu or neuron)")
 
 
+def group_count(kind: str, cores_per_worker: int, neuron_cores: int | None = None) -> int:
+    """How many workers of `cores_per_worker` cores this host can hold."""
+    return len(plan_groups(discover(kind, neuron_cores), cores_per_worker))
+
+
 def claim(kind: str, cores_per_worker: int, owner: str = "",
           directory: Path | None = None, prefer: int | None = None,
           neuron_cores: int | None = None) -> CoreLease:

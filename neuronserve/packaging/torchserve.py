@@ -16,7 +16,7 @@ import yaml
 
 from ..artifact import read_manifest
 from ..compile import get_target
-from ..cores import NoFreeCoreGroup, discover, plan_groups
+from ..cores import NoFreeCoreGroup, group_count
 from ..resources import handler_file, tool
 from ..spec import DeploySpec
 
@@ -64,7 +64,7 @@ def _plan_workers(spec: DeploySpec, manifest) -> tuple[int, int]:
             f"but cores_per_worker is {spec.cores_per_worker}: set cores_per_worker to "
             f"{per_module} or a multiple of it")
     try:
-        groups = len(plan_groups(discover(kind, spec.neuron_cores), spec.cores_per_worker))
+        groups = group_count(kind, spec.cores_per_worker, spec.neuron_cores)
     except NoFreeCoreGroup as e:
         if spec.workers:
             return spec.workers, spec.workers  # packaging on a build host for another host

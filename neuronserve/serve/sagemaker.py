@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from ..artifact import MANIFEST, read_manifest
+from ..artifact import MANIFEST, Manifest, read_manifest
 from ..compile import get_target
-from ..cores import NoFreeCoreGroup, discover, plan_groups
+from ..cores import NoFreeCoreGroup, group_count
 from ..spec import DeploySpec
 from ..tasks import RequestError, decode_payload, get_task
 
@@ -71,7 +71,7 @@ def find_artifact(source: Path, work: Path) -> Path:
 def plan_workers(manifest, cores_per_worker: int, requested: int | None) -> int:
     kind = get_target(manifest.target).core_kind
     try:
-        groups = len(plan_groups(discover(kind), cores_per_worker))
+        groups = group_count(kind, cores_per_worker)
     except NoFreeCoreGroup as e:
         raise ModelSourceError(str(e)) from None
     if requested and requested > groups:
@@ -81,12 +81,12 @@ def plan_workers(manifest, cores_per_worker: int, requested: int | None) -> int:
 
 
 class Backend:
-    def __init__(self, engine: str, artifact: Path, work: Path, workers: int, timeout_s: int,
-                 cores_per_worker: int):
+    def __init__(self, engine: str, artifact: Path, manifest: Manifest, work: Path,
+                 workers: int, timeout_s: int, cores_per_worker: int):
         from ..spec import load_spec
 
         self.engine, self.work = engine, work
-        self.manifest = read_manifest(artifact)
+        self.manifest = manifest  # already verified by the caller
         self.task = get_task(self.manifest.task)
         self.name = self.manifest.name
         ports = _free_ports(8)
@@ -271,7 +271,7 @@ def main() -> int:
         workers = plan_workers(manifest, cpw, int(workers_env) if workers_env else None)
         log.info("serving %s (%s) from %s with %s, %d worker(s)", manifest.name, manifest.task,
                  source, engine, workers)
-        backend = Backend(engine, artifact, work, workers, timeout_s, cpw)
+        backend = Backend(engine, artifact, manifest, work, workers, timeout_s, cpw)
         backend.start()
     except Exception as e:  # noqa: BLE001 - any load failure must end the container
         log.error("neuronserve: model failed to load: %s", " | ".join(str(e).splitlines()))
