@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
@@ -79,6 +80,21 @@ class NeuronServeHandler(BaseHandler):
                 requests.append(e)
         return requests
 
+    def handle(self, data, context):
+        # Timed here, around BaseHandler's own, so the sum covers decoding and JSON encoding
+        # as well as the Runner; `neuronserve bench` divides it by the request count.
+        t0 = time.perf_counter()
+        out = super().handle(data, context)
+        self.context.metrics.add_metric(
+            "NeuronServeHandlerMs", round((time.perf_counter() - t0) * 1e3, 3), "ms", None,
+            self._dims(), MetricTypes.COUNTER)
+        return out
+
+    def _dims(self, **extra):
+        # A fresh list each call: TorchServe appends default dimensions to it.
+        return [Dimension("ModelName", self.context.model_name), Dimension("Level", "Model")] + [
+            Dimension(k, str(v)) for k, v in extra.items()]
+
     def inference(self, data, *args, **kwargs):
         from neuronserve.runtime import RunReport
 
@@ -101,14 +117,12 @@ class NeuronServeHandler(BaseHandler):
         return out
 
     def _emit_metrics(self) -> None:
-        report, metrics = self.report, self.context.metrics
-        model = self.context.model_name
-
-        def dims(**extra):
-            # A fresh list each call: TorchServe appends default dimensions to it.
-            return [Dimension("ModelName", model), Dimension("Level", "Model")] + [
-                Dimension(k, str(v)) for k, v in extra.items()]
-
+        report, metrics, dims = self.report, self.context.metrics, self._dims
+        for name, value in (("NeuronServeRequests", report.requests),
+                            ("NeuronServeTokenizeMs", round(report.tokenize_ms, 3)),
+                            ("NeuronServeModelMs", round(report.model_ms, 3))):
+            metrics.add_metric(name, value, "ms" if name.endswith("Ms") else "count", None,
+                               dims(), MetricTypes.COUNTER)
         metrics.add_metric("NeuronServeBatchRequests", report.requests, "count", None, dims(),
                            MetricTypes.GAUGE)
         metrics.add_metric("NeuronServeTokenizeTime", round(report.tokenize_ms, 3), "ms", None,

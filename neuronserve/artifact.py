@@ -45,6 +45,19 @@ class BucketValidation(BaseModel):
     max_abs_diff: float
 
 
+class PrecisionTrial(BaseModel):
+    """One precision `compile` tried: its accuracy against fp32 eager on the accuracy
+    texts, whether it met the spec's floor, and (when several were tried) its batch-1
+    model time summed over the grid's sequence lengths."""
+
+    precision: str
+    engine: str | None = None
+    accuracy: dict[str, float] = Field(default_factory=dict)
+    passed: bool
+    reason: str | None = None
+    batch1_ms: float | None = None
+
+
 class Manifest(BaseModel):
     format_version: int = FORMAT_VERSION
     name: str
@@ -71,6 +84,10 @@ class Manifest(BaseModel):
     compiler: dict[str, Any] = Field(default_factory=dict)
     tolerance: float
     validation: list[BucketValidation] = Field(default_factory=list)
+    # against fp32 eager on compile's accuracy texts (cosine or argmax agreement per task)
+    accuracy: dict[str, float] = Field(default_factory=dict)
+    accuracy_floor: dict[str, float] = Field(default_factory=dict)
+    precision_trials: list[PrecisionTrial] = Field(default_factory=list)
     files: dict[str, str] = Field(default_factory=dict)
 
     @property

@@ -77,7 +77,16 @@ def compile(
         help="truncate texts longer than the largest sequence length (default) or refuse them "
              "with a 413")] = None,
     tolerance: Annotated[float | None, typer.Option(
-        help="largest accepted |compiled - eager| per bucket")] = None,
+        help="largest accepted |compiled - eager| per bucket (fp32)")] = None,
+    precision: Annotated[str | None, typer.Option(
+        help="cpu: fp32 | bf16 | int8 | auto (default: the fastest that meets the accuracy "
+             "floor; each candidate's accuracy is recorded in the manifest)")] = None,
+    min_cosine: Annotated[float | None, typer.Option(
+        help="feature-extraction accuracy floor: lowest cosine to fp32 eager (default 0.999)")]
+    = None,
+    min_argmax_agreement: Annotated[float | None, typer.Option(
+        help="text-classification accuracy floor: share of texts whose top label matches fp32 "
+             "eager (default 0.99)")] = None,
     auto_cast: Annotated[str | None, typer.Option(
         help="Neuron: none | matmult | all")] = None,
     auto_cast_type: Annotated[str | None, typer.Option(help="Neuron: bf16 | fp16 | tf32")] = None,
@@ -99,7 +108,9 @@ def compile(
     s = _spec(spec, model=model, task=task, target=target, batch_sizes=_ints(batch_sizes),
               sequence_lengths=_ints(sequence_lengths), artifact=out, name=name,
               pooling=pooling, normalize=normalize, truncation=truncation, tolerance=tolerance,
-              auto_cast=auto_cast, auto_cast_type=auto_cast_type, optlevel=optlevel,
+              precision=precision, min_cosine=min_cosine,
+              min_argmax_agreement=min_argmax_agreement, auto_cast=auto_cast,
+              auto_cast_type=auto_cast_type, optlevel=optlevel,
               compiler_args=compiler_arg,
               pipeline_cores=(int(pipeline_cores) if pipeline_cores and pipeline_cores.isdigit()
                               else pipeline_cores),
@@ -123,6 +134,9 @@ def package_torchserve_cmd(
     spec: SpecOpt = None,
     model_store: Annotated[Path | None, typer.Option(help="TorchServe model store")] = None,
     name: Annotated[str | None, typer.Option(help="model name (default: the artifact's)")] = None,
+    layout: Annotated[str | None, typer.Option(
+        help="throughput (one single-core worker per core, default) | latency (one worker "
+             "on every core)")] = None,
     workers: Annotated[int | None, typer.Option(help="workers (default: one per core group)")]
     = None,
     cores_per_worker: Annotated[int | None, typer.Option(help="cores leased by each worker")]
@@ -148,7 +162,7 @@ def package_torchserve_cmd(
     from .packaging.torchserve import PackagingError, package_torchserve
 
     s = _spec(spec, **_serving_overrides(
-        artifact=artifact, model_store=model_store, name=name, workers=workers,
+        artifact=artifact, model_store=model_store, name=name, layout=layout, workers=workers,
         cores_per_worker=cores_per_worker, max_batch_delay_ms=max_batch_delay_ms,
         response_timeout_s=response_timeout_s, archive_format=archive_format,
         token_auth=token_auth, truncation=truncation, inference_port=inference_port,
@@ -218,6 +232,9 @@ def package_triton_cmd(
     spec: SpecOpt = None,
     repository: Annotated[Path | None, typer.Option(help="Triton model repository")] = None,
     name: Annotated[str | None, typer.Option(help="model name (default: the artifact's)")] = None,
+    layout: Annotated[str | None, typer.Option(
+        help="throughput (one single-core worker per core, default) | latency (one worker "
+             "on every core)")] = None,
     instances: Annotated[int | None, typer.Option(
         help="model instances (default: one per core group)")] = None,
     cores_per_instance: Annotated[int | None, typer.Option(
@@ -234,7 +251,8 @@ def package_triton_cmd(
     from .packaging.triton import package_triton
 
     s = _spec(spec, **_serving_overrides(
-        artifact=artifact, triton_repository=repository, name=name, workers=instances,
+        artifact=artifact, triton_repository=repository, name=name, layout=layout,
+        workers=instances,
         cores_per_worker=cores_per_instance, max_batch_delay_ms=max_batch_delay_ms,
         truncation=truncation, neuron_cores=neuron_cores))
     if s.artifact is None:
@@ -331,6 +349,81 @@ def main() -> None:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+@app.command()
+def bench(
+    endpoint: Annotated[list[str], typer.Option(
+        "--endpoint", "-e",
+        help="what to measure, repeatable: torchserve:ARTIFACT, triton:ARTIFACT (HTTP and "
+             "gRPC), sagemaker:ARTIFACT (servers started per layout, one at a time), "
+             "runner:ARTIFACT, vanilla:MODEL_DIR (transformers pipeline baseline), or a "
+             "running server: torchserve:http://HOST:PORT/predictions/MODEL, "
+             "sagemaker:http://HOST:PORT/invocations, triton-http:HOST:PORT/MODEL, "
+             "triton-grpc:HOST:PORT/MODEL. Prefix LABEL= to name it.")],
+    sequence_lengths: Annotated[str, typer.Option(
+        help="request lengths in tokens (exact, special tokens included)")] = "8,128",
+    texts_per_request: Annotated[str, typer.Option(help="texts in each request")] = "1",
+    concurrency: Annotated[str, typer.Option(help="concurrent clients (closed loop)")] = "1,4",
+    layouts: Annotated[str, typer.Option(
+        help="worker layouts for the servers bench starts: throughput, latency")]
+    = "throughput",
+    warmup: Annotated[float, typer.Option(help="seconds of warm-up before each point")] = 2.0,
+    duration: Annotated[float, typer.Option(help="seconds measured per point (at least)")] = 5.0,
+    min_requests: Annotated[int, typer.Option(help="requests measured per point (at least)")]
+    = 20,
+    max_duration: Annotated[float, typer.Option(
+        help="stop a point after this many seconds even below --min-requests")] = 60.0,
+    max_batch_delay_ms: Annotated[int | None, typer.Option(
+        help="batching delay for the servers bench starts (default: the spec default)")]
+    = None,
+    batch_requests: Annotated[int | None, typer.Option(
+        help="TorchServe batchSize for the servers bench starts (default: the spec default)")]
+    = None,
+    task: Annotated[str | None, typer.Option(
+        help="pipeline task for vanilla (default: from an artifact among the endpoints)")]
+    = None,
+    tokenizer: Annotated[Path | None, typer.Option(
+        help="tokenizer.json that counts request tokens (default: an endpoint's)")] = None,
+    header: Annotated[list[str] | None, typer.Option(
+        help="extra HTTP header 'Name: value' (e.g. TorchServe's token), repeatable")] = None,
+    wrk: Annotated[bool, typer.Option(
+        "--wrk/--no-wrk", help="cross-check one point with wrk (largest concurrency)")] = True,
+    wrk_seq: Annotated[int | None, typer.Option(
+        help="sequence length of the wrk cross-check (default: the shortest)")] = None,
+    out: Annotated[Path, typer.Option(help="where results.{json,csv,md} and plots go")]
+    = Path("bench-results"),
+    title: Annotated[str, typer.Option(help="heading of results.md")] = "neuronserve bench",
+):
+    """Measure endpoints over sequence length x texts per request x concurrency:
+    p50/p95/p99/max latency, throughput, ratio to the vanilla pipeline, the load
+    generator's own CPU use; writes CSV, JSON, markdown and PNG plots."""
+    from .bench.run import BenchConfig, parse_endpoint, run_bench, save
+
+    headers = {}
+    for h in header or []:
+        name, sep, value = h.partition(":")
+        if not sep:
+            _fail(f"--header {h!r}: expected 'Name: value'")
+        headers[name.strip()] = value.strip()
+    bad = [x for x in layouts.split(",") if x not in ("throughput", "latency")]
+    if bad:
+        _fail(f"--layouts: unknown {bad}; use throughput and/or latency")
+    try:
+        config = BenchConfig(
+            endpoints=[parse_endpoint(e) for e in endpoint],
+            sequence_lengths=_ints(sequence_lengths), texts_per_request=_ints(texts_per_request),
+            concurrency=_ints(concurrency), layouts=layouts.split(","), warmup_s=warmup,
+            duration_s=duration, min_requests=min_requests, max_duration_s=max_duration,
+            max_batch_delay_ms=max_batch_delay_ms, batch_requests=batch_requests,
+            headers=headers, tokenizer=tokenizer,
+            task=task, wrk=wrk, wrk_seq=wrk_seq)
+        results = run_bench(config)
+    except (ValueError, RuntimeError, OSError) as e:
+        _fail(str(e), 1)
+    paths = save(results, out, title)
+    typer.echo((out / "results.md").read_text())
+    typer.echo("wrote " + ", ".join(str(p) for p in paths))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from .artifact import Manifest, read_manifest
-from .buckets import Bucket, pad_batch, padding_ratio, unpad
+from .buckets import Bucket, BucketGrid, pad_batch, padding_ratio, unpad
 from .compile import get_target
 from .tasks import RequestError, TaskRequest, decode_payload, get_task
 from .tokenization import TextTokenizer
@@ -58,6 +58,39 @@ class RunReport:
         real = sum(r.real_tokens for r in self.runs)
         total = sum(r.bucket.batch * r.bucket.seq for r in self.runs)
         return (total - real) / max(real, 1)
+
+
+def run_bucket(module: Callable[..., torch.Tensor], rows: Sequence[dict[str, Sequence[int]]],
+               bucket: Bucket, input_names: Sequence[str],
+               pad_values: dict[str, int]) -> np.ndarray:
+    """Pad `rows` to `bucket`, run `module`, drop the padding rows."""
+    arrays = pad_batch(rows, bucket, input_names, pad_values)
+    with torch.inference_mode():
+        out = module(*(torch.from_numpy(arrays[n]) for n in input_names))
+    return unpad(out.float().numpy(), len(rows))
+
+
+def run_rows(module_for: Callable[[Bucket], Callable[..., torch.Tensor]],
+             rows: Sequence[dict[str, Sequence[int]]], grid: BucketGrid,
+             input_names: Sequence[str], pad_values: dict[str, int], output_dim: int,
+             report: RunReport | None = None) -> np.ndarray:
+    """The pad-run-unpad path: bucket rows by length, run each chunk through the module
+    `module_for` gives for its bucket, return outputs in the rows' order.
+
+    The Runner serves with it and `compile` measures accuracy with it, so what was
+    validated is what is served.
+    """
+    lengths = [len(r["input_ids"]) for r in rows]
+    out = np.empty((len(rows), output_dim), dtype=np.float32)
+    for chunk in grid.chunks(lengths):
+        bucket = grid.choose(len(chunk), max(lengths[i] for i in chunk))
+        t0 = time.perf_counter()
+        out[chunk] = run_bucket(module_for(bucket), [rows[i] for i in chunk], bucket,
+                                input_names, pad_values)
+        if report is not None:
+            report.runs.append(BucketRun(bucket, len(chunk), sum(lengths[i] for i in chunk),
+                                         (time.perf_counter() - t0) * 1e3))
+    return out
 
 
 Result = Any  # a JSON-able response, or a RequestError for that request alone
@@ -105,24 +138,13 @@ class Runner:
                 self._run_bucket(rows, bucket)
 
     def _run_bucket(self, rows: Sequence[dict[str, Sequence[int]]], bucket: Bucket) -> np.ndarray:
-        arrays = pad_batch(rows, bucket, self.input_names, self.pad_values)
-        with torch.inference_mode():
-            out = self._module(bucket)(*(torch.from_numpy(arrays[n]) for n in self.input_names))
-        return unpad(out.float().numpy(), len(rows))
+        return run_bucket(self._module(bucket), rows, bucket, self.input_names, self.pad_values)
 
     def forward(self, rows: Sequence[dict[str, Sequence[int]]],
                 report: RunReport | None = None) -> np.ndarray:
         """Model outputs for token rows, in order: bucket by length, pad, run, unpad."""
-        lengths = [len(r["input_ids"]) for r in rows]
-        out = np.empty((len(rows), self.manifest.output_dim), dtype=np.float32)
-        for chunk in self.grid.chunks(lengths):
-            bucket = self.grid.choose(len(chunk), max(lengths[i] for i in chunk))
-            t0 = time.perf_counter()
-            out[chunk] = self._run_bucket([rows[i] for i in chunk], bucket)
-            if report is not None:
-                report.runs.append(BucketRun(bucket, len(chunk), sum(lengths[i] for i in chunk),
-                                             (time.perf_counter() - t0) * 1e3))
-        return out
+        return run_rows(self._module, rows, self.grid, self.input_names, self.pad_values,
+                        self.manifest.output_dim, report)
 
     def parse(self, body: Any, content_type: str | None = None) -> TaskRequest:
         """Decode one request body into the task's request (raises RequestError)."""

@@ -23,6 +23,8 @@ from pydantic import (
 Task = Literal["feature-extraction", "text-classification"]
 Target = Literal["cpu", "neuronx", "neuron"]
 Pooling = Literal["auto", "mean", "cls"]
+Precision = Literal["auto", "fp32", "bf16", "int8"]
+Layout = Literal["throughput", "latency"]
 
 
 class SpecError(ValueError):
@@ -44,6 +46,15 @@ class DeploySpec(BaseModel):
     truncation: bool = Field(True, description="truncate texts over the largest sequence length")
     tolerance: float = Field(1e-3, gt=0, description="max abs difference to the eager model")
     artifact: Path | None = Field(None, description="artifact directory (compile output)")
+    precision: Precision = Field(
+        "auto", description="cpu: fp32, bf16 or int8; auto: the fastest that meets the "
+                            "accuracy floors below (Neuron targets use auto_cast instead)")
+    min_cosine: float = Field(
+        0.999, gt=0, le=1, description="feature-extraction: lowest cosine similarity to the "
+                                       "fp32 eager embedding a non-fp32 precision may reach")
+    min_argmax_agreement: float = Field(
+        0.99, gt=0, le=1, description="text-classification: share of texts whose top label "
+                                      "must match the fp32 eager model's")
 
     # Neuron compiler options (targets neuronx and neuron)
     auto_cast: Literal["none", "matmult", "all"] | None = None
@@ -59,9 +70,16 @@ class DeploySpec(BaseModel):
         None, ge=1, description="NeuronCores on the serving host (default: discovered)")
 
     # how to serve it
+    layout: Layout = Field(
+        "throughput", description="throughput: one single-core worker per core; latency: one "
+                                  "worker using every core (workers and cores_per_worker "
+                                  "refine throughput)")
     workers: int | None = Field(None, ge=1, description="default: one per core group")
     cores_per_worker: int = Field(1, ge=1)
     max_batch_delay_ms: int = Field(5, ge=0)
+    batch_requests: int | None = Field(
+        None, ge=1, description="TorchServe batchSize: requests one worker takes at once "
+                                "(default: the largest compiled batch)")
     response_timeout_s: int = Field(120, ge=1)
     worker_retry_timeout_s: int = Field(
         60, ge=1, description="TorchServe /ping turns Unhealthy once a worker has failed to "
@@ -112,6 +130,20 @@ class DeploySpec(BaseModel):
         if self.target == "cpu" and given:
             raise ValueError(f"{', '.join(given)} apply to the Neuron targets (neuronx, neuron), "
                              "not to target cpu")
+        return self
+
+    @model_validator(mode="after")
+    def _precision_needs_cpu(self):
+        if self.target != "cpu" and self.precision not in ("auto", "fp32"):
+            raise ValueError(f"precision {self.precision} applies to target cpu; Neuron targets "
+                             "lower precision with auto_cast and auto_cast_type")
+        return self
+
+    @model_validator(mode="after")
+    def _latency_layout_is_one_worker(self):
+        if self.layout == "latency" and ((self.workers or 1) != 1 or self.cores_per_worker != 1):
+            raise ValueError("layout latency runs one worker on every core: leave workers and "
+                             "cores_per_worker unset, or use layout throughput")
         return self
 
     def compiler_options(self) -> dict:

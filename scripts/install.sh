@@ -11,6 +11,6 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -qq --upgrade pip setuptools wheel
 .venv/bin/python -m pip install -qq "torch==2.13.0"
-.venv/bin/python -m pip install -qq -e ".[cpu,torchserve,triton,demo,test]"
+.venv/bin/python -m pip install -qq -e ".[cpu,torchserve,triton,bench,demo,test]"
 command -v java >/dev/null || { echo "TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }
 echo "installed: $(.venv/bin/neuronserve --help >/dev/null && echo neuronserve) $(.venv/bin/python -c 'import torch, transformers, ts; print("torch", torch.__version__, "transformers", transformers.__version__, "torchserve", ts.__version__)')"

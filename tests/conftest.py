@@ -106,8 +106,10 @@ def minilm_artifact(tmp_path_factory, minilm_dir) -> Path:
     from neuronserve.spec import load_spec
 
     out = tmp_path_factory.mktemp("artifacts") / "minilm"
+    # fp32: the serving tests compare against eager embeddings to 1e-3; the precision
+    # choice has its own tests (test_precision.py)
     spec = load_spec(None, {"model": minilm_dir, "artifact": out, "batch_sizes": [1, 4, 8],
-                            "sequence_lengths": [16, 64, 256]})
+                            "sequence_lengths": [16, 64, 256], "precision": "fp32"})
     return compile_model(spec, progress=False)
 
 
@@ -138,7 +140,7 @@ def classifier_artifact(tmp_path_factory, classifier_dir) -> Path:
     out = tmp_path_factory.mktemp("artifacts") / "tiny-classifier"
     spec = load_spec(None, {"model": classifier_dir, "artifact": out, "task":
                             "text-classification", "batch_sizes": [1, 4],
-                            "sequence_lengths": [16, 64]})
+                            "sequence_lengths": [16, 64], "precision": "fp32"})
     return compile_model(spec, progress=False)
 
 

@@ -67,7 +67,7 @@ def test_unfaithful_compile_is_refused(tmp_path, classifier_dir, monkeypatch, sc
     monkeypatch.setattr(CpuTarget, "compile", skewed)
     spec = load_spec(None, {"model": classifier_dir, "artifact": tmp_path / "out",
                             "task": "text-classification", "batch_sizes": [1],
-                            "sequence_lengths": [16]})
+                            "sequence_lengths": [16], "precision": "fp32"})
     with pytest.raises(CompileError, match=needle):
         compile_model(spec, progress=False)
     assert not (tmp_path / "out").exists()  # no half-written artifact left behind

@@ -14,3 +14,20 @@ VALIDATION_TEXTS = [
     "Neural search ranks documents by the cosine similarity of their embeddings.",
     "The museum reopened after a two-year renovation of its east wing.",
 ]
+
+
+def accuracy_texts(n: int = 96) -> list[str]:
+    """`n` distinct texts of varied length built from the validation sentences: the set on
+    which a lower precision's accuracy against fp32 eager is measured. Length varies from
+    a few words to several sentences so short and long buckets both count."""
+    texts: list[str] = []
+    k = len(VALIDATION_TEXTS)
+    i = 0
+    while len(texts) < n:
+        parts = [VALIDATION_TEXTS[(i * 7 + j * 5) % k] for j in range(1 + i % 6)]
+        words = " ".join(parts).split()
+        text = " ".join(words[: 4 + (i * 13) % max(len(words) - 3, 1)])
+        if text not in texts:
+            texts.append(text)
+        i += 1
+    return texts

@@ -16,7 +16,7 @@ import yaml
 
 from ..artifact import read_manifest
 from ..compile import get_target
-from ..cores import NoFreeCoreGroup, group_count
+from ..cores import NoFreeCoreGroup, discover, group_count
 from ..resources import handler_file, tool
 from ..spec import DeploySpec
 
@@ -36,6 +36,11 @@ NEURONSERVE_METRICS = {
     "counter": [
         {"name": "NeuronServeBucketRuns", "unit": "count",
          "dimensions": _dims("Bucket", "BatchSize")},
+        # running sums, so a scraper gets per-request averages over any window
+        {"name": "NeuronServeRequests", "unit": "count", "dimensions": _dims()},
+        {"name": "NeuronServeTokenizeMs", "unit": "ms", "dimensions": _dims()},
+        {"name": "NeuronServeModelMs", "unit": "ms", "dimensions": _dims()},
+        {"name": "NeuronServeHandlerMs", "unit": "ms", "dimensions": _dims()},
     ],
     "gauge": [
         {"name": "NeuronServeBatchRequests", "unit": "count", "dimensions": _dims()},
@@ -48,6 +53,17 @@ NEURONSERVE_METRICS = {
 
 class PackagingError(RuntimeError):
     pass
+
+
+def apply_layout(spec: DeploySpec, manifest) -> DeploySpec:
+    """The spec with `layout: latency` turned into one worker holding every core of this
+    host (throughput specs are returned as they are)."""
+    if spec.layout != "latency":
+        return spec
+    kind = get_target(manifest.target).core_kind
+    n = len(discover(kind, spec.neuron_cores))
+    # model_copy skips validation: the validator forbids setting these by hand with latency
+    return spec.model_copy(update={"workers": 1, "cores_per_worker": max(n, 1)})
 
 
 def _plan_workers(spec: DeploySpec, manifest) -> tuple[int, int]:
@@ -77,7 +93,7 @@ def model_config(spec: DeploySpec, manifest, workers: int) -> dict:
     return {
         "minWorkers": workers,
         "maxWorkers": workers,
-        "batchSize": manifest.grid.max_batch,
+        "batchSize": spec.batch_requests or manifest.grid.max_batch,
         "maxBatchDelay": spec.max_batch_delay_ms,
         "responseTimeout": spec.response_timeout_s,
         # A worker that cannot start (no free core group) makes /ping say Unhealthy after
@@ -146,6 +162,7 @@ def package_torchserve(artifact: Path, spec: DeploySpec) -> Path:
     name = spec.name or manifest.name
     store = Path(spec.model_store).resolve()
     store.mkdir(parents=True, exist_ok=True)
+    spec = apply_layout(spec, manifest)
     workers, groups = _plan_workers(spec, manifest)
     if workers > groups:
         print(f"warning: {workers} workers but this host has {groups} core group(s) of "

@@ -18,7 +18,7 @@ from ..artifact import Manifest, read_manifest
 from ..compile import get_target
 from ..spec import DeploySpec
 from ..tasks import get_task
-from .torchserve import _plan_workers
+from .torchserve import _plan_workers, apply_layout
 
 CONFIG = "config.pbtxt"
 ARTIFACT_DIR = "artifact"
@@ -79,6 +79,7 @@ def package_triton(artifact: Path, spec: DeploySpec) -> Path:
     artifact = Path(artifact)
     manifest = read_manifest(artifact)
     name = spec.name or manifest.name
+    spec = apply_layout(spec, manifest)
     instances, groups = _plan_workers(spec, manifest)
     if instances > groups:
         print(f"warning: {instances} instances but this host has {groups} core group(s) of "

@@ -129,6 +129,15 @@ class Task:
              options: dict[str, Any]) -> WrappedModel:
         raise NotImplementedError
 
+    # The accuracy figure that gates a precision below fp32 (see compile), and the spec
+    # field that holds its floor.
+    accuracy_metric = "max_abs_diff"
+    accuracy_floor_field: str | None = None
+
+    def accuracy(self, got: np.ndarray, want: np.ndarray) -> dict[str, float]:
+        """How close compiled outputs `got` are to fp32 eager outputs `want` (rows of texts)."""
+        return {"max_abs_diff": float(np.max(np.abs(got - want)))}
+
     # serve time
     def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
         """JSON response for one request from its rows of model output."""

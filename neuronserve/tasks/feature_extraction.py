@@ -88,6 +88,15 @@ class FeatureExtraction(Task):
             manifest_fields={"pooling": pooling, "normalize": normalize, "labels": None},
         )
 
+    accuracy_metric = "min_cosine"
+    accuracy_floor_field = "min_cosine"
+
+    def accuracy(self, got: np.ndarray, want: np.ndarray) -> dict[str, float]:
+        norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
+        cos = np.sum(got * want, axis=1) / np.maximum(norms, 1e-12)
+        return {**super().accuracy(got, want), "min_cosine": float(cos.min()),
+                "mean_cosine": float(cos.mean())}
+
     def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
         vectors = outputs.astype(np.float32).tolist()
         return vectors[0] if request.single else vectors

@@ -56,6 +56,14 @@ class TextClassification(Task):
             manifest_fields={"labels": labels, "pooling": None, "normalize": None},
         )
 
+    accuracy_metric = "argmax_agreement"
+    accuracy_floor_field = "min_argmax_agreement"
+
+    def accuracy(self, got: np.ndarray, want: np.ndarray) -> dict[str, float]:
+        agree = np.argmax(got, axis=1) == np.argmax(want, axis=1)
+        return {**super().accuracy(got, want), "argmax_agreement": float(agree.mean()),
+                "max_abs_prob_diff": float(np.max(np.abs(softmax(got) - softmax(want))))}
+
     def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
         labels = info["labels"]
         top_k = request.parameters.get("top_k") or len(labels)

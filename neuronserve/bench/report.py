@@ -1,0 +1,207 @@
+"""Bench results as CSV, JSON, a markdown summary and PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+COLUMNS = ["endpoint", "kind", "layout", "seq", "texts", "concurrency", "requests", "errors",
+           "wall_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "req_per_s", "texts_per_s",
+           "ratio_vs_vanilla", "client_cores", "mean_ms", "queue_ms", "server_ms", "handler_ms",
+           "tokenize_ms", "model_ms", "cpu_ms_per_req_client", "cpu_ms_per_req_frontend",
+           "cpu_ms_per_req_workers", "cpu_ms_per_req_sagemaker_front", "error_sample"]
+
+
+def write_all(results: dict[str, Any], out: Path, title: str) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "results.json", out / "results.csv", out / "results.md"]
+    paths[0].write_text(json.dumps(results, indent=2) + "\n")
+    with open(paths[1], "w", newline="") as f:
+        w = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in results["points"]:
+            w.writerow({k: _fmt(r.get(k)) for k in COLUMNS})
+    paths[2].write_text(markdown(results, title))
+    paths.extend(plots(results, out))
+    return paths
+
+
+def _fmt(v: Any) -> Any:
+    return round(v, 3) if isinstance(v, float) else v
+
+
+def best_by_seq(points: list[dict[str, Any]], texts: int = 1) -> dict[str, dict[int, dict]]:
+    """endpoint -> seq -> the point with the highest req/s (over concurrency)."""
+    best: dict[str, dict[int, dict]] = defaultdict(dict)
+    for r in points:
+        if r["texts"] != texts or not r.get("req_per_s"):
+            continue
+        cur = best[r["endpoint"]].get(r["seq"])
+        if cur is None or r["req_per_s"] > cur["req_per_s"]:
+            best[r["endpoint"]][r["seq"]] = r
+    return best
+
+
+def markdown(results: dict[str, Any], title: str) -> str:
+    points = results["points"]
+    m = results["machine"]
+    lines = [f"## {title}", "",
+             f"- date (UTC): {results['started']}",
+             f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; "
+             f"Python {m['python']}, torch {m['torch']}",
+             f"- command: `{results['command']}`", ""]
+    for texts in sorted({r["texts"] for r in points}):
+        best = best_by_seq(points, texts)
+        if not best:
+            continue
+        seqs = sorted({s for b in best.values() for s in b})
+        names = list(best)
+        lines += [f"### Best req/s over concurrency, {texts} text(s) per request "
+                  "(ratio to the vanilla pipeline in this run; concurrency in brackets)", "",
+                  "| endpoint | " + " | ".join(f"seq {s}" for s in seqs) + " |",
+                  "|---|" + "---:|" * len(seqs)]
+        for name in names:
+            cells = []
+            for s in seqs:
+                r = best[name].get(s)
+                if r is None:
+                    cells.append("")
+                    continue
+                ratio = f" ({r['ratio_vs_vanilla']:.1f}x)" if r.get("ratio_vs_vanilla") else ""
+                cells.append(f"{r['req_per_s']:.1f}{ratio} [c{r['concurrency']}]")
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        lines.append("")
+    check = results.get("wrk_check")
+    if check and "wrk" in check:
+        w, o = check["wrk"], check["ours"]
+        lines += ["### Load generator cross-check", "",
+                  f"`{w['command']}` against {check['endpoint']} at seq {check['seq']}, "
+                  f"concurrency {check['concurrency']}: wrk {w['req_per_s']:.1f} req/s "
+                  f"(p50 {w.get('p50_ms', float('nan')):.1f} ms, p99 "
+                  f"{w.get('p99_ms', float('nan')):.1f} ms); neuronserve bench "
+                  f"{o['req_per_s']:.1f} req/s (p50 {o['p50_ms']:.1f} ms, p99 {o['p99_ms']:.1f} "
+                  f"ms) using {o['client_cores']:.2f} cores: ours/wrk = "
+                  f"{check['ours_over_wrk']:.2f}.", ""]
+    elif check:
+        lines += [f"Load generator cross-check skipped: {check['skipped']}", ""]
+    lines += split_table(results)
+    lines += ["### Every point", "",
+              "| endpoint | seq | texts | c | req/s | p50 ms | p95 ms | p99 ms | max ms | "
+              "x vanilla | client cores | errors |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in points:
+        if not r.get("req_per_s"):
+            lines.append(f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r['concurrency']} "
+                         f"| failed | | | | | | | {r['errors']} |")
+            continue
+        ratio = f"{r['ratio_vs_vanilla']:.2f}" if r.get("ratio_vs_vanilla") else ""
+        lines.append(
+            f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r['concurrency']} | "
+            f"{r['req_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | "
+            f"{r['max_ms']:.1f} | {ratio} | {r['client_cores']:.2f} | {r['errors']} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(r: dict[str, Any], key: str) -> str:
+    v = r.get(key)
+    return f"{v:.1f}" if isinstance(v, (int, float)) else ""
+
+
+def split_table(results: dict[str, Any]) -> list[str]:
+    """Per request, for the servers bench started: latency split from TorchServe's
+    counters, and CPU milliseconds by process role, which bound throughput at
+    cores / total."""
+    rows = [r for r in results["points"] if r.get("req_per_s") and "cpu_ms_per_req_workers" in r]
+    if not rows:
+        return []
+    cores = results["machine"]["cores"]
+    out = ["### Where the time goes (per request, measuring window)", "",
+           "Latency: mean client latency; `queue` and `server` from TorchServe's frontend "
+           "counters; `handler`, `tokenize`, `model` from the handler's running sums. CPU: "
+           "milliseconds of CPU each process role used per request; at saturation a "
+           f"{cores}-core machine serves at most {cores} x 1000 / total req/s.", "",
+           "| endpoint | seq | c | req/s | mean ms | queue | server | handler | tokenize | "
+           "model | CPU workers | CPU frontend | CPU front (SM) | CPU client | CPU total | "
+           "cores x 1000 / total |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        total = sum(r.get(k, 0.0) for k in r if k.startswith("cpu_ms_per_req_"))
+        out.append(
+            f"| {r['endpoint']} | {r['seq']} | {r['concurrency']} | {r['req_per_s']:.1f} | "
+            f"{_cell(r, 'mean_ms')} | {_cell(r, 'queue_ms')} | {_cell(r, 'server_ms')} | "
+            f"{_cell(r, 'handler_ms')} | {_cell(r, 'tokenize_ms')} | {_cell(r, 'model_ms')} | "
+            f"{_cell(r, 'cpu_ms_per_req_workers')} | {_cell(r, 'cpu_ms_per_req_frontend')} | "
+            f"{_cell(r, 'cpu_ms_per_req_sagemaker_front')} | "
+            f"{_cell(r, 'cpu_ms_per_req_client')} | {total:.1f} | "
+            f"{cores * 1000 / total:.0f} |" if total else "")
+    return out + [""]
+
+
+def plots(results: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [r for r in results["points"] if r.get("req_per_s")]
+    written = []
+    texts = min((r["texts"] for r in points), default=1)
+
+    # p95 latency vs sequence length, one request at a time, like the seeds' figures
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    by: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for r in points:
+        if r["concurrency"] == 1 and r["texts"] == texts:
+            by[r["endpoint"]].append((r["seq"], r["p95_ms"]))
+    for name, xy in by.items():
+        xy.sort()
+        ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("p95 latency (ms)")
+    ax.set_title(f"p95 latency, concurrency 1, {texts} text(s) per request")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "p95_vs_sequence_length.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    written.append(path)
+
+    # throughput vs concurrency, one panel per sequence length
+    seqs = sorted({r["seq"] for r in points})
+    if seqs:
+        cols = min(len(seqs), 4)
+        rows_n = (len(seqs) + cols - 1) // cols
+        fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols, 3.4 * rows_n), squeeze=False)
+        for ax, seq in zip(axes.flat, seqs, strict=False):
+            lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
+            for r in points:
+                if r["seq"] == seq and r["texts"] == texts:
+                    lines[r["endpoint"]].append((r["concurrency"], r["req_per_s"]))
+            for name, xy in lines.items():
+                xy.sort()
+                style = "--" if len(xy) == 1 else "-"
+                if len(xy) == 1:  # in-process, one request at a time: a reference line
+                    ax.axhline(xy[0][1], linestyle=style, linewidth=1, label=name,
+                               color="grey" if "vanilla" in name else None)
+                else:
+                    ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"seq {seq}")
+            ax.set_xlabel("concurrent clients")
+            ax.set_ylabel("req/s")
+            ax.grid(True, alpha=0.3)
+        for ax in list(axes.flat)[len(seqs):]:
+            ax.axis("off")
+        axes.flat[0].legend(fontsize=7)
+        fig.tight_layout()
+        path = out / "throughput_vs_concurrency.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written

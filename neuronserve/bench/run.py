@@ -1,0 +1,317 @@
+"""`neuronserve bench`: sweep sequence length x texts per request x concurrency over
+one or more endpoints, one endpoint at a time, and summarise every point the same way.
+
+Endpoint specs (`--endpoint`, repeatable), `KIND:WHERE`, optionally `LABEL=KIND:WHERE`:
+
+    torchserve:ARTIFACT        start TorchServe on the artifact (per --layouts), measure
+    triton:ARTIFACT            start Triton on the artifact, measure over HTTP and gRPC
+    sagemaker:ARTIFACT         start the SageMaker entrypoint (TorchServe behind it)
+    runner:ARTIFACT            the Runner in this process (no server)
+    vanilla:MODEL_DIR          the transformers pipeline on the eager model (the baseline)
+    torchserve:http://...      an already running endpoint: .../predictions/<model>
+    sagemaker:http://...       .../invocations
+    triton-http:HOST:PORT/MODEL, triton-grpc:HOST:PORT/MODEL
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from .endpoints import (
+    Endpoint,
+    HttpJsonEndpoint,
+    RunnerEndpoint,
+    TritonEndpoint,
+    VanillaEndpoint,
+)
+from .load import run_load
+from .servers import ManagedServer, SageMakerServer, cpu_by_role, scrape
+from .stats import summarize
+from .texts import text_with_tokens
+
+MANAGED = ("torchserve", "triton", "sagemaker")
+KINDS = MANAGED + ("runner", "vanilla", "triton-http", "triton-grpc")
+
+
+@dataclass
+class EndpointSpec:
+    label: str
+    kind: str
+    where: str
+
+
+def parse_endpoint(text: str) -> EndpointSpec:
+    label = None
+    if "=" in text.split(":", 1)[0]:
+        label, text = text.split("=", 1)
+    kind, sep, where = text.partition(":")
+    if not sep or not where:
+        raise ValueError(f"endpoint {text!r}: expected KIND:WHERE, e.g. torchserve:artifacts/m")
+    if kind not in KINDS:
+        raise ValueError(f"endpoint {text!r}: unknown kind {kind!r}; choose from {KINDS}")
+    return EndpointSpec(label or kind, kind, where)
+
+
+@dataclass
+class BenchConfig:
+    endpoints: list[EndpointSpec]
+    sequence_lengths: list[int]
+    texts_per_request: list[int] = field(default_factory=lambda: [1])
+    concurrency: list[int] = field(default_factory=lambda: [1])
+    layouts: list[str] = field(default_factory=lambda: ["throughput"])
+    warmup_s: float = 2.0
+    duration_s: float = 5.0
+    min_requests: int = 20
+    max_duration_s: float = 60.0
+    max_batch_delay_ms: int | None = None
+    batch_requests: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    tokenizer: Path | None = None  # tokenizer.json that counts tokens (default: an artifact's)
+    task: str | None = None
+    # cross-check the first HTTP JSON endpoint at (wrk_seq, 1 text, largest concurrency)
+    wrk: bool = True
+    wrk_seq: int | None = None
+
+
+def _is_url(where: str) -> bool:
+    return where.startswith("http://")
+
+
+def _tokenizer_file(config: BenchConfig) -> Path:
+    if config.tokenizer:
+        return Path(config.tokenizer)
+    for e in config.endpoints:
+        p = Path(e.where)
+        for candidate in (p / "tokenizer.json",):
+            if candidate.is_file():
+                return candidate
+    raise ValueError("no tokenizer to count tokens with: pass --tokenizer path/to/tokenizer.json "
+                     "or include a local artifact or model directory")
+
+
+def _task(config: BenchConfig) -> str:
+    if config.task:
+        return config.task
+    for e in config.endpoints:
+        manifest = Path(e.where) / "manifest.json"
+        if manifest.is_file():
+            return json.loads(manifest.read_text())["task"]
+    raise ValueError("pass --task (feature-extraction or text-classification) for the vanilla "
+                     "pipeline: no artifact among the endpoints says which")
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    import psutil
+    import torch
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)),
+            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform()}
+
+
+def _sessions(spec: EndpointSpec, config: BenchConfig):
+    """(label, layout, server-or-None, endpoints) for one endpoint spec: a managed server
+    gives one session per layout; Triton gives an HTTP and a gRPC endpoint per server."""
+    if spec.kind in MANAGED and not _is_url(spec.where):
+        for layout in config.layouts:
+            label = f"{spec.label}/{layout}"
+            if spec.kind == "sagemaker":
+                server = SageMakerServer(Path(spec.where), layout)
+                yield label, layout, server, lambda s=server, lb=label: [
+                    HttpJsonEndpoint(lb, "sagemaker", s.url, config.headers)]
+                continue
+            server = ManagedServer(spec.kind, Path(spec.where), layout, config.max_batch_delay_ms,
+                                   config.batch_requests)
+            if spec.kind == "torchserve":
+                yield label, layout, server, lambda s=server, lb=label: [
+                    HttpJsonEndpoint(lb, "torchserve", s.torchserve_url, config.headers)]
+            else:
+                yield label, layout, server, lambda s=server, lb=label: [
+                    TritonEndpoint(f"{lb} http", "http", s.backend.instance.http_url, s.name),
+                    TritonEndpoint(f"{lb} grpc", "grpc", s.backend.instance.grpc_url, s.name)]
+        return
+    if spec.kind in ("torchserve", "sagemaker"):
+        yield spec.label, "external", None, lambda: [
+            HttpJsonEndpoint(spec.label, spec.kind, spec.where, config.headers)]
+    elif spec.kind in ("triton-http", "triton-grpc"):
+        address, _, model = spec.where.rpartition("/")
+        yield spec.label, "external", None, lambda: [
+            TritonEndpoint(spec.label, spec.kind.split("-")[1], address, model)]
+    elif spec.kind == "runner":
+        yield spec.label, "in-process", None, lambda: [RunnerEndpoint(spec.label,
+                                                                      Path(spec.where))]
+    elif spec.kind == "vanilla":
+        yield spec.label, "in-process", None, lambda: [
+            VanillaEndpoint(spec.label, Path(spec.where), _task(config))]
+    else:
+        raise ValueError(f"{spec.kind} needs an artifact directory or an http:// URL")
+
+
+def _points(config: BenchConfig, in_process: bool):
+    for seq in config.sequence_lengths:
+        for n in config.texts_per_request:
+            for c in ([1] if in_process else config.concurrency):
+                yield seq, n, c
+
+
+def run_bench(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
+    tokenizer = _tokenizer_file(config)
+    texts = {s: text_with_tokens(tokenizer, s) for s in config.sequence_lengths}
+    rows: list[dict[str, Any]] = []
+    sessions = [s for e in config.endpoints for s in _sessions(e, config)]
+    total = 0
+    for e in config.endpoints:
+        in_proc = e.kind in ("runner", "vanilla")
+        per = len(list(_points(config, in_proc)))
+        layouts = len(config.layouts) if (e.kind in MANAGED and not _is_url(e.where)) else 1
+        total += per * layouts * (2 if e.kind == "triton" and not _is_url(e.where) else 1)
+    bar = tqdm(total=total, desc="bench", unit="point", disable=not progress, file=sys.stderr)
+    started = datetime.now(timezone.utc)
+    wrk_check: dict[str, Any] | None = None
+    for label, layout, server, make in sessions:
+        if server is not None:
+            bar.set_postfix_str(f"starting {label}")
+            t0 = time.perf_counter()
+            server.start()
+            bar.write(f"{label}: ready in {time.perf_counter() - t0:.0f}s "
+                      f"({server.workers} worker(s) x {server.cores_per_worker} core(s))")
+        try:
+            for endpoint in make():
+                measured = _measure_endpoint(endpoint, layout, server, texts, config, bar)
+                rows.extend(measured)
+                if (config.wrk and wrk_check is None
+                        and isinstance(endpoint, HttpJsonEndpoint)):
+                    wrk_check = _wrk_check(endpoint, measured, texts, config, bar)
+                endpoint.close()
+        finally:
+            if server is not None:
+                server.stop()
+    bar.close()
+    _add_ratios(rows)
+    return {"started": started.isoformat(timespec="seconds"), "machine": machine(),
+            "command": " ".join(sys.argv), "config": _config_dict(config), "points": rows,
+            "wrk_check": wrk_check}
+
+
+def _wrk_check(endpoint: HttpJsonEndpoint, measured, texts, config, bar) -> dict[str, Any]:
+    from . import wrk
+
+    seq = config.wrk_seq or min(config.sequence_lengths)
+    c = max(config.concurrency)
+    ours = next((r for r in measured if r["seq"] == seq and r["texts"] == 1
+                 and r["concurrency"] == c), None)
+    if ours is None or not ours.get("req_per_s"):
+        return {"skipped": f"no measured point at seq {seq}, 1 text, concurrency {c}"}
+    if not wrk.available():
+        return {"skipped": "wrk is not installed (apt-get install wrk)"}
+    bar.set_postfix_str(f"wrk cross-check {endpoint.label} seq={seq} c={c}")
+    try:
+        got = wrk.run_wrk(endpoint.url, endpoint.payload([texts[seq]]), endpoint.headers, c,
+                          max(config.duration_s, 5))
+    except (RuntimeError, ValueError, OSError) as e:
+        return {"skipped": f"wrk failed: {e}"}
+    bar.write(f"wrk cross-check {endpoint.label} seq={seq} c={c}: wrk {got['req_per_s']:.1f} "
+              f"req/s, ours {ours['req_per_s']:.1f} req/s")
+    return {"endpoint": endpoint.label, "seq": seq, "texts": 1, "concurrency": c, "wrk": got,
+            "ours": {k: ours[k] for k in ("req_per_s", "p50_ms", "p99_ms", "client_cores")},
+            "ours_over_wrk": ours["req_per_s"] / got["req_per_s"]}
+
+
+def _measure_endpoint(endpoint: Endpoint, layout: str, server, texts, config, bar):
+    rows = []
+    metrics_url = getattr(server, "metrics_url", None) if endpoint.kind == "torchserve" else None
+    model = getattr(server, "name", None)
+
+    def probe() -> dict[str, Any]:
+        return {"cpu": cpu_by_role(server.root_pid()) if server is not None else {},
+                "metrics": scrape(metrics_url, model) if metrics_url else {}}
+
+    for seq, n, c in _points(config, endpoint.in_process):
+        bar.set_postfix_str(f"{endpoint.label} seq={seq} texts={n} c={c}")
+        payload = endpoint.payload([texts[seq]] * n)
+        result = run_load(endpoint, payload, c, config.warmup_s, config.duration_s,
+                          config.min_requests, config.max_duration_s, probe)
+        row: dict[str, Any] = {"endpoint": endpoint.label, "kind": endpoint.kind,
+                               "layout": layout, "seq": seq, "texts": n, "concurrency": c,
+                               "errors": result.errors}
+        if result.latencies_ms:
+            s = summarize(result.latencies_ms, result.wall_s)
+            row.update(requests=s.requests, wall_s=s.wall_s,
+                       p50_ms=s.p50_ms, p95_ms=s.p95_ms, p99_ms=s.p99_ms, max_ms=s.max_ms,
+                       mean_ms=sum(result.latencies_ms) / s.requests,
+                       req_per_s=s.throughput, texts_per_s=s.throughput * n)
+            row.update(time_split(result.probe_start, result.probe_end, s.requests,
+                                  result.client_cpu_s))
+        row["client_cores"] = round(result.client_cores, 3)
+        if result.error_samples:
+            row["error_sample"] = result.error_samples[0]
+        rows.append(row)
+        bar.update(1)
+    return rows
+
+
+def time_split(start: dict[str, Any], end: dict[str, Any], requests: int,
+               client_cpu_s: float) -> dict[str, float]:
+    """Where each request's time went over the measuring window, from the server's own
+    counters (TorchServe: ms per request queued, in the handler, tokenizing, in the
+    model) and the CPU time each process role used per request (a server at saturation
+    serves at most cores / CPU-per-request)."""
+    out = {"cpu_ms_per_req_client": client_cpu_s * 1e3 / requests}
+    for role, t in end["cpu"].items():
+        out[f"cpu_ms_per_req_{role}"] = (t - start["cpu"].get(role, 0.0)) * 1e3 / requests
+    d = {k: v - start["metrics"].get(k, 0.0) for k, v in end["metrics"].items()}
+    served = d.get("ts_inference_requests_total", 0.0)
+    if served > 0:
+        out["queue_ms"] = d.get("ts_queue_latency_microseconds", 0.0) / served / 1e3
+        out["server_ms"] = d.get("ts_inference_latency_microseconds", 0.0) / served / 1e3
+    handled = d.get("NeuronServeRequests", 0.0)
+    if handled > 0:
+        for key, name in (("handler_ms", "NeuronServeHandlerMs"),
+                          ("tokenize_ms", "NeuronServeTokenizeMs"),
+                          ("model_ms", "NeuronServeModelMs")):
+            out[key] = d.get(name, 0.0) / handled
+    return out
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    """req/s over the vanilla pipeline's at the same sequence length and texts per request,
+    measured in the same run."""
+    base = {(r["seq"], r["texts"]): r.get("req_per_s") for r in rows if r["kind"] == "vanilla"}
+    for r in rows:
+        b = base.get((r["seq"], r["texts"]))
+        if b and r.get("req_per_s"):
+            r["ratio_vs_vanilla"] = r["req_per_s"] / b
+
+
+def _config_dict(config: BenchConfig) -> dict[str, Any]:
+    d = asdict(config)
+    d["endpoints"] = [f"{e.label}={e.kind}:{e.where}" for e in config.endpoints]
+    d["tokenizer"] = str(config.tokenizer) if config.tokenizer else None
+    d["headers"] = sorted(config.headers)  # names only: values may be secrets
+    return d
+
+
+def save(results: dict[str, Any], out: Path, title: str = "neuronserve bench") -> list[Path]:
+    from .report import write_all
+
+    return write_all(results, Path(out), title)
