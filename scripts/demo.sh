@@ -17,10 +17,14 @@ task: feature-extraction
 target: cpu
 batch_sizes: [1, 4, 8]
 sequence_lengths: [16, 32, 64, 128]
+# auto: the fastest of int8/bf16/fp32 whose cosine to fp32 eager stays >= min_cosine
+precision: auto
+min_cosine: 0.999
 artifact: artifacts/minilm
 model_store: model_store
 run_dir: torchserve
-cores_per_worker: 1
+# throughput: one single-threaded worker per core; latency: one worker on every core
+layout: throughput
 max_batch_delay_ms: 5
 YAML
 echo "== neuronserve compile"

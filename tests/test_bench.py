@@ -83,8 +83,8 @@ def test_wrk_output_is_read_in_its_units():
 Requests/sec:    473.04
 """
     got = wrk.parse(out)
-    assert got == {"req_per_s": 473.04, "p50_ms": 30.62, "p90_ms": pytest.approx(0.812),
-                   "p99_ms": 1200.0, "non_2xx": 3}
+    assert got == {"req_per_s": 473.04, "requests": 2365, "p50_ms": 30.62,
+                   "p90_ms": pytest.approx(0.812), "p99_ms": 1200.0, "non_2xx": 3}
 
 
 class CountingEndpoint(Endpoint):
@@ -125,18 +125,22 @@ def test_load_counts_successes_and_failures_from_every_thread():
 
 
 @pytest.mark.server
-def test_bench_runs_torchserve_and_the_runner_and_writes_every_report(tmp_path,
-                                                                       minilm_artifact):
+def test_bench_runs_servers_and_the_runner_and_writes_every_report(tmp_path, minilm_artifact):
     out = tmp_path / "bench"
     run_cli("bench", "-e", f"torchserve:{minilm_artifact}", "-e", f"runner:{minilm_artifact}",
+            "-e", f"sagemaker:{minilm_artifact}",
             "--sequence-lengths", "8,32", "--concurrency", "1,2", "--warmup", "0.5",
             "--duration", "0.5", "--min-requests", "5", "--out", out)
     data = json.loads((out / "results.json").read_text())
     points = data["points"]
     ts = [p for p in points if p["kind"] == "torchserve"]
     runner = [p for p in points if p["kind"] == "runner"]
-    # the full sweep for the server, one request at a time in process
+    sm = [p for p in points if p["kind"] == "sagemaker"]
+    # the full sweep for the servers, one request at a time in process
     assert {(p["seq"], p["concurrency"]) for p in ts} == {(8, 1), (8, 2), (32, 1), (32, 2)}
+    assert {(p["seq"], p["concurrency"]) for p in sm} == {(8, 1), (8, 2), (32, 1), (32, 2)}
+    # the SageMaker entrypoint's process sits in front of TorchServe's
+    assert all(p["cpu_ms_per_req_sagemaker_front"] > 0 for p in sm)
     assert {(p["seq"], p["concurrency"]) for p in runner} == {(8, 1), (32, 1)}
     for p in points:
         assert p["errors"] == 0 and p["requests"] >= 5
@@ -157,5 +161,8 @@ def test_bench_runs_torchserve_and_the_runner_and_writes_every_report(tmp_path,
     if shutil.which("wrk"):
         assert check["concurrency"] == 2 and check["wrk"]["req_per_s"] > 0
         assert check["wrk"]["non_2xx"] == 0
+        # wrk's requests reached the model: the handler counted them (all but those in
+        # flight when wrk stopped)
+        assert check["wrk"]["server_handled"] >= check["wrk"]["requests"] - 2
     else:
         assert "not installed" in check["skipped"]

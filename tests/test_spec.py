@@ -35,3 +35,30 @@ def test_bad_specs_name_the_field(tmp_path, text, needle):
 def test_missing_spec_file_is_clear():
     with pytest.raises(SpecError, match="does not exist"):
         load_spec(Path("/nonexistent/deploy.yaml"))
+
+
+def test_layouts_turn_into_workers_and_cores(tmp_path, minilm_artifact):
+    from neuronserve.artifact import read_manifest
+    from neuronserve.cores import discover
+    from neuronserve.packaging.torchserve import _plan_workers, apply_layout, model_config
+    from neuronserve.packaging.triton import package_triton, read_config
+
+    manifest = read_manifest(minilm_artifact)
+    n = len(discover("cpu"))
+    latency = apply_layout(load_spec(None, {"layout": "latency", "batch_requests": 2}), manifest)
+    workers, _ = _plan_workers(latency, manifest)
+    cfg = model_config(latency, manifest, workers)
+    assert (cfg["minWorkers"], cfg["neuronserve"]["cores_per_worker"]) == (1, n)
+    assert cfg["batchSize"] == 2
+    throughput = apply_layout(load_spec(None, {}), manifest)
+    workers, _ = _plan_workers(throughput, manifest)
+    cfg = model_config(throughput, manifest, workers)
+    assert (cfg["minWorkers"], cfg["neuronserve"]["cores_per_worker"]) == (n, 1)
+    assert cfg["batchSize"] == manifest.grid.max_batch
+    # Triton: one instance holding every core
+    spec = load_spec(None, {"layout": "latency", "triton_repository": tmp_path / "repo"})
+    config = read_config(package_triton(minilm_artifact, spec) / "config.pbtxt")
+    assert config.instance_group[0].count == 1
+    assert config.parameters["neuronserve_cores_per_instance"].string_value == str(n)
+    with pytest.raises(SpecError, match="layout latency runs one worker"):
+        load_spec(None, {"layout": "latency", "workers": 2})

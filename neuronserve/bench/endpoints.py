@@ -9,9 +9,11 @@ Triton, the Runner and the `transformers` pipeline called in this process.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
-from collections.abc import Callable
+import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,6 +26,7 @@ class RequestFailed(RuntimeError):
 
 
 Send = Callable[[Any], None]
+AsyncSend = Callable[[Any], Awaitable[None]]
 
 
 class Endpoint:
@@ -48,6 +51,83 @@ def json_body(texts: list[str]) -> bytes:
     return json.dumps({"inputs": texts[0] if len(texts) == 1 else texts}).encode()
 
 
+class AsyncHttpConnection:
+    """One keep-alive HTTP/1.1 connection driven by asyncio.
+
+    All of a point's connections share one event loop on one thread, like wrk: on a
+    2-core machine whose cores the server saturates, sixteen client threads each wait to
+    be scheduled before they can read their response, which showed up as 25-40% lower
+    throughput than wrk measured at the same point. Responses are read by Content-Length
+    or chunked encoding; a server that closes the connection gets a new one.
+    """
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def _open(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        sock = self.writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _drop(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+    async def request(self, raw: bytes) -> tuple[int, bytes]:
+        try:
+            if self.writer is None:
+                await self._open()
+            self.writer.write(raw)
+            status_line = await self.reader.readline()
+            if not status_line:
+                raise ConnectionError("server closed the connection")
+            status = int(status_line.split()[1])
+            length, chunked, close = None, False, status_line.startswith(b"HTTP/1.0")
+            while True:
+                line = await self.reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, _, value = line.partition(b":")
+                name, value = name.strip().lower(), value.strip().lower()
+                if name == b"content-length":
+                    length = int(value)
+                elif name == b"transfer-encoding" and b"chunked" in value:
+                    chunked = True
+                elif name == b"connection":
+                    close = value == b"close"
+            if chunked:
+                body = b""
+                while True:
+                    size = int((await self.reader.readline()).split(b";")[0], 16)
+                    chunk = await self.reader.readexactly(size + 2)
+                    if size == 0:
+                        break
+                    body += chunk[:-2]
+            elif length is not None:
+                body = await self.reader.readexactly(length)
+            else:
+                body, close = await self.reader.read(), True
+        except (OSError, ValueError, IndexError, asyncio.IncompleteReadError) as e:
+            self._drop()
+            raise RequestFailed(f"{type(e).__name__}: {e}") from None
+        if close:
+            self._drop()
+        return status, body
+
+    def close(self) -> None:
+        self._drop()
+
+
+def raw_post(host: str, port: int, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+    lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
 class HttpJsonEndpoint(Endpoint):
     """POST {"inputs": ...} as JSON: TorchServe /predictions/<model> and SageMaker-style
     /invocations."""
@@ -64,6 +144,23 @@ class HttpJsonEndpoint(Endpoint):
 
     def payload(self, texts: list[str]) -> bytes:
         return json_body(texts)
+
+    def async_connect(self) -> AsyncSend:
+        """A coroutine function sending one request on its own connection (the load
+        generator runs these on one event loop)."""
+        conn = AsyncHttpConnection(self.host, self.port)
+        built: dict[bytes, bytes] = {}
+
+        async def send(body: bytes) -> None:
+            raw = built.get(body)
+            if raw is None:
+                raw = built[body] = raw_post(self.host, self.port, self.path, body,
+                                             self.headers)
+            status, data = await conn.request(raw)
+            if status != 200:
+                raise RequestFailed(f"HTTP {status}: {data[:200]!r}")
+
+        return send
 
     def connect(self) -> Send:
         conn = [http.client.HTTPConnection(self.host, self.port, timeout=300)]
@@ -92,6 +189,30 @@ class TritonEndpoint(Endpoint):
             raise ValueError(f"unknown Triton protocol {protocol!r}")
         self.kind, self.protocol, self.model = f"triton-{protocol}", protocol, model
         self.url = url.split("://", 1)[-1]  # tritonclient takes host:port
+        if protocol == "http":
+            # KServe v2 JSON on the shared event loop (see AsyncHttpConnection); gRPC goes
+            # through tritonclient on one thread per client
+            self.async_connect = self._async_connect
+
+    def _async_connect(self) -> AsyncSend:
+        host, _, port = self.url.partition(":")
+        conn = AsyncHttpConnection(host, int(port or 80))
+        path = f"/v2/models/{self.model}/infer"
+        built: dict[int, bytes] = {}
+
+        async def send(texts: np.ndarray) -> None:
+            raw = built.get(id(texts))
+            if raw is None:
+                body = json.dumps({"inputs": [{
+                    "name": "TEXT", "shape": list(texts.shape), "datatype": "BYTES",
+                    "data": [t.decode() for t in texts.ravel()]}]}).encode()
+                raw = built[id(texts)] = raw_post(host, int(port or 80), path, body,
+                                                  {"Content-Type": "application/json"})
+            status, data = await conn.request(raw)
+            if status != 200:
+                raise RequestFailed(f"HTTP {status}: {data[:200]!r}")
+
+        return send
 
     def payload(self, texts: list[str]) -> np.ndarray:
         return np.array([[t.encode()] for t in texts], dtype=object)

@@ -1,5 +1,7 @@
-"""Closed-loop load: `concurrency` threads, each sending its next request as soon as
-the previous one is answered, on its own keep-alive connection.
+"""Closed-loop load: `concurrency` clients, each sending its next request as soon as
+the previous one is answered, on its own keep-alive connection. HTTP endpoints run
+every client on one asyncio event loop (one thread, like wrk); the others (gRPC,
+in-process) on one thread per client.
 
 Only requests started inside the measuring window count, so warm-up and the tail of
 requests in flight when the window opens are left out. The generator's own CPU time
@@ -9,6 +11,7 @@ and a number measured by a saturated client would be the client's.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable
@@ -47,8 +50,18 @@ def run_load(endpoint: Endpoint, payload: Any, concurrency: int, warmup_s: float
     latencies: list[float] = []
     ends: list[float] = []
     errors: list[str] = []
-    ready = threading.Barrier(concurrency + 1)
     failures: list[BaseException] = []
+    use_async = getattr(endpoint, "async_connect", None) is not None
+    ready = threading.Barrier(2 if use_async else concurrency + 1)
+
+    def record(counted: bool, ok: bool, err: str, t0: float, t1: float) -> None:
+        if counted and not stop.is_set():
+            with lock:
+                if ok:
+                    latencies.append((t1 - t0) * 1e3)
+                    ends.append(t1)
+                else:
+                    errors.append(err)
 
     def worker() -> None:
         try:
@@ -62,24 +75,46 @@ def run_load(endpoint: Endpoint, payload: Any, concurrency: int, warmup_s: float
         except threading.BrokenBarrierError:
             return
         while not stop.is_set():
-            counted = measuring.is_set()
+            counted, err = measuring.is_set(), ""
             t0 = time.perf_counter()
             try:
                 send(payload)
                 ok = True
             except RequestFailed as e:
-                ok = False
-                err = str(e)
-            t1 = time.perf_counter()
-            if counted and not stop.is_set():
-                with lock:
-                    if ok:
-                        latencies.append((t1 - t0) * 1e3)
-                        ends.append(t1)
-                    else:
-                        errors.append(err)
+                ok, err = False, str(e)
+            record(counted, ok, err, t0, time.perf_counter())
 
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
+    async def client(send) -> None:
+        while not stop.is_set():
+            counted, err = measuring.is_set(), ""
+            t0 = time.perf_counter()
+            try:
+                await send(payload)
+                ok = True
+            except RequestFailed as e:
+                ok, err = False, str(e)
+            record(counted, ok, err, t0, time.perf_counter())
+
+    def event_loop() -> None:
+        # every connection on one thread, like wrk (see AsyncHttpConnection)
+        async def main() -> None:
+            sends = [endpoint.async_connect() for _ in range(concurrency)]
+            try:
+                ready.wait()
+            except threading.BrokenBarrierError:
+                return
+            await asyncio.gather(*(client(s) for s in sends))
+
+        try:
+            asyncio.run(main())
+        except BaseException as e:  # noqa: BLE001 - reported by the coordinator
+            failures.append(e)
+            ready.abort()
+
+    if use_async:
+        threads = [threading.Thread(target=event_loop, daemon=True)]
+    else:
+        threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
     for t in threads:
         t.start()
     try:

@@ -84,7 +84,9 @@ def markdown(results: dict[str, Any], title: str) -> str:
                   f"{w.get('p99_ms', float('nan')):.1f} ms); neuronserve bench "
                   f"{o['req_per_s']:.1f} req/s (p50 {o['p50_ms']:.1f} ms, p99 {o['p99_ms']:.1f} "
                   f"ms) using {o['client_cores']:.2f} cores: ours/wrk = "
-                  f"{check['ours_over_wrk']:.2f}.", ""]
+                  f"{check['ours_over_wrk']:.2f}."
+                  + (f" The handler counted {w['server_handled']} requests during wrk's "
+                     f"{w.get('requests', '?')}." if "server_handled" in w else ""), ""]
     elif check:
         lines += [f"Load generator cross-check skipped: {check['skipped']}", ""]
     lines += split_table(results)

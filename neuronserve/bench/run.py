@@ -201,7 +201,7 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
                 rows.extend(measured)
                 if (config.wrk and wrk_check is None
                         and isinstance(endpoint, HttpJsonEndpoint)):
-                    wrk_check = _wrk_check(endpoint, measured, texts, config, bar)
+                    wrk_check = _wrk_check(endpoint, measured, texts, config, bar, server)
                 endpoint.close()
         finally:
             if server is not None:
@@ -213,7 +213,8 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
             "wrk_check": wrk_check}
 
 
-def _wrk_check(endpoint: HttpJsonEndpoint, measured, texts, config, bar) -> dict[str, Any]:
+def _wrk_check(endpoint: HttpJsonEndpoint, measured, texts, config, bar,
+               server=None) -> dict[str, Any]:
     from . import wrk
 
     seq = config.wrk_seq or min(config.sequence_lengths)
@@ -225,11 +226,19 @@ def _wrk_check(endpoint: HttpJsonEndpoint, measured, texts, config, bar) -> dict
     if not wrk.available():
         return {"skipped": "wrk is not installed (apt-get install wrk)"}
     bar.set_postfix_str(f"wrk cross-check {endpoint.label} seq={seq} c={c}")
+    # the server's own count of what it served during the wrk run: wrk counts whatever
+    # came back, so this is what shows its requests were the real ones
+    metrics_url = getattr(server, "metrics_url", None) if endpoint.kind == "torchserve" else None
+    before = scrape(metrics_url, server.name) if metrics_url else {}
     try:
         got = wrk.run_wrk(endpoint.url, endpoint.payload([texts[seq]]), endpoint.headers, c,
                           max(config.duration_s, 5))
     except (RuntimeError, ValueError, OSError) as e:
         return {"skipped": f"wrk failed: {e}"}
+    if metrics_url:
+        after = scrape(metrics_url, server.name)
+        got["server_handled"] = int(after.get("NeuronServeRequests", 0)
+                                    - before.get("NeuronServeRequests", 0))
     bar.write(f"wrk cross-check {endpoint.label} seq={seq} c={c}: wrk {got['req_per_s']:.1f} "
               f"req/s, ours {ours['req_per_s']:.1f} req/s")
     return {"endpoint": endpoint.label, "seq": seq, "texts": 1, "concurrency": c, "wrk": got,

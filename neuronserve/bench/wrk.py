@@ -28,6 +28,9 @@ def parse(output: str) -> dict[str, float]:
     if not rate:
         raise ValueError(f"wrk printed no Requests/sec:\n{output}")
     result = {"req_per_s": float(rate.group(1))}
+    total = re.search(r"(\d+) requests in", output)
+    if total:
+        result["requests"] = int(total.group(1))
     for pct, key in (("50", "p50_ms"), ("90", "p90_ms"), ("99", "p99_ms")):
         m = re.search(rf"^\s+{pct}%\s+(\S+)", output, re.M)
         if m:
@@ -46,7 +49,8 @@ def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int,
     """POST `body` to `url` from `concurrency` connections on one wrk thread."""
     script = ["wrk.method = \"POST\"", f"wrk.body = {_lua_string(body.decode())}"]
     for k, v in headers.items():
-        script.append(f"wrk.headers[{_lua_string(k)}] = {_lua_string(v)}")
+        # spaces inside the brackets: "[[" would open a Lua long string
+        script.append(f"wrk.headers[ {_lua_string(k)} ] = {_lua_string(v)}")
     with tempfile.TemporaryDirectory(prefix="ns-wrk-") as tmp:
         lua = Path(tmp) / "post.lua"
         lua.write_text("\n".join(script) + "\n")

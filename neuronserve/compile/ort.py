@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import tempfile
 import warnings
 from pathlib import Path
@@ -38,6 +39,10 @@ class OrtModule:
         # follow the worker's core lease: pin_cpu sized torch's pool to the cores it holds
         options.intra_op_num_threads = threads or torch.get_num_threads()
         options.inter_op_num_threads = 1
+        if options.intra_op_num_threads > 1 and os.environ.get("NEURONSERVE_ORT_SPIN") != "1":
+            # Idle pool threads spin by default, burning the CPU that the server's frontend
+            # and the other requests' work need on a small host (measured: BENCHMARKS.md).
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         self.session = ort.InferenceSession(model_bytes, options,
                                             providers=["CPUExecutionProvider"])

@@ -1,0 +1,89 @@
+"""Model-only time of the CPU engines neuronserve could use, on one compiled artifact's
+model: why int8 is ONNX Runtime's and not torch's dynamic quantisation.
+
+    .venv/bin/python scripts/engines_bench.py MODEL_DIR INT8_ARTIFACT [--threads 1,2]
+
+Batch 1, sequence 8 / 128 / 512, median of repeated calls after warm-up, in one process;
+prints a markdown table (ms, and speed-up over eager fp32 measured in the same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+SEQS = (8, 128, 512)
+
+
+def median_ms(fn, x, m, reps: int) -> float:
+    for _ in range(3):
+        fn(x, m)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(x, m)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("model_dir", type=Path)
+    p.add_argument("int8_artifact", type=Path)
+    p.add_argument("--threads", default="1,2")
+    args = p.parse_args()
+
+    from transformers import AutoModelForSequenceClassification
+
+    from neuronserve.compile.ort import OrtModule
+
+    warnings.simplefilter("ignore")
+    model = AutoModelForSequenceClassification.from_pretrained(args.model_dir).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids, mask):
+            return self.m(input_ids=ids, attention_mask=mask).logits
+
+    eager = Logits(model)
+    ex = (torch.ones(1, 16, dtype=torch.long), torch.ones(1, 16, dtype=torch.long))
+    with torch.no_grad():
+        ts_fp32 = torch.jit.freeze(torch.jit.trace(eager, ex, check_trace=False))
+        ts_bf16 = torch.jit.freeze(torch.jit.trace(copy.deepcopy(eager).to(torch.bfloat16), ex,
+                                                   check_trace=False))
+        dyn = torch.ao.quantization.quantize_dynamic(copy.deepcopy(eager), {torch.nn.Linear},
+                                                     dtype=torch.qint8)
+        ts_dyn = torch.jit.freeze(torch.jit.trace(dyn, ex, check_trace=False))
+    onnx_bytes = (args.int8_artifact / "model.onnx").read_bytes()
+
+    print("| threads | engine | " + " | ".join(f"seq {s} ms (x eager)" for s in SEQS) + " |")
+    print("|---:|---|" + "---:|" * len(SEQS))
+    for threads in [int(t) for t in args.threads.split(",")]:
+        torch.set_num_threads(threads)
+        ort = OrtModule(onnx_bytes, threads=threads)
+        engines = {"eager fp32": eager, "TorchScript fp32": ts_fp32, "TorchScript bf16": ts_bf16,
+                   "torch dynamic int8 (TorchScript)": ts_dyn, "ONNX Runtime int8 (fused)": ort}
+        base = {}
+        for name, fn in engines.items():
+            cells = []
+            for s in SEQS:
+                x = torch.randint(1000, 2000, (1, s))
+                m = torch.ones_like(x)
+                with torch.inference_mode():
+                    ms = median_ms(fn, x, m, reps=5 if s == 512 else 15)
+                base.setdefault(s, ms)
+                cells.append(f"{ms:.1f} ({base[s] / ms:.1f}x)")
+            print(f"| {threads} | {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
