@@ -41,6 +41,9 @@ $NS bench --title "all-MiniLM-L6-v2 embeddings, batch 1 (precision auto: bf16)" 
   --max-batch-delay-ms 1 --warmup 1.5 --duration 3 --min-requests 20 \
   --out benchmarks/minilm
 
+.venv/bin/python scripts/engines_bench.py "$WORK/distilbert-base" "$WORK/art/distilbert-auto" \
+  > benchmarks/engines.md
+
 # every precision compile tried, with its accuracy against fp32 eager
 .venv/bin/python -c "
 import sys

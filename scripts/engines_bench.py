@@ -54,7 +54,7 @@ def main() -> None:
         def forward(self, ids, mask):
             return self.m(input_ids=ids, attention_mask=mask).logits
 
-    eager = Logits(model)
+    eager = Logits(model).eval()
     ex = (torch.ones(1, 16, dtype=torch.long), torch.ones(1, 16, dtype=torch.long))
     with torch.no_grad():
         ts_fp32 = torch.jit.freeze(torch.jit.trace(eager, ex, check_trace=False))
@@ -65,6 +65,18 @@ def main() -> None:
         ts_dyn = torch.jit.freeze(torch.jit.trace(dyn, ex, check_trace=False))
     onnx_bytes = (args.int8_artifact / "model.onnx").read_bytes()
 
+    from datetime import datetime, timezone
+
+    from neuronserve.bench.run import machine
+
+    m = machine()
+    print("## CPU engines, batch 1, model only\n")
+    print(f"- date (UTC): {datetime.now(timezone.utc).isoformat(timespec='minutes')}; machine: "
+          f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']}")
+    print(f"- command: `.venv/bin/python scripts/engines_bench.py {args.model_dir} "
+          f"{args.int8_artifact}`")
+    print("- median ms of repeated calls after warm-up in one process (ratio to eager fp32 "
+          "at the same threads)\n")
     print("| threads | engine | " + " | ".join(f"seq {s} ms (x eager)" for s in SEQS) + " |")
     print("|---:|---|" + "---:|" * len(SEQS))
     for threads in [int(t) for t in args.threads.split(",")]:
