@@ -95,7 +95,12 @@ class Manifest(BaseModel):
         return BucketGrid(tuple(self.batch_sizes), tuple(self.sequence_lengths))
 
     def module_for(self, bucket: Bucket) -> str:
-        return self.modules.get(bucket.key) or self.modules["dynamic"]
+        return module_file(self.modules, bucket)
+
+
+def module_file(modules: dict[str, str], bucket: Bucket) -> str:
+    """The module file serving `bucket`: its own, or the one dynamic-shape module."""
+    return modules.get(bucket.key) or modules["dynamic"]
 
 
 def sha256_file(path: Path) -> str:

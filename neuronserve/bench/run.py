@@ -19,6 +19,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -129,40 +130,57 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform()}
 
 
+@dataclass
+class Session:
+    """What is measured between one server start and its stop (or in process): `make`
+    builds the endpoints once the server is up; `endpoints` says how many it will build."""
+
+    label: str
+    layout: str
+    server: Any
+    make: Callable[[], list[Endpoint]]
+    endpoints: int = 1
+
+    @property
+    def in_process(self) -> bool:
+        return self.layout == "in-process"
+
+
 def _sessions(spec: EndpointSpec, config: BenchConfig):
-    """(label, layout, server-or-None, endpoints) for one endpoint spec: a managed server
-    gives one session per layout; Triton gives an HTTP and a gRPC endpoint per server."""
+    """The sessions of one endpoint spec: a managed server gives one per layout; Triton
+    gives an HTTP and a gRPC endpoint per server."""
     if spec.kind in MANAGED and not _is_url(spec.where):
         for layout in config.layouts:
             label = f"{spec.label}/{layout}"
             if spec.kind == "sagemaker":
                 server = SageMakerServer(Path(spec.where), layout)
-                yield label, layout, server, lambda s=server, lb=label: [
-                    HttpJsonEndpoint(lb, "sagemaker", s.url, config.headers)]
+                yield Session(label, layout, server, lambda s=server, lb=label: [
+                    HttpJsonEndpoint(lb, "sagemaker", s.url, config.headers)])
                 continue
             server = ManagedServer(spec.kind, Path(spec.where), layout, config.max_batch_delay_ms,
                                    config.batch_requests)
             if spec.kind == "torchserve":
-                yield label, layout, server, lambda s=server, lb=label: [
-                    HttpJsonEndpoint(lb, "torchserve", s.torchserve_url, config.headers)]
+                yield Session(label, layout, server, lambda s=server, lb=label: [
+                    HttpJsonEndpoint(lb, "torchserve", s.torchserve_url, config.headers)])
             else:
-                yield label, layout, server, lambda s=server, lb=label: [
+                yield Session(label, layout, server, lambda s=server, lb=label: [
                     TritonEndpoint(f"{lb} http", "http", s.backend.instance.http_url, s.name),
-                    TritonEndpoint(f"{lb} grpc", "grpc", s.backend.instance.grpc_url, s.name)]
+                    TritonEndpoint(f"{lb} grpc", "grpc", s.backend.instance.grpc_url, s.name)],
+                    endpoints=2)
         return
     if spec.kind in ("torchserve", "sagemaker"):
-        yield spec.label, "external", None, lambda: [
-            HttpJsonEndpoint(spec.label, spec.kind, spec.where, config.headers)]
+        yield Session(spec.label, "external", None, lambda: [
+            HttpJsonEndpoint(spec.label, spec.kind, spec.where, config.headers)])
     elif spec.kind in ("triton-http", "triton-grpc"):
         address, _, model = spec.where.rpartition("/")
-        yield spec.label, "external", None, lambda: [
-            TritonEndpoint(spec.label, spec.kind.split("-")[1], address, model)]
+        yield Session(spec.label, "external", None, lambda: [
+            TritonEndpoint(spec.label, spec.kind.split("-")[1], address, model)])
     elif spec.kind == "runner":
-        yield spec.label, "in-process", None, lambda: [RunnerEndpoint(spec.label,
-                                                                      Path(spec.where))]
+        yield Session(spec.label, "in-process", None, lambda: [
+            RunnerEndpoint(spec.label, Path(spec.where))])
     elif spec.kind == "vanilla":
-        yield spec.label, "in-process", None, lambda: [
-            VanillaEndpoint(spec.label, Path(spec.where), _task(config))]
+        yield Session(spec.label, "in-process", None, lambda: [
+            VanillaEndpoint(spec.label, Path(spec.where), _task(config))])
     else:
         raise ValueError(f"{spec.kind} needs an artifact directory or an http:// URL")
 
@@ -179,25 +197,22 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
     texts = {s: text_with_tokens(tokenizer, s) for s in config.sequence_lengths}
     rows: list[dict[str, Any]] = []
     sessions = [s for e in config.endpoints for s in _sessions(e, config)]
-    total = 0
-    for e in config.endpoints:
-        in_proc = e.kind in ("runner", "vanilla")
-        per = len(list(_points(config, in_proc)))
-        layouts = len(config.layouts) if (e.kind in MANAGED and not _is_url(e.where)) else 1
-        total += per * layouts * (2 if e.kind == "triton" and not _is_url(e.where) else 1)
+    total = sum(s.endpoints * len(list(_points(config, s.in_process))) for s in sessions)
     bar = tqdm(total=total, desc="bench", unit="point", disable=not progress, file=sys.stderr)
     started = datetime.now(timezone.utc)
     wrk_check: dict[str, Any] | None = None
-    for label, layout, server, make in sessions:
+    for session in sessions:
+        server = session.server
         if server is not None:
-            bar.set_postfix_str(f"starting {label}")
+            bar.set_postfix_str(f"starting {session.label}")
             t0 = time.perf_counter()
             server.start()
-            bar.write(f"{label}: ready in {time.perf_counter() - t0:.0f}s "
+            bar.write(f"{session.label}: ready in {time.perf_counter() - t0:.0f}s "
                       f"({server.workers} worker(s) x {server.cores_per_worker} core(s))")
         try:
-            for endpoint in make():
-                measured = _measure_endpoint(endpoint, layout, server, texts, config, bar)
+            for endpoint in session.make():
+                measured = _measure_endpoint(endpoint, session.layout, server, texts, config,
+                                             bar)
                 rows.extend(measured)
                 if (config.wrk and wrk_check is None
                         and isinstance(endpoint, HttpJsonEndpoint)):
@@ -228,7 +243,7 @@ def _wrk_check(endpoint: HttpJsonEndpoint, measured, texts, config, bar,
     bar.set_postfix_str(f"wrk cross-check {endpoint.label} seq={seq} c={c}")
     # the server's own count of what it served during the wrk run: wrk counts whatever
     # came back, so this is what shows its requests were the real ones
-    metrics_url = getattr(server, "metrics_url", None) if endpoint.kind == "torchserve" else None
+    metrics_url = _torchserve_metrics(endpoint, server)
     before = scrape(metrics_url, server.name) if metrics_url else {}
     try:
         got = wrk.run_wrk(endpoint.url, endpoint.payload([texts[seq]]), endpoint.headers, c,
@@ -246,9 +261,14 @@ def _wrk_check(endpoint: HttpJsonEndpoint, measured, texts, config, bar,
             "ours_over_wrk": ours["req_per_s"] / got["req_per_s"]}
 
 
+def _torchserve_metrics(endpoint: Endpoint, server) -> str | None:
+    """TorchServe's metrics URL when bench started the TorchServe behind `endpoint`."""
+    return getattr(server, "metrics_url", None) if endpoint.kind == "torchserve" else None
+
+
 def _measure_endpoint(endpoint: Endpoint, layout: str, server, texts, config, bar):
     rows = []
-    metrics_url = getattr(server, "metrics_url", None) if endpoint.kind == "torchserve" else None
+    metrics_url = _torchserve_metrics(endpoint, server)
     model = getattr(server, "name", None)
 
     def probe() -> dict[str, Any]:

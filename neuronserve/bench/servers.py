@@ -17,21 +17,20 @@ from pathlib import Path
 
 import requests
 
-from ..artifact import read_manifest
+from ..artifact import Manifest, read_manifest
 from ..compile import get_target
-from ..cores import discover
+from ..cores import group_count
+from ..packaging.torchserve import apply_layout
 from ..serve.sagemaker import Backend, _free_ports
+from ..spec import load_spec
 
 
-def layout_workers(artifact: Path, layout: str) -> tuple[int, int]:
-    """(workers, cores per worker) for a layout on this host."""
-    kind = get_target(read_manifest(artifact, verify=False).target).core_kind
-    cores = len(discover(kind))
-    if layout == "latency":
-        return 1, cores
-    if layout == "throughput":
-        return cores, 1
-    raise ValueError(f"unknown layout {layout!r}: throughput or latency")
+def layout_workers(manifest: Manifest, layout: str) -> tuple[int, int]:
+    """(workers, cores per worker) for a layout on this host, as `neuronserve package`
+    lays it out."""
+    spec = apply_layout(load_spec(None, {"layout": layout}), manifest)
+    kind = get_target(manifest.target).core_kind
+    return spec.workers or group_count(kind, spec.cores_per_worker), spec.cores_per_worker
 
 
 class ManagedServer:
@@ -40,20 +39,25 @@ class ManagedServer:
     def __init__(self, engine: str, artifact: Path, layout: str, max_batch_delay_ms: int | None,
                  batch_requests: int | None = None):
         self.engine, self.artifact, self.layout = engine, Path(artifact), layout
-        self.workers, self.cores_per_worker = layout_workers(self.artifact, layout)
+        # packaging verifies the artifact's checksums when the server starts
+        self.manifest = read_manifest(self.artifact, verify=False)
+        self.name = self.manifest.name
+        self.workers, self.cores_per_worker = layout_workers(self.manifest, layout)
         self.max_batch_delay_ms, self.batch_requests = max_batch_delay_ms, batch_requests
         self.tmp = tempfile.TemporaryDirectory(prefix=f"ns-bench-{engine}-")
-        self.name = read_manifest(self.artifact, verify=False).name
         self.backend: Backend | None = None
+        self._lease_dir: str | None = None
 
     def start(self) -> None:
-        manifest = read_manifest(self.artifact)
-        backend = Backend(self.engine, self.artifact, manifest, Path(self.tmp.name),
+        backend = Backend(self.engine, self.artifact, self.manifest, Path(self.tmp.name),
                           self.workers, 300, self.cores_per_worker)
         if self.max_batch_delay_ms is not None:
             backend.spec.max_batch_delay_ms = self.max_batch_delay_ms
         if self.batch_requests is not None:
             backend.spec.batch_requests = self.batch_requests
+        # workers inherit this process's environment: their own lease directory, put
+        # back in stop()
+        self._lease_dir = os.environ.get("NEURONSERVE_LEASE_DIR")
         os.environ["NEURONSERVE_LEASE_DIR"] = str(Path(self.tmp.name) / "leases")
         self.backend = backend
         backend.start()
@@ -79,6 +83,10 @@ class ManagedServer:
         if self.backend is not None:
             self.backend.stop()
             self.backend = None
+            if self._lease_dir is None:
+                os.environ.pop("NEURONSERVE_LEASE_DIR", None)
+            else:
+                os.environ["NEURONSERVE_LEASE_DIR"] = self._lease_dir
         self.tmp.cleanup()
 
 
@@ -88,7 +96,8 @@ class SageMakerServer:
 
     def __init__(self, artifact: Path, layout: str, engine: str = "torchserve"):
         self.artifact, self.layout, self.engine = Path(artifact), layout, engine
-        self.workers, self.cores_per_worker = layout_workers(self.artifact, layout)
+        self.workers, self.cores_per_worker = layout_workers(
+            read_manifest(self.artifact, verify=False), layout)
         self.tmp = tempfile.TemporaryDirectory(prefix="ns-bench-sagemaker-")
         self.port = _free_ports(1)[0]
         self.proc: subprocess.Popen | None = None

@@ -28,6 +28,7 @@ from ..artifact import (
     Manifest,
     PrecisionTrial,
     TokenizerSettings,
+    module_file,
     write_manifest,
 )
 from ..buckets import Bucket, BucketGrid, pad_batch
@@ -133,7 +134,7 @@ def _accuracy_rows(tokenizer: TextTokenizer, max_seq: int) -> list[dict[str, lis
             if len(e.ids) <= max_seq]
 
 
-def _batch1_ms(module, tokenizer: TextTokenizer, grid: BucketGrid, names, pad_values,
+def _batch1_ms(module_for, tokenizer: TextTokenizer, grid: BucketGrid, names, pad_values,
                output_dim: int) -> float:
     """Sum over the grid's sequence lengths of the best of three batch-1 runs: what
     `precision: auto` ranks candidates by. Two warm-up calls per shape first (TorchScript
@@ -144,7 +145,7 @@ def _batch1_ms(module, tokenizer: TextTokenizer, grid: BucketGrid, names, pad_va
         times = []
         for i in range(5):
             t0 = time.perf_counter()
-            run_rows(lambda _b: module, rows, grid, names, pad_values, output_dim)
+            run_rows(module_for, rows, grid, names, pad_values, output_dim)
             if i >= 2:
                 times.append((time.perf_counter() - t0) * 1e3)
         total += min(times)
@@ -253,7 +254,7 @@ def _compile_into(spec, model_dir, out, task, target, grid, progress) -> Manifes
             reference = run_rows(lambda _b: eager, acc_rows, grid, names, pad_values, output_dim)
 
         def module_for(bucket, modules=modules, loaded=loaded):
-            return loaded[modules.get(bucket.key) or modules["dynamic"]]
+            return loaded[module_file(modules, bucket)]
 
         got = run_rows(module_for, acc_rows, grid, names, pad_values, output_dim)
         accuracy = {**task.accuracy(got, reference), "texts": len(acc_rows)}
@@ -275,14 +276,13 @@ def _compile_into(spec, model_dir, out, task, target, grid, progress) -> Manifes
                 print(f"precision {precision}: refused, {trial.reason}", file=sys.stderr)
             continue
         if len(precisions) > 1:
-            trial.batch1_ms = _batch1_ms(next(iter(loaded.values())), tokenizer, grid, names,
-                                         pad_values, output_dim)
+            trial.batch1_ms = _batch1_ms(module_for, tokenizer, grid, names, pad_values,
+                                         output_dim)
             if progress:
                 print(f"precision {precision}: {task.accuracy_metric} {value:.5f}, batch-1 "
                       f"model time over the grid {trial.batch1_ms:.1f} ms", file=sys.stderr)
         trials.append(trial)
         kept[precision] = (modules, results, output_dim, described, trial)
-        del loaded
 
     if not kept:
         raise CompileError("no precision met the accuracy floor: " +
