@@ -19,6 +19,8 @@ from .buckets import Bucket, BucketGrid
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
+# the `modules` key of the one module a dynamic-shape target compiles for every bucket
+DYNAMIC = "dynamic"
 
 
 class ArtifactError(RuntimeError):
@@ -51,7 +53,8 @@ class PrecisionTrial(BaseModel):
     model time summed over the grid's sequence lengths."""
 
     precision: str
-    engine: str | None = None
+    # torchscript or onnx: what the module file is, and so which library runs it
+    module_format: str | None = None
     accuracy: dict[str, float] = Field(default_factory=dict)
     passed: bool
     reason: str | None = None
@@ -100,7 +103,7 @@ class Manifest(BaseModel):
 
 def module_file(modules: dict[str, str], bucket: Bucket) -> str:
     """The module file serving `bucket`: its own, or the one dynamic-shape module."""
-    return modules.get(bucket.key) or modules["dynamic"]
+    return modules.get(bucket.key) or modules[DYNAMIC]
 
 
 def sha256_file(path: Path) -> str:
@@ -112,9 +115,7 @@ def sha256_file(path: Path) -> str:
 
 
 def _payload_files(directory: Path) -> list[Path]:
-    return sorted(
-        p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST
-    )
+    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> Path:

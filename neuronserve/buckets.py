@@ -8,7 +8,7 @@ module only ever sees the shapes that were validated and warmed up.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,7 +70,7 @@ class BucketGrid:
 
 
 def pad_batch(
-    rows: Sequence[dict[str, Sequence[int]]],
+    rows: Sequence[Mapping[str, Sequence[int]]],
     bucket: Bucket,
     input_names: Sequence[str],
     pad_values: dict[str, int],

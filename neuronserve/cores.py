@@ -11,6 +11,7 @@ instance name), so a lease is the only way two live workers never share a core.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -102,8 +103,13 @@ def discover_neuron_cores(override: int | None = None) -> list[int]:
 
     if shutil.which("neuron-ls"):
         try:
-            out = subprocess.run(["neuron-ls", "--json-output"], capture_output=True, text=True,
-                                 timeout=30, check=True).stdout
+            out = subprocess.run(
+                ["neuron-ls", "--json-output"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout
             devices = json.loads(out)
             total = sum(int(d.get("nc_count", 0)) for d in devices)
             if total:
@@ -118,7 +124,8 @@ def discover_neuron_cores(override: int | None = None) -> list[int]:
         "no NeuronCores found (neuron-ls is not installed or reports none, and no "
         f"/dev/neuron* devices on a known instance family): on a Neuron host install the "
         f"Neuron tools; to plan for another host set `neuron_cores` in the spec or "
-        f"{NEURON_CORES_ENV}")
+        f"{NEURON_CORES_ENV}"
+    )
 
 
 def plan_groups(cores: list[int], cores_per_worker: int) -> list[CoreGroup]:
@@ -258,17 +265,15 @@ def pin_cpu(cores: tuple[int, ...]) -> None:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = n
     for tid in os.listdir("/proc/self/task"):
-        try:
+        # a thread may exit meanwhile
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.sched_setaffinity(int(tid), cores)
-        except (ProcessLookupError, PermissionError):
-            pass  # a thread that exited meanwhile
     import torch
 
     torch.set_num_threads(len(cores))
-    try:
+    # raises once earlier parallel work in this process fixed the inter-op pool
+    with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass  # already fixed by earlier parallel work in this process
 
 
 def discover(kind: str, neuron_cores: int | None = None) -> list[int]:
@@ -279,19 +284,6 @@ def discover(kind: str, neuron_cores: int | None = None) -> list[int]:
     raise ValueError(f"unknown core kind {kind!r} (cpu or neuron)")
 
 
-def group_count(kind: str, cores_per_worker: int, neuron_cores: int | None = None) -> int:
-    """How many workers of `cores_per_worker` cores this host can hold."""
-    return len(plan_groups(discover(kind, neuron_cores), cores_per_worker))
-
-
-def claim(kind: str, cores_per_worker: int, owner: str = "",
-          directory: Path | None = None, prefer: int | None = None,
-          neuron_cores: int | None = None) -> CoreLease:
-    """Discover, plan and lease; raises NoFreeCoreGroup with what to change."""
-    groups = plan_groups(discover(kind, neuron_cores), cores_per_worker)
-    return acquire(groups, kind, owner=owner, directory=directory, prefer=prefer)
-
-
 def pin_neuron(cores: tuple[int, ...], inf1_group_sizes: bool = False) -> None:
     """Make the Neuron runtime of this process see only `cores`.
 
@@ -300,8 +292,10 @@ def pin_neuron(cores: tuple[int, ...], inf1_group_sizes: bool = False) -> None:
     """
     early = [m for m in NEURON_SDK_MODULES if m in sys.modules]
     if early:
-        raise RuntimeError(f"{', '.join(early)} was imported before this worker pinned its "
-                           "NeuronCores; the runtime would already have claimed cores")
+        raise RuntimeError(
+            f"{', '.join(early)} was imported before this worker pinned its "
+            "NeuronCores; the runtime would already have claimed cores"
+        )
     label = CoreGroup(0, cores).label
     os.environ["NEURON_RT_VISIBLE_CORES"] = label
     os.environ["NEURON_RT_NUM_CORES"] = str(len(cores))

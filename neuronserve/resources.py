@@ -35,5 +35,9 @@ def tool(command: str, module: str, function: str) -> list[str]:
     found = shutil.which(command)
     if found:
         return [found]
-    return [sys.executable, "-c", f"import sys; from {module} import {function} as f; "
-            f"sys.argv[0] = {command!r}; sys.exit(f())"]
+    return [
+        sys.executable,
+        "-c",
+        f"import sys; from {module} import {function} as f; "
+        f"sys.argv[0] = {command!r}; sys.exit(f())",
+    ]

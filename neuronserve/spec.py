@@ -35,75 +35,155 @@ class DeploySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     # what to compile
-    model: Path | None = Field(None, description="local Hugging Face model directory")
-    name: str | None = Field(None, description="model name on the servers (default: artifact dir)")
-    task: Task = "feature-extraction"
-    target: Target = "cpu"
-    batch_sizes: list[int] = Field(default_factory=lambda: [1, 4, 8])
-    sequence_lengths: list[int] = Field(default_factory=lambda: [16, 32, 64, 128])
-    pooling: Pooling = Field("auto", description="auto: sentence-transformers config, else cls")
-    normalize: bool | None = Field(None, description="L2-normalise embeddings (None: auto)")
-    truncation: bool = Field(True, description="truncate texts over the largest sequence length")
-    tolerance: float = Field(1e-3, gt=0, description="max abs difference to the eager model")
+    model: Path | None = Field(
+        None,
+        description="local Hugging Face model directory (config.json, weights, a fast tokenizer)",
+    )
+    name: str | None = Field(
+        None,
+        description="model name on the servers (default: the artifact's, i.e. its directory name)",
+    )
+    task: Task = Field("feature-extraction", description="feature-extraction | text-classification")
+    target: Target = Field("cpu", description="cpu | neuronx (Inf2/Trn1) | neuron (Inf1)")
+    batch_sizes: list[int] = Field(
+        default_factory=lambda: [1, 4, 8], description="compiled batch sizes, e.g. 1,4,8"
+    )
+    sequence_lengths: list[int] = Field(
+        default_factory=lambda: [16, 32, 64, 128],
+        description="compiled sequence lengths in tokens, e.g. 16,32,64,128",
+    )
+    pooling: Pooling = Field(
+        "auto",
+        description="feature-extraction pooling: auto "
+        "(sentence-transformers config, else cls), "
+        "mean, cls",
+    )
+    normalize: bool | None = Field(
+        None, description="L2-normalise embeddings (default: the sentence-transformers config)"
+    )
+    truncation: bool = Field(
+        True,
+        description="cut texts longer than the largest sequence "
+        "length (default), or refuse them with a 413",
+    )
+    tolerance: float = Field(
+        1e-3, gt=0, description="largest accepted |compiled - eager| per bucket at fp32"
+    )
     artifact: Path | None = Field(None, description="artifact directory (compile output)")
     precision: Precision = Field(
-        "auto", description="cpu: fp32, bf16 or int8; auto: the fastest that meets the "
-                            "accuracy floors below (Neuron targets use auto_cast instead)")
+        "auto",
+        description="cpu: fp32 | bf16 | int8 | auto (the fastest that meets the "
+        "accuracy floor; each candidate's accuracy is recorded in the "
+        "manifest). Neuron targets use auto_cast instead",
+    )
     min_cosine: float = Field(
-        0.999, gt=0, le=1, description="feature-extraction: lowest cosine similarity to the "
-                                       "fp32 eager embedding a non-fp32 precision may reach")
+        0.999,
+        gt=0,
+        le=1,
+        description="feature-extraction accuracy floor: lowest cosine to "
+        "the fp32 eager embedding a non-fp32 precision may reach",
+    )
     min_argmax_agreement: float = Field(
-        0.99, gt=0, le=1, description="text-classification: share of texts whose top label "
-                                      "must match the fp32 eager model's")
+        0.99,
+        gt=0,
+        le=1,
+        description="text-classification accuracy floor: share of texts "
+        "whose top label must match the fp32 eager model's",
+    )
 
     # Neuron compiler options (targets neuronx and neuron)
-    auto_cast: Literal["none", "matmult", "all"] | None = None
-    auto_cast_type: Literal["bf16", "fp16", "tf32"] | None = None
-    optlevel: Literal[1, 2, 3] | None = Field(None, description="neuronx-cc --optlevel")
-    compiler_args: list[str] = Field(default_factory=list, description="extra compiler args")
+    auto_cast: Literal["none", "matmult", "all"] | None = Field(
+        None, description="Neuron: which operators the compiler casts down: none | matmult | all"
+    )
+    auto_cast_type: Literal["bf16", "fp16", "tf32"] | None = Field(
+        None, description="Neuron: the type auto_cast casts to: bf16 | fp16 | tf32"
+    )
+    optlevel: Literal[1, 2, 3] | None = Field(None, description="neuronx-cc --optlevel 1-3")
+    compiler_args: list[str] = Field(
+        default_factory=list, description="extra compiler argument (repeat for several)"
+    )
     pipeline_cores: int | Literal["auto"] | None = Field(
-        None, description="Inf1 pipeline mode: NeuronCores per model (auto: seed's rule)")
-    compiler_workdir: Path | None = None
+        None,
+        description="Inf1 pipeline mode: NeuronCores per model, or auto (4*round(weights/2e7))",
+    )
+    compiler_workdir: Path | None = Field(
+        None, description="keep the compiler's intermediate files here (one folder per bucket)"
+    )
     compile_for: Literal["inf2", "trn1", "trn1n", "trn2"] | None = Field(
-        None, description="neuronx-cc --target: compile on a build host without Neuron devices")
+        None,
+        description="neuronx: compile for inf2 | trn1 | trn1n | trn2 on a build host "
+        "without Neuron devices (neuronx-cc --target)",
+    )
     neuron_cores: int | None = Field(
-        None, ge=1, description="NeuronCores on the serving host (default: discovered)")
+        None,
+        ge=1,
+        description="NeuronCores of the serving host (default: discovered where workers start)",
+    )
 
     # how to serve it
     layout: Layout = Field(
-        "throughput", description="throughput: one single-core worker per core; latency: one "
-                                  "worker using every core (workers and cores_per_worker "
-                                  "refine throughput)")
-    workers: int | None = Field(None, ge=1, description="default: one per core group")
-    cores_per_worker: int = Field(1, ge=1)
-    max_batch_delay_ms: int = Field(5, ge=0)
+        "throughput",
+        description="throughput: one single-core worker per core (default); "
+        "latency: one worker using every core (workers and "
+        "cores_per_worker refine throughput)",
+    )
+    workers: int | None = Field(
+        None,
+        ge=1,
+        description="workers (TorchServe) or model instances (Triton); default: one per core group",
+    )
+    cores_per_worker: int = Field(1, ge=1, description="cores leased by each worker or instance")
+    max_batch_delay_ms: int = Field(
+        5, ge=0, description="how long the engine waits to fill a batch (ms)"
+    )
     batch_requests: int | None = Field(
-        None, ge=1, description="TorchServe batchSize: requests one worker takes at once "
-                                "(default: the largest compiled batch)")
-    response_timeout_s: int = Field(120, ge=1)
+        None,
+        ge=1,
+        description="TorchServe batchSize: requests one worker takes at once "
+        "(default: the largest compiled batch)",
+    )
+    response_timeout_s: int = Field(
+        120, ge=1, description="seconds a request may take before the engine gives up on it"
+    )
     worker_retry_timeout_s: int = Field(
-        60, ge=1, description="TorchServe /ping turns Unhealthy once a worker has failed to "
-                              "start for this long (maxRetryTimeoutInSec)")
-    model_store: Path = Path("model_store")
-    archive_format: Literal["default", "no-archive"] = "default"
-    token_auth: bool = True
-    bind_address: str = "127.0.0.1"
-    inference_port: int = Field(8080, gt=0, lt=65536)
-    management_port: int = Field(8081, gt=0, lt=65536)
-    metrics_port: int = Field(8082, gt=0, lt=65536)
+        60,
+        ge=1,
+        description="TorchServe /ping turns Unhealthy once a worker has failed to "
+        "start for this long (maxRetryTimeoutInSec)",
+    )
+    model_store: Path = Field(Path("model_store"), description="TorchServe model store")
+    archive_format: Literal["default", "no-archive"] = Field(
+        "default", description="default (.mar) or no-archive (a folder)"
+    )
+    token_auth: bool = Field(True, description="TorchServe token authorization")
+    bind_address: str = Field("127.0.0.1", description="address the engines listen on")
+    inference_port: int = Field(8080, gt=0, lt=65536, description="TorchServe inference port")
+    management_port: int = Field(8081, gt=0, lt=65536, description="TorchServe management port")
+    metrics_port: int = Field(8082, gt=0, lt=65536, description="TorchServe metrics port")
     # TorchServe always starts its gRPC endpoints too: two servers on one host need their own
-    grpc_inference_port: int = Field(7070, gt=0, lt=65536)
-    grpc_management_port: int = Field(7071, gt=0, lt=65536)
-    run_dir: Path = Path(".neuronserve/torchserve")
+    grpc_inference_port: int = Field(
+        7070, gt=0, lt=65536, description="TorchServe gRPC inference port"
+    )
+    grpc_management_port: int = Field(
+        7071, gt=0, lt=65536, description="TorchServe gRPC management port"
+    )
+    run_dir: Path = Field(
+        Path(".neuronserve/torchserve"),
+        description="where TorchServe keeps its pid file, keys, logs and temp files",
+    )
 
     # Triton (instances = `workers`, cores per instance = `cores_per_worker`)
-    triton_repository: Path = Path("triton_repo")
-    triton_run_dir: Path = Path(".neuronserve/triton")
-    http_port: int = Field(8000, gt=0, lt=65536)
-    grpc_port: int = Field(8001, gt=0, lt=65536)
-    triton_metrics_port: int = Field(8002, gt=0, lt=65536)
-    sagemaker: bool = Field(False, description="also serve SageMaker's /ping and /invocations")
-    sagemaker_port: int = Field(8080, gt=0, lt=65536)
+    triton_repository: Path = Field(Path("triton_repo"), description="Triton model repository")
+    triton_run_dir: Path = Field(
+        Path(".neuronserve/triton"), description="where tritonserver's pid file and log are kept"
+    )
+    http_port: int = Field(8000, gt=0, lt=65536, description="Triton HTTP port")
+    grpc_port: int = Field(8001, gt=0, lt=65536, description="Triton gRPC port")
+    triton_metrics_port: int = Field(8002, gt=0, lt=65536, description="Triton metrics port")
+    sagemaker: bool = Field(
+        False, description="also serve SageMaker's GET /ping and POST /invocations"
+    )
+    sagemaker_port: int = Field(8080, gt=0, lt=65536, description="port of the SageMaker endpoints")
 
     @field_validator("batch_sizes", "sequence_lengths")
     @classmethod
@@ -123,34 +203,49 @@ class DeploySpec(BaseModel):
 
     @model_validator(mode="after")
     def _neuron_options_need_neuron_target(self):
-        neuron_only = {"auto_cast": self.auto_cast, "auto_cast_type": self.auto_cast_type,
-                       "optlevel": self.optlevel, "pipeline_cores": self.pipeline_cores,
-                       "compile_for": self.compile_for}
+        neuron_only = {
+            "auto_cast": self.auto_cast,
+            "auto_cast_type": self.auto_cast_type,
+            "optlevel": self.optlevel,
+            "pipeline_cores": self.pipeline_cores,
+            "compile_for": self.compile_for,
+        }
         given = [k for k, v in neuron_only.items() if v is not None]
         if self.target == "cpu" and given:
-            raise ValueError(f"{', '.join(given)} apply to the Neuron targets (neuronx, neuron), "
-                             "not to target cpu")
+            raise ValueError(
+                f"{', '.join(given)} apply to the Neuron targets (neuronx, neuron), "
+                "not to target cpu"
+            )
         return self
 
     @model_validator(mode="after")
     def _precision_needs_cpu(self):
         if self.target != "cpu" and self.precision not in ("auto", "fp32"):
-            raise ValueError(f"precision {self.precision} applies to target cpu; Neuron targets "
-                             "lower precision with auto_cast and auto_cast_type")
+            raise ValueError(
+                f"precision {self.precision} applies to target cpu; Neuron targets "
+                "lower precision with auto_cast and auto_cast_type"
+            )
         return self
 
     @model_validator(mode="after")
     def _latency_layout_is_one_worker(self):
         if self.layout == "latency" and ((self.workers or 1) != 1 or self.cores_per_worker != 1):
-            raise ValueError("layout latency runs one worker on every core: leave workers and "
-                             "cores_per_worker unset, or use layout throughput")
+            raise ValueError(
+                "layout latency runs one worker on every core: leave workers and "
+                "cores_per_worker unset, or use layout throughput"
+            )
         return self
 
     def compiler_options(self) -> dict:
-        return {"auto_cast": self.auto_cast, "auto_cast_type": self.auto_cast_type,
-                "optlevel": self.optlevel, "compiler_args": list(self.compiler_args),
-                "pipeline_cores": self.pipeline_cores, "compiler_workdir": self.compiler_workdir,
-                "compile_for": self.compile_for}
+        return {
+            "auto_cast": self.auto_cast,
+            "auto_cast_type": self.auto_cast_type,
+            "optlevel": self.optlevel,
+            "compiler_args": list(self.compiler_args),
+            "pipeline_cores": self.pipeline_cores,
+            "compiler_workdir": self.compiler_workdir,
+            "compile_for": self.compile_for,
+        }
 
     def model_name(self) -> str:
         if self.name:
@@ -177,8 +272,15 @@ def load_spec(path: Path | None = None, overrides: dict[str, Any] | None = None)
         data.update({k.replace("-", "_"): v for k, v in loaded.items()})
         base = Path(path).resolve().parent
         # Relative paths in a spec file are relative to the file, as users expect.
-        for key in ("model", "artifact", "model_store", "run_dir", "triton_repository",
-                    "triton_run_dir", "compiler_workdir"):
+        for key in (
+            "model",
+            "artifact",
+            "model_store",
+            "run_dir",
+            "triton_repository",
+            "triton_run_dir",
+            "compiler_workdir",
+        ):
             if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
                 data[key] = str(base / data[key])
     data.update({k: v for k, v in (overrides or {}).items() if v is not None})

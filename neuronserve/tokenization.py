@@ -25,8 +25,11 @@ class Encoded:
     full_length: int
 
     def row(self) -> dict[str, list[int]]:
-        return {"input_ids": self.ids, "attention_mask": self.attention_mask,
-                "token_type_ids": self.type_ids}
+        return {
+            "input_ids": self.ids,
+            "attention_mask": self.attention_mask,
+            "token_type_ids": self.type_ids,
+        }
 
 
 class TextTokenizer:

@@ -1,4 +1,4 @@
-"""Model-only time of the CPU engines neuronserve could use, on one compiled artifact's
+"""Model-only time of the CPU runtimes neuronserve could use, on one compiled artifact's
 model: why int8 is ONNX Runtime's and not torch's dynamic quantisation.
 
     .venv/bin/python scripts/engines_bench.py MODEL_DIR INT8_ARTIFACT [--threads 1,2]
@@ -38,13 +38,37 @@ def main() -> None:
     p.add_argument("int8_artifact", type=Path)
     p.add_argument("--threads", default="1,2")
     args = p.parse_args()
+    warnings.simplefilter("ignore")
+    eager, traced = modules(args.model_dir)
+    onnx_bytes = (args.int8_artifact / "model.onnx").read_bytes()
+    header(args)
+    for threads in [int(t) for t in args.threads.split(",")]:
+        from neuronserve.compile.ort import OrtModule
 
+        torch.set_num_threads(threads)
+        runtimes = {
+            "eager fp32": eager,
+            **traced,
+            "ONNX Runtime int8 (fused)": OrtModule(onnx_bytes, threads=threads),
+        }
+        base: dict[int, float] = {}
+        for name, fn in runtimes.items():
+            cells = []
+            for s in SEQS:
+                x = torch.randint(1000, 2000, (1, s))
+                with torch.inference_mode():
+                    ms = median_ms(fn, x, torch.ones_like(x), reps=5 if s == 512 else 15)
+                base.setdefault(s, ms)
+                cells.append(f"{ms:.1f} ({base[s] / ms:.1f}x)")
+            print(f"| {threads} | {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+def modules(model_dir: Path) -> tuple[torch.nn.Module, dict[str, torch.nn.Module]]:
+    """The eager classifier (logits) and its TorchScript traces in fp32, bf16 and torch's
+    dynamic int8."""
     from transformers import AutoModelForSequenceClassification
 
-    from neuronserve.compile.ort import OrtModule
-
-    warnings.simplefilter("ignore")
-    model = AutoModelForSequenceClassification.from_pretrained(args.model_dir).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
 
     class Logits(torch.nn.Module):
         def __init__(self, m):
@@ -58,43 +82,41 @@ def main() -> None:
     ex = (torch.ones(1, 16, dtype=torch.long), torch.ones(1, 16, dtype=torch.long))
     with torch.no_grad():
         ts_fp32 = torch.jit.freeze(torch.jit.trace(eager, ex, check_trace=False))
-        ts_bf16 = torch.jit.freeze(torch.jit.trace(copy.deepcopy(eager).to(torch.bfloat16), ex,
-                                                   check_trace=False))
-        dyn = torch.ao.quantization.quantize_dynamic(copy.deepcopy(eager), {torch.nn.Linear},
-                                                     dtype=torch.qint8)
+        ts_bf16 = torch.jit.freeze(
+            torch.jit.trace(copy.deepcopy(eager).to(torch.bfloat16), ex, check_trace=False)
+        )
+        dyn = torch.ao.quantization.quantize_dynamic(
+            copy.deepcopy(eager), {torch.nn.Linear}, dtype=torch.qint8
+        )
         ts_dyn = torch.jit.freeze(torch.jit.trace(dyn, ex, check_trace=False))
-    onnx_bytes = (args.int8_artifact / "model.onnx").read_bytes()
+    return eager, {
+        "TorchScript fp32": ts_fp32,
+        "TorchScript bf16": ts_bf16,
+        "torch dynamic int8 (TorchScript)": ts_dyn,
+    }
 
+
+def header(args: argparse.Namespace) -> None:
     from datetime import datetime, timezone
 
     from neuronserve.bench.run import machine
 
     m = machine()
-    print("## CPU engines, batch 1, model only\n")
-    print(f"- date (UTC): {datetime.now(timezone.utc).isoformat(timespec='minutes')}; machine: "
-          f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']}")
-    print(f"- command: `.venv/bin/python scripts/engines_bench.py {args.model_dir} "
-          f"{args.int8_artifact}`")
-    print("- median ms of repeated calls after warm-up in one process (ratio to eager fp32 "
-          "at the same threads)\n")
-    print("| threads | engine | " + " | ".join(f"seq {s} ms (x eager)" for s in SEQS) + " |")
+    print("## CPU runtimes, batch 1, model only\n")
+    print(
+        f"- date (UTC): {datetime.now(timezone.utc).isoformat(timespec='minutes')}; machine: "
+        f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; torch {m['torch']}"
+    )
+    print(
+        f"- command: `.venv/bin/python scripts/engines_bench.py {args.model_dir} "
+        f"{args.int8_artifact}`"
+    )
+    print(
+        "- median ms of repeated calls after warm-up in one process (ratio to eager fp32 "
+        "at the same threads)\n"
+    )
+    print("| threads | runtime | " + " | ".join(f"seq {s} ms (x eager)" for s in SEQS) + " |")
     print("|---:|---|" + "---:|" * len(SEQS))
-    for threads in [int(t) for t in args.threads.split(",")]:
-        torch.set_num_threads(threads)
-        ort = OrtModule(onnx_bytes, threads=threads)
-        engines = {"eager fp32": eager, "TorchScript fp32": ts_fp32, "TorchScript bf16": ts_bf16,
-                   "torch dynamic int8 (TorchScript)": ts_dyn, "ONNX Runtime int8 (fused)": ort}
-        base = {}
-        for name, fn in engines.items():
-            cells = []
-            for s in SEQS:
-                x = torch.randint(1000, 2000, (1, s))
-                m = torch.ones_like(x)
-                with torch.inference_mode():
-                    ms = median_ms(fn, x, m, reps=5 if s == 512 else 15)
-                base.setdefault(s, ms)
-                cells.append(f"{ms:.1f} ({base[s] / ms:.1f}x)")
-            print(f"| {threads} | {name} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,11 +1,18 @@
 """Triton Python-backend model shipped into every neuronserve model repository: a thin
 adapter over Runner in Triton's initialize / execute / finalize shape.
 
-initialize: derive this instance's global index, lease that core group (the same lease
-    code TorchServe workers use), pin, and only then import torch and load the artifact.
-execute: every request of the batch Triton formed goes through one Runner call; a bad
-    request gets its own TritonError while the others are answered.
-finalize: release the lease.
+initialize: `neuronserve.worker.start_worker` with the settings packaging wrote as
+    `neuronserve_*` parameters: lease this instance's core group (its global index is
+    the preferred one), pin, and only then import torch and load the artifact.
+execute:    every request of the batch Triton formed goes through one Runner call; a
+    bad request gets its own error while the others are answered. Its status is kept
+    where Triton has a code for it (400, 404, 500, 503); any other (413 for over-long
+    text with truncation off) travels in the message as "[413] ..." and neuronserve's
+    front answers with it.
+finalize:   release the lease.
+
+Inputs: TEXT (BYTES, [n, 1]) and, for tasks taking pairs, optional TEXT_PAIR of the
+same shape. Outputs: the task's tensors (`Task.output_tensors`).
 """
 
 from __future__ import annotations
@@ -13,11 +20,9 @@ from __future__ import annotations
 import json
 import os
 import sys
-from pathlib import Path
+import time
 
 import triton_python_backend_utils as pb_utils
-
-PARAM_PREFIX = "neuronserve_"
 
 
 def instance_index(instance_name: str, model_config: dict) -> int:
@@ -31,13 +36,21 @@ def instance_index(instance_name: str, model_config: dict) -> int:
     return sum(int(g.get("count", 1)) for g in groups[:group]) + index
 
 
-def parameters(model_config: dict) -> dict[str, str]:
-    return {k[len(PARAM_PREFIX):]: v["string_value"]
-            for k, v in model_config.get("parameters", {}).items() if k.startswith(PARAM_PREFIX)}
+# Triton's error codes and the HTTP status its server answers each with (http_server.cc,
+# HttpCodeFromError); every other code is a 400.
+TRITON_CODES = {404: "NOT_FOUND", 500: "INTERNAL", 501: "UNSUPPORTED", 503: "UNAVAILABLE"}
 
 
-def _error(message: str):
-    code = getattr(pb_utils.TritonError, "INVALID_ARG", None)
+def error_code(error) -> tuple[str, str]:
+    """(Triton error code name, message) keeping a RequestError's status as far as Triton
+    can say it: in the code where it has one, else in the message's tag."""
+    code_name = TRITON_CODES.get(error.status, "INVALID_ARG")
+    return code_name, error.message if error.status in (400, *TRITON_CODES) else error.tagged()
+
+
+def triton_error(error):
+    code_name, message = error_code(error)
+    code = getattr(pb_utils.TritonError, code_name, None)
     if code is None:  # older stubs have no error codes: Triton then answers 500
         return pb_utils.TritonError(message)
     return pb_utils.TritonError(message, code)
@@ -54,39 +67,30 @@ def restore_pythonpath() -> None:
 class TritonPythonModel:
     def initialize(self, args):
         restore_pythonpath()
-        from neuronserve import cores
+        from neuronserve.worker import WorkerSettings, start_worker
 
         config = json.loads(args["model_config"])
-        params = parameters(config)
         self.model_name = config["name"]
         self.instance_name = args["model_instance_name"]
         index = instance_index(self.instance_name, config)
-        neuron_cores = params.get("neuron_cores")
-        self.lease = cores.claim(params.get("core_kind", "cpu"),
-                                 int(params.get("cores_per_instance", "1")),
-                                 owner=f"triton:{self.instance_name}", prefer=index,
-                                 neuron_cores=int(neuron_cores) if neuron_cores else None)
-        # Pinning (thread counts and affinity, or NEURON_RT_VISIBLE_CORES) happens before
-        # torch or the Neuron SDK is imported in this process.
-        cores.pin(self.lease, target=params.get("target"))
-        self.lease.note(instance=self.instance_name, index=index)
-
-        from neuronserve.runtime import Runner
-
-        artifact = Path(args["model_repository"]) / args["model_version"] / params["artifact"]
-        truncation = params.get("truncation")
-        self.runner = Runner(artifact, truncation=None if truncation is None
-                             else truncation == "true")
+        version_dir = os.path.join(args["model_repository"], args["model_version"])
+        self.worker = start_worker(
+            WorkerSettings.from_triton(config),
+            version_dir,
+            owner=f"triton:{self.instance_name}",
+            prefer=index,
+        )
+        self.worker.lease.note(instance=self.instance_name, index=index)
+        self.runner = self.worker.runner
         self.pairs = self.runner.task.accepts_pairs
         self._metrics = _Metrics(self.model_name, self.instance_name)
-        pb_utils.Logger.log_info(
-            f"neuronserve: {self.instance_name} (pid {os.getpid()}) leased core group "
-            f"{self.lease.group.index} (cores {self.lease.group.label}); buckets warmed up")
+        pb_utils.Logger.log_info(f"neuronserve: {self.instance_name} {self.worker.describe()}")
 
     def execute(self, requests):
-        from neuronserve.runtime import RunReport
+        from neuronserve.execution import RunReport
         from neuronserve.tasks import RequestError
 
+        t0 = time.perf_counter()
         parsed = []
         for request in requests:
             try:
@@ -95,15 +99,19 @@ class TritonPythonModel:
                 parsed.append(e)
         report = RunReport()
         responses = []
-        for result in self.runner.infer(parsed, report):
+        for result in self.runner.outputs(parsed, report):
             if isinstance(result, RequestError):
-                responses.append(pb_utils.InferenceResponse(output_tensors=[],
-                                                            error=_error(result.message)))
+                responses.append(
+                    pb_utils.InferenceResponse(output_tensors=[], error=triton_error(result))
+                )
                 continue
             tensors = self.runner.task.tensors(result, self.runner.info)
-            responses.append(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor(name, arr) for name, arr in tensors.items()]))
-        self._metrics.record(report)
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[pb_utils.Tensor(name, arr) for name, arr in tensors.items()]
+                )
+            )
+        self._metrics.record(report, (time.perf_counter() - t0) * 1e3)
         return responses
 
     def _parse(self, request):
@@ -115,15 +123,17 @@ class TritonPythonModel:
             if pair is not None:
                 seconds = _texts(pair, "TEXT_PAIR")
                 if len(seconds) != len(texts):
-                    raise RequestError(f"TEXT has {len(texts)} texts but TEXT_PAIR has "
-                                       f"{len(seconds)}: send one pair text per text")
+                    raise RequestError(
+                        f"TEXT has {len(texts)} texts but TEXT_PAIR has "
+                        f"{len(seconds)}: send one pair text per text"
+                    )
                 texts = list(zip(texts, seconds, strict=True))
         return TaskRequest(texts=texts, single=False)
 
     def finalize(self):
-        lease = getattr(self, "lease", None)
-        if lease is not None:
-            lease.release()
+        worker = getattr(self, "worker", None)
+        if worker is not None:
+            worker.stop()
 
 
 def _texts(tensor, name: str) -> list[str]:
@@ -149,37 +159,37 @@ def _texts(tensor, name: str) -> list[str]:
 
 
 class _Metrics:
-    """neuronserve's metrics on Triton's metrics port, next to its nv_inference_*."""
+    """`neuronserve.metrics` on Triton's metrics port, next to its nv_inference_*."""
 
     def __init__(self, model: str, instance: str):
+        from neuronserve.metrics import METRICS
+
         family = pb_utils.MetricFamily
         self.labels = {"model": model, "instance": instance}
-        self.bucket_runs = family(name="neuronserve_bucket_runs",
-                                  description="bucket runs, by bucket and rows in it",
-                                  kind=family.COUNTER)
         # A family must outlive its metrics (the stub refuses to set a metric whose
         # family was collected), so both are kept.
         self.families = {
-            key: family(name=f"neuronserve_{key}", description=desc, kind=family.GAUGE)
-            for key, desc in (
-                ("batch_requests", "requests in the last batch"),
-                ("padding_ratio", "padded tokens per real token in the last batch"),
-                ("tokenize_ms", "tokenization time of the last batch (ms)"),
-                ("model_ms", "model time of the last batch (ms)"),
+            m.name: family(
+                name=m.triton_name,
+                description=m.description,
+                kind=family.COUNTER if m.kind == "counter" else family.GAUGE,
             )
+            for m in METRICS
         }
-        self.gauges = {k: f.Metric(labels=self.labels) for k, f in self.families.items()}
-        self._runs = {}
+        self._series = {}
 
-    def record(self, report) -> None:
-        self.gauges["batch_requests"].set(report.requests)
-        self.gauges["tokenize_ms"].set(report.tokenize_ms)
-        if report.runs:
-            self.gauges["model_ms"].set(report.model_ms)
-            self.gauges["padding_ratio"].set(report.padding_ratio)
-        for run in report.runs:
-            key = (run.bucket.key, run.rows)
-            if key not in self._runs:
-                self._runs[key] = self.bucket_runs.Metric(labels={
-                    **self.labels, "bucket": run.bucket.key, "batch_size": str(run.rows)})
-            self._runs[key].increment(1)
+    def _series_for(self, metric, labels):
+        key = (metric.name, *sorted(labels.items()))
+        if key not in self._series:
+            self._series[key] = self.families[metric.name].Metric(labels={**self.labels, **labels})
+        return self._series[key]
+
+    def record(self, report, handler_ms: float) -> None:
+        from neuronserve.metrics import HANDLER_MS, batch_values
+
+        for metric, value, labels in [*batch_values(report), (HANDLER_MS, handler_ms, {})]:
+            series = self._series_for(metric, labels)
+            if metric.kind == "counter":
+                series.increment(float(value))
+            else:
+                series.set(float(value))

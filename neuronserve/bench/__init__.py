@@ -1,1 +1,2 @@
-"""Benchmark building blocks (the `neuronserve bench` command is issue 5's work)."""
+"""`neuronserve bench`: load generation against endpoints (servers bench starts, running
+servers, the Runner in process, the vanilla pipeline), percentiles and reports."""

@@ -30,7 +30,11 @@ AsyncSend = Callable[[Any], Awaitable[None]]
 
 
 class Endpoint:
-    kind: str
+    # set by endpoints whose clients all run on one asyncio loop (see load.py)
+    async_connect: Callable[[], AsyncSend] | None = None
+
+    # torchserve, sagemaker, triton-http, triton-grpc, runner, vanilla
+    type: str
     # in-process endpoints hold one model in this process: measured one request at a time
     in_process = False
 
@@ -81,32 +85,15 @@ class AsyncHttpConnection:
         try:
             if self.writer is None:
                 await self._open()
+            assert self.writer is not None and self.reader is not None
             self.writer.write(raw)
             status_line = await self.reader.readline()
             if not status_line:
                 raise ConnectionError("server closed the connection")
             status = int(status_line.split()[1])
-            length, chunked, close = None, False, status_line.startswith(b"HTTP/1.0")
-            while True:
-                line = await self.reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = line.partition(b":")
-                name, value = name.strip().lower(), value.strip().lower()
-                if name == b"content-length":
-                    length = int(value)
-                elif name == b"transfer-encoding" and b"chunked" in value:
-                    chunked = True
-                elif name == b"connection":
-                    close = value == b"close"
+            length, chunked, close = await self._head(status_line.startswith(b"HTTP/1.0"))
             if chunked:
-                body = b""
-                while True:
-                    size = int((await self.reader.readline()).split(b";")[0], 16)
-                    chunk = await self.reader.readexactly(size + 2)
-                    if size == 0:
-                        break
-                    body += chunk[:-2]
+                body = await self._chunked()
             elif length is not None:
                 body = await self.reader.readexactly(length)
             else:
@@ -117,6 +104,33 @@ class AsyncHttpConnection:
         if close:
             self._drop()
         return status, body
+
+    async def _head(self, close: bool) -> tuple[int | None, bool, bool]:
+        """(Content-Length, chunked, close the connection after) from the headers."""
+        assert self.reader is not None
+        length, chunked = None, False
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                return length, chunked, close
+            name, _, value = line.partition(b":")
+            name, value = name.strip().lower(), value.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding" and b"chunked" in value:
+                chunked = True
+            elif name == b"connection":
+                close = value == b"close"
+
+    async def _chunked(self) -> bytes:
+        assert self.reader is not None
+        body = b""
+        while True:
+            size = int((await self.reader.readline()).split(b";")[0], 16)
+            chunk = await self.reader.readexactly(size + 2)
+            if size == 0:
+                return body
+            body += chunk[:-2]
 
     def close(self) -> None:
         self._drop()
@@ -132,9 +146,9 @@ class HttpJsonEndpoint(Endpoint):
     """POST {"inputs": ...} as JSON: TorchServe /predictions/<model> and SageMaker-style
     /invocations."""
 
-    def __init__(self, label: str, kind: str, url: str, headers: dict[str, str] | None = None):
+    def __init__(self, label: str, type_: str, url: str, headers: dict[str, str] | None = None):
         super().__init__(label)
-        self.kind, self.url = kind, url
+        self.type, self.url = type_, url
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"{label}: expected an http:// URL, got {url!r}")
@@ -154,8 +168,7 @@ class HttpJsonEndpoint(Endpoint):
         async def send(body: bytes) -> None:
             raw = built.get(body)
             if raw is None:
-                raw = built[body] = raw_post(self.host, self.port, self.path, body,
-                                             self.headers)
+                raw = built[body] = raw_post(self.host, self.port, self.path, body, self.headers)
             status, data = await conn.request(raw)
             if status != 200:
                 raise RequestFailed(f"HTTP {status}: {data[:200]!r}")
@@ -187,7 +200,7 @@ class TritonEndpoint(Endpoint):
         super().__init__(label)
         if protocol not in ("http", "grpc"):
             raise ValueError(f"unknown Triton protocol {protocol!r}")
-        self.kind, self.protocol, self.model = f"triton-{protocol}", protocol, model
+        self.type, self.protocol, self.model = f"triton-{protocol}", protocol, model
         self.url = url.split("://", 1)[-1]  # tritonclient takes host:port
         if protocol == "http":
             # KServe v2 JSON on the shared event loop (see AsyncHttpConnection); gRPC goes
@@ -203,11 +216,21 @@ class TritonEndpoint(Endpoint):
         async def send(texts: np.ndarray) -> None:
             raw = built.get(id(texts))
             if raw is None:
-                body = json.dumps({"inputs": [{
-                    "name": "TEXT", "shape": list(texts.shape), "datatype": "BYTES",
-                    "data": [t.decode() for t in texts.ravel()]}]}).encode()
-                raw = built[id(texts)] = raw_post(host, int(port or 80), path, body,
-                                                  {"Content-Type": "application/json"})
+                body = json.dumps(
+                    {
+                        "inputs": [
+                            {
+                                "name": "TEXT",
+                                "shape": list(texts.shape),
+                                "datatype": "BYTES",
+                                "data": [t.decode() for t in texts.ravel()],
+                            }
+                        ]
+                    }
+                ).encode()
+                raw = built[id(texts)] = raw_post(
+                    host, int(port or 80), path, body, {"Content-Type": "application/json"}
+                )
             status, data = await conn.request(raw)
             if status != 200:
                 raise RequestFailed(f"HTTP {status}: {data[:200]!r}")
@@ -240,7 +263,7 @@ class TritonEndpoint(Endpoint):
 class RunnerEndpoint(Endpoint):
     """The Runner in this process: the model without any server around it."""
 
-    kind = "runner"
+    type = "runner"
     in_process = True
 
     def __init__(self, label: str, artifact: Path):
@@ -256,7 +279,7 @@ class RunnerEndpoint(Endpoint):
         from ..tasks import RequestError
 
         def send(body: bytes) -> None:
-            result = self.runner.handle([(body, "application/json")])[0]
+            result = self.runner.responses_for_bodies([(body, "application/json")])[0]
             if isinstance(result, RequestError):
                 raise RequestFailed(result.message)
 
@@ -267,14 +290,15 @@ class VanillaEndpoint(Endpoint):
     """The baseline the seeds measure: a `transformers` pipeline on the eager fp32 model,
     called with one request at a time."""
 
-    kind = "vanilla"
+    type = "vanilla"
     in_process = True
 
     def __init__(self, label: str, model_dir: Path, task: str):
         super().__init__(label)
         from transformers import pipeline
 
-        self.pipe = pipeline(task, model=str(model_dir), tokenizer=str(model_dir), device="cpu")
+        make: Any = pipeline  # its overloads are typed per task literal; ours is a str
+        self.pipe = make(task, model=str(model_dir), tokenizer=str(model_dir), device="cpu")
 
     def payload(self, texts: list[str]) -> list[str] | str:
         return texts[0] if len(texts) == 1 else texts

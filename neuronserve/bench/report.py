@@ -8,11 +8,36 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-COLUMNS = ["endpoint", "kind", "layout", "seq", "texts", "concurrency", "requests", "errors",
-           "wall_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "req_per_s", "texts_per_s",
-           "ratio_vs_vanilla", "client_cores", "mean_ms", "queue_ms", "server_ms", "handler_ms",
-           "tokenize_ms", "model_ms", "cpu_ms_per_req_client", "cpu_ms_per_req_frontend",
-           "cpu_ms_per_req_workers", "cpu_ms_per_req_sagemaker_front", "error_sample"]
+COLUMNS = [
+    "endpoint",
+    "type",
+    "layout",
+    "seq",
+    "texts",
+    "concurrency",
+    "requests",
+    "errors",
+    "wall_s",
+    "p50_ms",
+    "p95_ms",
+    "p99_ms",
+    "max_ms",
+    "req_per_s",
+    "texts_per_s",
+    "ratio_vs_vanilla",
+    "client_cores",
+    "mean_ms",
+    "queue_ms",
+    "server_ms",
+    "handler_ms",
+    "tokenize_ms",
+    "model_ms",
+    "cpu_ms_per_req_client",
+    "cpu_ms_per_req_frontend",
+    "cpu_ms_per_req_workers",
+    "cpu_ms_per_req_sagemaker_front",
+    "error_sample",
+]
 
 
 def write_all(results: dict[str, Any], out: Path, title: str) -> list[Path]:
@@ -48,63 +73,97 @@ def best_by_seq(points: list[dict[str, Any]], texts: int = 1) -> dict[str, dict[
 def markdown(results: dict[str, Any], title: str) -> str:
     points = results["points"]
     m = results["machine"]
-    lines = [f"## {title}", "",
-             f"- date (UTC): {results['started']}",
-             f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; "
-             f"Python {m['python']}, torch {m['torch']}",
-             f"- command: `{results['command']}`", ""]
+    lines = [
+        f"## {title}",
+        "",
+        f"- date (UTC): {results['started']}",
+        f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; "
+        f"Python {m['python']}, torch {m['torch']}",
+        f"- command: `{results['command']}`",
+        "",
+    ]
     for texts in sorted({r["texts"] for r in points}):
-        best = best_by_seq(points, texts)
-        if not best:
-            continue
-        seqs = sorted({s for b in best.values() for s in b})
-        names = list(best)
-        lines += [f"### Best req/s over concurrency, {texts} text(s) per request "
-                  "(ratio to the vanilla pipeline in this run; concurrency in brackets)", "",
-                  "| endpoint | " + " | ".join(f"seq {s}" for s in seqs) + " |",
-                  "|---|" + "---:|" * len(seqs)]
-        for name in names:
-            cells = []
-            for s in seqs:
-                r = best[name].get(s)
-                if r is None:
-                    cells.append("")
-                    continue
-                ratio = f" ({r['ratio_vs_vanilla']:.1f}x)" if r.get("ratio_vs_vanilla") else ""
-                cells.append(f"{r['req_per_s']:.1f}{ratio} [c{r['concurrency']}]")
-            lines.append(f"| {name} | " + " | ".join(cells) + " |")
-        lines.append("")
-    check = results.get("wrk_check")
-    if check and "wrk" in check:
-        w, o = check["wrk"], check["ours"]
-        lines += ["### Load generator cross-check", "",
-                  f"`{w['command']}` against {check['endpoint']} at seq {check['seq']}, "
-                  f"concurrency {check['concurrency']}: wrk {w['req_per_s']:.1f} req/s "
-                  f"(p50 {w.get('p50_ms', float('nan')):.1f} ms, p99 "
-                  f"{w.get('p99_ms', float('nan')):.1f} ms); neuronserve bench "
-                  f"{o['req_per_s']:.1f} req/s (p50 {o['p50_ms']:.1f} ms, p99 {o['p99_ms']:.1f} "
-                  f"ms) using {o['client_cores']:.2f} cores: ours/wrk = "
-                  f"{check['ours_over_wrk']:.2f}."
-                  + (f" The handler counted {w['server_handled']} requests during wrk's "
-                     f"{w.get('requests', '?')}." if "server_handled" in w else ""), ""]
-    elif check:
-        lines += [f"Load generator cross-check skipped: {check['skipped']}", ""]
+        lines += best_table(points, texts)
+    lines += wrk_lines(results.get("wrk_check"))
     lines += split_table(results)
-    lines += ["### Every point", "",
-              "| endpoint | seq | texts | c | req/s | p50 ms | p95 ms | p99 ms | max ms | "
-              "x vanilla | client cores | errors |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += every_point_table(points)
+    return "\n".join(lines) + "\n"
+
+
+def best_table(points: list[dict[str, Any]], texts: int) -> list[str]:
+    """Best req/s over concurrency per endpoint and length, with the ratio to vanilla."""
+    best = best_by_seq(points, texts)
+    if not best:
+        return []
+    seqs = sorted({s for b in best.values() for s in b})
+    lines = [
+        f"### Best req/s over concurrency, {texts} text(s) per request "
+        "(ratio to the vanilla pipeline in this run; concurrency in brackets)",
+        "",
+        "| endpoint | " + " | ".join(f"seq {s}" for s in seqs) + " |",
+        "|---|" + "---:|" * len(seqs),
+    ]
+    for name, by_seq in best.items():
+        cells = []
+        for s in seqs:
+            r = by_seq.get(s)
+            if r is None:
+                cells.append("")
+                continue
+            ratio = f" ({r['ratio_vs_vanilla']:.1f}x)" if r.get("ratio_vs_vanilla") else ""
+            cells.append(f"{r['req_per_s']:.1f}{ratio} [c{r['concurrency']}]")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
+def wrk_lines(check: dict[str, Any] | None) -> list[str]:
+    if not check:
+        return []
+    if "wrk" not in check:
+        return [f"Load generator cross-check skipped: {check['skipped']}", ""]
+    w, o = check["wrk"], check["ours"]
+    handled = (
+        f" The handler counted {w['server_handled']} requests during wrk's "
+        f"{w.get('requests', '?')}."
+        if "server_handled" in w
+        else ""
+    )
+    return [
+        "### Load generator cross-check",
+        "",
+        f"`{w['command']}` against {check['endpoint']} at seq {check['seq']}, "
+        f"concurrency {check['concurrency']}: wrk {w['req_per_s']:.1f} req/s "
+        f"(p50 {w.get('p50_ms', float('nan')):.1f} ms, p99 "
+        f"{w.get('p99_ms', float('nan')):.1f} ms); neuronserve bench "
+        f"{o['req_per_s']:.1f} req/s (p50 {o['p50_ms']:.1f} ms, p99 {o['p99_ms']:.1f} "
+        f"ms) using {o['client_cores']:.2f} cores: ours/wrk = "
+        f"{check['ours_over_wrk']:.2f}." + handled,
+        "",
+    ]
+
+
+def every_point_table(points: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "### Every point",
+        "",
+        "| endpoint | seq | texts | c | req/s | p50 ms | p95 ms | p99 ms | max ms | "
+        "x vanilla | client cores | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in points:
         if not r.get("req_per_s"):
-            lines.append(f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r['concurrency']} "
-                         f"| failed | | | | | | | {r['errors']} |")
+            lines.append(
+                f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r['concurrency']} "
+                f"| failed | | | | | | | {r['errors']} |"
+            )
             continue
         ratio = f"{r['ratio_vs_vanilla']:.2f}" if r.get("ratio_vs_vanilla") else ""
         lines.append(
             f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r['concurrency']} | "
             f"{r['req_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | "
-            f"{r['max_ms']:.1f} | {ratio} | {r['client_cores']:.2f} | {r['errors']} |")
-    return "\n".join(lines) + "\n"
+            f"{r['max_ms']:.1f} | {ratio} | {r['client_cores']:.2f} | {r['errors']} |"
+        )
+    return lines
 
 
 def _cell(r: dict[str, Any], key: str) -> str:
@@ -120,15 +179,19 @@ def split_table(results: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     cores = results["machine"]["cores"]
-    out = ["### Where the time goes (per request, measuring window)", "",
-           "Latency: mean client latency; `queue` and `server` from TorchServe's frontend "
-           "counters; `handler`, `tokenize`, `model` from the handler's running sums. CPU: "
-           "milliseconds of CPU each process role used per request; at saturation a "
-           f"{cores}-core machine serves at most {cores} x 1000 / total req/s.", "",
-           "| endpoint | seq | c | req/s | mean ms | queue | server | handler | tokenize | "
-           "model | CPU workers | CPU frontend | CPU front (SM) | CPU client | CPU total | "
-           "cores x 1000 / total |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    out = [
+        "### Where the time goes (per request, measuring window)",
+        "",
+        "Latency: mean client latency; `queue` and `server` from TorchServe's frontend "
+        "counters; `handler`, `tokenize`, `model` from the handler's running sums. CPU: "
+        "milliseconds of CPU each process role used per request; at saturation a "
+        f"{cores}-core machine serves at most {cores} x 1000 / total req/s.",
+        "",
+        "| endpoint | seq | c | req/s | mean ms | queue | server | handler | tokenize | "
+        "model | CPU workers | CPU frontend | CPU front (SM) | CPU client | CPU total | "
+        "cores x 1000 / total |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         total = sum(r.get(k, 0.0) for k in r if k.startswith("cpu_ms_per_req_"))
         out.append(
@@ -138,21 +201,30 @@ def split_table(results: dict[str, Any]) -> list[str]:
             f"{_cell(r, 'cpu_ms_per_req_workers')} | {_cell(r, 'cpu_ms_per_req_frontend')} | "
             f"{_cell(r, 'cpu_ms_per_req_sagemaker_front')} | "
             f"{_cell(r, 'cpu_ms_per_req_client')} | {total:.1f} | "
-            f"{cores * 1000 / total:.0f} |" if total else "")
-    return out + [""]
+            f"{cores * 1000 / total:.0f} |"
+            if total
+            else ""
+        )
+    return [*out, ""]
 
 
 def plots(results: dict[str, Any], out: Path) -> list[Path]:
+    """p95 latency vs sequence length, and throughput vs concurrency per length (PNG)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     points = [r for r in results["points"] if r.get("req_per_s")]
-    written = []
     texts = min((r["texts"] for r in points), default=1)
+    written = [_p95_plot(plt, points, texts, out / "p95_vs_sequence_length.png")]
+    if points:
+        written.append(_throughput_plot(plt, points, texts, out / "throughput_vs_concurrency.png"))
+    return written
 
-    # p95 latency vs sequence length, one request at a time, like the seeds' figures
+
+def _p95_plot(plt: Any, points: list[dict[str, Any]], texts: int, path: Path) -> Path:
+    """One request at a time, like the seeds' figures."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     by: dict[str, list[tuple[int, float]]] = defaultdict(list)
     for r in points:
@@ -169,41 +241,44 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = out / "p95_vs_sequence_length.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    written.append(path)
+    return path
 
-    # throughput vs concurrency, one panel per sequence length
+
+def _throughput_plot(plt: Any, points: list[dict[str, Any]], texts: int, path: Path) -> Path:
+    """One panel per sequence length; in-process endpoints (one request at a time) are
+    reference lines."""
     seqs = sorted({r["seq"] for r in points})
-    if seqs:
-        cols = min(len(seqs), 4)
-        rows_n = (len(seqs) + cols - 1) // cols
-        fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols, 3.4 * rows_n), squeeze=False)
-        for ax, seq in zip(axes.flat, seqs, strict=False):
-            lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
-            for r in points:
-                if r["seq"] == seq and r["texts"] == texts:
-                    lines[r["endpoint"]].append((r["concurrency"], r["req_per_s"]))
-            for name, xy in lines.items():
-                xy.sort()
-                style = "--" if len(xy) == 1 else "-"
-                if len(xy) == 1:  # in-process, one request at a time: a reference line
-                    ax.axhline(xy[0][1], linestyle=style, linewidth=1, label=name,
-                               color="grey" if "vanilla" in name else None)
-                else:
-                    ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=name)
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"seq {seq}")
-            ax.set_xlabel("concurrent clients")
-            ax.set_ylabel("req/s")
-            ax.grid(True, alpha=0.3)
-        for ax in list(axes.flat)[len(seqs):]:
-            ax.axis("off")
-        axes.flat[0].legend(fontsize=7)
-        fig.tight_layout()
-        path = out / "throughput_vs_concurrency.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    return written
+    cols = min(len(seqs), 4)
+    rows_n = (len(seqs) + cols - 1) // cols
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4 * cols, 3.4 * rows_n), squeeze=False)
+    for ax, seq in zip(axes.flat, seqs, strict=False):
+        lines: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        for r in points:
+            if r["seq"] == seq and r["texts"] == texts:
+                lines[r["endpoint"]].append((r["concurrency"], r["req_per_s"]))
+        for name, xy in lines.items():
+            xy.sort()
+            if len(xy) == 1:
+                ax.axhline(
+                    xy[0][1],
+                    linestyle="--",
+                    linewidth=1,
+                    label=name,
+                    color="grey" if "vanilla" in name else None,
+                )
+            else:
+                ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"seq {seq}")
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel("req/s")
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(seqs) :]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

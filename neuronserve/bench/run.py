@@ -1,7 +1,7 @@
 """`neuronserve bench`: sweep sequence length x texts per request x concurrency over
 one or more endpoints, one endpoint at a time, and summarise every point the same way.
 
-Endpoint specs (`--endpoint`, repeatable), `KIND:WHERE`, optionally `LABEL=KIND:WHERE`:
+Endpoint specs (`--endpoint`, repeatable), `TYPE:WHERE`, optionally `LABEL=TYPE:WHERE`:
 
     torchserve:ARTIFACT        start TorchServe on the artifact (per --layouts), measure
     triton:ARTIFACT            start Triton on the artifact, measure over HTTP and gRPC
@@ -19,7 +19,7 @@ import json
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from .. import metrics
 from .endpoints import (
     Endpoint,
     HttpJsonEndpoint,
@@ -34,19 +35,19 @@ from .endpoints import (
     TritonEndpoint,
     VanillaEndpoint,
 )
-from .load import run_load
+from .load import LoadResult, Window, run_load
 from .servers import ManagedServer, SageMakerServer, cpu_by_role, scrape
 from .stats import summarize
 from .texts import text_with_tokens
 
 MANAGED = ("torchserve", "triton", "sagemaker")
-KINDS = MANAGED + ("runner", "vanilla", "triton-http", "triton-grpc")
+TYPES = (*MANAGED, "runner", "vanilla", "triton-http", "triton-grpc")
 
 
 @dataclass
 class EndpointSpec:
     label: str
-    kind: str
+    type: str
     where: str
 
 
@@ -54,12 +55,12 @@ def parse_endpoint(text: str) -> EndpointSpec:
     label = None
     if "=" in text.split(":", 1)[0]:
         label, text = text.split("=", 1)
-    kind, sep, where = text.partition(":")
+    type_, sep, where = text.partition(":")
     if not sep or not where:
-        raise ValueError(f"endpoint {text!r}: expected KIND:WHERE, e.g. torchserve:artifacts/m")
-    if kind not in KINDS:
-        raise ValueError(f"endpoint {text!r}: unknown kind {kind!r}; choose from {KINDS}")
-    return EndpointSpec(label or kind, kind, where)
+        raise ValueError(f"endpoint {text!r}: expected TYPE:WHERE, e.g. torchserve:artifacts/m")
+    if type_ not in TYPES:
+        raise ValueError(f"endpoint {text!r}: unknown type {type_!r}; choose from {TYPES}")
+    return EndpointSpec(label or type_, type_, where)
 
 
 @dataclass
@@ -69,10 +70,7 @@ class BenchConfig:
     texts_per_request: list[int] = field(default_factory=lambda: [1])
     concurrency: list[int] = field(default_factory=lambda: [1])
     layouts: list[str] = field(default_factory=lambda: ["throughput"])
-    warmup_s: float = 2.0
-    duration_s: float = 5.0
-    min_requests: int = 20
-    max_duration_s: float = 60.0
+    window: Window = field(default_factory=Window)
     max_batch_delay_ms: int | None = None
     batch_requests: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -95,8 +93,10 @@ def _tokenizer_file(config: BenchConfig) -> Path:
         for candidate in (p / "tokenizer.json",):
             if candidate.is_file():
                 return candidate
-    raise ValueError("no tokenizer to count tokens with: pass --tokenizer path/to/tokenizer.json "
-                     "or include a local artifact or model directory")
+    raise ValueError(
+        "no tokenizer to count tokens with: pass --tokenizer path/to/tokenizer.json "
+        "or include a local artifact or model directory"
+    )
 
 
 def _task(config: BenchConfig) -> str:
@@ -106,8 +106,10 @@ def _task(config: BenchConfig) -> str:
         manifest = Path(e.where) / "manifest.json"
         if manifest.is_file():
             return json.loads(manifest.read_text())["task"]
-    raise ValueError("pass --task (feature-extraction or text-classification) for the vanilla "
-                     "pipeline: no artifact among the endpoints says which")
+    raise ValueError(
+        "pass --task (feature-extraction or text-classification) for the vanilla "
+        "pipeline: no artifact among the endpoints says which"
+    )
 
 
 def machine() -> dict[str, Any]:
@@ -124,10 +126,14 @@ def machine() -> dict[str, Any]:
                 break
     except OSError:
         pass
-    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)),
-            "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "platform": platform.platform()}
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+    }
 
 
 @dataclass
@@ -146,161 +152,251 @@ class Session:
         return self.layout == "in-process"
 
 
-def _sessions(spec: EndpointSpec, config: BenchConfig):
-    """The sessions of one endpoint spec: a managed server gives one per layout; Triton
-    gives an HTTP and a gRPC endpoint per server."""
-    if spec.kind in MANAGED and not _is_url(spec.where):
+def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
+    """The sessions of one endpoint spec: a server bench starts gives one per layout;
+    Triton gives an HTTP and a gRPC endpoint per server."""
+    if spec.type in MANAGED and not _is_url(spec.where):
         for layout in config.layouts:
-            label = f"{spec.label}/{layout}"
-            if spec.kind == "sagemaker":
-                server = SageMakerServer(Path(spec.where), layout)
-                yield Session(label, layout, server, lambda s=server, lb=label: [
-                    HttpJsonEndpoint(lb, "sagemaker", s.url, config.headers)])
-                continue
-            server = ManagedServer(spec.kind, Path(spec.where), layout, config.max_batch_delay_ms,
-                                   config.batch_requests)
-            if spec.kind == "torchserve":
-                yield Session(label, layout, server, lambda s=server, lb=label: [
-                    HttpJsonEndpoint(lb, "torchserve", s.torchserve_url, config.headers)])
-            else:
-                yield Session(label, layout, server, lambda s=server, lb=label: [
-                    TritonEndpoint(f"{lb} http", "http", s.backend.instance.http_url, s.name),
-                    TritonEndpoint(f"{lb} grpc", "grpc", s.backend.instance.grpc_url, s.name)],
-                    endpoints=2)
+            yield _managed_session(spec, config, layout)
         return
-    if spec.kind in ("torchserve", "sagemaker"):
-        yield Session(spec.label, "external", None, lambda: [
-            HttpJsonEndpoint(spec.label, spec.kind, spec.where, config.headers)])
-    elif spec.kind in ("triton-http", "triton-grpc"):
-        address, _, model = spec.where.rpartition("/")
-        yield Session(spec.label, "external", None, lambda: [
-            TritonEndpoint(spec.label, spec.kind.split("-")[1], address, model)])
-    elif spec.kind == "runner":
-        yield Session(spec.label, "in-process", None, lambda: [
-            RunnerEndpoint(spec.label, Path(spec.where))])
-    elif spec.kind == "vanilla":
-        yield Session(spec.label, "in-process", None, lambda: [
-            VanillaEndpoint(spec.label, Path(spec.where), _task(config))])
+    where, headers = spec.where, config.headers
+    if spec.type in ("torchserve", "sagemaker"):
+        yield Session(
+            spec.label,
+            "external",
+            None,
+            lambda: [HttpJsonEndpoint(spec.label, spec.type, where, headers)],
+        )
+    elif spec.type in ("triton-http", "triton-grpc"):
+        address, _, model = where.rpartition("/")
+        protocol = spec.type.split("-")[1]
+        yield Session(
+            spec.label,
+            "external",
+            None,
+            lambda: [TritonEndpoint(spec.label, protocol, address, model)],
+        )
+    elif spec.type == "runner":
+        yield Session(
+            spec.label, "in-process", None, lambda: [RunnerEndpoint(spec.label, Path(where))]
+        )
+    elif spec.type == "vanilla":
+        yield Session(
+            spec.label,
+            "in-process",
+            None,
+            lambda: [VanillaEndpoint(spec.label, Path(where), _task(config))],
+        )
     else:
-        raise ValueError(f"{spec.kind} needs an artifact directory or an http:// URL")
+        raise ValueError(f"{spec.type} needs an artifact directory or an http:// URL")
+
+
+def _managed_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Session:
+    label, artifact, headers = f"{spec.label}/{layout}", Path(spec.where), config.headers
+    if spec.type == "sagemaker":
+        front = SageMakerServer(artifact, layout)
+        return Session(
+            label, layout, front, lambda: [HttpJsonEndpoint(label, "sagemaker", front.url, headers)]
+        )
+    server = ManagedServer(
+        spec.type, artifact, layout, config.max_batch_delay_ms, config.batch_requests
+    )
+    if spec.type == "torchserve":
+        return Session(
+            label,
+            layout,
+            server,
+            lambda: [HttpJsonEndpoint(label, "torchserve", server.torchserve_url, headers)],
+        )
+    return Session(
+        label,
+        layout,
+        server,
+        lambda: [
+            TritonEndpoint(f"{label} http", "http", server.engine.instance.http_url, server.name),
+            TritonEndpoint(f"{label} grpc", "grpc", server.engine.instance.grpc_url, server.name),
+        ],
+        endpoints=2,
+    )
 
 
 def _points(config: BenchConfig, in_process: bool):
     for seq in config.sequence_lengths:
         for n in config.texts_per_request:
-            for c in ([1] if in_process else config.concurrency):
+            for c in [1] if in_process else config.concurrency:
                 yield seq, n, c
 
 
 def run_bench(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
-    tokenizer = _tokenizer_file(config)
-    texts = {s: text_with_tokens(tokenizer, s) for s in config.sequence_lengths}
-    rows: list[dict[str, Any]] = []
     sessions = [s for e in config.endpoints for s in _sessions(e, config)]
     total = sum(s.endpoints * len(list(_points(config, s.in_process))) for s in sessions)
     bar = tqdm(total=total, desc="bench", unit="point", disable=not progress, file=sys.stderr)
     started = datetime.now(timezone.utc)
-    wrk_check: dict[str, Any] | None = None
+    sweep = Sweep(config, bar)
     for session in sessions:
+        sweep.run_session(session)
+    bar.close()
+    _add_ratios(sweep.rows)
+    return {
+        "started": started.isoformat(timespec="seconds"),
+        "machine": machine(),
+        "command": " ".join(sys.argv),
+        "config": _config_dict(config),
+        "points": sweep.rows,
+        "wrk_check": sweep.wrk_check,
+    }
+
+
+class Sweep:
+    """Every point of one bench run: the texts of each length, the rows measured so far,
+    the wrk cross-check once one HTTP JSON endpoint has been measured."""
+
+    def __init__(self, config: BenchConfig, bar: Any):
+        self.config, self.bar = config, bar
+        tokenizer = _tokenizer_file(config)
+        self.texts = {s: text_with_tokens(tokenizer, s) for s in config.sequence_lengths}
+        self.rows: list[dict[str, Any]] = []
+        self.wrk_check: dict[str, Any] | None = None
+
+    def run_session(self, session: Session) -> None:
+        """Start the session's server (if any), measure its endpoints, stop it."""
         server = session.server
         if server is not None:
-            bar.set_postfix_str(f"starting {session.label}")
+            self.bar.set_postfix_str(f"starting {session.label}")
             t0 = time.perf_counter()
             server.start()
-            bar.write(f"{session.label}: ready in {time.perf_counter() - t0:.0f}s "
-                      f"({server.workers} worker(s) x {server.cores_per_worker} core(s))")
+            self.bar.write(
+                f"{session.label}: ready in {time.perf_counter() - t0:.0f}s "
+                f"({server.workers} worker(s) x {server.cores_per_worker} core(s))"
+            )
         try:
             for endpoint in session.make():
-                measured = _measure_endpoint(endpoint, session.layout, server, texts, config,
-                                             bar)
-                rows.extend(measured)
-                if (config.wrk and wrk_check is None
-                        and isinstance(endpoint, HttpJsonEndpoint)):
-                    wrk_check = _wrk_check(endpoint, measured, texts, config, bar, server)
+                measured = self.measure(endpoint, session)
+                self.rows.extend(measured)
+                if (
+                    self.config.wrk
+                    and self.wrk_check is None
+                    and isinstance(endpoint, HttpJsonEndpoint)
+                ):
+                    self.wrk_check = self.cross_check(endpoint, measured, server)
                 endpoint.close()
         finally:
             if server is not None:
                 server.stop()
-    bar.close()
-    _add_ratios(rows)
-    return {"started": started.isoformat(timespec="seconds"), "machine": machine(),
-            "command": " ".join(sys.argv), "config": _config_dict(config), "points": rows,
-            "wrk_check": wrk_check}
 
+    def cross_check(
+        self, endpoint: HttpJsonEndpoint, measured: list[dict[str, Any]], server: Any
+    ) -> dict[str, Any]:
+        """Measure one point again with wrk, and the server's own count of what it served
+        meanwhile: wrk counts whatever came back, so that count shows its requests were
+        the real ones."""
+        from . import wrk
 
-def _wrk_check(endpoint: HttpJsonEndpoint, measured, texts, config, bar,
-               server=None) -> dict[str, Any]:
-    from . import wrk
-
-    seq = config.wrk_seq or min(config.sequence_lengths)
-    c = max(config.concurrency)
-    ours = next((r for r in measured if r["seq"] == seq and r["texts"] == 1
-                 and r["concurrency"] == c), None)
-    if ours is None or not ours.get("req_per_s"):
-        return {"skipped": f"no measured point at seq {seq}, 1 text, concurrency {c}"}
-    if not wrk.available():
-        return {"skipped": "wrk is not installed (apt-get install wrk)"}
-    bar.set_postfix_str(f"wrk cross-check {endpoint.label} seq={seq} c={c}")
-    # the server's own count of what it served during the wrk run: wrk counts whatever
-    # came back, so this is what shows its requests were the real ones
-    metrics_url = _torchserve_metrics(endpoint, server)
-    before = scrape(metrics_url, server.name) if metrics_url else {}
-    try:
-        got = wrk.run_wrk(endpoint.url, endpoint.payload([texts[seq]]), endpoint.headers, c,
-                          max(config.duration_s, 5))
-    except (RuntimeError, ValueError, OSError) as e:
-        return {"skipped": f"wrk failed: {e}"}
-    if metrics_url:
-        after = scrape(metrics_url, server.name)
-        got["server_handled"] = int(after.get("NeuronServeRequests", 0)
-                                    - before.get("NeuronServeRequests", 0))
-    bar.write(f"wrk cross-check {endpoint.label} seq={seq} c={c}: wrk {got['req_per_s']:.1f} "
-              f"req/s, ours {ours['req_per_s']:.1f} req/s")
-    return {"endpoint": endpoint.label, "seq": seq, "texts": 1, "concurrency": c, "wrk": got,
+        config = self.config
+        seq = config.wrk_seq or min(config.sequence_lengths)
+        c = max(config.concurrency)
+        ours = next(
+            (r for r in measured if r["seq"] == seq and r["texts"] == 1 and r["concurrency"] == c),
+            None,
+        )
+        if ours is None or not ours.get("req_per_s"):
+            return {"skipped": f"no measured point at seq {seq}, 1 text, concurrency {c}"}
+        if not wrk.available():
+            return {"skipped": "wrk is not installed (apt-get install wrk)"}
+        self.bar.set_postfix_str(f"wrk cross-check {endpoint.label} seq={seq} c={c}")
+        metrics_url = _torchserve_metrics(endpoint, server)
+        before = scrape(metrics_url, server.name) if metrics_url else {}
+        try:
+            got = wrk.run_wrk(
+                endpoint.url,
+                endpoint.payload([self.texts[seq]]),
+                endpoint.headers,
+                c,
+                max(config.window.duration_s, 5),
+            )
+        except (RuntimeError, ValueError, OSError) as e:
+            return {"skipped": f"wrk failed: {e}"}
+        if metrics_url:
+            after = scrape(metrics_url, server.name)
+            name = metrics.REQUESTS.torchserve_name
+            got["server_handled"] = int(after.get(name, 0) - before.get(name, 0))
+        self.bar.write(
+            f"wrk cross-check {endpoint.label} seq={seq} c={c}: wrk "
+            f"{got['req_per_s']:.1f} req/s, ours {ours['req_per_s']:.1f} req/s"
+        )
+        return {
+            "endpoint": endpoint.label,
+            "seq": seq,
+            "texts": 1,
+            "concurrency": c,
+            "wrk": got,
             "ours": {k: ours[k] for k in ("req_per_s", "p50_ms", "p99_ms", "client_cores")},
-            "ours_over_wrk": ours["req_per_s"] / got["req_per_s"]}
+            "ours_over_wrk": ours["req_per_s"] / got["req_per_s"],
+        }
+
+    def measure(self, endpoint: Endpoint, session: Session) -> list[dict[str, Any]]:
+        """Every point of the sweep against one endpoint."""
+        server = session.server
+        metrics_url = _torchserve_metrics(endpoint, server)
+
+        def probe() -> dict[str, Any]:
+            return {
+                "cpu": cpu_by_role(server.root_pid()) if server is not None else {},
+                "metrics": scrape(metrics_url, server.name) if metrics_url else {},
+            }
+
+        rows = []
+        for seq, n, c in _points(self.config, endpoint.in_process):
+            self.bar.set_postfix_str(f"{endpoint.label} seq={seq} texts={n} c={c}")
+            payload = endpoint.payload([self.texts[seq]] * n)
+            result = run_load(endpoint, payload, c, self.config.window, probe)
+            row: dict[str, Any] = {
+                "endpoint": endpoint.label,
+                "type": endpoint.type,
+                "layout": session.layout,
+                "seq": seq,
+                "texts": n,
+                "concurrency": c,
+                "errors": result.errors,
+            }
+            row.update(_summary(result, n))
+            rows.append(row)
+            self.bar.update(1)
+        return rows
 
 
-def _torchserve_metrics(endpoint: Endpoint, server) -> str | None:
+def _torchserve_metrics(endpoint: Endpoint, server: Any) -> str | None:
     """TorchServe's metrics URL when bench started the TorchServe behind `endpoint`."""
-    return getattr(server, "metrics_url", None) if endpoint.kind == "torchserve" else None
+    return getattr(server, "metrics_url", None) if endpoint.type == "torchserve" else None
 
 
-def _measure_endpoint(endpoint: Endpoint, layout: str, server, texts, config, bar):
-    rows = []
-    metrics_url = _torchserve_metrics(endpoint, server)
-    model = getattr(server, "name", None)
-
-    def probe() -> dict[str, Any]:
-        return {"cpu": cpu_by_role(server.root_pid()) if server is not None else {},
-                "metrics": scrape(metrics_url, model) if metrics_url else {}}
-
-    for seq, n, c in _points(config, endpoint.in_process):
-        bar.set_postfix_str(f"{endpoint.label} seq={seq} texts={n} c={c}")
-        payload = endpoint.payload([texts[seq]] * n)
-        result = run_load(endpoint, payload, c, config.warmup_s, config.duration_s,
-                          config.min_requests, config.max_duration_s, probe)
-        row: dict[str, Any] = {"endpoint": endpoint.label, "kind": endpoint.kind,
-                               "layout": layout, "seq": seq, "texts": n, "concurrency": c,
-                               "errors": result.errors}
-        if result.latencies_ms:
-            s = summarize(result.latencies_ms, result.wall_s)
-            row.update(requests=s.requests, wall_s=s.wall_s,
-                       p50_ms=s.p50_ms, p95_ms=s.p95_ms, p99_ms=s.p99_ms, max_ms=s.max_ms,
-                       mean_ms=sum(result.latencies_ms) / s.requests,
-                       req_per_s=s.throughput, texts_per_s=s.throughput * n)
-            row.update(time_split(result.probe_start, result.probe_end, s.requests,
-                                  result.client_cpu_s))
-        row["client_cores"] = round(result.client_cores, 3)
-        if result.error_samples:
-            row["error_sample"] = result.error_samples[0]
-        rows.append(row)
-        bar.update(1)
-    return rows
+def _summary(result: LoadResult, texts: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if result.latencies_ms:
+        s = summarize(result.latencies_ms, result.wall_s)
+        out.update(
+            requests=s.requests,
+            wall_s=s.wall_s,
+            p50_ms=s.p50_ms,
+            p95_ms=s.p95_ms,
+            p99_ms=s.p99_ms,
+            max_ms=s.max_ms,
+            mean_ms=sum(result.latencies_ms) / s.requests,
+            req_per_s=s.throughput,
+            texts_per_s=s.throughput * texts,
+        )
+        out.update(
+            time_split(result.probe_start, result.probe_end, s.requests, result.client_cpu_s)
+        )
+    out["client_cores"] = round(result.client_cores, 3)
+    if result.error_samples:
+        out["error_sample"] = result.error_samples[0]
+    return out
 
 
-def time_split(start: dict[str, Any], end: dict[str, Any], requests: int,
-               client_cpu_s: float) -> dict[str, float]:
+def time_split(
+    start: dict[str, Any], end: dict[str, Any], requests: int, client_cpu_s: float
+) -> dict[str, float]:
     """Where each request's time went over the measuring window, from the server's own
     counters (TorchServe: ms per request queued, in the handler, tokenizing, in the
     model) and the CPU time each process role used per request (a server at saturation
@@ -313,19 +409,17 @@ def time_split(start: dict[str, Any], end: dict[str, Any], requests: int,
     if served > 0:
         out["queue_ms"] = d.get("ts_queue_latency_microseconds", 0.0) / served / 1e3
         out["server_ms"] = d.get("ts_inference_latency_microseconds", 0.0) / served / 1e3
-    handled = d.get("NeuronServeRequests", 0.0)
+    handled = d.get(metrics.REQUESTS.torchserve_name, 0.0)
     if handled > 0:
-        for key, name in (("handler_ms", "NeuronServeHandlerMs"),
-                          ("tokenize_ms", "NeuronServeTokenizeMs"),
-                          ("model_ms", "NeuronServeModelMs")):
-            out[key] = d.get(name, 0.0) / handled
+        for m in (metrics.HANDLER_MS, metrics.TOKENIZE_MS, metrics.MODEL_MS):
+            out[m.name] = d.get(m.torchserve_name, 0.0) / handled
     return out
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
     """req/s over the vanilla pipeline's at the same sequence length and texts per request,
     measured in the same run."""
-    base = {(r["seq"], r["texts"]): r.get("req_per_s") for r in rows if r["kind"] == "vanilla"}
+    base = {(r["seq"], r["texts"]): r.get("req_per_s") for r in rows if r["type"] == "vanilla"}
     for r in rows:
         b = base.get((r["seq"], r["texts"]))
         if b and r.get("req_per_s"):
@@ -334,7 +428,7 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
 
 def _config_dict(config: BenchConfig) -> dict[str, Any]:
     d = asdict(config)
-    d["endpoints"] = [f"{e.label}={e.kind}:{e.where}" for e in config.endpoints]
+    d["endpoints"] = [f"{e.label}={e.type}:{e.where}" for e in config.endpoints]
     d["tokenizer"] = str(config.tokenizer) if config.tokenizer else None
     d["headers"] = sorted(config.headers)  # names only: values may be secrets
     return d

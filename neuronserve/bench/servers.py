@@ -1,8 +1,8 @@
 """Servers `neuronserve bench` starts itself: each one only while it is measured, so
 two servers never compete for the same cores, on free ports and with its own run
-directories. TorchServe and Triton are packaged and started the way `neuronserve
-package` and `neuronserve serve` do it (the SageMaker entrypoint's Backend); the
-SageMaker front runs as the container entrypoint would, in its own process."""
+directories. TorchServe and Triton are packaged and started by serve/engine.py, as the
+SageMaker entrypoint does it; the SageMaker front runs as the container entrypoint
+would, in its own process."""
 
 from __future__ import annotations
 
@@ -17,77 +17,80 @@ from pathlib import Path
 
 import requests
 
-from ..artifact import Manifest, read_manifest
-from ..compile import get_target
-from ..cores import group_count
-from ..packaging.torchserve import apply_layout
-from ..serve.sagemaker import Backend, _free_ports
+from .. import placement
+from ..artifact import read_manifest
+from ..serve.engine import Engine
+from ..serve.process import free_ports, stop_tree
 from ..spec import load_spec
-
-
-def layout_workers(manifest: Manifest, layout: str) -> tuple[int, int]:
-    """(workers, cores per worker) for a layout on this host, as `neuronserve package`
-    lays it out."""
-    spec = apply_layout(load_spec(None, {"layout": layout}), manifest)
-    kind = get_target(manifest.target).core_kind
-    return spec.workers or group_count(kind, spec.cores_per_worker), spec.cores_per_worker
 
 
 class ManagedServer:
     """TorchServe or Triton serving one artifact in the given layout."""
 
-    def __init__(self, engine: str, artifact: Path, layout: str, max_batch_delay_ms: int | None,
-                 batch_requests: int | None = None):
-        self.engine, self.artifact, self.layout = engine, Path(artifact), layout
-        # packaging verifies the artifact's checksums when the server starts
-        self.manifest = read_manifest(self.artifact, verify=False)
-        self.name = self.manifest.name
-        self.workers, self.cores_per_worker = layout_workers(self.manifest, layout)
-        self.max_batch_delay_ms, self.batch_requests = max_batch_delay_ms, batch_requests
+    def __init__(
+        self,
+        engine: str,
+        artifact: Path,
+        layout: str,
+        max_batch_delay_ms: int | None,
+        batch_requests: int | None = None,
+    ):
         self.tmp = tempfile.TemporaryDirectory(prefix=f"ns-bench-{engine}-")
-        self.backend: Backend | None = None
+        settings = {
+            "layout": layout,
+            "max_batch_delay_ms": max_batch_delay_ms,
+            "batch_requests": batch_requests,
+            "response_timeout_s": 300,
+        }
+        self.engine = Engine(
+            engine,
+            Path(artifact),
+            Path(self.tmp.name),
+            {k: v for k, v in settings.items() if v is not None},
+        )
+        self.layout, self.name = layout, self.engine.name
+        self.workers = self.engine.plan.workers
+        self.cores_per_worker = self.engine.plan.cores_per_worker
         self._lease_dir: str | None = None
+        self.started = False
 
     def start(self) -> None:
-        backend = Backend(self.engine, self.artifact, self.manifest, Path(self.tmp.name),
-                          self.workers, 300, self.cores_per_worker)
-        if self.max_batch_delay_ms is not None:
-            backend.spec.max_batch_delay_ms = self.max_batch_delay_ms
-        if self.batch_requests is not None:
-            backend.spec.batch_requests = self.batch_requests
         # workers inherit this process's environment: their own lease directory, put
         # back in stop()
         self._lease_dir = os.environ.get("NEURONSERVE_LEASE_DIR")
         os.environ["NEURONSERVE_LEASE_DIR"] = str(Path(self.tmp.name) / "leases")
-        self.backend = backend
-        backend.start()
+        self.started = True
+        self.engine.start()
 
     def root_pid(self) -> int | None:
-        if self.backend is None:
-            return None
-        if self.engine == "torchserve":
-            from ..serve.torchserve import _server_pid
-
-            return _server_pid(Path(self.backend.spec.run_dir))
-        return self.backend.instance.pid()
+        return self.engine.root_pid()
 
     @property
     def torchserve_url(self) -> str:
-        return f"{self.backend.instance.inference_url}/predictions/{self.name}"
+        return self.engine.predictions_url
 
     @property
     def metrics_url(self) -> str | None:
-        return getattr(self.backend.instance, "metrics_url", None)
+        return self.engine.metrics_url if self.engine.instance is not None else None
 
     def stop(self) -> None:
-        if self.backend is not None:
-            self.backend.stop()
-            self.backend = None
+        if self.started:
+            self.engine.stop()
+            self.started = False
             if self._lease_dir is None:
                 os.environ.pop("NEURONSERVE_LEASE_DIR", None)
             else:
                 os.environ["NEURONSERVE_LEASE_DIR"] = self._lease_dir
         self.tmp.cleanup()
+
+
+def layout_plan(artifact: Path, layout: str) -> placement.WorkerPlan:
+    """The worker plan `neuronserve package` makes for a layout on this host."""
+    return placement.plan(
+        placement.PlanRequest.of(
+            load_spec(None, {"layout": layout}), read_manifest(artifact, verify=False)
+        )
+    )
 
 
 class SageMakerServer:
@@ -96,10 +99,10 @@ class SageMakerServer:
 
     def __init__(self, artifact: Path, layout: str, engine: str = "torchserve"):
         self.artifact, self.layout, self.engine = Path(artifact), layout, engine
-        self.workers, self.cores_per_worker = layout_workers(
-            read_manifest(self.artifact, verify=False), layout)
+        plan = layout_plan(self.artifact, layout)
+        self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
         self.tmp = tempfile.TemporaryDirectory(prefix="ns-bench-sagemaker-")
-        self.port = _free_ports(1)[0]
+        self.port = free_ports(1)[0]
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -108,20 +111,31 @@ class SageMakerServer:
 
     def start(self, timeout_s: float = 600) -> None:
         work = Path(self.tmp.name)
-        env = {**os.environ, "NEURONSERVE_MODEL_DIR": str(self.artifact.resolve()),
-               "NEURONSERVE_ENGINE": self.engine, "NEURONSERVE_BIND": "127.0.0.1",
-               "SAGEMAKER_BIND_TO_PORT": str(self.port), "NEURONSERVE_WORK_DIR": str(work),
-               "SAGEMAKER_MODEL_SERVER_WORKERS": str(self.workers),
-               "NEURONSERVE_CORES_PER_WORKER": str(self.cores_per_worker),
-               "NEURONSERVE_LEASE_DIR": str(work / "leases")}
+        env = {
+            **os.environ,
+            "NEURONSERVE_MODEL_DIR": str(self.artifact.resolve()),
+            "NEURONSERVE_ENGINE": self.engine,
+            "NEURONSERVE_BIND": "127.0.0.1",
+            "SAGEMAKER_BIND_TO_PORT": str(self.port),
+            "NEURONSERVE_WORK_DIR": str(work),
+            "SAGEMAKER_MODEL_SERVER_WORKERS": str(self.workers),
+            "NEURONSERVE_CORES_PER_WORKER": str(self.cores_per_worker),
+            "NEURONSERVE_LEASE_DIR": str(work / "leases"),
+        }
         self.log = open(work / "sagemaker.log", "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, "-m", "neuronserve.serve.sagemaker"],
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "neuronserve.serve.sagemaker"],
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the SageMaker entrypoint exited: "
-                                   f"{(work / 'sagemaker.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"the SageMaker entrypoint exited: "
+                    f"{(work / 'sagemaker.log').read_text()[-2000:]}"
+                )
             try:
                 if requests.get(f"http://127.0.0.1:{self.port}/ping", timeout=2).status_code == 200:
                     return
@@ -134,12 +148,10 @@ class SageMakerServer:
         return self.proc.pid if self.proc is not None else None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            stop_tree(proc.pid, lambda: proc.send_signal(signal.SIGTERM), 120)
+            proc.wait()
         self.proc = None
         if getattr(self, "log", None):
             self.log.close()
@@ -176,7 +188,7 @@ def cpu_by_role(root_pid: int | None) -> dict[str, float]:
     return out
 
 
-_PROM = re.compile(r'^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$')
+_PROM = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$")
 
 
 def scrape(metrics_url: str, model: str) -> dict[str, float]:

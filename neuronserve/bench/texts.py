@@ -6,8 +6,11 @@ from pathlib import Path
 
 from tokenizers import Tokenizer
 
-WORDS = ("the model serves requests quickly while the server batches them and every worker "
-         "keeps its own cores busy with real text from ordinary sentences").split()
+WORDS = [
+    "the", "model", "serves", "requests", "quickly", "while", "the", "server", "batches",
+    "them", "and", "every", "worker", "keeps", "its", "own", "cores", "busy", "with", "real",
+    "text", "from", "ordinary", "sentences",
+]  # fmt: skip
 
 
 def text_with_tokens(tokenizer_file: Path, n_tokens: int) -> str:
@@ -26,7 +29,7 @@ def text_with_tokens(tokenizer_file: Path, n_tokens: int) -> str:
     i = 0
     while len(tok.encode(" ".join(words)).ids) < n_tokens:
         for k in range(len(WORDS)):
-            candidate = words + [WORDS[(i + k) % len(WORDS)]]
+            candidate = [*words, WORDS[(i + k) % len(WORDS)]]
             if len(tok.encode(" ".join(candidate)).ids) <= n_tokens:
                 words = candidate
                 i += k + 1

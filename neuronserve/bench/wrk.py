@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
 
 _UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
@@ -44,21 +45,30 @@ def _lua_string(s: str) -> str:
     return "[==[" + s + "]==]"
 
 
-def run_wrk(url: str, body: bytes, headers: dict[str, str], concurrency: int,
-            duration_s: float) -> dict[str, float]:
+def run_wrk(
+    url: str, body: bytes, headers: dict[str, str], concurrency: int, duration_s: float
+) -> dict[str, Any]:
     """POST `body` to `url` from `concurrency` connections on one wrk thread."""
-    script = ["wrk.method = \"POST\"", f"wrk.body = {_lua_string(body.decode())}"]
+    script = ['wrk.method = "POST"', f"wrk.body = {_lua_string(body.decode())}"]
     for k, v in headers.items():
         # spaces inside the brackets: "[[" would open a Lua long string
         script.append(f"wrk.headers[ {_lua_string(k)} ] = {_lua_string(v)}")
     with tempfile.TemporaryDirectory(prefix="ns-wrk-") as tmp:
         lua = Path(tmp) / "post.lua"
         lua.write_text("\n".join(script) + "\n")
-        cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{max(1, round(duration_s))}s", "--latency",
-               "-s", str(lua), url]
+        cmd = [
+            "wrk",
+            "-t1",
+            f"-c{concurrency}",
+            f"-d{max(1, round(duration_s))}s",
+            "--latency",
+            "-s",
+            str(lua),
+            url,
+        ]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration_s + 120)
     if out.returncode != 0:
         raise RuntimeError(f"wrk failed ({out.returncode}): {out.stderr or out.stdout}")
-    result = parse(out.stdout)
-    result["command"] = " ".join(cmd[:-3] + ["post.lua", url])
+    result: dict[str, Any] = {**parse(out.stdout)}
+    result["command"] = " ".join([*cmd[:-3], "post.lua", url])
     return result

@@ -23,7 +23,8 @@ import torch
 from .ort import OrtModule, export_int8
 
 PRECISIONS = ("fp32", "bf16", "int8")
-ENGINES = {"fp32": "torchscript", "bf16": "torchscript", "int8": "onnxruntime"}
+# what the saved module file is (and so which library runs it) for each precision
+MODULE_FORMATS = {"fp32": "torchscript", "bf16": "torchscript", "int8": "onnx"}
 
 
 class CpuTarget:
@@ -35,8 +36,9 @@ class CpuTarget:
     # what `precision: auto` tries, fastest first; the driver keeps the fastest that passes
     auto_precisions = ("int8", "bf16", "fp32")
 
-    def compile(self, module: torch.nn.Module, example: tuple[torch.Tensor, ...],
-                options: dict[str, Any]) -> torch.nn.Module | OrtModule:
+    def compile(
+        self, module: torch.nn.Module, example: tuple[torch.Tensor, ...], options: dict[str, Any]
+    ) -> torch.nn.Module | OrtModule:
         precision = options.get("precision") or "fp32"
         if precision not in PRECISIONS:
             raise ValueError(f"target cpu has no precision {precision!r}; choose {PRECISIONS}")
@@ -70,4 +72,7 @@ class CpuTarget:
 
     def describe(self, options: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
         precision = options.get("precision") or "fp32"
-        return {"cores_per_module": 1, "engine": ENGINES.get(precision, "torchscript")}
+        return {
+            "cores_per_module": 1,
+            "module_format": MODULE_FORMATS.get(precision, "torchscript"),
+        }

@@ -31,8 +31,10 @@ def compiler_args(options: dict[str, Any], model: torch.nn.Module | None = None)
     if options.get("optlevel"):
         raise ValueError("optlevel is a neuronx-cc (Inf2/Trn1) option; neuron-cc has none")
     if options.get("compile_for"):
-        raise ValueError("compile_for names an Inf2/Trn platform; neuron-cc (Inf1) compiles "
-                         "on any host without it")
+        raise ValueError(
+            "compile_for names an Inf2/Trn platform; neuron-cc (Inf1) compiles "
+            "on any host without it"
+        )
     if cast:
         mode = {"none": "none", "matmult": "fp32-cast-matmult", "all": "fp32-cast-all"}[cast]
         if cast != "none" and cast_type == "fp16":
@@ -58,16 +60,21 @@ class NeuronTarget(TorchScriptNeuronModule):
     name = "neuron"
     sdk = "torch_neuron"
 
-    def compile(self, module: torch.nn.Module, example: tuple[torch.Tensor, ...],
-                options: dict[str, Any]) -> torch.nn.Module:
-        import_sdk(self.sdk)  # provides torch.neuron
-        return torch.neuron.trace(module.eval(), example,
-                                  compiler_args=compiler_args(options, module))
+    def compile(
+        self, module: torch.nn.Module, example: tuple[torch.Tensor, ...], options: dict[str, Any]
+    ) -> torch.nn.Module:
+        import_sdk(self.sdk)  # importing torch_neuron adds torch.neuron
+        return torch.neuron.trace(  # type: ignore[attr-defined]
+            module.eval(), example, compiler_args=compiler_args(options, module)
+        )
 
     def versions(self) -> dict[str, str]:
         return {"compiler": f"torch_neuron {sdk_version(import_sdk(self.sdk))}"}
 
     def describe(self, options: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
         args = compiler_args(options, model)
-        return {"compiler_args": args, "inline_weights_to_neff": True,
-                "cores_per_module": pipeline_cores(args)}
+        return {
+            "compiler_args": args,
+            "inline_weights_to_neff": True,
+            "cores_per_module": pipeline_cores(args),
+        }

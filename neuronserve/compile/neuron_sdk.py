@@ -13,9 +13,9 @@ from .base import CompileError
 
 INSTALL = {
     "torch_neuronx": "pip install 'neuronserve[neuronx]' --extra-index-url "
-                     "https://pip.repos.neuron.amazonaws.com",
+    "https://pip.repos.neuron.amazonaws.com",
     "torch_neuron": "pip install 'neuronserve[neuron]' --extra-index-url "
-                    "https://pip.repos.neuron.amazonaws.com",
+    "https://pip.repos.neuron.amazonaws.com",
 }
 
 
@@ -30,7 +30,8 @@ def import_sdk(name: str) -> ModuleType:
     except ImportError as e:
         raise CompileError(
             f"the {name} package (AWS Neuron SDK) is not installed in this environment: "
-            f"{INSTALL[name]}   ({e})") from None
+            f"{INSTALL[name]}   ({e})"
+        ) from None
 
 
 def sdk_version(module: ModuleType) -> str:

@@ -28,8 +28,10 @@ def compiler_args(options: dict[str, Any]) -> list[str]:
         # neuronx-cc compiles for the named platform without a Neuron device present
         args += ["--target", options["compile_for"]]
     if options.get("pipeline_cores"):
-        raise ValueError("pipeline_cores is an Inf1 (target neuron) option; on Inf2/Trn1 give "
-                         "each worker several cores with cores_per_worker instead")
+        raise ValueError(
+            "pipeline_cores is an Inf1 (target neuron) option; on Inf2/Trn1 give "
+            "each worker several cores with cores_per_worker instead"
+        )
     return args + list(options.get("compiler_args") or [])
 
 
@@ -41,8 +43,9 @@ class NeuronxTarget(TorchScriptNeuronModule):
     def save_weights(self, module: torch.nn.Module, path: Path) -> None:
         from safetensors.torch import save_file
 
-        save_file({k: v.detach().contiguous().clone() for k, v in module.state_dict().items()},
-                  str(path))
+        save_file(
+            {k: v.detach().contiguous().clone() for k, v in module.state_dict().items()}, str(path)
+        )
 
     def attach_weights(self, modules: list[torch.nn.Module], path: Path) -> None:
         """Give every bucket module the same host tensors, read once from `path`
@@ -54,8 +57,9 @@ class NeuronxTarget(TorchScriptNeuronModule):
         for module in modules:
             neuronx.replace_weights(module, shared)
 
-    def compile(self, module: torch.nn.Module, example: tuple[torch.Tensor, ...],
-                options: dict[str, Any]) -> torch.nn.Module:
+    def compile(
+        self, module: torch.nn.Module, example: tuple[torch.Tensor, ...], options: dict[str, Any]
+    ) -> torch.nn.Module:
         neuronx = import_sdk(self.sdk)
         workdir = options.get("compiler_workdir")
         extra = {}
@@ -63,15 +67,21 @@ class NeuronxTarget(TorchScriptNeuronModule):
             # A build host has no Neuron device: trace through torch-neuronx's CPU backend
             # and let neuronx-cc compile for the named platform.
             extra["cpu_backend"] = True
-        return neuronx.trace(module.eval(), example, compiler_args=compiler_args(options),
-                             compiler_workdir=str(workdir) if workdir else None,
-                             inline_weights_to_neff=False, **extra)
+        return neuronx.trace(
+            module.eval(),
+            example,
+            compiler_args=compiler_args(options),
+            compiler_workdir=str(workdir) if workdir else None,
+            inline_weights_to_neff=False,
+            **extra,
+        )
 
     def versions(self) -> dict[str, str]:
         return {"compiler": f"torch_neuronx {sdk_version(import_sdk(self.sdk))}"}
 
     def describe(self, options: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
-        return {"compiler_args": compiler_args(options), "inline_weights_to_neff": False,
-                "cores_per_module": 1}
-
-
+        return {
+            "compiler_args": compiler_args(options),
+            "inline_weights_to_neff": False,
+            "cores_per_module": 1,
+        }

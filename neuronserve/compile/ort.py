@@ -1,10 +1,10 @@
-"""ONNX Runtime (ort) engine for the CPU target's int8 precision.
+"""ONNX Runtime (ort) for the CPU target's int8 precision.
 
-Measured here (DistilBERT-base, batch 1, one thread, model only): ONNX Runtime dynamic
-int8 after its transformer optimizer 4.4 / 42 / 221 ms at sequence 8 / 128 / 512,
-against TorchScript fp32 about 2.5x slower and torch's own dynamic int8 slower at short
-sequences (ENVIRONMENT.md). Attention is only fused into one operator when the model is
-exported with eager attention, hence the switch before export.
+Measured here (DistilBERT-base, batch 1, one thread, model only; benchmarks/engines.md):
+ONNX Runtime dynamic int8 after its transformer optimizer 4.6 / 44 / 219 ms at sequence
+8 / 128 / 512, against TorchScript fp32 27 / 148 / 665 ms. Attention is only fused into
+one operator when the model is exported with eager attention, hence the switch before
+export.
 """
 
 from __future__ import annotations
@@ -44,13 +44,16 @@ class OrtModule:
             # and the other requests' work need on a small host (measured: BENCHMARKS.md).
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.session = ort.InferenceSession(model_bytes, options,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            model_bytes, options, providers=["CPUExecutionProvider"]
+        )
         self.input_names = [i.name for i in self.session.get_inputs()]
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
-        feed = {n: np.ascontiguousarray(t.numpy(), dtype=np.int64)
-                for n, t in zip(self.input_names, tensors, strict=True)}
+        feed = {
+            n: np.ascontiguousarray(t.numpy(), dtype=np.int64)
+            for n, t in zip(self.input_names, tensors, strict=True)
+        }
         return torch.from_numpy(self.session.run(None, feed)[0])
 
     def eval(self) -> OrtModule:
@@ -64,8 +67,9 @@ def _hf_config(module: torch.nn.Module):
     raise ValueError("no Hugging Face model inside the module to export")
 
 
-def export_int8(module: torch.nn.Module, example: tuple[torch.Tensor, ...],
-                input_names: list[str]) -> bytes:
+def export_int8(
+    module: torch.nn.Module, example: tuple[torch.Tensor, ...], input_names: list[str]
+) -> bytes:
     """Export to ONNX with eager attention, fuse with ONNX Runtime's transformer
     optimizer, quantise the linear layers' weights to int8 (activations dynamically)."""
     import onnx
@@ -79,25 +83,39 @@ def export_int8(module: torch.nn.Module, example: tuple[torch.Tensor, ...],
     names = input_names[: len(example)]
     axes = {n: {0: "batch", 1: "sequence"} for n in names}
     axes["output"] = {0: "batch"}
-    with tempfile.TemporaryDirectory(prefix="neuronserve-onnx-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="neuronserve-onnx-") as tmp_name:
+        tmp = Path(tmp_name)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # tracer warnings from transformers' masking code
-            torch.onnx.export(module, example, str(tmp / "fp32.onnx"), input_names=names,
-                              output_names=["output"], dynamic_axes=axes, opset_version=OPSET,
-                              dynamo=False)
+            torch.onnx.export(
+                module,
+                example,
+                str(tmp / "fp32.onnx"),
+                input_names=names,
+                output_names=["output"],
+                dynamic_axes=axes,
+                opset_version=OPSET,
+                dynamo=False,
+            )
         fused = optimizer.optimize_model(
-            str(tmp / "fp32.onnx"), model_type="bert", opt_level=1,
-            num_heads=int(config.num_attention_heads), hidden_size=int(config.hidden_size))
+            str(tmp / "fp32.onnx"),
+            model_type="bert",
+            opt_level=1,
+            num_heads=int(config.num_attention_heads),
+            hidden_size=int(config.hidden_size),
+        )
         fused.save_model_to_file(str(tmp / "fused.onnx"))
         # its advice to run a pre-processing pass is for static (calibrated) quantisation
         logging.disable(logging.WARNING)
         try:
-            quantize_dynamic(str(tmp / "fused.onnx"), str(tmp / "int8.onnx"),
-                             weight_type=QuantType.QInt8,
-                             # the fused operators are in Microsoft's domain, which ONNX shape
-                             # inference does not type; their outputs are float
-                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+            quantize_dynamic(
+                str(tmp / "fused.onnx"),
+                str(tmp / "int8.onnx"),
+                weight_type=QuantType.QInt8,
+                # the fused operators are in Microsoft's domain, which ONNX shape
+                # inference does not type; their outputs are float
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
         finally:
             logging.disable(logging.NOTSET)
         model = onnx.load(str(tmp / "int8.onnx"))

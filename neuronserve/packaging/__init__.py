@@ -1,1 +1,2 @@
-"""Packagers: TorchServe archives (Triton repositories and SageMaker contexts to come)."""
+"""Packagers: an artifact -> what an engine or a platform runs (a TorchServe .mar, a
+Triton repository, a SageMaker build context)."""

@@ -59,24 +59,29 @@ def _copy_package(dst: Path) -> None:
     src = Path(neuronserve.__file__).parent
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     # Editable installs map these from the repository: put real copies in the image.
-    for folder, files in (("_handlers", [handler_file("neuronserve_handler.py")]),
-                          ("_triton_backend", [triton_model_file()])):
+    for folder, files in (
+        ("_handlers", [handler_file("neuronserve_handler.py")]),
+        ("_triton_backend", [triton_model_file()]),
+    ):
         (dst / folder).mkdir(exist_ok=True)
         (dst / folder / "__init__.py").touch()
         for f in files:
             shutil.copy2(f, dst / folder / f.name)
 
 
-def package_sagemaker(artifact: Path, spec: DeploySpec, engine: str, target: str,
-                      out: Path) -> Path:
+def package_sagemaker(
+    artifact: Path, spec: DeploySpec, engine: str, target: str, out: Path
+) -> Path:
     if engine not in ENGINES:
         raise ContextError(f"engine {engine!r}: choose {' or '.join(ENGINES)}")
     if target not in TARGETS:
         raise ContextError(f"target {target!r}: choose one of {', '.join(TARGETS)}")
     manifest = read_manifest(artifact)
     if manifest.target not in RUNS[target]:
-        raise ContextError(f"{artifact} was compiled for {manifest.target}; a {target} image "
-                           f"runs artifacts compiled for {', '.join(sorted(RUNS[target]))}")
+        raise ContextError(
+            f"{artifact} was compiled for {manifest.target}; a {target} image "
+            f"runs artifacts compiled for {', '.join(sorted(RUNS[target]))}"
+        )
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         if not (out / "neuronserve.json").is_file():
@@ -100,9 +105,9 @@ def package_sagemaker(artifact: Path, spec: DeploySpec, engine: str, target: str
     else:
         from .triton import package_triton
 
-        package_triton(artifact, model_spec.model_copy(update={"triton_repository":
-                                                               out / "model"}))
+        package_triton(artifact, model_spec.model_copy(update={"triton_repository": out / "model"}))
     name = spec.name or manifest.name
-    (out / "neuronserve.json").write_text(json.dumps(
-        {"engine": engine, "target": target, "model": name}, indent=2) + "\n")
+    (out / "neuronserve.json").write_text(
+        json.dumps({"engine": engine, "target": target, "model": name}, indent=2) + "\n"
+    )
     return out

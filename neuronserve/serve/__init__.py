@@ -1,1 +1,2 @@
-"""Launchers for the model servers, with truthful readiness."""
+"""Engine control: starting TorchServe and Triton with truthful readiness, stopping
+them, and the SageMaker entrypoint in front of either."""

@@ -23,10 +23,19 @@ import requests
 
 from ..packaging.torchserve import CONFIG_FILE, read_properties, write_properties
 from ..resources import tool
-from .process import ServeError, live_pid, process_tree, wait_gone
+from ..worker import FAILURE_MARKER
+from .process import ServeError, live_pid, stop_tree
 
-FAILURE_MARKER = "neuronserve: worker failed to start:"
-__all__ = ["ServeError", "TorchServeInstance", "running", "start", "stop", "wait_ready"]
+__all__ = [
+    "ServeError",
+    "TorchServeInstance",
+    "running",
+    "server_pid",
+    "start",
+    "stop",
+    "wait_ready",
+    "worker_failures",
+]
 
 
 @dataclass
@@ -46,8 +55,9 @@ class TorchServeInstance:
         return self.run_dir / "logs"
 
     def model_status(self, name: str) -> list[dict]:
-        r = requests.get(f"{self.management_url}/models/{name}",
-                         headers=self.headers("management"), timeout=10)
+        r = requests.get(
+            f"{self.management_url}/models/{name}", headers=self.headers("management"), timeout=10
+        )
         r.raise_for_status()
         return r.json()
 
@@ -61,17 +71,19 @@ def _tmp(run_dir: Path) -> Path:
 
 def _env(run_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        # TorchServe puts its pid file in $TMPDIR: `--stop` must see the same one.
-        "TMPDIR": str(_tmp(run_dir)),
-        "LOG_LOCATION": str(run_dir / "logs"),
-        "METRICS_LOCATION": str(run_dir / "logs"),
-        # Workers pin themselves and size their own pools after leasing cores; until
-        # then nothing should spread threads across every core.
-        "OMP_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    })
+    env.update(
+        {
+            # TorchServe puts its pid file in $TMPDIR: `--stop` must see the same one.
+            "TMPDIR": str(_tmp(run_dir)),
+            "LOG_LOCATION": str(run_dir / "logs"),
+            "METRICS_LOCATION": str(run_dir / "logs"),
+            # Workers pin themselves and size their own pools after leasing cores; until
+            # then nothing should spread threads across every core.
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
     return env
 
 
@@ -79,7 +91,7 @@ def _pid_file(run_dir: Path) -> Path:
     return _tmp(run_dir) / ".model_server.pid"
 
 
-def _server_pid(run_dir: Path) -> int | None:
+def server_pid(run_dir: Path) -> int | None:
     return live_pid(_pid_file(run_dir))
 
 
@@ -98,18 +110,27 @@ def _instance(run_dir: Path, props: dict[str, str]) -> TorchServeInstance:
     )
 
 
-def start(model_store: Path, run_dir: Path, overrides: dict[str, str] | None = None,
-          timeout_s: float = 600, log=print) -> TorchServeInstance:
+def start(
+    model_store: Path,
+    run_dir: Path,
+    overrides: dict[str, str] | None = None,
+    timeout_s: float = 600,
+    log=print,
+) -> TorchServeInstance:
     """Start TorchServe on `model_store` and wait until every worker of every model is READY."""
     model_store, run_dir = Path(model_store).resolve(), Path(run_dir).resolve()
     store_config = model_store / CONFIG_FILE
     if not store_config.is_file():
-        raise ServeError(f"{store_config} is missing: run `neuronserve package torchserve` "
-                         "into this model store first")
-    if _server_pid(run_dir):
-        raise ServeError(f"a TorchServe started from {run_dir} is already running "
-                         f"(pid {_server_pid(run_dir)}); stop it with "
-                         "`neuronserve serve torchserve --stop`")
+        raise ServeError(
+            f"{store_config} is missing: run `neuronserve package torchserve` "
+            "into this model store first"
+        )
+    if server_pid(run_dir):
+        raise ServeError(
+            f"a TorchServe started from {run_dir} is already running "
+            f"(pid {server_pid(run_dir)}); stop it with "
+            "`neuronserve serve torchserve --stop`"
+        )
     for sub in ("tmp", "logs"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
     for old in (run_dir / "logs").glob("*.log"):
@@ -123,12 +144,20 @@ def start(model_store: Path, run_dir: Path, overrides: dict[str, str] | None = N
     config = run_dir / CONFIG_FILE
     write_properties(config, props)
 
-    cmd = [*tool("torchserve", "ts.model_server", "start"), "--start", "--ncs",
-           "--model-store", str(model_store), "--ts-config", str(config)]
+    cmd = [
+        *tool("torchserve", "ts.model_server", "start"),
+        "--start",
+        "--ncs",
+        "--model-store",
+        str(model_store),
+        "--ts-config",
+        str(config),
+    ]
     log(f"starting TorchServe (run directory {run_dir}) ...")
     with open(run_dir / "logs" / "launcher.log", "w") as out:
-        proc = subprocess.run(cmd, cwd=run_dir, env=_env(run_dir), stdout=out,
-                              stderr=subprocess.STDOUT, timeout=120)
+        proc = subprocess.run(
+            cmd, cwd=run_dir, env=_env(run_dir), stdout=out, stderr=subprocess.STDOUT, timeout=120
+        )
     if proc.returncode != 0:
         raise ServeError(f"torchserve --start failed; see {run_dir / 'logs' / 'launcher.log'}")
 
@@ -162,32 +191,41 @@ def worker_failures(log_dir: Path) -> list[str]:
     return lines
 
 
-def wait_ready(instance: TorchServeInstance, timeout_s: float = 600, log=print,
-               poll_s: float = 0.5) -> None:
+def wait_ready(
+    instance: TorchServeInstance, timeout_s: float = 600, log=print, poll_s: float = 0.5
+) -> None:
     """Poll the management API until every worker of every model is READY."""
     started = time.monotonic()
     deadline = started + timeout_s
     last = None
     while True:
         # The pid file appears a moment after `torchserve --start` returns.
-        if not _server_pid(instance.run_dir) and time.monotonic() - started > 10:
+        if not server_pid(instance.run_dir) and time.monotonic() - started > 10:
             raise ServeError(f"TorchServe exited during start; see {instance.log_dir}")
         try:
             if not instance.keys:
-                instance.keys = _instance(instance.run_dir, {
-                    "inference_address": instance.inference_url,
-                    "management_address": instance.management_url,
-                    "metrics_address": instance.metrics_url}).keys
-            r = requests.get(f"{instance.management_url}/models",
-                             headers=instance.headers("management"), timeout=5)
+                instance.keys = _instance(
+                    instance.run_dir,
+                    {
+                        "inference_address": instance.inference_url,
+                        "management_address": instance.management_url,
+                        "metrics_address": instance.metrics_url,
+                    },
+                ).keys
+            r = requests.get(
+                f"{instance.management_url}/models",
+                headers=instance.headers("management"),
+                timeout=5,
+            )
             r.raise_for_status()
             names = [m["modelName"] for m in r.json().get("models", [])]
             state = {n: _expected_workers(instance, n) for n in names}
         except (requests.RequestException, ValueError, KeyError):
             state = None
         if state:
-            summary = ", ".join(f"{n}: {ready}/{want} workers ready"
-                                for n, (ready, want, _) in state.items())
+            summary = ", ".join(
+                f"{n}: {ready}/{want} workers ready" for n, (ready, want, _) in state.items()
+            )
             if summary != last:
                 log(f"  {summary}")
                 last = summary
@@ -203,7 +241,7 @@ def wait_ready(instance: TorchServeInstance, timeout_s: float = 600, log=print,
 
 def running(run_dir: Path) -> TorchServeInstance | None:
     run_dir = Path(run_dir).resolve()
-    if not _server_pid(run_dir):
+    if not server_pid(run_dir):
         return None
     return _instance(run_dir, read_properties(run_dir / CONFIG_FILE))
 
@@ -211,16 +249,23 @@ def running(run_dir: Path) -> TorchServeInstance | None:
 def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
     """Stop the TorchServe started from `run_dir` and wait until its processes are gone."""
     run_dir = Path(run_dir).resolve()
-    pid = _server_pid(run_dir)
+    pid = server_pid(run_dir)
     if pid is None:
         log(f"no TorchServe is running from {run_dir}")
         return False
-    procs = process_tree(pid)
-    log(f"stopping TorchServe (pid {pid}, {len(procs) - 1} worker process(es)) ...")
-    subprocess.run([*tool("torchserve", "ts.model_server", "start"), "--stop"], cwd=run_dir,
-                   env=_env(run_dir), capture_output=True, timeout=60)
+    log(f"stopping TorchServe (pid {pid}) ...")
     # `torchserve --stop` returns before the JVM has exited, and may leave workers behind.
-    wait_gone(procs, timeout_s)
+    workers = stop_tree(
+        pid,
+        lambda: subprocess.run(
+            [*tool("torchserve", "ts.model_server", "start"), "--stop"],
+            cwd=run_dir,
+            env=_env(run_dir),
+            capture_output=True,
+            timeout=60,
+        ),
+        timeout_s,
+    )
     _pid_file(run_dir).unlink(missing_ok=True)
-    log("TorchServe stopped")
+    log(f"TorchServe stopped ({workers} worker process(es) with it)")
     return True

@@ -9,6 +9,7 @@ first on LD_LIBRARY_PATH, its interpreter first on PATH, its packages on PYTHONP
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -16,12 +17,13 @@ import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-from .process import ServeError, live_pid, process_tree, wait_gone
+from .process import ServeError, live_pid, stop_tree
 
 PID_FILE = "tritonserver.pid"
 ENDPOINTS_FILE = "endpoints.json"
@@ -51,7 +53,8 @@ def check_numpy() -> None:
         raise ServeError(
             f"numpy {numpy.__version__} is installed in the serving environment; Triton's "
             "Python-backend stub misreads tensors with numpy 2 (string tensors crash it, "
-            "numeric ones read as zeros). Install numpy<2: pip install 'numpy<2'")
+            "numeric ones read as zeros). Install numpy<2: pip install 'numpy<2'"
+        )
 
 
 def _pytriton_root() -> Path | None:
@@ -76,9 +79,11 @@ def find_tritonserver() -> tuple[Path, Path | None]:
     root = _pytriton_root()
     if root is not None and (root / "bin" / "tritonserver").is_file():
         return root / "bin" / "tritonserver", root
-    raise ServeError("no tritonserver found: install the triton extra "
-                     "(pip install 'neuronserve[triton]', which brings nvidia-pytriton) or "
-                     "run inside NVIDIA's Triton container")
+    raise ServeError(
+        "no tritonserver found: install the triton extra "
+        "(pip install 'neuronserve[triton]', which brings nvidia-pytriton) or "
+        "run inside NVIDIA's Triton container"
+    )
 
 
 def backend_directory(root: Path, run_dir: Path) -> Path:
@@ -86,15 +91,18 @@ def backend_directory(root: Path, run_dir: Path) -> Path:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     stub = root / "python_backend_stubs" / version / "triton_python_backend_stub"
     if not stub.is_file():
-        raise ServeError(f"nvidia-pytriton ships no Python-backend stub for Python {version} "
-                         f"(looked for {stub})")
+        raise ServeError(
+            f"nvidia-pytriton ships no Python-backend stub for Python {version} (looked for {stub})"
+        )
     backends = run_dir / "backends"
     python = backends / "python"
     python.mkdir(parents=True, exist_ok=True)
     links = {
         "libtriton_python.so": root / "backends" / "python" / "libtriton_python.so",
-        "triton_python_backend_utils.py":
-            root / "backends" / "python" / "triton_python_backend_utils.py",
+        "triton_python_backend_utils.py": root
+        / "backends"
+        / "python"
+        / "triton_python_backend_utils.py",
         "triton_python_backend_stub": stub,
     }
     for name, src in links.items():
@@ -108,15 +116,13 @@ def backend_directory(root: Path, run_dir: Path) -> Path:
 def _env() -> dict[str, str]:
     env = dict(os.environ)
     libdir = sysconfig.get_config_var("LIBDIR") or ""
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH"))
-                                             if p)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
     # The stub finds its packages through the `python3` first on PATH (this environment's,
     # editable installs included) and ignores PYTHONPATH: model.py puts what the caller
     # had on PYTHONPATH back in front of sys.path from this variable.
     env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
     env["NEURONSERVE_PYTHONPATH"] = env.get("PYTHONPATH", "")
-    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-                "TOKENIZERS_PARALLELISM": "false"})
+    env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"})
     return env
 
 
@@ -128,43 +134,89 @@ def models_in(repository: Path) -> list[str]:
     return sorted(p.name for p in Path(repository).iterdir() if (p / "config.pbtxt").is_file())
 
 
-def start(repository: Path, run_dir: Path, http_port: int = 8000, grpc_port: int = 8001,
-          metrics_port: int = 8002, sagemaker_port: int | None = None,
-          timeout_s: float = 600, log=print, address: str = "127.0.0.1") -> TritonInstance:
+@dataclass(frozen=True)
+class Listen:
+    """Where tritonserver listens (loopback by default)."""
+
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    # Triton's own SageMaker endpoints (/ping, /invocations), when set
+    sagemaker_port: int | None = None
+    address: str = "127.0.0.1"
+
+    def args(self) -> list[str]:
+        a = self.address
+        out = [
+            f"--http-port={self.http_port}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--http-address={a}",
+            f"--grpc-address={a}",
+            f"--metrics-address={a}",
+        ]
+        if self.sagemaker_port is not None:
+            out += ["--allow-sagemaker=true", f"--sagemaker-port={self.sagemaker_port}"]
+        return out
+
+    def instance(self, run_dir: Path) -> TritonInstance:
+        a = self.address
+        return TritonInstance(
+            run_dir,
+            f"http://{a}:{self.http_port}",
+            f"{a}:{self.grpc_port}",
+            f"http://{a}:{self.metrics_port}",
+            f"http://{a}:{self.sagemaker_port}" if self.sagemaker_port else None,
+        )
+
+
+def start(
+    repository: Path,
+    run_dir: Path,
+    listen: Listen | None = None,
+    timeout_s: float = 600,
+    log: Callable[[str], object] = print,
+) -> TritonInstance:
+    """Start tritonserver on `repository` in the background; return once every model in
+    it is READY (stopping the server again if that fails)."""
     repository, run_dir = Path(repository).resolve(), Path(run_dir).resolve()
+    listen = listen or Listen()
     if not repository.is_dir() or not models_in(repository):
         raise ServeError(f"{repository} holds no model: run `neuronserve package triton` first")
     if _pid(run_dir):
-        raise ServeError(f"a tritonserver started from {run_dir} is already running "
-                         f"(pid {_pid(run_dir)}); stop it with `neuronserve serve triton --stop`")
+        raise ServeError(
+            f"a tritonserver started from {run_dir} is already running "
+            f"(pid {_pid(run_dir)}); stop it with `neuronserve serve triton --stop`"
+        )
     check_numpy()
     binary, root = find_tritonserver()
     run_dir.mkdir(parents=True, exist_ok=True)
     models = models_in(repository)
-    cmd = [str(binary), f"--model-repository={repository}", f"--http-port={http_port}",
-           f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
-           f"--http-address={address}", f"--grpc-address={address}",
-           f"--metrics-address={address}", "--allow-metrics=true",
-           "--allow-cpu-metrics=true", "--allow-gpu-metrics=false", "--log-info=true"]
+    cmd = [
+        str(binary),
+        f"--model-repository={repository}",
+        *listen.args(),
+        "--allow-metrics=true",
+        "--allow-cpu-metrics=true",
+        "--allow-gpu-metrics=false",
+        "--log-info=true",
+    ]
     if root is not None:
         cmd.append(f"--backend-directory={backend_directory(root, run_dir)}")
     env = _env()
-    if sagemaker_port is not None:
-        cmd += ["--allow-sagemaker=true", f"--sagemaker-port={sagemaker_port}"]
+    if listen.sagemaker_port is not None:
         env.setdefault("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME", models[0])
     log(f"starting tritonserver {binary} (run directory {run_dir}) ...")
     with open(run_dir / LOG_FILE, "w") as out:
         # Its own session, so the server and its stub processes outlive this command and
         # `--stop` can signal the whole group.
-        proc = subprocess.Popen(cmd, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
     (run_dir / PID_FILE).write_text(str(proc.pid))
-    inst = TritonInstance(run_dir, f"http://{address}:{http_port}", f"{address}:{grpc_port}",
-                          f"http://{address}:{metrics_port}",
-                          f"http://{address}:{sagemaker_port}" if sagemaker_port else None)
-    (run_dir / ENDPOINTS_FILE).write_text(json.dumps({
-        "http_url": inst.http_url, "grpc_url": inst.grpc_url, "metrics_url": inst.metrics_url,
-        "sagemaker_url": inst.sagemaker_url}))
+    inst = listen.instance(run_dir)
+    endpoints = {k: v for k, v in dataclasses.asdict(inst).items() if k != "run_dir"}
+    (run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints))
     try:
         wait_ready(inst, models, timeout_s=timeout_s, log=log)
     except BaseException:
@@ -175,28 +227,38 @@ def start(repository: Path, run_dir: Path, http_port: int = 8000, grpc_port: int
 
 def _log_errors(path: Path) -> str:
     lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-    picked = [ln for ln in lines if "neuronserve" in ln or ln.startswith("E")
-              or "error" in ln.lower()]
+    picked = [
+        ln for ln in lines if "neuronserve" in ln or ln.startswith("E") or "error" in ln.lower()
+    ]
     return "\n  ".join((picked or lines)[-12:])
 
 
-def wait_ready(inst: TritonInstance, models: list[str], timeout_s: float = 600, log=print,
-               poll_s: float = 0.5) -> None:
+def wait_ready(
+    inst: TritonInstance, models: list[str], timeout_s: float = 600, log=print, poll_s: float = 0.5
+) -> None:
     deadline = time.monotonic() + timeout_s
     last = None
     while True:
         if inst.pid() is None:
-            raise ServeError(f"tritonserver exited during start; from {inst.log}:\n  "
-                             + _log_errors(inst.log))
+            raise ServeError(
+                f"tritonserver exited during start; from {inst.log}:\n  " + _log_errors(inst.log)
+            )
         ready = []
         for m in models:
             try:
-                r = requests.get(f"{inst.http_url}/v2/models/{m}/ready", timeout=5)
+                # Connection: close, so no idle keep-alive of ours is left for tritonserver
+                # to wait on (up to its exit timeout) when it is stopped
+                r = requests.get(
+                    f"{inst.http_url}/v2/models/{m}/ready",
+                    timeout=5,
+                    headers={"Connection": "close"},
+                )
                 ready.append(r.status_code == 200)
             except requests.RequestException:
                 ready.append(False)
-        summary = ", ".join(f"{m}: {'READY' if ok else 'loading'}"
-                            for m, ok in zip(models, ready, strict=True))
+        summary = ", ".join(
+            f"{m}: {'READY' if ok else 'loading'}" for m, ok in zip(models, ready, strict=True)
+        )
         if summary != last:
             log(f"  {summary}")
             last = summary
@@ -211,7 +273,8 @@ def running(run_dir: Path) -> TritonInstance | None:
     run_dir = Path(run_dir).resolve()
     if _pid(run_dir) is None:
         return None
-    return TritonInstance(run_dir, **json.loads((run_dir / ENDPOINTS_FILE).read_text()))
+    endpoints = json.loads((run_dir / ENDPOINTS_FILE).read_text())
+    return TritonInstance(**{**endpoints, "run_dir": run_dir})
 
 
 def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
@@ -221,10 +284,9 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
     if pid is None:
         log(f"no tritonserver is running from {run_dir}")
         return False
-    procs = process_tree(pid)
-    log(f"stopping tritonserver (pid {pid}, {len(procs) - 1} stub process(es)) ...")
-    os.kill(pid, signal.SIGTERM)  # Triton unloads its models and stops its stubs itself
-    wait_gone(procs, timeout_s)
+    log(f"stopping tritonserver (pid {pid}) ...")
+    # Triton unloads its models and stops its stubs itself on SIGTERM
+    stubs = stop_tree(pid, lambda: os.kill(pid, signal.SIGTERM), timeout_s)
     (run_dir / PID_FILE).unlink(missing_ok=True)
-    log("tritonserver stopped")
+    log(f"tritonserver stopped ({stubs} stub process(es) with it)")
     return True

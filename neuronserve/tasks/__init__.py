@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import RequestError, Task, TaskRequest, decode_payload
+from .base import RequestError, Task, TaskRequest, WrappedModel, decode_payload
 from .feature_extraction import FeatureExtraction
 from .text_classification import TextClassification
 
@@ -16,4 +16,12 @@ def get_task(name: str) -> Task:
         raise ValueError(f"unknown task {name!r}; choose one of {sorted(TASKS)}") from None
 
 
-__all__ = ["RequestError", "Task", "TaskRequest", "decode_payload", "get_task", "TASKS"]
+__all__ = [
+    "TASKS",
+    "RequestError",
+    "Task",
+    "TaskRequest",
+    "WrappedModel",
+    "decode_payload",
+    "get_task",
+]

@@ -8,6 +8,7 @@ cannot be served raises `RequestError`, which fails that request alone.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ Text = str | tuple[str, str]
 class RequestError(ValueError):
     """One request cannot be served; `status` is the HTTP code to answer with."""
 
+    # "[413] message": how a status travels through a protocol with fewer codes (Triton)
+    _TAG = re.compile(r"^\[(\d{3})\] (.*)$", re.S)
+
     def __init__(self, message: str, status: int = 400):
         super().__init__(message)
         self.status = status
@@ -28,6 +32,16 @@ class RequestError(ValueError):
     @property
     def message(self) -> str:
         return str(self)
+
+    def tagged(self) -> str:
+        return f"[{self.status}] {self.message}"
+
+    @classmethod
+    def from_engine(cls, message: str, status: int) -> RequestError:
+        """The error an engine answered with `status` and `message`, with the status a
+        tag in the message carries, if any."""
+        m = cls._TAG.match(message)
+        return cls(m.group(2), int(m.group(1))) if m else cls(message, status)
 
 
 @dataclass
@@ -53,15 +67,19 @@ def decode_payload(body: Any, content_type: str | None = None) -> tuple[Any, dic
             raise RequestError(f"request body is not valid UTF-8 text: {e}") from None
     if isinstance(body, str):
         looks_json = body.lstrip()[:1] in ("{", "[")
-        if content_type == "application/json" or (looks_json and content_type != "text/plain"):
-            try:
-                body = json.loads(body)
-            except json.JSONDecodeError as e:
-                raise RequestError(f"request body is not valid JSON: {e}") from None
-        else:
+        if content_type != "application/json" and (not looks_json or content_type == "text/plain"):
             return body, {}
+        try:
+            body = json.loads(body)
+        except json.JSONDecodeError as e:
+            raise RequestError(f"request body is not valid JSON: {e}") from None
     if isinstance(body, list):
         return body, {}
+    return _fields(body)
+
+
+def _fields(body: Any) -> tuple[Any, dict[str, Any]]:
+    """(inputs, parameters) of a decoded JSON request object."""
     if not isinstance(body, dict):
         raise RequestError(
             f'request JSON must be an object like {{"inputs": ...}}, got {type(body).__name__}'
@@ -111,8 +129,10 @@ class Task:
         if isinstance(item, dict) and self.accepts_pairs:
             if set(item) != {"text", "text_pair"}:
                 raise RequestError(f'{where} must be {{"text": ..., "text_pair": ...}}')
-            return (_check_text(item["text"], f"{where}.text"),
-                    _check_text(item["text_pair"], f"{where}.text_pair"))
+            return (
+                _check_text(item["text"], f"{where}.text"),
+                _check_text(item["text_pair"], f"{where}.text_pair"),
+            )
         pairs = ' or {"text": ..., "text_pair": ...}' if self.accepts_pairs else ""
         if not isinstance(item, str):
             raise RequestError(f"{where} must be a string{pairs}, got {type(item).__name__}")
@@ -125,8 +145,9 @@ class Task:
     def load_model(self, model_dir: Path) -> torch.nn.Module:
         raise NotImplementedError
 
-    def wrap(self, model: torch.nn.Module, model_dir: Path,
-             options: dict[str, Any]) -> WrappedModel:
+    def wrap(
+        self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
+    ) -> WrappedModel:
         raise NotImplementedError
 
     # The accuracy figure that gates a precision below fp32 (see compile), and the spec
@@ -168,9 +189,16 @@ class EncoderModule(torch.nn.Module):
         self.model = model
         self.uses_token_types = "token_type_ids" in input_names
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-               token_type_ids: torch.Tensor | None):
-        kwargs = {"input_ids": input_ids, "attention_mask": attention_mask}
+    def encode(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+    ):
+        kwargs: dict[str, torch.Tensor | None] = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+        }
         if self.uses_token_types:
             kwargs["token_type_ids"] = token_type_ids
         return self.model(**kwargs)

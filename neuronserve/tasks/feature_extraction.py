@@ -17,14 +17,19 @@ from .base import EncoderModule, Task, TaskRequest, TensorSpec, WrappedModel
 
 
 class PooledEncoder(EncoderModule):
-    def __init__(self, model: torch.nn.Module, pooling: str, normalize: bool,
-                 input_names: list[str]):
+    def __init__(
+        self, model: torch.nn.Module, pooling: str, normalize: bool, input_names: list[str]
+    ):
         super().__init__(model, input_names)
         self.cls_pooling = pooling == "cls"
         self.normalize = normalize
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         hidden = self.encode(input_ids, attention_mask, token_type_ids).last_hidden_state
         if self.cls_pooling:
             pooled = hidden[:, 0]
@@ -72,8 +77,9 @@ class FeatureExtraction(Task):
 
         return AutoModel.from_pretrained(model_dir).eval()
 
-    def wrap(self, model: torch.nn.Module, model_dir: Path,
-             options: dict[str, Any]) -> WrappedModel:
+    def wrap(
+        self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
+    ) -> WrappedModel:
         st_pooling, st_normalize = sentence_transformers_pooling(model_dir)
         pooling = options.get("pooling", "auto")
         if pooling == "auto":
@@ -94,8 +100,11 @@ class FeatureExtraction(Task):
     def accuracy(self, got: np.ndarray, want: np.ndarray) -> dict[str, float]:
         norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
         cos = np.sum(got * want, axis=1) / np.maximum(norms, 1e-12)
-        return {**super().accuracy(got, want), "min_cosine": float(cos.min()),
-                "mean_cosine": float(cos.mean())}
+        return {
+            **super().accuracy(got, want),
+            "min_cosine": float(cos.min()),
+            "mean_cosine": float(cos.mean()),
+        }
 
     def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
         vectors = outputs.astype(np.float32).tolist()

@@ -16,8 +16,12 @@ from .base import EncoderModule, RequestError, Task, TaskRequest, TensorSpec, Wr
 
 
 class LogitsClassifier(EncoderModule):
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         return self.encode(input_ids, attention_mask, token_type_ids).logits.float()
 
 
@@ -38,7 +42,8 @@ class TextClassification(Task):
         valid = isinstance(top_k, int) and not isinstance(top_k, bool) and top_k >= 1
         if top_k is not None and not valid:
             raise RequestError(
-                f'"top_k" must be a positive integer or null (all labels), got {top_k!r}')
+                f'"top_k" must be a positive integer or null (all labels), got {top_k!r}'
+            )
         return {"top_k": top_k}
 
     def load_model(self, model_dir: Path) -> torch.nn.Module:
@@ -46,10 +51,11 @@ class TextClassification(Task):
 
         return AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
 
-    def wrap(self, model: torch.nn.Module, model_dir: Path,
-             options: dict[str, Any]) -> WrappedModel:
-        id2label = model.config.id2label
-        labels = [str(id2label[i]) for i in range(model.config.num_labels)]
+    def wrap(
+        self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
+    ) -> WrappedModel:
+        config: Any = model.config
+        labels = [str(config.id2label[i]) for i in range(config.num_labels)]
         return WrappedModel(
             module=LogitsClassifier(model, options["input_names"]).eval(),
             output_name="logits",
@@ -61,8 +67,11 @@ class TextClassification(Task):
 
     def accuracy(self, got: np.ndarray, want: np.ndarray) -> dict[str, float]:
         agree = np.argmax(got, axis=1) == np.argmax(want, axis=1)
-        return {**super().accuracy(got, want), "argmax_agreement": float(agree.mean()),
-                "max_abs_prob_diff": float(np.max(np.abs(softmax(got) - softmax(want))))}
+        return {
+            **super().accuracy(got, want),
+            "argmax_agreement": float(agree.mean()),
+            "max_abs_prob_diff": float(np.max(np.abs(softmax(got) - softmax(want)))),
+        }
 
     def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
         labels = info["labels"]
@@ -75,9 +84,11 @@ class TextClassification(Task):
         return results[0] if request.single else results
 
     def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
-        return [TensorSpec("LOGITS", "float32", (output_dim,)),
-                TensorSpec("SCORES", "float32", (output_dim,)),
-                TensorSpec("LABEL", "bytes", (1,))]
+        return [
+            TensorSpec("LOGITS", "float32", (output_dim,)),
+            TensorSpec("SCORES", "float32", (output_dim,)),
+            TensorSpec("LABEL", "bytes", (1,)),
+        ]
 
     def tensors(self, outputs: np.ndarray, info: dict[str, Any]) -> dict[str, np.ndarray]:
         labels = info["labels"]

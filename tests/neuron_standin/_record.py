@@ -14,8 +14,7 @@ def record(event: str, **data) -> None:
     path = os.environ.get("NEURONSERVE_STANDIN_LOG")
     if not path:
         return
-    data.update(event=event, pid=os.getpid(),
-                env={k: os.environ.get(k) for k in NEURON_VARS})
+    data.update(event=event, pid=os.getpid(), env={k: os.environ.get(k) for k in NEURON_VARS})
     with open(path, "a") as f:
         f.write(json.dumps(data) + "\n")
 

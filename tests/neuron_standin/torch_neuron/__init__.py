@@ -10,8 +10,13 @@ record("import", module="torch_neuron")
 
 
 def trace(model, example_inputs, compiler_args=None, **kwargs):
-    record("trace", module="torch_neuron", compiler_args=compiler_args,
-           shapes=shapes(example_inputs), extra=sorted(kwargs))
+    record(
+        "trace",
+        module="torch_neuron",
+        compiler_args=compiler_args,
+        shapes=shapes(example_inputs),
+        extra=sorted(kwargs),
+    )
     with torch.no_grad():
         return torch.jit.freeze(torch.jit.trace(model.eval(), example_inputs, check_trace=False))
 

@@ -3,9 +3,10 @@ truncation, per-request errors."""
 
 import numpy as np
 import pytest
-from conftest import SENTENCES, cosine, eager_classifier_scores, reference_embeddings
+from helpers import SENTENCES, cosine, eager_classifier_scores, reference_embeddings
 
-from neuronserve.runtime import Runner, RunReport
+from neuronserve.execution import RunReport
+from neuronserve.runtime import Runner
 from neuronserve.tasks import RequestError
 
 
@@ -21,8 +22,8 @@ def reference(minilm_dir):
 
 def test_embeddings_match_reference(runner, reference):
     # one request with every sentence, and every sentence as its own request
-    [batch] = runner.handle([({"inputs": SENTENCES}, None)])
-    singles = runner.handle([({"inputs": s}, None) for s in SENTENCES])
+    [batch] = runner.responses_for_bodies([({"inputs": SENTENCES}, None)])
+    singles = runner.responses_for_bodies([({"inputs": s}, None) for s in SENTENCES])
     for i, s in enumerate(SENTENCES):
         assert cosine(batch[i], reference[i]) >= 0.9999, s
         assert cosine(singles[i], reference[i]) >= 0.9999, s
@@ -31,7 +32,7 @@ def test_embeddings_match_reference(runner, reference):
 def test_batch_larger_than_largest_bucket_is_split(runner, reference):
     texts = SENTENCES * 2  # 22 texts, largest bucket holds 8
     report = RunReport()
-    [out] = runner.handle([({"inputs": texts}, None)], report)
+    [out] = runner.responses_for_bodies([({"inputs": texts}, None)], report)
     assert len(out) == len(texts)
     assert len(report.runs) >= 3 and all(r.rows <= 8 for r in report.runs)
     assert sum(r.rows for r in report.runs) == len(texts)
@@ -41,7 +42,7 @@ def test_batch_larger_than_largest_bucket_is_split(runner, reference):
 
 def test_short_texts_use_small_buckets(runner):
     report = RunReport()
-    runner.handle([({"inputs": ["hi", "yo"]}, None)], report)
+    runner.responses_for_bodies([({"inputs": ["hi", "yo"]}, None)], report)
     assert [(r.bucket.batch, r.bucket.seq) for r in report.runs] == [(4, 16)]
     assert report.padding_ratio == pytest.approx((64 - 6) / 6)
 
@@ -49,9 +50,14 @@ def test_short_texts_use_small_buckets(runner):
 def test_overlong_text_without_truncation_fails_alone(minilm_artifact, minilm_dir):
     strict = Runner(minilm_artifact, truncation=False, warmup=False)
     long_text = " ".join(["word"] * 400)
-    out = strict.handle([({"inputs": "fine"}, None), ({"inputs": ["ok", long_text]}, None),
-                         ({"inputs": "also fine"}, None)])
-    assert isinstance(out[1], RequestError) and 400 <= out[1].status < 500
+    out = strict.responses_for_bodies(
+        [
+            ({"inputs": "fine"}, None),
+            ({"inputs": ["ok", long_text]}, None),
+            ({"inputs": "also fine"}, None),
+        ]
+    )
+    assert isinstance(out[1], RequestError) and out[1].status == 413
     assert "402 tokens" in out[1].message and "at most 256" in out[1].message
     ref = reference_embeddings(minilm_dir, ["fine", "also fine"])
     assert cosine(out[0], ref[0]) >= 0.9999 and cosine(out[2], ref[1]) >= 0.9999
@@ -62,7 +68,7 @@ def test_overlong_text_with_truncation_keeps_first_tokens(runner, minilm_dir):
     from transformers import AutoModel, AutoTokenizer
 
     long_text = " ".join(f"token{i}" for i in range(300))
-    [out] = runner.handle([({"inputs": long_text}, None)])
+    [out] = runner.responses_for_bodies([({"inputs": long_text}, None)])
     tok = AutoTokenizer.from_pretrained(minilm_dir)
     model = AutoModel.from_pretrained(minilm_dir).eval()
     enc = tok(long_text, truncation=True, max_length=256, return_tensors="pt")
@@ -72,25 +78,35 @@ def test_overlong_text_with_truncation_keeps_first_tokens(runner, minilm_dir):
     assert cosine(out, h) >= 0.9999
 
 
-@pytest.mark.parametrize("body,ctype,needle", [
-    (b'{"inputs": ', "application/json", "not valid JSON"),
-    ({"inputs": 3}, None, "must be a string"),
-    ({"text": "hi"}, None, 'no "inputs"'),
-    ({"inputs": []}, None, "empty list"),
-    ({"inputs": "x", "parameters": {"top_k": 2}}, None, "unknown parameters"),
-    (b"\xff\xfe\xfa", "text/plain", "not valid UTF-8"),
-    (b"[1, 2", None, "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "body,ctype,needle",
+    [
+        (b'{"inputs": ', "application/json", "not valid JSON"),
+        ({"inputs": 3}, None, "must be a string"),
+        ({"text": "hi"}, None, 'no "inputs"'),
+        ({"inputs": []}, None, "empty list"),
+        ({"inputs": "x", "parameters": {"top_k": 2}}, None, "unknown parameters"),
+        (b"\xff\xfe\xfa", "text/plain", "not valid UTF-8"),
+        (b"[1, 2", None, "not valid JSON"),
+    ],
+)
 def test_bad_requests_fail_alone(runner, body, ctype, needle):
-    out = runner.handle([({"inputs": "good"}, None), (body, ctype), ({"inputs": "good"}, None)])
+    out = runner.responses_for_bodies(
+        [({"inputs": "good"}, None), (body, ctype), ({"inputs": "good"}, None)]
+    )
     assert isinstance(out[1], RequestError) and out[1].status == 400
     assert needle in out[1].message
     assert out[0] == out[2] and len(out[0]) == 384
 
 
 def test_plain_text_and_json_agree(runner):
-    a, b, c = runner.handle([("hello world", "text/plain"), (b'{"inputs": "hello world"}', None),
-                             (b"hello world", None)])
+    a, b, c = runner.responses_for_bodies(
+        [
+            ("hello world", "text/plain"),
+            (b'{"inputs": "hello world"}', None),
+            (b"hello world", None),
+        ]
+    )
     assert a == b == c
 
 
@@ -99,19 +115,30 @@ def test_classifier_matches_eager(classifier_artifact, classifier_dir):
     texts = ["I loved it", "terrible service", " ".join(["meh"] * 30)]
     pairs = [("is it good?", "yes it is"), ("a", "b")]
     want = eager_classifier_scores(classifier_dir, texts + pairs)
-    [single] = runner.handle([({"inputs": texts[0], "parameters": {"top_k": None}}, None)])
+    [single] = runner.responses_for_bodies(
+        [({"inputs": texts[0], "parameters": {"top_k": None}}, None)]
+    )
     assert [r["label"] for r in single] == [
-        ["negative", "neutral", "positive"][i] for i in np.argsort(-want[0], kind="stable")]
-    [many, paired] = runner.handle([
-        ({"inputs": texts, "parameters": {"top_k": 3}}, None),
-        ({"inputs": [{"text": a, "text_pair": b} for a, b in pairs],
-          "parameters": {"top_k": 3}}, None)])
+        ["negative", "neutral", "positive"][i] for i in np.argsort(-want[0], kind="stable")
+    ]
+    [many, paired] = runner.responses_for_bodies(
+        [
+            ({"inputs": texts, "parameters": {"top_k": 3}}, None),
+            (
+                {
+                    "inputs": [{"text": a, "text_pair": b} for a, b in pairs],
+                    "parameters": {"top_k": 3},
+                },
+                None,
+            ),
+        ]
+    )
     labels = ["negative", "neutral", "positive"]
     for got, ref in zip(many + paired, want, strict=True):
         scores = {r["label"]: r["score"] for r in got}
         assert np.allclose([scores[lab] for lab in labels], ref, atol=1e-5)
         assert got[0]["label"] == labels[int(np.argmax(ref))]
-    [top1] = runner.handle([({"inputs": "I loved it"}, None)])
+    [top1] = runner.responses_for_bodies([({"inputs": "I loved it"}, None)])
     assert len(top1) == 1 and top1[0]["label"] == labels[int(np.argmax(want[0]))]
-    [bad] = runner.handle([({"inputs": "x", "parameters": {"top_k": 0}}, None)])
+    [bad] = runner.responses_for_bodies([({"inputs": "x", "parameters": {"top_k": 0}}, None)])
     assert isinstance(bad, RequestError) and "top_k" in bad.message

@@ -6,10 +6,17 @@ from neuronserve.buckets import Bucket, BucketGrid, pad_batch, padding_ratio, un
 GRID = BucketGrid((1, 4, 8), (16, 32, 128))
 
 
-@pytest.mark.parametrize("batch,seq,want", [
-    (1, 1, Bucket(1, 16)), (1, 16, Bucket(1, 16)), (1, 17, Bucket(1, 32)),
-    (2, 5, Bucket(4, 16)), (4, 33, Bucket(4, 128)), (5, 128, Bucket(8, 128)),
-])
+@pytest.mark.parametrize(
+    "batch,seq,want",
+    [
+        (1, 1, Bucket(1, 16)),
+        (1, 16, Bucket(1, 16)),
+        (1, 17, Bucket(1, 32)),
+        (2, 5, Bucket(4, 16)),
+        (4, 33, Bucket(4, 128)),
+        (5, 128, Bucket(8, 128)),
+    ],
+)
 def test_choose_smallest_bucket_that_holds(batch, seq, want):
     assert GRID.choose(batch, seq) == want
 
@@ -30,8 +37,10 @@ def test_chunks_split_large_batches_and_group_by_length():
 
 
 def test_pad_and_unpad_round_trip():
-    rows = [{"input_ids": [101, 7, 102], "attention_mask": [1, 1, 1]},
-            {"input_ids": [101, 102], "attention_mask": [1, 1]}]
+    rows = [
+        {"input_ids": [101, 7, 102], "attention_mask": [1, 1, 1]},
+        {"input_ids": [101, 102], "attention_mask": [1, 1]},
+    ]
     arrays = pad_batch(rows, Bucket(4, 16), ["input_ids", "attention_mask"], {"input_ids": 0})
     assert arrays["input_ids"].shape == (4, 16) and arrays["input_ids"].dtype == np.int64
     assert arrays["input_ids"][0, :4].tolist() == [101, 7, 102, 0]

@@ -5,7 +5,7 @@ import importlib.util
 import sys
 
 import pytest
-from conftest import REPO
+from helpers import REPO
 
 from neuronserve.serve import triton
 from neuronserve.serve.process import ServeError
@@ -16,8 +16,9 @@ def model_py():
     utils_dir = triton._pytriton_root() / "backends" / "python"
     sys.path.insert(0, str(utils_dir))
     try:
-        spec = importlib.util.spec_from_file_location("ns_triton_model",
-                                                      REPO / "triton_backend" / "model.py")
+        spec = importlib.util.spec_from_file_location(
+            "ns_triton_model", REPO / "triton_backend" / "model.py"
+        )
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         yield module
@@ -33,10 +34,23 @@ def test_instance_index_counts_across_groups(model_py):
     assert model_py.instance_index("my_model_x_1_2", config) == 4  # underscores in the name
 
 
-def test_parameters_read_back_with_prefix(model_py):
-    config = {"parameters": {"neuronserve_artifact": {"string_value": "artifact"},
-                             "other": {"string_value": "x"}}}
-    assert model_py.parameters(config) == {"artifact": "artifact"}
+def test_errors_keep_the_runners_status_as_far_as_triton_can_say_it(model_py):
+    from neuronserve.tasks import RequestError
+
+    # the HTTP status Triton answers each code with (servers/test_triton.py sees them)
+    http = {"INVALID_ARG": 400, "INTERNAL": 500, "UNAVAILABLE": 503, "NOT_FOUND": 404}
+    cases = [
+        (400, "INVALID_ARG", "bad field"),
+        (500, "INTERNAL", "model execution failed"),
+        (503, "UNAVAILABLE", "busy"),
+        (413, "INVALID_ARG", "[413] too long"),
+    ]
+    for status, code, message in cases:
+        sent = RequestError(message.removeprefix("[413] "), status)
+        assert model_py.error_code(sent) == (code, message)
+        # what neuronserve's front reads back from the engine's answer
+        back = RequestError.from_engine(message, http[code])
+        assert (back.status, back.message) == (status, sent.message)
 
 
 def test_numpy_2_is_refused(monkeypatch):
@@ -52,8 +66,10 @@ def test_backend_directory_links_this_pythons_stub(tmp_path):
     backends = triton.backend_directory(root, tmp_path)
     stub = backends / "python" / "triton_python_backend_stub"
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    assert stub.resolve() == (root / "python_backend_stubs" / version /
-                              "triton_python_backend_stub").resolve()
+    assert (
+        stub.resolve()
+        == (root / "python_backend_stubs" / version / "triton_python_backend_stub").resolve()
+    )
     assert (backends / "python" / "libtriton_python.so").resolve().is_file()
 
 

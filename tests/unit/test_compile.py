@@ -21,13 +21,17 @@ def test_manifest_records_what_serving_needs(minilm_artifact, minilm_dir):
     assert m["target"] == "cpu"
     assert m["batch_sizes"] == [1, 4, 8] and m["sequence_lengths"] == [16, 64, 256]
     assert [(i["name"], i["dtype"]) for i in m["inputs"]] == [
-        ("input_ids", "int64"), ("attention_mask", "int64"), ("token_type_ids", "int64")]
+        ("input_ids", "int64"),
+        ("attention_mask", "int64"),
+        ("token_type_ids", "int64"),
+    ]
     assert m["pooling"] == "mean" and m["normalize"] is True  # from sentence-transformers files
     assert m["tokenizer"]["max_length"] == 256 and m["tokenizer"]["truncation"] is True
     assert {"torch", "transformers", "tokenizers", "neuronserve"} <= set(m["versions"])
     # every bucket validated against eager, on real text
     assert {(v["batch"], v["seq"]) for v in m["validation"]} == {
-        (b, s) for b in (1, 4, 8) for s in (16, 64, 256)}
+        (b, s) for b in (1, 4, 8) for s in (16, 64, 256)
+    }
     assert all(v["max_abs_diff"] <= m["tolerance"] for v in m["validation"])
     # a checksum for every file, and they match
     files = {p.name for p in minilm_artifact.iterdir()} - {"manifest.json"}
@@ -53,31 +57,42 @@ class _Skewed(torch.nn.Module):
         return self.inner(input_ids, attention_mask, token_type_ids) * self.scale + self.bias
 
 
-@pytest.mark.parametrize("scale,bias,needle", [
-    (1.05, 0.0, "differs from the eager model"),
-    (1.0, float("nan"), "NaN or inf"),
-])
-def test_unfaithful_compile_is_refused(tmp_path, classifier_dir, monkeypatch, scale, bias,
-                                       needle):
+@pytest.mark.parametrize(
+    "scale,bias,needle",
+    [
+        (1.05, 0.0, "differs from the eager model"),
+        (1.0, float("nan"), "NaN or inf"),
+    ],
+)
+def test_unfaithful_compile_is_refused(tmp_path, classifier_dir, monkeypatch, scale, bias, needle):
     real = CpuTarget.compile
 
     def skewed(self, module, example, options):
         return real(self, _Skewed(module, scale, bias), example, options)
 
     monkeypatch.setattr(CpuTarget, "compile", skewed)
-    spec = load_spec(None, {"model": classifier_dir, "artifact": tmp_path / "out",
-                            "task": "text-classification", "batch_sizes": [1],
-                            "sequence_lengths": [16], "precision": "fp32"})
+    spec = load_spec(
+        None,
+        {
+            "model": classifier_dir,
+            "artifact": tmp_path / "out",
+            "task": "text-classification",
+            "batch_sizes": [1],
+            "sequence_lengths": [16],
+            "precision": "fp32",
+        },
+    )
     with pytest.raises(CompileError, match=needle):
         compile_model(spec, progress=False)
     assert not (tmp_path / "out").exists()  # no half-written artifact left behind
 
 
 def test_compile_errors_are_clear(tmp_path, minilm_dir):
-    with pytest.raises(CompileError, match="no config.json"):
+    with pytest.raises(CompileError, match=r"no config\.json"):
         compile_model(load_spec(None, {"model": tmp_path, "artifact": tmp_path / "o"}), False)
-    spec = load_spec(None, {"model": minilm_dir, "artifact": tmp_path / "o",
-                            "sequence_lengths": [1024]})
+    spec = load_spec(
+        None, {"model": minilm_dir, "artifact": tmp_path / "o", "sequence_lengths": [1024]}
+    )
     with pytest.raises(CompileError, match="max_position_embeddings"):
         compile_model(spec, progress=False)
 

@@ -1,6 +1,7 @@
 """Core leases across real processes: distinct groups, a clear error when none is
 free, and a group freed by a killed process is leased again."""
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -27,8 +28,9 @@ def _lease_and_wait(directory, cpw, n_cores, conn):
 
 def _spawn(directory, cpw, n_cores):
     parent, child = mp.Pipe()
-    p = mp.get_context("fork").Process(target=_lease_and_wait,
-                                       args=(directory, cpw, n_cores, child))
+    p = mp.get_context("fork").Process(
+        target=_lease_and_wait, args=(directory, cpw, n_cores, child)
+    )
     p.start()
     assert parent.poll(30), "child did not report its lease"
     p.conn = parent
@@ -37,10 +39,8 @@ def _spawn(directory, cpw, n_cores):
 
 def _release(procs):
     for p in procs:
-        try:
+        with contextlib.suppress(OSError):  # killed already
             p.conn.send("release")
-        except OSError:
-            pass  # killed already
         p.join(10)
 
 
@@ -94,9 +94,11 @@ def test_killed_holder_frees_its_group(tmp_path):
 def test_overlapping_plans_do_not_share_cores(tmp_path):
     groups_of_one = cores.plan_groups([0, 1], 1)
     groups_of_two = cores.plan_groups([0, 1], 2)
-    with cores.acquire(groups_of_one, "cpu", directory=tmp_path):
-        with pytest.raises(cores.NoFreeCoreGroup):
-            cores.acquire(groups_of_two, "cpu", directory=tmp_path)
+    with (
+        cores.acquire(groups_of_one, "cpu", directory=tmp_path),
+        pytest.raises(cores.NoFreeCoreGroup),
+    ):
+        cores.acquire(groups_of_two, "cpu", directory=tmp_path)
 
 
 def test_pin_cpu_sets_affinity_and_threads():
@@ -104,8 +106,13 @@ def test_pin_cpu_sets_affinity_and_threads():
         import torch
 
         cores.pin_cpu((0,))
-        conn.send((sorted(os.sched_getaffinity(0)), torch.get_num_threads(),
-                   os.environ["OMP_NUM_THREADS"]))
+        conn.send(
+            (
+                sorted(os.sched_getaffinity(0)),
+                torch.get_num_threads(),
+                os.environ["OMP_NUM_THREADS"],
+            )
+        )
 
     parent, c = mp.Pipe()
     p = mp.get_context("fork").Process(target=child, args=(c,))

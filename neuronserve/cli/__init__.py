@@ -1,0 +1,33 @@
+"""The `neuronserve` command: compile, package, serve, bench. One module per
+subcommand; this one only puts them together.
+
+Every command reads the same deployment spec (`--spec deploy.yaml`); flags given on the
+command line override the file's fields.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from . import bench, compile, package, serve
+
+app = typer.Typer(
+    help="Compile Hugging Face encoders ahead of time and serve them behind TorchServe or "
+    "Triton with one pinned worker per core group.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command("compile")(compile.compile_cmd)
+app.add_typer(package.app, name="package")
+app.add_typer(serve.app, name="serve")
+app.command("bench")(bench.bench_cmd)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,145 @@
+"""neuronserve package torchserve | triton | sagemaker: an artifact -> what an engine or
+a platform runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .options import (
+    ArtifactArg,
+    CoresPerInstance,
+    CoresPerWorker,
+    Instances,
+    Layout,
+    MaxBatchDelayMs,
+    Name,
+    NeuronCores,
+    SpecFile,
+    Truncation,
+    Workers,
+    fail,
+    load,
+    require_artifact,
+    spec_option,
+)
+
+app = typer.Typer(help="Package an artifact for a model server or platform.", no_args_is_help=True)
+
+
+@app.command("torchserve")
+def torchserve_cmd(
+    artifact: ArtifactArg = None,
+    spec: SpecFile = None,
+    model_store: Annotated[Path | None, spec_option("model_store")] = None,
+    name: Name = None,
+    layout: Layout = None,
+    workers: Workers = None,
+    cores_per_worker: CoresPerWorker = None,
+    max_batch_delay_ms: MaxBatchDelayMs = None,
+    response_timeout_s: Annotated[int | None, spec_option("response_timeout_s")] = None,
+    archive_format: Annotated[str | None, spec_option("archive_format")] = None,
+    token_auth: Annotated[
+        bool | None, spec_option("token_auth", "--token-auth/--no-token-auth")
+    ] = None,
+    truncation: Truncation = None,
+    inference_port: Annotated[int | None, spec_option("inference_port")] = None,
+    management_port: Annotated[int | None, spec_option("management_port")] = None,
+    metrics_port: Annotated[int | None, spec_option("metrics_port")] = None,
+    neuron_cores: NeuronCores = None,
+) -> None:
+    """Build <store>/<name>.mar with its model-config.yaml, and the store's
+    config.properties."""
+    from ..artifact import ArtifactError
+    from ..packaging.torchserve import PackagingError, package_torchserve
+
+    s = load(
+        spec,
+        artifact=artifact,
+        model_store=model_store,
+        name=name,
+        layout=layout,
+        workers=workers,
+        cores_per_worker=cores_per_worker,
+        max_batch_delay_ms=max_batch_delay_ms,
+        response_timeout_s=response_timeout_s,
+        archive_format=archive_format,
+        token_auth=token_auth,
+        truncation=truncation,
+        inference_port=inference_port,
+        management_port=management_port,
+        metrics_port=metrics_port,
+        neuron_cores=neuron_cores,
+    )
+    try:
+        out = package_torchserve(require_artifact(s), s)
+    except (ArtifactError, PackagingError, OSError) as e:
+        fail(str(e), 1)
+    typer.echo(f"wrote {out}")
+    typer.echo(f"wrote {out.parent / 'config.properties'}")
+
+
+@app.command("triton")
+def triton_cmd(
+    artifact: ArtifactArg = None,
+    spec: SpecFile = None,
+    repository: Annotated[Path | None, spec_option("triton_repository", "--repository")] = None,
+    name: Name = None,
+    layout: Layout = None,
+    instances: Instances = None,
+    cores_per_instance: CoresPerInstance = None,
+    max_batch_delay_ms: MaxBatchDelayMs = None,
+    truncation: Truncation = None,
+    neuron_cores: NeuronCores = None,
+) -> None:
+    """Write <repository>/<name>/{config.pbtxt, 1/model.py, 1/artifact/}."""
+    from ..artifact import ArtifactError
+    from ..packaging.model import PackagingError
+    from ..packaging.triton import package_triton
+
+    s = load(
+        spec,
+        artifact=artifact,
+        triton_repository=repository,
+        name=name,
+        layout=layout,
+        workers=instances,
+        cores_per_worker=cores_per_instance,
+        max_batch_delay_ms=max_batch_delay_ms,
+        truncation=truncation,
+        neuron_cores=neuron_cores,
+    )
+    try:
+        out = package_triton(require_artifact(s), s)
+    except (ArtifactError, PackagingError, OSError) as e:
+        fail(str(e), 1)
+    typer.echo(f"wrote {out}/config.pbtxt, {out}/1/model.py and {out}/1/artifact")
+
+
+@app.command("sagemaker")
+def sagemaker_cmd(
+    artifact: ArtifactArg = None,
+    spec: SpecFile = None,
+    engine: Annotated[
+        str, typer.Option(help="the engine inside the image: torchserve | triton")
+    ] = "torchserve",
+    target: Annotated[
+        str,
+        typer.Option(help="the image's hardware, which picks the Dockerfile: cpu | neuronx | cuda"),
+    ] = "cpu",
+    out: Annotated[Path, typer.Option(help="build context directory to write")] = Path("build"),
+    name: Name = None,
+) -> None:
+    """Write a Docker build context for a SageMaker endpoint (Dockerfile, model, `serve`)."""
+    from ..artifact import ArtifactError
+    from ..packaging.model import PackagingError
+    from ..packaging.sagemaker import ContextError, package_sagemaker
+
+    s = load(spec, artifact=artifact, name=name)
+    try:
+        path = package_sagemaker(require_artifact(s), s, engine, target, out)
+    except (ArtifactError, ContextError, PackagingError, OSError) as e:
+        fail(str(e), 1)
+    typer.echo(f"wrote the build context {path}: docker build -t <image> {path}")

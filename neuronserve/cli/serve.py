@@ -1,0 +1,134 @@
+"""neuronserve serve torchserve | triton | sagemaker: start (or stop) an engine on
+packaged models, returning only once every worker is ready."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .options import SpecFile, Stop, fail, load, spec_option
+
+app = typer.Typer(help="Start (or stop) a model server on packaged models.", no_args_is_help=True)
+
+Timeout = Annotated[float, typer.Option(help="seconds to wait for every worker to be ready")]
+
+
+@app.command("torchserve")
+def torchserve_cmd(
+    spec: SpecFile = None,
+    model_store: Annotated[Path | None, spec_option("model_store")] = None,
+    run_dir: Annotated[Path | None, spec_option("run_dir")] = None,
+    stop: Stop = False,
+    timeout: Timeout = 600,
+    inference_port: Annotated[int | None, spec_option("inference_port")] = None,
+    management_port: Annotated[int | None, spec_option("management_port")] = None,
+    metrics_port: Annotated[int | None, spec_option("metrics_port")] = None,
+) -> None:
+    """Start TorchServe and return once every worker is READY (not when /ping says so)."""
+    from ..serve import torchserve as ts
+
+    s = load(
+        spec,
+        model_store=model_store,
+        run_dir=run_dir,
+        inference_port=inference_port,
+        management_port=management_port,
+        metrics_port=metrics_port,
+    )
+    if stop:
+        ts.stop(s.run_dir)
+        return
+    # ports given here (or in a spec) replace those packaging wrote into config.properties
+    overrides = {}
+    for flag, key, port in (
+        (inference_port, "inference_address", s.inference_port),
+        (management_port, "management_address", s.management_port),
+        (metrics_port, "metrics_address", s.metrics_port),
+    ):
+        if flag is not None or spec is not None:
+            overrides[key] = f"http://{s.bind_address}:{port}"
+    try:
+        inst = ts.start(s.model_store, s.run_dir, overrides, timeout_s=timeout)
+    except ts.ServeError as e:
+        fail(str(e), 1)
+    typer.echo("TorchServe is ready:")
+    typer.echo(f"  inference   {inst.inference_url}/predictions/<model>")
+    typer.echo(f"  management  {inst.management_url}/models")
+    typer.echo(f"  metrics     {inst.metrics_url}/metrics")
+    if inst.keys:
+        typer.echo("  token authorization is on; send")
+        typer.echo(f"    -H 'Authorization: Bearer {inst.keys.get('inference')}'  (inference)")
+        typer.echo(f"    -H 'Authorization: Bearer {inst.keys.get('management')}'  (management)")
+        typer.echo(f"  keys are in {inst.run_dir / 'key_file.json'}")
+    typer.echo(
+        f"  logs in {inst.log_dir}; stop with `neuronserve serve torchserve --stop"
+        + (f" --run-dir {s.run_dir}`" if run_dir else "`")
+    )
+
+
+@app.command("triton")
+def triton_cmd(
+    spec: SpecFile = None,
+    repository: Annotated[Path | None, spec_option("triton_repository", "--repository")] = None,
+    run_dir: Annotated[Path | None, spec_option("triton_run_dir", "--run-dir")] = None,
+    stop: Stop = False,
+    timeout: Timeout = 600,
+    http_port: Annotated[int | None, spec_option("http_port")] = None,
+    grpc_port: Annotated[int | None, spec_option("grpc_port")] = None,
+    metrics_port: Annotated[
+        int | None, spec_option("triton_metrics_port", "--metrics-port")
+    ] = None,
+    sagemaker: Annotated[
+        bool | None, spec_option("sagemaker", "--sagemaker/--no-sagemaker")
+    ] = None,
+    sagemaker_port: Annotated[int | None, spec_option("sagemaker_port")] = None,
+) -> None:
+    """Start tritonserver and return once every model in the repository is READY."""
+    from ..serve import triton
+
+    s = load(
+        spec,
+        triton_repository=repository,
+        triton_run_dir=run_dir,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        triton_metrics_port=metrics_port,
+        sagemaker=sagemaker,
+        sagemaker_port=sagemaker_port,
+    )
+    if stop:
+        triton.stop(s.triton_run_dir)
+        return
+    try:
+        listen = triton.Listen(
+            s.http_port,
+            s.grpc_port,
+            s.triton_metrics_port,
+            s.sagemaker_port if s.sagemaker else None,
+            s.bind_address,
+        )
+        inst = triton.start(s.triton_repository, s.triton_run_dir, listen, timeout_s=timeout)
+    except triton.ServeError as e:
+        fail(str(e), 1)
+    typer.echo("tritonserver is ready:")
+    typer.echo(f"  HTTP     {inst.http_url}/v2/models/<model>/infer")
+    typer.echo(f"  gRPC     {inst.grpc_url}")
+    typer.echo(f"  metrics  {inst.metrics_url}/metrics")
+    if inst.sagemaker_url:
+        typer.echo(f"  SageMaker  {inst.sagemaker_url}/ping, {inst.sagemaker_url}/invocations")
+    typer.echo(
+        f"  log in {inst.log}; stop with `neuronserve serve triton --stop"
+        + (f" --run-dir {s.triton_run_dir}`" if run_dir else "`")
+    )
+
+
+@app.command("sagemaker")
+def sagemaker_cmd() -> None:
+    """Run the SageMaker container entrypoint (what the image's `serve` runs): reads
+    SAGEMAKER_BIND_TO_PORT, SAGEMAKER_MODEL_SERVER_WORKERS, SAGEMAKER_MODEL_SERVER_TIMEOUT
+    and the model in /opt/ml/model (NEURONSERVE_MODEL_DIR) or baked into the image."""
+    from ..serve.sagemaker import main as sagemaker_main
+
+    raise typer.Exit(sagemaker_main())

@@ -1,0 +1,58 @@
+"""What one compile works with, handed to the build, validation and precision steps
+as one object instead of a dozen arguments."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..buckets import Bucket, BucketGrid
+from ..execution import Executor, InputLayout, Module
+from ..spec import DeploySpec
+from ..tasks import Task
+from ..tokenization import TextTokenizer
+from .base import Target
+
+
+@dataclass
+class CompileContext:
+    spec: DeploySpec
+    target: Target
+    task: Task
+    # the task's module around the Hugging Face model, fp32 eager: the reference
+    eager: torch.nn.Module
+    tokenizer: TextTokenizer
+    grid: BucketGrid
+    layout: InputLayout
+    # the spec's compiler options (see DeploySpec.compiler_options)
+    options: dict[str, Any]
+    progress: bool = True
+
+    def executor(self, module_for: Any) -> Executor:
+        """The serving path over this compile's grid, with `module_for(bucket)` modules."""
+        return Executor(module_for, self.grid, self.layout)
+
+    def eager_executor(self) -> Executor:
+        eager: Module = self.eager
+        return self.executor(lambda _bucket: eager)
+
+    def target_options(self, precision: str, bucket: Bucket | None = None) -> dict[str, Any]:
+        """Options for one `target.compile` call: the precision, the input names, and a
+        compiler workdir of the bucket's own when one was asked for."""
+        workdir = self.options.get("compiler_workdir")
+        if workdir and bucket is not None:
+            workdir = Path(workdir) / bucket.key
+        return {
+            **self.options,
+            "precision": precision,
+            "input_names": list(self.layout.names),
+            "compiler_workdir": workdir,
+        }
+
+    def say(self, message: str) -> None:
+        if self.progress:
+            print(message, file=sys.stderr)

@@ -1,0 +1,135 @@
+"""The worker plan: which kind of core a target's workers lease, and how many workers
+of how many cores this host holds.
+
+Packaging (TorchServe workers, Triton instances), the SageMaker entrypoint and bench
+all ask here; workers then lease one of the planned groups (`claim`) when they start.
+The mechanisms (discovery, groups, locks, pinning) are in cores.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from . import cores
+from .cores import CoreGroup, CoreLease, NoFreeCoreGroup
+
+if TYPE_CHECKING:
+    from .artifact import Manifest
+    from .spec import DeploySpec
+
+
+class PlacementError(RuntimeError):
+    """The requested layout cannot be placed on this host."""
+
+
+def core_kind(target: str) -> str:
+    """The kind of core a worker of `target` leases: "cpu" or "neuron"."""
+    # Imported here: workers call this module before torch may be imported (pinning).
+    from .compile.targets import get_target
+
+    return get_target(target).core_kind
+
+
+def groups(kind: str, cores_per_worker: int, neuron_cores: int | None = None) -> list[CoreGroup]:
+    """This host's core groups for workers of `cores_per_worker` cores."""
+    return cores.plan_groups(cores.discover(kind, neuron_cores), cores_per_worker)
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    kind: str
+    workers: int
+    cores_per_worker: int
+    # groups of cores_per_worker cores on this host; None when it has no core of this
+    # kind (packaging on a build host for another one)
+    groups: int | None
+
+    @property
+    def oversubscribed(self) -> bool:
+        """More workers than this host has groups: the extra ones will fail at start."""
+        return self.groups is not None and self.workers > self.groups
+
+    def warning(self, what: str = "workers") -> str | None:
+        if not self.oversubscribed:
+            return None
+        return (
+            f"{self.workers} {what} but this host has {self.groups} core group(s) of "
+            f"{self.cores_per_worker} core(s); {what} beyond {self.groups} will fail to "
+            "start unless the serving host has more cores"
+        )
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What a deployment asks for: the artifact's target and how its workers should be
+    laid out (see DeploySpec: layout, workers, cores_per_worker, neuron_cores)."""
+
+    target: str
+    layout: str = "throughput"
+    workers: int | None = None
+    cores_per_worker: int = 1
+    neuron_cores: int | None = None
+    # NeuronCores one compiled module needs (Inf1 pipeline mode; manifest compiler info)
+    cores_per_module: int = 1
+
+    @classmethod
+    def of(cls, spec: DeploySpec, manifest: Manifest) -> PlanRequest:
+        return cls(
+            target=manifest.target,
+            layout=spec.layout,
+            workers=spec.workers,
+            cores_per_worker=spec.cores_per_worker,
+            neuron_cores=spec.neuron_cores,
+            cores_per_module=int(manifest.compiler.get("cores_per_module", 1)),
+        )
+
+
+def plan(request: PlanRequest, serving_host: bool = False) -> WorkerPlan:
+    """Workers for this host.
+
+    `layout: latency` is one worker holding every core. `workers` defaults to one per
+    group. On the `serving_host` (the SageMaker entrypoint) more workers than groups are
+    cut to the groups and a host without such cores is an error; packaging may run on a
+    build host for another one, so it keeps what was asked (`WorkerPlan.warning` says
+    what will happen) and needs `workers` where this host has none of those cores.
+    """
+    kind = core_kind(request.target)
+    cpw = request.cores_per_worker
+    if request.layout == "latency":
+        try:
+            cpw = max(len(cores.discover(kind, request.neuron_cores)), 1)
+        except NoFreeCoreGroup as e:
+            raise PlacementError(f"layout latency needs this host's cores: {e}") from None
+    if cpw < request.cores_per_module:
+        raise PlacementError(
+            f"the artifact was compiled for {request.cores_per_module} NeuronCores per model "
+            f"(pipeline mode) but cores_per_worker is {cpw}: set cores_per_worker to "
+            f"{request.cores_per_module} or a multiple of it"
+        )
+    try:
+        n = len(groups(kind, cpw, request.neuron_cores))
+    except NoFreeCoreGroup as e:
+        if serving_host:
+            raise PlacementError(str(e)) from None
+        if request.workers:
+            return WorkerPlan(kind, request.workers, cpw, None)
+        raise PlacementError(f"{e}; or pass --workers") from None
+    workers = 1 if request.layout == "latency" else (request.workers or n)
+    if serving_host:
+        workers = min(workers, n)
+    return WorkerPlan(kind, workers, cpw, n)
+
+
+def claim(
+    kind: str,
+    cores_per_worker: int,
+    owner: str = "",
+    prefer: int | None = None,
+    neuron_cores: int | None = None,
+) -> CoreLease:
+    """Lease one group of this host's plan (in cores.default_lease_dir()); raises
+    NoFreeCoreGroup with what to change."""
+    return cores.acquire(
+        groups(kind, cores_per_worker, neuron_cores), kind, owner=owner, prefer=prefer
+    )

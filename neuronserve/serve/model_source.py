@@ -1,0 +1,76 @@
+"""Where the SageMaker container finds its model and engine.
+
+The model comes from /opt/ml/model (SageMaker's model_data) when it holds one, else from
+the model baked into the image: a neuronserve artifact, a .mar built by `neuronserve
+package torchserve`, or a Triton repository built by `neuronserve package triton`. Each
+is reduced to its artifact, so it can be packaged again for this host's core groups.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+from pathlib import Path
+
+from ..artifact import MANIFEST
+from ..worker import ARTIFACT_DIR
+from .engine import ENGINES
+
+MODEL_DIR = "/opt/ml/model"
+BAKED_DIR = "/opt/neuronserve/model"
+CONFIG_FILE = "/opt/neuronserve/neuronserve.json"
+
+
+class ModelSourceError(RuntimeError):
+    pass
+
+
+def find_artifact(source: Path, work: Path) -> Path:
+    """The neuronserve artifact inside `source`: itself, a .mar's or a Triton repository's."""
+    if (source / MANIFEST).is_file():
+        return source
+    mars = sorted(source.glob("*.mar"))
+    if mars:
+        out = work / "from-mar"
+        with zipfile.ZipFile(mars[0]) as z:
+            members = [n for n in z.namelist() if n.startswith(f"{ARTIFACT_DIR}/")]
+            if not members:
+                raise ModelSourceError(f"{mars[0]} holds no neuronserve {ARTIFACT_DIR}/ folder")
+            z.extractall(out, members)
+        return out / ARTIFACT_DIR
+    for manifest in sorted(source.glob(f"*/{ARTIFACT_DIR}/{MANIFEST}")) + sorted(
+        source.glob(f"*/*/{ARTIFACT_DIR}/{MANIFEST}")
+    ):
+        return manifest.parent  # a no-archive .mar folder, or <repo>/<name>/1/artifact
+    raise ModelSourceError(
+        f"{source} holds no model: expected a neuronserve artifact (manifest.json), a .mar "
+        "built by `neuronserve package torchserve`, or a Triton repository built by "
+        "`neuronserve package triton`"
+    )
+
+
+def model_source() -> Path:
+    """SageMaker's model_data if mounted (NEURONSERVE_MODEL_DIR overrides the path), else
+    the model baked into the image."""
+    mounted = Path(os.environ.get("NEURONSERVE_MODEL_DIR", MODEL_DIR))
+    if mounted.is_dir() and any(mounted.iterdir()):
+        return mounted
+    baked = Path(os.environ.get("NEURONSERVE_BAKED_MODEL", BAKED_DIR))
+    if baked.is_dir() and any(baked.iterdir()):
+        return baked
+    raise ModelSourceError(
+        f"no model in {mounted} (SageMaker model_data) nor baked into the image at {baked}"
+    )
+
+
+def engine_name() -> str:
+    """NEURONSERVE_ENGINE, else the engine the build context was made for, else torchserve."""
+    engine = os.environ.get("NEURONSERVE_ENGINE")
+    config = Path(os.environ.get("NEURONSERVE_CONFIG", CONFIG_FILE))
+    if not engine and config.is_file():
+        engine = json.loads(config.read_text()).get("engine")
+    engine = engine or "torchserve"
+    if engine not in ENGINES:
+        raise ModelSourceError(f"NEURONSERVE_ENGINE={engine!r}: use torchserve or triton")
+    return engine

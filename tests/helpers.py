@@ -1,0 +1,320 @@
+"""What many tests share: varied texts, independent references computed with plain
+transformers (for the unit tests that check the Runner), and small process helpers
+(free ports, polling with a deadline, running the CLI)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+STANDIN = REPO / "tests" / "neuron_standin"
+
+# Varied sentences for numerical checks: 1 to ~200 words, unicode, near-empty.
+SENTENCES = [
+    "hello",
+    "",
+    "   ",
+    "?",
+    "The cat sat on the mat.",
+    "Ünïcödé façade — naïve café, 東京タワー and emoji 🚀🔥 mixed in.",
+    "Ein schöner Tag am Meer, mit Möwen und Sonnenschein über den Dünen.",
+    "How do I reset my password if the confirmation email never arrives?",
+    " ".join(["data"] * 50),
+    " ".join(f"word{i % 17} and more" for i in range(40)),
+    " ".join(["alpha beta gamma delta"] * 50),  # 200 words
+]
+LABELS = ["negative", "neutral", "positive"]  # the tiny classifier's
+
+
+def reference_embeddings(model_dir: Path, texts: list[str]) -> np.ndarray:
+    """all-MiniLM-L6-v2 as its model card defines it: eager transformers, mean pooling
+    over the attention mask, L2 normalisation; one text at a time, no padding."""
+    from transformers import AutoModel, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir).eval()
+    out = []
+    with torch.no_grad():
+        for text in texts:
+            enc = tok(text, return_tensors="pt")
+            hidden = model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).float()
+            emb = (hidden * mask).sum(1) / mask.sum(1)
+            out.append(torch.nn.functional.normalize(emb, dim=-1)[0].numpy())
+    return np.stack(out)
+
+
+def eager_classifier_scores(model_dir: Path, texts) -> np.ndarray:
+    """Softmax of the eager model's logits, one text (or pair) at a time."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    rows = []
+    with torch.no_grad():
+        for t in texts:
+            pair = t if isinstance(t, tuple) else (t,)
+            enc = tok(*pair, return_tensors="pt")
+            rows.append(torch.softmax(model(**enc).logits.double(), -1)[0].numpy())
+    return np.stack(rows)
+
+
+def cosine(a, b) -> float:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def label_scores(result: list[dict]) -> list[float]:
+    """A classification answer's scores in LABELS order."""
+    scores = {x["label"]: x["score"] for x in result}
+    return [scores[label] for label in LABELS]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(condition, timeout: float = 60, interval: float = 0.25, what: str = "condition"):
+    """Poll `condition` until it returns something truthy, or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def run_cli(
+    *args: str, cwd: Path | None = None, check: bool = True, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, "-m", "neuronserve.cli", *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=env or os.environ.copy(),
+        timeout=900,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"neuronserve {' '.join(map(str, args))} failed "
+            f"({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
+    return proc
+
+
+PORT_FIELDS = (
+    "inference_port",
+    "management_port",
+    "metrics_port",
+    "grpc_inference_port",
+    "grpc_management_port",
+    "http_port",
+    "grpc_port",
+    "triton_metrics_port",
+)
+
+
+def write_spec(work: Path, **fields) -> dict:
+    """deploy.yaml in `work` with free ports for every engine endpoint, plus `fields`."""
+    import yaml
+
+    spec = {**{port: free_port() for port in PORT_FIELDS}, **fields}
+    spec = {k: str(v) if isinstance(v, Path) else v for k, v in spec.items()}
+    (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
+    return spec
+
+
+class SageMakerServe:
+    """The SageMaker `serve` entrypoint of a build context, run as a process the way the
+    image runs it (PYTHONPATH = the context's copy of neuronserve), with `model_dir`
+    standing in for /opt/ml/model."""
+
+    def __init__(self, ctx: Path, model_dir: Path, tmp: Path, **env_extra: str):
+        import subprocess
+
+        port = free_port()
+        env = {
+            **os.environ,
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+            "PYTHONPATH": str(ctx / "python"),
+            "NEURONSERVE_MODEL_DIR": str(model_dir),
+            "NEURONSERVE_CONFIG": str(ctx / "neuronserve.json"),
+            "NEURONSERVE_BIND": "127.0.0.1",
+            "NEURONSERVE_WORK_DIR": str(tmp / "work"),
+            "SAGEMAKER_BIND_TO_PORT": str(port),
+            **env_extra,
+        }
+        self.log = tmp / "serve.log"
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                [str(ctx / "serve")],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.url = f"http://127.0.0.1:{port}"
+
+    def watch_until_ready(self) -> list[int | None]:
+        """Every /ping answer until the first 200."""
+        import requests
+
+        seen: list[int | None] = []
+
+        def ready():
+            assert self.proc.poll() is None, "serve exited before it was ready:\n" + (
+                self.log.read_text()
+            )
+            try:
+                seen.append(requests.get(f"{self.url}/ping", timeout=5).status_code)
+            except requests.RequestException:
+                seen.append(None)
+            return seen[-1] == 200
+
+        wait_for(ready, timeout=300, interval=0.2, what="/ping to answer 200")
+        return seen
+
+    def stop(self) -> None:
+        """SIGTERM, as SageMaker stops a container: it exits 0 with its engine gone."""
+        import signal
+
+        import psutil
+
+        procs = [
+            psutil.Process(self.proc.pid),
+            *psutil.Process(self.proc.pid).children(recursive=True),
+        ]
+        self.proc.send_signal(signal.SIGTERM)
+        assert self.proc.wait(120) == 0
+        _, alive = psutil.wait_procs(procs, timeout=30)
+        assert not alive, alive
+
+
+def sagemaker_context(work: Path, artifact: Path, engine: str, *extra: str) -> Path:
+    """`neuronserve package sagemaker` for `engine` into work/<engine>."""
+    run_cli(
+        "package",
+        "sagemaker",
+        artifact,
+        "--engine",
+        engine,
+        "--target",
+        "cpu",
+        "--out",
+        work / engine,
+        "--name",
+        "minilm",
+        *extra,
+        cwd=work,
+    )
+    return work / engine
+
+
+def check_sagemaker_contract(url: str, runner) -> None:
+    """/invocations through a running SageMaker front answers like the Runner in process:
+    JSON over the largest compiled batch, plain text, and a 400 for a bad request."""
+    import requests
+
+    texts = SENTENCES[4:8] + ["x"] * 7  # more texts than the largest compiled batch
+    want = runner.responses_for_bodies([({"inputs": texts}, None)])[0]
+    r = requests.post(f"{url}/invocations", json={"inputs": texts}, timeout=60)
+    assert r.status_code == 200, r.text
+    # Triton's batches hold at most max_batch_size texts, so rows may sit in other buckets
+    assert np.allclose(r.json(), want, atol=1e-5)
+    plain = requests.post(
+        f"{url}/invocations",
+        data=texts[0].encode(),
+        headers={"Content-Type": "text/plain"},
+        timeout=60,
+    )
+    assert plain.status_code == 200 and np.allclose(plain.json(), want[0], atol=1e-5)
+    bad = requests.post(f"{url}/invocations", json={"inputs": 3}, timeout=60)
+    assert bad.status_code == 400 and "must be a string" in bad.json()["error"]
+
+
+def standin_imports(log: Path) -> dict[int, dict]:
+    """pid -> the Neuron variables when that process imported torch_neuronx (stand-in)."""
+    import json
+
+    out = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        e = json.loads(line)
+        if e["event"] == "import" and e["module"] == "torch_neuronx":
+            out[e["pid"]] = e["env"]
+    return out
+
+
+class NeuronServing:
+    """Package and serve an artifact with the stand-in SDK on the workers' path, on a fake
+    4-NeuronCore host; `stop()` stops the server. The stand-in logs to `self.log`."""
+
+    def __init__(self, work: Path, engine: str, artifact: Path, **fields):
+        work.mkdir(parents=True, exist_ok=True)
+        self.work, self.engine, self.log = work, engine, work / "standin.jsonl"
+        self.env = {
+            **os.environ,
+            "NEURONSERVE_NEURON_CORES": "4",
+            "NEURONSERVE_LEASE_DIR": str(work / "leases"),
+            "NEURONSERVE_STANDIN_LOG": str(self.log),
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(STANDIN), os.environ.get("PYTHONPATH")])
+            ),
+        }
+        self.spec = write_spec(
+            work,
+            artifact=artifact,
+            token_auth=False,
+            model_store="store",
+            run_dir="ts",
+            triton_repository="repo",
+            triton_run_dir="tr",
+            **fields,
+        )
+        run_cli("package", engine, "--spec", "deploy.yaml", cwd=work, env=self.env)
+        run_cli("serve", engine, "--spec", "deploy.yaml", cwd=work, env=self.env)
+
+    def stop(self) -> None:
+        run_cli(
+            "serve", self.engine, "--spec", "deploy.yaml", "--stop", cwd=self.work, env=self.env
+        )
+
+
+def start_sagemaker(work: Path, artifact: Path, engine: str) -> SageMakerServe:
+    """The `serve` entrypoint of a fresh build context for `engine`, its packaged model as
+    /opt/ml/model, asked for 9 workers (more than the host's groups); returns once /ping
+    says 200, with every /ping answer before that in `.seen`."""
+    import shutil
+
+    ctx = sagemaker_context(work, artifact, engine)
+    shutil.copytree(ctx / "model", work / "opt_ml_model")  # what a user puts in model_data
+    serve = SageMakerServe(
+        ctx,
+        work / "opt_ml_model",
+        work,
+        SAGEMAKER_MODEL_SERVER_WORKERS="9",
+        SAGEMAKER_MODEL_SERVER_TIMEOUT="30",
+    )
+    try:
+        serve.seen = serve.watch_until_ready()
+    except BaseException:
+        serve.stop()
+        raise
+    return serve
+
+
+def check_ping_and_workers(serve: SageMakerServe) -> None:
+    assert 503 in serve.seen[:-1], serve.seen  # answered, but not ready, before it was ready
+    assert "SAGEMAKER_MODEL_SERVER_WORKERS=9 capped to" in serve.log.read_text()

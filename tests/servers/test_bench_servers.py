@@ -1,0 +1,78 @@
+"""One real `neuronserve bench` run: TorchServe and the SageMaker front started by bench
+itself (one at a time), and the Runner in process; every report written. No test
+asserts a time."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import pytest
+from helpers import run_cli
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+pytestmark = pytest.mark.server
+
+
+def test_bench_runs_servers_and_the_runner_and_writes_every_report(tmp_path, minilm_artifact):
+    out = tmp_path / "bench"
+    run_cli(
+        "bench",
+        "-e",
+        f"torchserve:{minilm_artifact}",
+        "-e",
+        f"runner:{minilm_artifact}",
+        "-e",
+        f"sagemaker:{minilm_artifact}",
+        "--sequence-lengths",
+        "8,32",
+        "--concurrency",
+        "1,2",
+        "--warmup",
+        "0.5",
+        "--duration",
+        "0.5",
+        "--min-requests",
+        "5",
+        "--out",
+        out,
+    )
+    data = json.loads((out / "results.json").read_text())
+    points = data["points"]
+    ts = [p for p in points if p["type"] == "torchserve"]
+    runner = [p for p in points if p["type"] == "runner"]
+    sm = [p for p in points if p["type"] == "sagemaker"]
+    # the full sweep for the servers, one request at a time in process
+    assert {(p["seq"], p["concurrency"]) for p in ts} == {(8, 1), (8, 2), (32, 1), (32, 2)}
+    assert {(p["seq"], p["concurrency"]) for p in sm} == {(8, 1), (8, 2), (32, 1), (32, 2)}
+    # the SageMaker entrypoint's process sits in front of TorchServe's
+    assert all(p["cpu_ms_per_req_sagemaker_front"] > 0 for p in sm)
+    assert {(p["seq"], p["concurrency"]) for p in runner} == {(8, 1), (32, 1)}
+    for p in points:
+        assert p["errors"] == 0 and p["requests"] >= 5
+        assert p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"] <= p["max_ms"]
+        assert p["req_per_s"] == pytest.approx(p["requests"] / p["wall_s"])
+    for p in ts:
+        # the handler's own sums: the model is inside the handler, the handler inside the
+        # server's time
+        assert 0 < p["model_ms"] <= p["handler_ms"] <= p["server_ms"]
+        assert p["cpu_ms_per_req_workers"] > 0 and p["cpu_ms_per_req_frontend"] > 0
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(points)
+    md = (out / "results.md").read_text()
+    assert "torchserve/throughput" in md and "Where the time goes" in md
+    for png in ("p95_vs_sequence_length.png", "throughput_vs_concurrency.png"):
+        assert (out / png).read_bytes()[:8] == PNG
+    check = data["wrk_check"]
+    if shutil.which("wrk"):
+        assert check["concurrency"] == 2 and check["wrk"]["req_per_s"] > 0
+        assert check["wrk"]["non_2xx"] == 0
+        # wrk's requests reached the model: the handler counted them (all but those in
+        # flight when wrk stopped)
+        assert check["wrk"]["server_handled"] >= check["wrk"]["requests"] - 2
+    else:
+        assert "not installed" in check["skipped"]

