@@ -27,6 +27,10 @@ Precision = Literal["auto", "fp32", "bf16", "int8"]
 Layout = Literal["throughput", "latency"]
 
 
+# what `compile` records when the spec does not say (packaging then keeps the artifact's)
+TRUNCATION_AT_COMPILE = True
+
+
 class SpecError(ValueError):
     """A spec file or flag has a value neuronserve cannot use."""
 
@@ -61,10 +65,11 @@ class DeploySpec(BaseModel):
     normalize: bool | None = Field(
         None, description="L2-normalise embeddings (default: the sentence-transformers config)"
     )
-    truncation: bool = Field(
-        True,
-        description="cut texts longer than the largest sequence "
-        "length (default), or refuse them with a 413",
+    truncation: bool | None = Field(
+        None,
+        description="cut texts longer than the largest compiled sequence length, or refuse "
+        "them with a 413. compile: on unless --no-truncation, recorded in the artifact; "
+        "package: default what the artifact recorded",
     )
     tolerance: float = Field(
         1e-3, gt=0, description="largest accepted |compiled - eager| per bucket at fp32"

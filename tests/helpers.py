@@ -225,7 +225,8 @@ def sagemaker_context(work: Path, artifact: Path, engine: str, *extra: str) -> P
 
 def check_sagemaker_contract(url: str, runner) -> None:
     """/invocations through a running SageMaker front answers like the Runner in process:
-    JSON over the largest compiled batch, plain text, and a 400 for a bad request."""
+    JSON over the largest compiled batch, plain text, a 400 for a bad request and a 413
+    for over-long text."""
     import requests
 
     texts = SENTENCES[4:8] + ["x"] * 7  # more texts than the largest compiled batch
@@ -243,6 +244,11 @@ def check_sagemaker_contract(url: str, runner) -> None:
     assert plain.status_code == 200 and np.allclose(plain.json(), want[0], atol=1e-5)
     bad = requests.post(f"{url}/invocations", json={"inputs": 3}, timeout=60)
     assert bad.status_code == 400 and "must be a string" in bad.json()["error"]
+    # packaged without --truncation: the artifact's truncation off, 413 through any engine
+    long = requests.post(
+        f"{url}/invocations", json={"inputs": " ".join(["long"] * 400)}, timeout=60
+    )
+    assert long.status_code == 413 and "at most 256 tokens" in long.json()["error"], long.text
 
 
 def standin_imports(log: Path) -> dict[int, dict]:

@@ -131,13 +131,14 @@ def sagemaker_cmd(
     ] = "cpu",
     out: Annotated[Path, typer.Option(help="build context directory to write")] = Path("build"),
     name: Name = None,
+    truncation: Truncation = None,
 ) -> None:
     """Write a Docker build context for a SageMaker endpoint (Dockerfile, model, `serve`)."""
     from ..artifact import ArtifactError
     from ..packaging.model import PackagingError
     from ..packaging.sagemaker import ContextError, package_sagemaker
 
-    s = load(spec, artifact=artifact, name=name)
+    s = load(spec, artifact=artifact, name=name, truncation=truncation)
     try:
         path = package_sagemaker(require_artifact(s), s, engine, target, out)
     except (ArtifactError, ContextError, PackagingError, OSError) as e:

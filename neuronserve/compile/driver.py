@@ -21,7 +21,7 @@ from .. import __version__
 from ..artifact import InputSpec, Manifest, TokenizerSettings, write_manifest
 from ..buckets import BucketGrid
 from ..execution import InputLayout
-from ..spec import DeploySpec
+from ..spec import TRUNCATION_AT_COMPILE, DeploySpec
 from ..tasks import WrappedModel, get_task
 from ..tokenization import TextTokenizer
 from .base import CompileError
@@ -159,7 +159,7 @@ def _manifest(
         weights=weights,
         tokenizer=TokenizerSettings(
             max_length=grid.max_seq,
-            truncation=spec.truncation,
+            truncation=TRUNCATION_AT_COMPILE if spec.truncation is None else spec.truncation,
             pad_token_id=ctx.layout.pad_values["input_ids"],
         ),
         versions={

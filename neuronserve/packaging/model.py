@@ -1,12 +1,19 @@
 """What every packager derives from an artifact and a spec before writing anything: the
 verified manifest, the model name, the worker plan for this host and the settings the
-adapters read back (neuronserve.worker)."""
+adapters read back (neuronserve.worker).
+
+A deployment setting the artifact recorded (its name, truncation) is what the servers
+use unless it is given again at packaging time: `recorded_unless_given` is the one place
+that decides, for `package torchserve`, `package triton` and the SageMaker entrypoint,
+which packages again through here.
+"""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from .. import placement
 from ..artifact import Manifest, read_manifest
@@ -42,6 +49,15 @@ def prepare(artifact: Path, spec: DeploySpec, what: str = "workers") -> Packaged
         core_kind=plan.kind,
         cores_per_worker=plan.cores_per_worker,
         neuron_cores=spec.neuron_cores,
-        truncation=spec.truncation,
+        truncation=recorded_unless_given(spec.truncation, manifest.tokenizer.truncation),
     )
-    return PackagedModel(manifest, spec.name or manifest.name, plan, settings)
+    return PackagedModel(manifest, recorded_unless_given(spec.name, manifest.name), plan, settings)
+
+
+T = TypeVar("T")
+
+
+def recorded_unless_given(given: T | None, recorded: T) -> T:
+    """The value given at packaging time (a flag or the spec), else the artifact's: never
+    a packaging default."""
+    return recorded if given is None else given

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from ..artifact import read_manifest
 from ..spec import DeploySpec
+from .model import recorded_unless_given
 
 ENGINES = ("torchserve", "triton")
 TARGETS = ("cpu", "neuronx", "cuda")
@@ -106,7 +107,7 @@ def package_sagemaker(
         from .triton import package_triton
 
         package_triton(artifact, model_spec.model_copy(update={"triton_repository": out / "model"}))
-    name = spec.name or manifest.name
+    name = recorded_unless_given(spec.name, manifest.name)
     (out / "neuronserve.json").write_text(
         json.dumps({"engine": engine, "target": target, "model": name}, indent=2) + "\n"
     )

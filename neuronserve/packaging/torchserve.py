@@ -24,6 +24,7 @@ from .model import PackagedModel, PackagingError, prepare
 __all__ = ["PackagingError", "model_config", "package_torchserve"]
 
 HANDLER = "neuronserve_handler.py"
+MODEL_CONFIG = "model-config.yaml"  # in the archive, beside the handler
 CONFIG_FILE = "config.properties"
 METRICS_FILE = "metrics.yaml"
 
@@ -122,7 +123,7 @@ def package_torchserve(artifact: Path, spec: DeploySpec) -> Path:
         # The archiver copies a directory's contents; a link named `artifact` in a staging
         # dir gives the archive an artifact/ folder without copying it here first.
         (extra / ARTIFACT_DIR).symlink_to(artifact.resolve(), target_is_directory=True)
-        config = tmp / "model-config.yaml"
+        config = tmp / MODEL_CONFIG
         config.write_text(yaml.safe_dump(model_config(spec, packaged), sort_keys=False))
         for old in (store / f"{name}.mar", store / name):
             if old.is_dir():

@@ -11,10 +11,14 @@ from __future__ import annotations
 import json
 import os
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from ..artifact import MANIFEST
-from ..worker import ARTIFACT_DIR
+from ..packaging.torchserve import MODEL_CONFIG
+from ..worker import ARTIFACT_DIR, WorkerSettings
 from .engine import ENGINES
 
 MODEL_DIR = "/opt/ml/model"
@@ -26,10 +30,19 @@ class ModelSourceError(RuntimeError):
     pass
 
 
-def find_artifact(source: Path, work: Path) -> Path:
-    """The neuronserve artifact inside `source`: itself, a .mar's or a Triton repository's."""
+@dataclass(frozen=True)
+class FoundModel:
+    artifact: Path
+    # the settings it was packaged with, when it came as a .mar or a Triton repository:
+    # what the user gave at packaging time must survive packaging again for this host
+    packaged: WorkerSettings | None = None
+
+
+def find_model(source: Path, work: Path) -> FoundModel:
+    """The neuronserve artifact inside `source` (itself, a .mar's or a Triton
+    repository's) and the settings it was packaged with."""
     if (source / MANIFEST).is_file():
-        return source
+        return FoundModel(source)
     mars = sorted(source.glob("*.mar"))
     if mars:
         out = work / "from-mar"
@@ -37,16 +50,36 @@ def find_artifact(source: Path, work: Path) -> Path:
             members = [n for n in z.namelist() if n.startswith(f"{ARTIFACT_DIR}/")]
             if not members:
                 raise ModelSourceError(f"{mars[0]} holds no neuronserve {ARTIFACT_DIR}/ folder")
-            z.extractall(out, members)
-        return out / ARTIFACT_DIR
-    for manifest in sorted(source.glob(f"*/{ARTIFACT_DIR}/{MANIFEST}")) + sorted(
-        source.glob(f"*/*/{ARTIFACT_DIR}/{MANIFEST}")
-    ):
-        return manifest.parent  # a no-archive .mar folder, or <repo>/<name>/1/artifact
+            z.extractall(out, [*members, MODEL_CONFIG])
+        return FoundModel(out / ARTIFACT_DIR, _torchserve_settings(out / MODEL_CONFIG))
+    for manifest in sorted(source.glob(f"*/{ARTIFACT_DIR}/{MANIFEST}")):
+        # a no-archive .mar folder
+        return FoundModel(
+            manifest.parent, _torchserve_settings(manifest.parent.parent / MODEL_CONFIG)
+        )
+    for manifest in sorted(source.glob(f"*/*/{ARTIFACT_DIR}/{MANIFEST}")):
+        # <repo>/<name>/1/artifact
+        return FoundModel(manifest.parent, _triton_settings(manifest.parents[2]))
     raise ModelSourceError(
         f"{source} holds no model: expected a neuronserve artifact (manifest.json), a .mar "
         "built by `neuronserve package torchserve`, or a Triton repository built by "
         "`neuronserve package triton`"
+    )
+
+
+def _torchserve_settings(path: Path) -> WorkerSettings:
+    return WorkerSettings.from_torchserve(yaml.safe_load(path.read_text()))
+
+
+def _triton_settings(model_dir: Path) -> WorkerSettings:
+    # imported here: a TorchServe image has no protobuf or tritonclient
+    from google.protobuf import json_format
+
+    from ..packaging.triton import CONFIG, read_config
+
+    config = read_config(model_dir / CONFIG)
+    return WorkerSettings.from_triton(
+        json_format.MessageToDict(config, preserving_proto_field_name=True)
     )
 
 

@@ -20,13 +20,14 @@ import tempfile
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import requests
 
 from .. import placement
 from ..artifact import read_manifest
 from .engine import Engine
-from .model_source import engine_name, find_artifact, model_source
+from .model_source import engine_name, find_model, model_source
 
 log = logging.getLogger("neuronserve.sagemaker")
 
@@ -81,8 +82,8 @@ def start_engine(work: Path, timeout_s: int) -> Engine:
     """Find the model, plan workers for this host from SageMaker's settings, start the
     engine behind the front."""
     source = model_source()
-    artifact = find_artifact(source, work)
-    manifest = read_manifest(artifact)
+    found = find_model(source, work)
+    manifest = read_manifest(found.artifact)
     cpw = int(os.environ.get("NEURONSERVE_CORES_PER_WORKER", "1"))
     requested = os.environ.get("SAGEMAKER_MODEL_SERVER_WORKERS")
     plan = placement.plan(
@@ -104,12 +105,15 @@ def start_engine(work: Path, timeout_s: int) -> Engine:
             plan.kind,
             cpw,
         )
-    engine = Engine(
-        engine_name(),
-        artifact,
-        work,
-        {"workers": plan.workers, "cores_per_worker": cpw, "response_timeout_s": timeout_s},
-    )
+    settings: dict[str, Any] = {
+        "workers": plan.workers,
+        "cores_per_worker": cpw,
+        "response_timeout_s": timeout_s,
+    }
+    if found.packaged is not None:
+        # what was given at packaging time wins over the artifact again here
+        settings["truncation"] = found.packaged.truncation
+    engine = Engine(engine_name(), found.artifact, work, settings)
     log.info(
         "serving %s (%s) from %s with %s, %d worker(s)",
         manifest.name,

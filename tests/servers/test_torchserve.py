@@ -1,6 +1,7 @@
 """A real TorchServe (Java frontend + Python workers) serving the real MiniLM model with
 two workers pinned to two one-core groups. One server for the whole module, started
-and stopped through the `neuronserve` CLI from a YAML spec. Answers are compared with
+and stopped through the `neuronserve` CLI from a YAML spec that leaves truncation to
+the artifact, which was compiled with it off (over-long text is a 413). Answers are compared with
 the Runner's in process (unit/test_runner.py checks the Runner against transformers)."""
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ def server(tmp_path_factory, minilm_artifact, lease_dir):
         "run_dir": "run",
         "workers": 2,
         "cores_per_worker": 1,
-        "truncation": False,
         "max_batch_delay_ms": 100,
         "inference_port": free_port(),
         "management_port": free_port(),

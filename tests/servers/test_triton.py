@@ -43,7 +43,6 @@ def server(tmp_path_factory, minilm_artifact):
         "triton_run_dir": "run",
         "workers": 2,
         "cores_per_worker": 1,
-        "truncation": False,
         "max_batch_delay_ms": 50,
         "http_port": free_port(),
         "grpc_port": free_port(),

@@ -1,7 +1,8 @@
 """The tiny classifier behind a real tritonserver, next to a copy of it whose module
 fails on one word: answers equal the Runner's in process (TEXT and TEXT_PAIR), and each
 kind of failure keeps its status as far as Triton's protocol can carry it (400 for a bad
-request, 500 when the model fails, the Runner's 413 in the message of a 400)."""
+request, 500 when the model fails, the Runner's 413 in the message of a 400: packaged
+without --truncation, the artifact's truncation off is what the instances use)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,6 @@ def client(tmp_path_factory, classifier_artifact):
         "triton_run_dir": "run",
         "workers": 1,
         "cores_per_worker": 1,
-        "truncation": False,
     }
     spec = write_spec(work, name="classifier", artifact=classifier_artifact, **common)
     run_cli("package", "triton", "--spec", "deploy.yaml", cwd=work)
@@ -68,7 +68,6 @@ def client(tmp_path_factory, classifier_artifact):
         "failing",
         "--instances",
         "1",
-        "--no-truncation",
         cwd=work,
     )
     run_cli("serve", "triton", "--spec", "deploy.yaml", cwd=work)

@@ -26,7 +26,7 @@ def test_manifest_records_what_serving_needs(minilm_artifact, minilm_dir):
         ("token_type_ids", "int64"),
     ]
     assert m["pooling"] == "mean" and m["normalize"] is True  # from sentence-transformers files
-    assert m["tokenizer"]["max_length"] == 256 and m["tokenizer"]["truncation"] is True
+    assert m["tokenizer"]["max_length"] == 256 and m["tokenizer"]["truncation"] is False
     assert {"torch", "transformers", "tokenizers", "neuronserve"} <= set(m["versions"])
     # every bucket validated against eager, on real text
     assert {(v["batch"], v["seq"]) for v in m["validation"]} == {

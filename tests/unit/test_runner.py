@@ -48,7 +48,7 @@ def test_short_texts_use_small_buckets(runner):
 
 
 def test_overlong_text_without_truncation_fails_alone(minilm_artifact, minilm_dir):
-    strict = Runner(minilm_artifact, truncation=False, warmup=False)
+    strict = Runner(minilm_artifact, warmup=False)  # the artifact records truncation off
     long_text = " ".join(["word"] * 400)
     out = strict.responses_for_bodies(
         [
@@ -63,7 +63,8 @@ def test_overlong_text_without_truncation_fails_alone(minilm_artifact, minilm_di
     assert cosine(out[0], ref[0]) >= 0.9999 and cosine(out[2], ref[1]) >= 0.9999
 
 
-def test_overlong_text_with_truncation_keeps_first_tokens(runner, minilm_dir):
+def test_overlong_text_with_truncation_keeps_first_tokens(minilm_artifact, minilm_dir):
+    runner = Runner(minilm_artifact, truncation=True)
     import torch
     from transformers import AutoModel, AutoTokenizer
 

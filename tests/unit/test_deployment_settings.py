@@ -1,0 +1,136 @@
+"""A setting the artifact recorded (truncation, the model name) is what every engine is
+packaged with unless it is given again at packaging time (neuronserve.packaging.model):
+`package torchserve`, `package triton`, `package sagemaker` and the SageMaker entrypoint,
+which packages again for its host from what it finds in /opt/ml/model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from google.protobuf import json_format
+from helpers import run_cli
+
+from neuronserve.packaging.triton import read_config
+from neuronserve.serve.model_source import find_model
+from neuronserve.spec import load_spec
+from neuronserve.worker import WorkerSettings
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory, classifier_dir):
+    """The tiny classifier compiled with truncation off (by the CLI) and by default."""
+    from neuronserve.compile import compile_model
+
+    work = tmp_path_factory.mktemp("settings")
+    grid = {
+        "task": "text-classification",
+        "precision": "fp32",
+        "batch_sizes": [1],
+        "sequence_lengths": [16],
+    }
+    run_cli(
+        "compile",
+        "--model",
+        classifier_dir,
+        "--task",
+        "text-classification",
+        "--precision",
+        "fp32",
+        "--batch-sizes",
+        "1",
+        "--sequence-lengths",
+        "16",
+        "--no-truncation",
+        "--out",
+        work / "strict",
+        cwd=work,
+    )
+    compile_model(
+        load_spec(None, {"model": classifier_dir, "artifact": work / "default", **grid}),
+        progress=False,
+    )
+    return work
+
+
+def test_compile_records_truncation(artifacts):
+    for name, want in (("strict", False), ("default", True)):
+        manifest = json.loads((artifacts / name / "manifest.json").read_text())
+        assert manifest["tokenizer"]["truncation"] is want, name
+
+
+def torchserve_truncation(store, name):
+    config = yaml.safe_load((store / name / "model-config.yaml").read_text())
+    return WorkerSettings.from_torchserve(config).truncation
+
+
+def triton_truncation(repo, name):
+    config = json_format.MessageToDict(
+        read_config(repo / name / "config.pbtxt"), preserving_proto_field_name=True
+    )
+    return WorkerSettings.from_triton(config).truncation
+
+
+@pytest.mark.parametrize("given", [None, True])
+def test_packaging_keeps_the_artifacts_truncation_unless_given(artifacts, tmp_path, given):
+    from neuronserve.packaging.sagemaker import package_sagemaker
+    from neuronserve.packaging.torchserve import package_torchserve
+    from neuronserve.packaging.triton import package_triton
+
+    strict, want = artifacts / "strict", False if given is None else given
+    # what `package ... [--truncation]` hands the packagers (cli/options.load)
+    spec = load_spec(None, {} if given is None else {"truncation": given}).model_copy(
+        update={
+            "workers": 1,
+            "archive_format": "no-archive",
+            "model_store": tmp_path / "store",
+            "triton_repository": tmp_path / "repo",
+        }
+    )
+    package_torchserve(strict, spec)
+    assert torchserve_truncation(tmp_path / "store", "strict") is want
+    package_triton(strict, spec)
+    assert triton_truncation(tmp_path / "repo", "strict") is want
+    for engine in ("torchserve", "triton"):
+        ctx = package_sagemaker(strict, spec, engine, "cpu", tmp_path / f"sm-{engine}")
+        # what the SageMaker entrypoint finds in /opt/ml/model, and packages again with
+        found = find_model(ctx / "model", tmp_path / f"work-{engine}")
+        assert found.packaged is not None and found.packaged.truncation is want, engine
+
+
+def test_the_flag_turns_a_default_artifact_strict(artifacts, tmp_path):
+    run_cli(
+        "package",
+        "triton",
+        artifacts / "default",
+        "--repository",
+        tmp_path / "repo",
+        "--instances",
+        "1",
+    )
+    assert triton_truncation(tmp_path / "repo", "default") is True
+    run_cli(
+        "package",
+        "triton",
+        artifacts / "default",
+        "--repository",
+        tmp_path / "repo",
+        "--instances",
+        "1",
+        "--no-truncation",
+    )
+    assert triton_truncation(tmp_path / "repo", "default") is False
+    # a bare artifact as /opt/ml/model carries no packaging-time settings
+    assert find_model(artifacts / "default", tmp_path).packaged is None
+
+
+def test_help_says_the_flag_defaults_to_the_artifact():
+    from typer.testing import CliRunner
+
+    from neuronserve.cli import app
+
+    for command in ("torchserve", "triton", "sagemaker"):
+        out = CliRunner().invoke(app, ["package", command, "--help"], env={"COLUMNS": "200"})
+        assert out.exit_code == 0 and "--truncation" in out.output, out.output
+        assert "package: default what the artifact recorded" in out.output, command
