@@ -11,14 +11,15 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from .buckets import Bucket, BucketGrid
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+# 2: reference.npz (eager outputs the modules are checked against), validation_status
+FORMAT_VERSION = 2
 # the `modules` key of the one module a dynamic-shape target compiles for every bucket
 DYNAMIC = "dynamic"
 
@@ -56,7 +57,8 @@ class PrecisionTrial(BaseModel):
     # torchscript or onnx: what the module file is, and so which library runs it
     module_format: str | None = None
     accuracy: dict[str, float] = Field(default_factory=dict)
-    passed: bool
+    # None: not checked on the compile host (validation pending)
+    passed: bool | None
     reason: str | None = None
     batch1_ms: float | None = None
 
@@ -76,9 +78,6 @@ class Manifest(BaseModel):
     output_dim: int
     # bucket key -> module file; a dynamic-shape target has the single key "dynamic"
     modules: dict[str, str]
-    # one copy of the weights that every bucket module is given at load, when the
-    # target keeps weights out of its compiled graphs (neuronx)
-    weights: str | None = None
     labels: list[str] | None = None
     pooling: str | None = None
     normalize: bool | None = None
@@ -87,6 +86,11 @@ class Manifest(BaseModel):
     compiler: dict[str, Any] = Field(default_factory=dict)
     tolerance: float
     validation: list[BucketValidation] = Field(default_factory=list)
+    # passed: every bucket and the accuracy were checked against reference.npz here;
+    # pending: the modules cannot run on the compile host (`neuronserve validate` on the
+    # serving host checks them); failed: that check refused them (validation_note says why)
+    validation_status: Literal["passed", "pending", "failed"] = "passed"
+    validation_note: str | None = None
     # against fp32 eager on compile's accuracy texts (cosine or argmax agreement per task)
     accuracy: dict[str, float] = Field(default_factory=dict)
     accuracy_floor: dict[str, float] = Field(default_factory=dict)

@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,8 +25,12 @@ LEASE_DIR_ENV = "NEURONSERVE_LEASE_DIR"
 CORES_ENV = "NEURONSERVE_CORES"  # restrict discovery, e.g. "0-3" or "0,2"
 NEURON_CORES_ENV = "NEURONSERVE_NEURON_CORES"  # how many NeuronCores the host has
 NEURON_SDK_MODULES = ("torch_neuronx", "torch_neuron")
-# NeuronCores per Neuron device, by instance family (for counting /dev/neuron*)
-CORES_PER_DEVICE = {"inf1": 4, "inf2": 2, "trn1": 2, "trn1n": 2, "trn2": 8}
+# NeuronCores per Neuron device, by instance family (for counting /dev/neuron*); trn2 in
+# _cores_per_device
+CORES_PER_DEVICE = {"inf1": 4, "inf2": 2, "trn1": 2, "trn1n": 2}
+# what this process set NEURON_RT_VISIBLE_CORES to when it pinned itself: a value it set
+# is not one it was given
+PINNED_ENV = "NEURONSERVE_PINNED_CORES"
 
 
 class NoFreeCoreGroup(RuntimeError):
@@ -78,7 +83,7 @@ def discover_cpu_cores() -> list[int]:
     return allowed
 
 
-def _instance_family() -> str | None:
+def instance_family() -> str | None:
     try:
         name = Path("/sys/devices/virtual/dmi/id/product_name").read_text().strip()
     except OSError:
@@ -87,39 +92,35 @@ def _instance_family() -> str | None:
 
 
 def discover_neuron_cores(override: int | None = None) -> list[int]:
-    """NeuronCore indices of this host.
+    """NeuronCore ids this process may use, as NEURON_RT_VISIBLE_CORES numbers them.
 
-    In order: an explicit count (spec `neuron_cores`), NEURONSERVE_NEURON_CORES,
-    `neuron-ls --json-output`, then /dev/neuron* devices times the cores per device of
-    the instance family.
+    In order:
+    - NEURON_RT_VISIBLE_CORES inherited from the environment: what a container was given
+      (the Kubernetes device plugin sets it; `docker run --device ... --env
+      NEURON_RT_VISIBLE_CORES=51,52` names host core ids, "Build and run a Neuron
+      container": https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/build-run-neuron-container.html);
+    - an explicit count: the spec's `neuron_cores`, then NEURONSERVE_NEURON_CORES;
+    - `neuron-ls` JSON: the `neuroncore_ids` of each device it lists (only the devices
+      a container was given, with the host's core ids:
+      https://awsdocs-neuron.readthedocs-hosted.com/en/latest/tools/neuron-sys-tools/neuron-ls.html);
+    - /dev/neuron* devices times the cores per device of the instance family.
     """
+    inherited = os.environ.get("NEURON_RT_VISIBLE_CORES")
+    if inherited and os.environ.get(PINNED_ENV) != inherited:
+        return parse_core_list(inherited)
     if override:
         return list(range(int(override)))
     env = os.environ.get(NEURON_CORES_ENV)
     if env:
         return list(range(int(env)))
-    import shutil
-    import subprocess
-
-    if shutil.which("neuron-ls"):
-        try:
-            out = subprocess.run(
-                ["neuron-ls", "--json-output"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=True,
-            ).stdout
-            devices = json.loads(out)
-            total = sum(int(d.get("nc_count", 0)) for d in devices)
-            if total:
-                return list(range(total))
-        except (subprocess.SubprocessError, ValueError, TypeError):
-            pass
+    listed = _neuron_ls_cores()
+    if listed:
+        return listed
     devices = sorted(Path("/dev").glob("neuron[0-9]*"))
-    family = _instance_family()
-    if devices and family in CORES_PER_DEVICE:
-        return list(range(len(devices) * CORES_PER_DEVICE[family]))
+    family = instance_family()
+    per_device = _cores_per_device(family)
+    if devices and per_device:
+        return sorted(c for d in devices for c in _device_cores(d, per_device))
     raise NoFreeCoreGroup(
         "no NeuronCores found (neuron-ls is not installed or reports none, and no "
         f"/dev/neuron* devices on a known instance family): on a Neuron host install the "
@@ -128,19 +129,89 @@ def discover_neuron_cores(override: int | None = None) -> list[int]:
     )
 
 
-def plan_groups(cores: list[int], cores_per_worker: int) -> list[CoreGroup]:
+def _cores_per_device(family: str | None) -> int | None:
+    if family is None:
+        return None
+    if family.startswith("trn2"):
+        # Trn2 has 8 physical cores per device, grouped by default (LNC=2) into 4 logical
+        # ones, which is what the runtime numbers: "Logical NeuronCore configuration",
+        # https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-features/logical-neuroncore-config.html
+        return 8 // int(os.environ.get("NEURON_LOGICAL_NC_CONFIG", "2"))
+    return CORES_PER_DEVICE.get(family)
+
+
+def _device_cores(device: Path, per_device: int) -> range:
+    index = int(device.name.removeprefix("neuron"))
+    return range(index * per_device, (index + 1) * per_device)
+
+
+def _neuron_ls_cores() -> list[int]:
+    """Core ids from `neuron-ls` JSON: `--json-output` (a list of devices), or the
+    `--output-format json` that replaces it from Neuron 2.34 ("end of support for the
+    neuron-ls JSON output format")."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("neuron-ls"):
+        return []
+    for flags in (["--json-output"], ["--output-format", "json"]):
+        try:
+            out = subprocess.run(
+                ["neuron-ls", *flags], capture_output=True, text=True, timeout=30, check=True
+            ).stdout
+            cores = _cores_in(json.loads(out))
+        except (subprocess.SubprocessError, OSError, ValueError, TypeError):
+            continue
+        if cores:
+            return cores
+    return []
+
+
+def _cores_in(data: object) -> list[int]:
+    if isinstance(data, dict):  # the newer format: devices below a top-level key
+        data = next((v for v in data.values() if isinstance(v, list)), [])
+    cores: list[int] = []
+    offset = 0
+    for device in data if isinstance(data, list) else []:
+        ids = device.get("neuroncore_ids")
+        if ids is None:  # older tools: a count per device, numbered in device order
+            ids = list(range(offset, offset + int(device.get("nc_count", 0))))
+        cores.extend(int(c) for c in ids)
+        offset += len(ids)
+    return sorted(cores)
+
+
+def plan_groups(
+    cores: list[int], cores_per_worker: int, contiguous: bool = False
+) -> list[CoreGroup]:
+    """Groups of `cores_per_worker` of `cores`, in order. With `contiguous` (NeuronCores:
+    the runtime takes only a range a-b) a group never spans a gap in the ids."""
     if cores_per_worker < 1:
         raise ValueError("cores_per_worker must be at least 1")
-    n = len(cores) // cores_per_worker
-    if n == 0:
-        raise NoFreeCoreGroup(
-            f"cores_per_worker={cores_per_worker} but only {len(cores)} core(s) are available "
-            f"({cores}); lower cores_per_worker"
-        )
-    return [
-        CoreGroup(i, tuple(cores[i * cores_per_worker : (i + 1) * cores_per_worker]))
-        for i in range(n)
+    runs = _runs(sorted(cores)) if contiguous else [sorted(cores)]
+    chunks = [
+        run[i : i + cores_per_worker]
+        for run in runs
+        for i in range(0, len(run) - cores_per_worker + 1, cores_per_worker)
     ]
+    if not chunks:
+        gaps = " in a contiguous range" if contiguous and len(cores) >= cores_per_worker else ""
+        raise NoFreeCoreGroup(
+            f"cores_per_worker={cores_per_worker} but only {len(cores)} core(s) are available"
+            f"{gaps} ({cores}); lower cores_per_worker"
+        )
+    return [CoreGroup(i, tuple(c)) for i, c in enumerate(chunks)]
+
+
+def _runs(cores: list[int]) -> list[list[int]]:
+    """[0, 1, 4, 5, 6] -> [[0, 1], [4, 5, 6]]"""
+    runs: list[list[int]] = []
+    for c in cores:
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    return runs
 
 
 def default_lease_dir() -> Path:
@@ -284,34 +355,70 @@ def discover(kind: str, neuron_cores: int | None = None) -> list[int]:
     raise ValueError(f"unknown core kind {kind!r} (cpu or neuron)")
 
 
-def pin_neuron(cores: tuple[int, ...], inf1_group_sizes: bool = False) -> None:
+def pin_neuron(cores: tuple[int, ...]) -> None:
     """Make the Neuron runtime of this process see only `cores`.
 
     Must run before torch_neuronx / torch_neuron is imported: the runtime reads these
-    variables once, when it initialises.
+    variables once, when it initialises at the first model load ("Neuron Runtime
+    configuration": https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/nrt-configurable-parameters.html).
+    TorchServe's BaseHandler imports torch_xla when it is installed; torch_xla creates its
+    runtime client only when a device is first used, which the handler never does (it
+    skips BaseHandler.initialize), so importing it before the pin is harmless; `neuronserve
+    doctor` checks on a Neuron host that the runtime uses only the leased cores.
+    NEURONCORE_GROUP_SIZES is not set: it is deprecated and no longer has an effect
+    ("use NEURON_RT_VISIBLE_CORES or NEURON_RT_NUM_CORES instead").
     """
-    early = [m for m in NEURON_SDK_MODULES if m in sys.modules]
+    early = [m for m in NEURON_SDK_MODULES if sys.modules.get(m) is not None]
     if early:
         raise RuntimeError(
             f"{', '.join(early)} was imported before this worker pinned its "
             "NeuronCores; the runtime would already have claimed cores"
         )
     label = CoreGroup(0, cores).label
+    if "," in label:
+        # "The resulting range must be contiguous" (Neuron runtime developer guide)
+        raise NoFreeCoreGroup(
+            f"NeuronCores {label} are not a contiguous range; the Neuron "
+            "runtime takes a single core or a range a-b"
+        )
     os.environ["NEURON_RT_VISIBLE_CORES"] = label
+    os.environ[PINNED_ENV] = label
     os.environ["NEURON_RT_NUM_CORES"] = str(len(cores))
-    if inf1_group_sizes:
-        # torch-neuron (Inf1) still reads the legacy variable: one group of all our cores.
-        os.environ["NEURONCORE_GROUP_SIZES"] = str(len(cores))
 
 
-def pin(lease: CoreLease, target: str | None = None) -> None:
+@contextlib.contextmanager
+def neuron_pinned(cores: tuple[int, ...]) -> Iterator[None]:
+    """pin_neuron for a while (compile, validate), then the variables as they were, so
+    processes started later do not inherit them. The runtime keeps the cores it took."""
+    names = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", PINNED_ENV)
+    before = {n: os.environ.get(n) for n in names}
+    pin_neuron(cores)
+    try:
+        yield
+    finally:
+        for n, v in before.items():
+            if v is None:
+                os.environ.pop(n, None)
+            else:
+                os.environ[n] = v
+
+
+def neuron_device_present() -> bool:
+    """Whether this host has a Neuron device a compiled module can be loaded on."""
+    try:
+        return bool(discover_neuron_cores())
+    except NoFreeCoreGroup:
+        return False
+
+
+def pin(lease: CoreLease) -> None:
     if lease.kind == "cpu":
         pin_cpu(lease.cores)
         import torch
 
         lease.note(threads=torch.get_num_threads(), affinity=sorted(os.sched_getaffinity(0)))
     elif lease.kind == "neuron":
-        pin_neuron(lease.cores, inf1_group_sizes=target == "neuron")
+        pin_neuron(lease.cores)
         lease.note(visible_cores=os.environ["NEURON_RT_VISIBLE_CORES"])
     else:
         raise ValueError(f"cannot pin core kind {lease.kind!r}")

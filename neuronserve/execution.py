@@ -7,8 +7,10 @@ tokenizing and turning outputs into responses belong to the Runner and the tasks
 
 from __future__ import annotations
 
+import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -65,38 +67,88 @@ class InputLayout:
 
 @dataclass
 class Executor:
-    """Runs token rows through the module `module_for` gives for each bucket of `grid`."""
+    """Runs token rows through the module `module_for` gives for each bucket of `grid`.
+
+    `copies` are further copies of every module, one per core of a worker that holds
+    several cores where one call runs on one core (Neuron): the chunks of a batch then run
+    on them at once, and a batch that fits one bucket is split so every copy gets a part.
+    """
 
     module_for: Callable[[Bucket], Module]
     grid: BucketGrid
     layout: InputLayout
+    copies: Sequence[Callable[[Bucket], Module]] = ()
+    _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
-    def run_bucket(self, rows: Sequence[Row], bucket: Bucket) -> np.ndarray:
+    def run_bucket(
+        self,
+        rows: Sequence[Row],
+        bucket: Bucket,
+        module_for: Callable[[Bucket], Module] | None = None,
+    ) -> np.ndarray:
         """Pad `rows` to `bucket`, run its module, drop the padding rows."""
         arrays = pad_batch(rows, bucket, self.layout.names, self.layout.pad_values)
+        module = (module_for or self.module_for)(bucket)
         with torch.inference_mode():
-            out = self.module_for(bucket)(*(torch.from_numpy(arrays[n]) for n in self.layout.names))
+            out = module(*(torch.from_numpy(arrays[n]) for n in self.layout.names))
         return unpad(out.float().numpy(), len(rows))
 
     def run(self, rows: Sequence[Row], report: RunReport | None = None) -> np.ndarray:
         """Outputs for `rows` in their order: rows grouped by length into the smallest
         buckets that hold them, batches beyond the largest bucket split."""
         lengths = [len(r["input_ids"]) for r in rows]
+        chunks = list(self.grid.chunks(lengths))
+        if self.copies:
+            chunks = _spread(chunks, 1 + len(self.copies))
+        buckets = [self.grid.choose(len(c), max(lengths[i] for i in c)) for c in chunks]
+        timed = self._run_chunks(rows, chunks, buckets)
         out: np.ndarray | None = None
-        for chunk in self.grid.chunks(lengths):
-            bucket = self.grid.choose(len(chunk), max(lengths[i] for i in chunk))
-            t0 = time.perf_counter()
-            got = self.run_bucket([rows[i] for i in chunk], bucket)
+        for chunk, bucket, (got, ms) in zip(chunks, buckets, timed, strict=True):
             if out is None:
                 out = np.empty((len(rows), *got.shape[1:]), dtype=np.float32)
             out[chunk] = got
             if report is not None:
                 report.runs.append(
-                    BucketRun(
-                        bucket,
-                        len(chunk),
-                        sum(lengths[i] for i in chunk),
-                        (time.perf_counter() - t0) * 1e3,
-                    )
+                    BucketRun(bucket, len(chunk), sum(lengths[i] for i in chunk), ms)
                 )
         return out if out is not None else np.empty((0, 0), dtype=np.float32)
+
+    def _run_chunks(
+        self, rows: Sequence[Row], chunks: list[list[int]], buckets: list[Bucket]
+    ) -> list[tuple[np.ndarray, float]]:
+        def one(
+            chunk: list[int], bucket: Bucket, module_for: Callable[[Bucket], Module]
+        ) -> tuple[np.ndarray, float]:
+            t0 = time.perf_counter()
+            got = self.run_bucket([rows[i] for i in chunk], bucket, module_for)
+            return got, (time.perf_counter() - t0) * 1e3
+
+        if not self.copies or len(chunks) == 1:
+            return [one(c, b, self.module_for) for c, b in zip(chunks, buckets, strict=True)]
+        # each copy runs one chunk at a time: a queue hands them to the pool's threads
+        free: queue.SimpleQueue[Callable[[Bucket], Module]] = queue.SimpleQueue()
+        for module_for in (self.module_for, *self.copies):
+            free.put(module_for)
+
+        def on_a_free_copy(chunk: list[int], bucket: Bucket) -> tuple[np.ndarray, float]:
+            module_for = free.get()
+            try:
+                return one(chunk, bucket, module_for)
+            finally:
+                free.put(module_for)
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1 + len(self.copies), "neuronserve-core")
+        return list(self._pool.map(on_a_free_copy, chunks, buckets))
+
+
+def _spread(chunks: list[list[int]], copies: int) -> list[list[int]]:
+    """Halve the largest chunks until every copy has one (or no chunk can be halved)."""
+    chunks = list(chunks)
+    while len(chunks) < copies:
+        largest = max(range(len(chunks)), key=lambda i: len(chunks[i]))
+        c = chunks[largest]
+        if len(c) < 2:
+            break
+        chunks[largest : largest + 1] = [c[: len(c) // 2], c[len(c) // 2 :]]
+    return chunks

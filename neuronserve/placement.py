@@ -33,7 +33,9 @@ def core_kind(target: str) -> str:
 
 def groups(kind: str, cores_per_worker: int, neuron_cores: int | None = None) -> list[CoreGroup]:
     """This host's core groups for workers of `cores_per_worker` cores."""
-    return cores.plan_groups(cores.discover(kind, neuron_cores), cores_per_worker)
+    return cores.plan_groups(
+        cores.discover(kind, neuron_cores), cores_per_worker, contiguous=kind == "neuron"
+    )
 
 
 @dataclass(frozen=True)
@@ -132,4 +134,53 @@ def claim(
     NoFreeCoreGroup with what to change."""
     return cores.acquire(
         groups(kind, cores_per_worker, neuron_cores), kind, owner=owner, prefer=prefer
+    )
+
+
+# Device memory per NeuronCore, by target and instance family: Inferentia has 8 GiB per
+# chip shared by its 4 cores ("Inferentia architecture", https://awsdocs-neuron.readthedocs-hosted.com/en/latest/about-neuron/arch/neuron-hardware/inferentia.html);
+# Inferentia2 and Trainium 32 GiB per chip of 2 cores (inf2 and trn1 architecture
+# pages); Trainium2 96 GiB per chip of 4 logical cores.
+GIB = 2**30
+CORE_MEMORY = {
+    "neuron": 8 * GIB // 4,
+    "inf2": 16 * GIB,
+    "trn1": 16 * GIB,
+    "trn1n": 16 * GIB,
+    "trn2": 24 * GIB,
+}
+# what the runtime, instructions and activations leave for weights
+WEIGHT_SHARE = 0.8
+
+
+def device_memory_problem(
+    target: str,
+    modules: int,
+    weight_bytes: int,
+    cores_per_module: int = 1,
+    family: str | None = None,
+) -> str | None:
+    """Why a worker's modules cannot fit on its NeuronCores, or None. Every bucket module
+    holds its own weights (inlined in its NEFF), so a core holds weights x buckets (a
+    pipelined Inf1 model spreads its weights over its cores)."""
+    if core_kind(target) != "neuron" or not weight_bytes:
+        return None
+    budget = CORE_MEMORY.get(
+        "neuron" if target == "neuron" else (family or "inf2"), CORE_MEMORY["inf2"]
+    )
+    per_module = weight_bytes / max(cores_per_module, 1)
+    need = per_module * modules
+    if need <= budget * WEIGHT_SHARE:
+        return None
+    fits = int(budget * WEIGHT_SHARE // per_module)
+    where = (
+        "an Inf1 NeuronCore (8 GiB per chip shared by 4 cores)"
+        if target == "neuron"
+        else f"a {family or 'inf2'} NeuronCore"
+    )
+    return (
+        f"the {modules} bucket modules need {need / GIB:.1f} GiB per NeuronCore (each "
+        f"holds {per_module / 1e6:.0f} MB of weights), more than {WEIGHT_SHARE:.0%} of the "
+        f"{budget / GIB:.0f} GiB of {where}: compile at most {fits} bucket(s) (fewer batch "
+        "sizes or sequence lengths)" + (", or more pipeline cores" if target == "neuron" else "")
     )

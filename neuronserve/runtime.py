@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
-from .artifact import Manifest, read_manifest
+from .artifact import ArtifactError, Manifest, read_manifest
 from .buckets import Bucket
 from .compile.targets import get_target
 from .execution import Executor, InputLayout, Module, Row, RunReport
@@ -38,25 +38,35 @@ class Runner:
         truncation: bool | None = None,
         verify: bool = True,
         warmup: bool = True,
+        cores: int = 1,
     ):
+        """`cores`: how many cores this process holds; a target whose calls each run on
+        one core (Neuron) gets a copy of every module per core."""
         self.artifact_dir = Path(artifact_dir)
         self.manifest: Manifest = read_manifest(self.artifact_dir, verify=verify)
         m = self.manifest
+        _check_validated(m, self.artifact_dir)
         self.task = get_task(m.task)
         self.target = get_target(m.target)
         self.grid = m.grid
         self.truncation = m.tokenizer.truncation if truncation is None else truncation
         self.tokenizer = TextTokenizer(self.artifact_dir / m.tokenizer.file, m.tokenizer.max_length)
-        # one load per file: a dynamic-shape target's buckets all share one module
-        self._loaded = {
-            f: self.target.load(self.artifact_dir / f) for f in sorted(set(m.modules.values()))
-        }
-        if m.weights:
-            self.target.attach_weights(list(self._loaded.values()), self.artifact_dir / m.weights)
+        per_module = int(m.compiler.get("cores_per_module", 1))
+        copies = self.target.replicas(cores, per_module)
+        # one load per file and copy: a dynamic-shape target's buckets share one module;
+        # copy k goes to core k (of the cores this process sees) when there are several
+        self._loaded = [
+            {
+                f: self.target.load(self.artifact_dir / f, k * per_module if copies > 1 else None)
+                for f in sorted(set(m.modules.values()))
+            }
+            for k in range(copies)
+        ]
         self.executor = Executor(
-            self._module,
+            self._module_of(0),
             self.grid,
             InputLayout(tuple(i.name for i in m.inputs), {i.name: i.pad_value for i in m.inputs}),
+            [self._module_of(k) for k in range(1, copies)],
         )
         self.info = {"labels": m.labels}
         if warmup:
@@ -66,15 +76,14 @@ class Runner:
     def max_sequence_length(self) -> int:
         return self.grid.max_seq
 
-    def _module(self, bucket: Bucket) -> Module:
-        return self._loaded[self.manifest.module_for(bucket)]
+    def _module_of(self, copy: int) -> Callable[[Bucket], Module]:
+        loaded, module_for = self._loaded[copy], self.manifest.module_for
+        return lambda bucket: loaded[module_for(bucket)]
 
     def warmup(self, rounds: int = 2) -> None:
-        """Run every bucket so no request pays for first-call graph optimisation.
-
-        TorchScript's profiling executor specialises on the second call of a shape,
-        hence two rounds.
-        """
+        """Run every bucket of every copy so no request pays for first-call graph
+        optimisation. TorchScript's profiling executor specialises on the second call of a
+        shape, hence two rounds."""
         pad = self.executor.layout.pad_values.get("input_ids", 0)
         for bucket in self.grid.buckets:
             rows: list[Row] = [
@@ -84,8 +93,9 @@ class Runner:
                     "token_type_ids": [0] * bucket.seq,
                 }
             ]
-            for _ in range(rounds):
-                self.executor.run_bucket(rows, bucket)
+            for module_for in (self.executor.module_for, *self.executor.copies):
+                for _ in range(rounds):
+                    self.executor.run_bucket(rows, bucket, module_for)
 
     def parse(self, body: Any, content_type: str | None = None) -> TaskRequest:
         """Decode one request body into the task's request (raises RequestError)."""
@@ -174,3 +184,19 @@ class Runner:
                     status=413,
                 )
         return None
+
+
+def _check_validated(manifest: Manifest, artifact_dir: Path) -> None:
+    if manifest.validation_status == "failed":
+        raise ArtifactError(
+            f"{artifact_dir} failed its check on this host: {manifest.validation_note}. "
+            "Recompile it (a higher precision, or a lower accuracy floor if that is acceptable)"
+        )
+    if manifest.validation_status == "pending":
+        log.warning(
+            "%s has not been checked against its eager reference yet (%s): run "
+            "`neuronserve validate %s` on this host before trusting its answers",
+            artifact_dir,
+            manifest.validation_note,
+            artifact_dir,
+        )

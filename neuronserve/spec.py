@@ -23,7 +23,7 @@ from pydantic import (
 Task = Literal["feature-extraction", "text-classification"]
 Target = Literal["cpu", "neuronx", "neuron"]
 Pooling = Literal["auto", "mean", "cls"]
-Precision = Literal["auto", "fp32", "bf16", "int8"]
+Precision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
 Layout = Literal["throughput", "latency"]
 
 
@@ -77,9 +77,10 @@ class DeploySpec(BaseModel):
     artifact: Path | None = Field(None, description="artifact directory (compile output)")
     precision: Precision = Field(
         "auto",
-        description="cpu: fp32 | bf16 | int8 | auto (the fastest that meets the "
-        "accuracy floor; each candidate's accuracy is recorded in the "
-        "manifest). Neuron targets use auto_cast instead",
+        description="what the compiled model computes in. cpu: fp32 | bf16 | int8 | auto (the "
+        "fastest that meets the accuracy floor); neuronx: fp32 | bf16 | fp16 | auto (bf16 if "
+        "it meets the floor, else fp32); neuron (Inf1): bf16 | fp16 | auto (bf16). Each "
+        "candidate's accuracy is recorded in the manifest",
     )
     min_cosine: float = Field(
         0.999,
@@ -224,15 +225,6 @@ class DeploySpec(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _precision_needs_cpu(self):
-        if self.target != "cpu" and self.precision not in ("auto", "fp32"):
-            raise ValueError(
-                f"precision {self.precision} applies to target cpu; Neuron targets "
-                "lower precision with auto_cast and auto_cast_type"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _latency_layout_is_one_worker(self):
         if self.layout == "latency" and ((self.workers or 1) != 1 or self.cores_per_worker != 1):
             raise ValueError(
@@ -250,6 +242,8 @@ class DeploySpec(BaseModel):
             "pipeline_cores": self.pipeline_cores,
             "compiler_workdir": self.compiler_workdir,
             "compile_for": self.compile_for,
+            # the host's NeuronCores, when known, cap Inf1's pipeline_cores: auto
+            "neuron_cores": self.neuron_cores,
         }
 
     def model_name(self) -> str:

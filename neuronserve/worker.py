@@ -107,10 +107,14 @@ def start_worker(
         neuron_cores=settings.neuron_cores,
     )
     try:
-        cores.pin(lease, target=settings.target)
+        cores.pin(lease)
         from .runtime import Runner
 
-        runner = Runner(Path(model_dir) / settings.artifact, truncation=settings.truncation)
+        runner = Runner(
+            Path(model_dir) / settings.artifact,
+            truncation=settings.truncation,
+            cores=len(lease.cores),
+        )
     except BaseException:
         lease.release()
         raise

@@ -103,13 +103,11 @@ def classifier_runner(classifier_artifact):
 
 @pytest.fixture(scope="session")
 def neuronx_artifact(tmp_path_factory, classifier_dir):
-    """The tiny classifier compiled for neuronx by the stand-in SDK (tests/neuron_standin)."""
-    import sys
+    """The tiny classifier compiled for neuronx at fp32 by the stand-in SDK on a fake
+    4-NeuronCore host (so every bucket was checked), batch sizes 1 and 4."""
+    from helpers import standin_process
 
-    from helpers import STANDIN
-
-    sys.path.insert(0, str(STANDIN))
-    try:
+    with standin_process(4):
         return _compile(
             tmp_path_factory.mktemp("neuronx") / "tiny-neuronx",
             model=classifier_dir,
@@ -117,24 +115,16 @@ def neuronx_artifact(tmp_path_factory, classifier_dir):
             target="neuronx",
             batch_sizes=[1, 4],
             sequence_lengths=[16, 32],
+            precision="fp32",
         )
-    finally:
-        sys.path.remove(str(STANDIN))
-        for name in ("torch_neuronx", "_record"):
-            sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="session")
 def neuronx_runner(neuronx_artifact):
-    """The Runner on the neuronx artifact in this process, the stand-in importable."""
-    import sys
-
-    from helpers import STANDIN
+    """The Runner on the neuronx artifact in this process, on the fake host."""
+    from helpers import standin_process
 
     from neuronserve.runtime import Runner
 
-    sys.path.insert(0, str(STANDIN))
-    try:
+    with standin_process(4):
         return Runner(neuronx_artifact)
-    finally:
-        sys.path.remove(str(STANDIN))

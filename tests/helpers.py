@@ -4,6 +4,7 @@ transformers (for the unit tests that check the Runner), and small process helpe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -264,20 +265,16 @@ def standin_imports(log: Path) -> dict[int, dict]:
 
 
 class NeuronServing:
-    """Package and serve an artifact with the stand-in SDK on the workers' path, on a fake
-    4-NeuronCore host; `stop()` stops the server. The stand-in logs to `self.log`."""
+    """Package and serve an artifact on a fake 4-NeuronCore host with the stand-in SDK on
+    the workers' path; `stop()` stops the server. The stand-in logs to `self.log`."""
 
     def __init__(self, work: Path, engine: str, artifact: Path, **fields):
         work.mkdir(parents=True, exist_ok=True)
         self.work, self.engine, self.log = work, engine, work / "standin.jsonl"
         self.env = {
             **os.environ,
-            "NEURONSERVE_NEURON_CORES": "4",
+            **standin_env(4, log=self.log),
             "NEURONSERVE_LEASE_DIR": str(work / "leases"),
-            "NEURONSERVE_STANDIN_LOG": str(self.log),
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(STANDIN), os.environ.get("PYTHONPATH")])
-            ),
         }
         self.spec = write_spec(
             work,
@@ -324,3 +321,71 @@ def start_sagemaker(work: Path, artifact: Path, engine: str) -> SageMakerServe:
 def check_ping_and_workers(serve: SageMakerServe) -> None:
     assert 503 in serve.seen[:-1], serve.seen  # answered, but not ready, before it was ready
     assert "SAGEMAKER_MODEL_SERVER_WORKERS=9 capped to" in serve.log.read_text()
+
+
+def standin_env(
+    cores: int = 4, granted: str | None = None, sdk: str | None = None, log: Path | None = None
+) -> dict[str, str]:
+    """Environment variables of a fake Neuron host for processes that import the stand-in
+    SDK (tests/neuron_standin): `cores` NeuronCores (0: no device), a container's `granted`
+    subset, the SDK release it pretends to be, where it logs, its neuron-ls on PATH."""
+    env = {
+        "NEURON_STANDIN_CORES": str(cores),
+        "PATH": f"{STANDIN / 'bin'}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(STANDIN), os.environ.get("PYTHONPATH")])),
+    }
+    if granted:
+        env["NEURON_STANDIN_GRANTED"] = granted
+    if sdk:
+        env["NEURON_STANDIN_SDK"] = sdk
+    if log:
+        env["NEURONSERVE_STANDIN_LOG"] = str(log)
+    return env
+
+
+def standin_events(log: Path, event: str | None = None) -> list[dict]:
+    import json
+
+    events = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return [e for e in events if event is None or e["event"] == event]
+
+
+@contextlib.contextmanager
+def standin_process(
+    cores: int = 4, granted: str | None = None, sdk: str | None = None, log: Path | None = None
+):
+    """This process on a fake Neuron host with the stand-in SDK importable: a fresh stand-in
+    runtime, and the environment and sys.path as they were afterwards."""
+    env = standin_env(cores, granted, sdk, log)
+    env.pop("PYTHONPATH")
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    sys.path.insert(0, str(STANDIN))
+    for name in (
+        "torch_neuronx",
+        "torch_neuronx.experimental",
+        "torch_neuron",
+        "torch_neuron.experimental",
+        "_standin_trace",
+    ):
+        sys.modules.pop(name, None)
+    import _standin_runtime
+
+    _standin_runtime._runtime = None
+    try:
+        yield
+    finally:
+        sys.path.remove(str(STANDIN))
+        for name in (
+            "torch_neuronx",
+            "torch_neuronx.experimental",
+            "torch_neuron",
+            "torch_neuron.experimental",
+        ):
+            sys.modules.pop(name, None)
+        _standin_runtime._runtime = None
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

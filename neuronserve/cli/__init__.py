@@ -1,4 +1,4 @@
-"""The `neuronserve` command: compile, package, serve, bench. One module per
+"""The `neuronserve` command: compile, validate, package, serve, bench, doctor. One module per
 subcommand; this one only puts them together.
 
 Every command reads the same deployment spec (`--spec deploy.yaml`); flags given on the
@@ -11,19 +11,22 @@ import sys
 
 import typer
 
-from . import bench, compile, package, serve
+from . import bench, compile, doctor, package, serve, validate
 
 app = typer.Typer(
     help="Compile Hugging Face encoders ahead of time and serve them behind TorchServe or "
     "Triton with one pinned worker per core group.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
     add_completion=False,
 )
 app.command("compile")(compile.compile_cmd)
+app.command("validate")(validate.validate_cmd)
 app.add_typer(package.app, name="package")
 app.add_typer(serve.app, name="serve")
 app.command("bench")(bench.bench_cmd)
+app.command("doctor")(doctor.doctor_cmd)
 
 
 def main() -> None:

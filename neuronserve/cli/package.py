@@ -26,7 +26,11 @@ from .options import (
     spec_option,
 )
 
-app = typer.Typer(help="Package an artifact for a model server or platform.", no_args_is_help=True)
+app = typer.Typer(
+    help="Package an artifact for a model server or platform.",
+    rich_markup_mode="markdown",
+    no_args_is_help=True,
+)
 
 
 @app.command("torchserve")

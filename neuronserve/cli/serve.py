@@ -10,7 +10,11 @@ import typer
 
 from .options import SpecFile, Stop, fail, load, spec_option
 
-app = typer.Typer(help="Start (or stop) a model server on packaged models.", no_args_is_help=True)
+app = typer.Typer(
+    help="Start (or stop) a model server on packaged models.",
+    rich_markup_mode="markdown",
+    no_args_is_help=True,
+)
 
 Timeout = Annotated[float, typer.Option(help="seconds to wait for every worker to be ready")]
 

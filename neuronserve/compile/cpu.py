@@ -13,6 +13,7 @@ weights once, whatever the grid.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 from pathlib import Path
@@ -32,9 +33,9 @@ class CpuTarget:
     dynamic_shapes = True
     core_kind = "cpu"
     file_suffix = ".pt"
-    weights_file = None  # frozen into the one module
-    # what `precision: auto` tries, fastest first; the driver keeps the fastest that passes
+    # what `precision: auto` tries; the driver times each that passes and keeps the fastest
     auto_precisions = ("int8", "bf16", "fp32")
+    auto_times_candidates = True
 
     def compile(
         self, module: torch.nn.Module, example: tuple[torch.Tensor, ...], options: dict[str, Any]
@@ -60,7 +61,7 @@ class CpuTarget:
         else:
             torch.jit.save(compiled, str(path))
 
-    def load(self, path: Path) -> torch.nn.Module | OrtModule:
+    def load(self, path: Path, core: int | None = None) -> torch.nn.Module | OrtModule:
         if path.suffix == OrtModule.file_suffix:
             return OrtModule(path.read_bytes())
         return torch.jit.load(str(path), map_location="cpu").eval()
@@ -72,7 +73,22 @@ class CpuTarget:
 
     def describe(self, options: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
         precision = options.get("precision") or "fp32"
+        if precision not in PRECISIONS:
+            raise ValueError(
+                f"target cpu has no precision {precision!r}; choose one of "
+                f"{', '.join(PRECISIONS)} or auto"
+            )
         return {
+            "precision": precision,
             "cores_per_module": 1,
-            "module_format": MODULE_FORMATS.get(precision, "torchscript"),
+            "module_format": MODULE_FORMATS[precision],
         }
+
+    def cannot_run_here(self, options: dict[str, Any]) -> str | None:
+        return None
+
+    def compiling(self, options: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def replicas(self, cores_per_worker: int, cores_per_module: int) -> int:
+        return 1  # a multi-core worker runs one copy on all its cores' threads

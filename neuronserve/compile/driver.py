@@ -27,6 +27,7 @@ from ..tokenization import TextTokenizer
 from .base import CompileError
 from .context import CompileContext
 from .precision import Choice, PrecisionSearch
+from .reference import REFERENCE_FILE
 from .targets import get_target
 
 INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")
@@ -120,20 +121,18 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
         options=spec.compiler_options(),
         progress=progress,
     )
-    choice = PrecisionSearch(ctx, out / CANDIDATES).run()
+    # a Neuron compile leases and pins one core like a worker: the runtime reserves every
+    # core it sees for the process that loads a model
+    with target.compiling(ctx.options):
+        choice = PrecisionSearch(ctx, out / CANDIDATES).run()
     for f in choice.kept.build.folder.iterdir():
         f.rename(out / f.name)
     shutil.rmtree(out / CANDIDATES)
-    weights = None
-    if not target.dynamic_shapes and target.weights_file:
-        weights = target.weights_file
-        target.save_weights(ctx.eager, out / weights)
-    return _manifest(ctx, wrapped, choice, out, weights)
+    choice.reference.save(out / REFERENCE_FILE)
+    return _manifest(ctx, wrapped, choice, out)
 
 
-def _manifest(
-    ctx: CompileContext, wrapped: WrappedModel, choice: Choice, out: Path, weights: str | None
-) -> Manifest:
+def _manifest(ctx: CompileContext, wrapped: WrappedModel, choice: Choice, out: Path) -> Manifest:
     import tokenizers
     import transformers
 
@@ -147,16 +146,15 @@ def _manifest(
         architecture=(config.architectures or [type(model).__name__])[0],
         model_type=config.model_type,
         target=ctx.target.name,
-        precision=kept.build.precision,
+        precision=kept.described["precision"],
         batch_sizes=list(grid.batch_sizes),
         sequence_lengths=list(grid.sequence_lengths),
         inputs=[
             InputSpec(name=n, pad_value=ctx.layout.pad_values.get(n, 0)) for n in ctx.layout.names
         ],
         output_name=wrapped.output_name,
-        output_dim=kept.build.output_dim,
+        output_dim=choice.reference.output_dim,
         modules=kept.build.modules,
-        weights=weights,
         tokenizer=TokenizerSettings(
             max_length=grid.max_seq,
             truncation=TRUNCATION_AT_COMPILE if spec.truncation is None else spec.truncation,
@@ -178,7 +176,9 @@ def _manifest(
         accuracy=kept.trial.accuracy,
         accuracy_floor={floor_field: getattr(spec, floor_field)} if floor_field else {},
         precision_trials=choice.trials,
-        validation=kept.build.validation,
+        validation=kept.validation,
+        validation_status="pending" if choice.pending else "passed",
+        validation_note=choice.pending,
         **wrapped.manifest_fields,
     )
 

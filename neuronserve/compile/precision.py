@@ -1,7 +1,12 @@
-"""Which precision an artifact gets: every candidate is built, validated per bucket,
-and measured against fp32 eager on many texts through the serving path; one under the
-task's accuracy floor is refused; with several candidates (`precision: auto`) the
-fastest that passes, by batch-1 model time over the grid, is kept."""
+"""Which precision an artifact gets: every candidate is built and checked against the
+fp32 eager reference (reference.py) through the serving path; one under the task's
+accuracy floor is refused. With several candidates (`precision: auto`) a target that can
+time them here keeps the fastest that passes (batch-1 model time over the grid), a
+Neuron target the first that passes (its order is fastest first on a NeuronCore).
+
+Where the target's modules cannot run on this host (a Neuron build host), only the
+first candidate is built, and its check is left to `neuronserve validate`.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +15,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
-
-from ..artifact import PrecisionTrial
+from ..artifact import BucketValidation, PrecisionTrial
 from ..buckets import BucketGrid
-from ..execution import Executor, Row
+from ..execution import Executor
 from ..spec import DeploySpec
 from ..tokenization import TextTokenizer
 from .base import CompileError, Target
 from .context import CompileContext
-from .texts import VALIDATION_TEXTS, accuracy_texts
+from .reference import Judge, Reference, check
+from .texts import VALIDATION_TEXTS
 from .validation import Build, build_precision
 
 
@@ -28,12 +32,6 @@ def candidates(spec: DeploySpec, target: Target) -> tuple[tuple[str, ...], bool]
     if spec.precision != "auto":
         return (spec.precision,), True
     return tuple(getattr(target, "auto_precisions", ("fp32",))), False
-
-
-def accuracy_rows(tokenizer: TextTokenizer, max_seq: int) -> list[Row]:
-    return [
-        e.row() for e in tokenizer.encode(accuracy_texts(), truncate=True) if len(e.ids) <= max_seq
-    ]
 
 
 def batch1_ms(executor: Executor, tokenizer: TextTokenizer, grid: BucketGrid) -> float:
@@ -56,80 +54,112 @@ def batch1_ms(executor: Executor, tokenizer: TextTokenizer, grid: BucketGrid) ->
 @dataclass
 class Candidate:
     build: Build
-    # what the target reports about this compile for the manifest (compiler args, ...)
+    # what the target reports about this compile for the manifest (precision the compiler
+    # runs, compiler args, ...)
     described: dict
     trial: PrecisionTrial
+    # how each bucket compared with the reference (empty while unchecked)
+    validation: list[BucketValidation] = field(default_factory=list)
 
 
 @dataclass
 class Choice:
     kept: Candidate
+    reference: Reference
     trials: list[PrecisionTrial] = field(default_factory=list)
+    # why the kept build is not checked yet (its modules cannot run on this host)
+    pending: str | None = None
 
 
 class PrecisionSearch:
     def __init__(self, ctx: CompileContext, folder: Path):
         self.ctx, self.folder = ctx, folder
         self.precisions, self.named = candidates(ctx.spec, ctx.target)
-        self.rows = accuracy_rows(ctx.tokenizer, ctx.grid.max_seq)
         task = ctx.task
         self.floor_field = task.accuracy_floor_field
         self.floor = getattr(ctx.spec, self.floor_field) if self.floor_field else None
-        # fp32 eager on the accuracy texts, through the same path, computed once
-        self.reference = ctx.eager_executor().run(self.rows)
+        # fp32 eager on padded text per bucket and on the accuracy texts, computed once
+        self.reference = Reference.compute(ctx)
+        self.pending = ctx.target.cannot_run_here(ctx.options)
 
     def run(self) -> Choice:
-        trials, kept = [], {}
+        if self.pending:
+            return self._unchecked()
+        trials, kept = [], []
         for precision in self.precisions:
             trial, candidate = self.try_precision(precision)
             trials.append(trial)
             if candidate is not None:
-                kept[precision] = candidate
+                kept.append(candidate)
+                if not self.ctx.target.auto_times_candidates:
+                    break
         if not kept:
             raise CompileError(
                 "no precision met the accuracy floor: "
                 + "; ".join(f"{t.precision}: {t.reason}" for t in trials)
             )
-        best = min(kept.values(), key=lambda c: c.trial.batch1_ms or 0.0)
-        return Choice(best, trials)
+        best = min(kept, key=lambda c: c.trial.batch1_ms or 0.0)
+        return Choice(best, self.reference, trials)
+
+    def _described(self, precision: str) -> dict:
+        ctx = self.ctx
+        try:
+            return ctx.target.describe({**ctx.options, "precision": precision}, ctx.eager)
+        except ValueError as e:
+            raise CompileError(str(e)) from None
+
+    def _unchecked(self) -> Choice:
+        precision = self.precisions[0]
+        described = self._described(precision)
+        folder = self.folder / precision
+        folder.mkdir(parents=True)
+        build = build_precision(self.ctx, precision, folder, self.reference, load=False)
+        trial = PrecisionTrial(
+            precision=described["precision"],
+            module_format=described.get("module_format"),
+            passed=None,
+            reason=f"not checked here: {self.pending}",
+        )
+        self.ctx.say(
+            f"precision {trial.precision}: compiled, not checked: {self.pending}. "
+            "Run `neuronserve validate ARTIFACT` on the serving host before serving."
+        )
+        return Choice(
+            Candidate(build, described, trial), self.reference, [trial], pending=self.pending
+        )
 
     def try_precision(self, precision: str) -> tuple[PrecisionTrial, Candidate | None]:
         ctx, task = self.ctx, self.ctx.task
-        try:
-            described = ctx.target.describe({**ctx.options, "precision": precision}, ctx.eager)
-        except ValueError as e:
-            raise CompileError(str(e)) from None
+        described = self._described(precision)
+        effective = described["precision"]
         folder = self.folder / precision
         folder.mkdir(parents=True)
-        build = build_precision(ctx, precision, folder)
-        got = build.executor(ctx).run(self.rows)
-        accuracy = {**task.accuracy(got, self.reference), "texts": len(self.rows)}
+        build = build_precision(ctx, precision, folder, self.reference)
+        judge = Judge(task, effective, ctx.spec.tolerance, self.floor_field, self.floor)
+        verdict = check(build.module_for, self.reference, judge, ctx.grid, ctx.layout)
         trial = PrecisionTrial(
-            precision=precision,
+            precision=effective,
             module_format=described.get("module_format"),
-            accuracy=accuracy,
-            passed=True,
+            accuracy=verdict.accuracy,
+            passed=verdict.refused is None,
+            reason=verdict.refused,
         )
-        value = accuracy.get(task.accuracy_metric, np.nan)
-        if precision != "fp32" and self.floor is not None and value < self.floor:
-            trial.passed = False
-            trial.reason = (
-                f"{task.accuracy_metric} {value:.4f} against fp32 eager is under "
-                f"{self.floor_field} {self.floor:g}"
-            )
+        if verdict.refused:
             shutil.rmtree(folder)
             if self.named:
                 raise CompileError(
-                    f"precision {precision} refused: {trial.reason} on {len(self.rows)} texts. "
-                    f"Use a higher precision, or lower `{self.floor_field}` explicitly if that "
-                    "accuracy is acceptable for your use."
+                    f"precision {effective} refused: {verdict.refused} on "
+                    f"{len(self.reference.accuracy_rows)} texts. Use a higher precision, or "
+                    f"lower `{self.floor_field}` explicitly if that accuracy is acceptable for "
+                    "your use."
                 )
-            ctx.say(f"precision {precision}: refused, {trial.reason}")
+            ctx.say(f"precision {effective}: refused, {verdict.refused}")
             return trial, None
-        if len(self.precisions) > 1:
+        value = verdict.accuracy.get(task.accuracy_metric)
+        if len(self.precisions) > 1 and ctx.target.auto_times_candidates:
             trial.batch1_ms = batch1_ms(build.executor(ctx), ctx.tokenizer, ctx.grid)
             ctx.say(
-                f"precision {precision}: {task.accuracy_metric} {value:.5f}, batch-1 "
+                f"precision {effective}: {task.accuracy_metric} {value:.5f}, batch-1 "
                 f"model time over the grid {trial.batch1_ms:.1f} ms"
             )
-        return trial, Candidate(build, described, trial)
+        return trial, Candidate(build, described, trial, verdict.validation)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from .. import placement
+from .. import cores, placement
 from ..artifact import Manifest, read_manifest
 from ..spec import DeploySpec
 from ..worker import WorkerSettings
@@ -41,6 +41,15 @@ def prepare(artifact: Path, spec: DeploySpec, what: str = "workers") -> Packaged
         plan = placement.plan(placement.PlanRequest.of(spec, manifest))
     except placement.PlacementError as e:
         raise PackagingError(str(e)) from None
+    problem = placement.device_memory_problem(
+        manifest.target,
+        len(set(manifest.modules.values())),
+        int(manifest.compiler.get("weight_bytes", 0)),
+        int(manifest.compiler.get("cores_per_module", 1)),
+        cores.instance_family(),
+    )
+    if problem:
+        raise PackagingError(problem)
     warning = plan.warning(what)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)

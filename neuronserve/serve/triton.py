@@ -46,6 +46,21 @@ class TritonInstance:
         return _pid(self.run_dir)
 
 
+def check_glibc(version: str | None = None) -> None:
+    """The tritonserver in nvidia-pytriton needs glibc 2.35 or newer ("An operating system
+    with glibc >= 2.35", PyTriton installation:
+    https://triton-inference-server.github.io/pytriton/latest/installation/); Ubuntu 20.04
+    images, the Neuron ones of SDK 2.20 and older included, have 2.31."""
+    found = version or os.confstr("CS_GNU_LIBC_VERSION") or ""
+    parts = found.replace("glibc", "").strip().split(".")
+    if len(parts) >= 2 and (int(parts[0]), int(parts[1])) < (2, 35):
+        raise ServeError(
+            f"this system has {found}; the Triton engine (nvidia-pytriton's tritonserver) "
+            "needs glibc 2.35 or newer: use an Ubuntu 22.04 base image (for Neuron, a Neuron "
+            "SDK 2.21+ deep learning container), or the TorchServe engine"
+        )
+
+
 def check_numpy() -> None:
     import numpy
 
@@ -190,6 +205,8 @@ def start(
         )
     check_numpy()
     binary, root = find_tritonserver()
+    if root is not None:
+        check_glibc()
     run_dir.mkdir(parents=True, exist_ok=True)
     models = models_in(repository)
     cmd = [

@@ -99,8 +99,11 @@ def test_bf16_serves_embeddings_within_the_floor(tmp_path, minilm_dir):
     assert min(sims) >= 0.999 and min(sims) < 1 - 1e-7  # close, and not fp32 in disguise
 
 
-def test_precision_spec_errors():
-    with pytest.raises(SpecError, match="precision bf16 applies to target cpu"):
-        load_spec(None, {"target": "neuronx", "precision": "bf16"})
+def test_precision_errors_name_what_the_target_has(tmp_path, classifier_dir):
+    with pytest.raises(CompileError, match="target cpu has no precision 'fp16'"):
+        compile_model(
+            _spec(classifier_dir, tmp_path / "x", task="text-classification", precision="fp16"),
+            progress=False,
+        )
     with pytest.raises(SpecError, match="min_cosine"):
         load_spec(None, {"min_cosine": 1.5})

@@ -53,13 +53,19 @@ def test_dockerfiles_lint_and_copy_only_what_the_context_has(target, contexts):
     assert lint.returncode == 0, lint.stdout + lint.stderr
     instructions = dockerfile.parse_file(str(path))
     copies = [i for i in instructions if i.cmd == "COPY"]
-    assert copies and any(i.cmd == "CMD" and i.value == ("serve",) for i in instructions)
+    # its own ENTRYPOINT: a CMD would leave a base image's ENTRYPOINT running (the Neuron
+    # DLC's starts AWS's SageMaker toolkit on `serve`)
+    entrypoints = [i for i in instructions if i.cmd == "ENTRYPOINT"]
+    assert entrypoints and entrypoints[-1].value == ("/usr/local/bin/serve",), path.name
+    assert any(c.value == ("serve", "/usr/local/bin/serve") for c in copies)
     for ctx in contexts.values():
         for copy in copies:
             for src in copy.value[:-1]:
                 assert (ctx / src).exists(), f"{path.name} copies {src}, missing in {ctx}"
     base = next(i for i in instructions if i.cmd == "ARG")
     assert base.value[0].startswith("BASE_IMAGE=")  # the base image is a build argument
+    if target == "neuronx":  # glibc >= 2.35 for the Triton engine: Ubuntu 22.04 or newer
+        assert "ubuntu22.04" in base.value[0] or "ubuntu24.04" in base.value[0]
 
 
 def test_broken_model_dir_exits_non_zero(contexts, tmp_path):

@@ -76,3 +76,10 @@ def test_backend_directory_links_this_pythons_stub(tmp_path):
 def test_serve_without_models_is_a_clear_error(tmp_path):
     with pytest.raises(ServeError, match="package triton"):
         triton.start(tmp_path, tmp_path / "run")
+
+
+def test_glibc_older_than_2_35_is_refused_for_triton():
+    with pytest.raises(ServeError, match=r"glibc 2.35 or newer.*Ubuntu 22.04"):
+        triton.check_glibc("glibc 2.31")
+    triton.check_glibc("glibc 2.35")
+    triton.check_glibc()  # this machine

@@ -1,0 +1,232 @@
+"""The stand-in's Neuron runtime: the part of the AWS Neuron SDK a compiled module talks to.
+
+Only the tests put tests/neuron_standin on the path. There is no Neuron hardware here,
+so this emulates what the AWS Neuron documentation says the SDK does, and records every
+call and the process's Neuron variables as one JSON line in $NEURONSERVE_STANDIN_LOG:
+
+- A traced module is a TorchScript module holding an opaque compiled graph (the "NEFF",
+  here a serialized TorchScript graph). When it is loaded with torch.jit.load, the runtime
+  loads the NEFF onto a NeuronCore, and refuses if there is no Neuron device:
+  "inference can only be executed on a Neuron instance" and "upon torch.jit.load, it is
+  loaded to a Neuron device" (torch-neuronx trace API, Notes:
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuronx/api-reference-guide/inference/api-torch-neuronx-trace.html).
+- Placement: "every Neuron traced model ScriptModule within a process is loaded to each
+  available NeuronCore in round-robin order" (same page), unless a placement context
+  (torch_neuronx.experimental.neuron_cores_context) names the core.
+- Visible cores: NEURON_RT_VISIBLE_CORES is "a single NeuronCore index or an inclusive
+  range"; "the resulting range must be contiguous" (Neuron runtime configuration and
+  developer guides:
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/nrt-configurable-parameters.html).
+  Without it the runtime takes every core of the host. In a container the core ids are
+  the host's, and only the devices given to the container exist
+  (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/build-run-neuron-container.html).
+- A model traced with inline_weights_to_neff=False keeps its weights on the host: "on
+  every inference call, the weights move from CPU to Neuron" unless
+  torch_neuronx.move_trace_to_device was called (trace API page, warning). Each such call
+  is recorded as a `weight_copy` event.
+
+The fake host is described by environment variables the tests set:
+    NEURON_STANDIN_CORES    NeuronCores of the host (unset or 0: no Neuron device)
+    NEURON_STANDIN_GRANTED  the cores a container was given, e.g. "4-7" (default: all)
+    NEURON_STANDIN_SDK      the Neuron SDK release it pretends to be (default 2.21.0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import threading
+
+import torch
+
+NEURON_VARS = ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURONCORE_GROUP_SIZES")
+
+
+def record(event: str, **data) -> None:
+    path = os.environ.get("NEURONSERVE_STANDIN_LOG")
+    if not path:
+        return
+    data.update(event=event, pid=os.getpid(), env={k: os.environ.get(k) for k in NEURON_VARS})
+    with open(path, "a") as f:
+        f.write(json.dumps(data) + "\n")
+
+
+def shapes(example) -> list[list[int]]:
+    example = example if isinstance(example, tuple) else (example,)
+    return [list(t.shape) for t in example]
+
+
+def sdk_version() -> tuple[int, ...]:
+    return tuple(int(x) for x in os.environ.get("NEURON_STANDIN_SDK", "2.21.0").split("."))
+
+
+def parse_cores(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            out.extend(range(int(lo), int(hi) + 1))
+        elif part.strip():
+            out.append(int(part))
+    return out
+
+
+class NeuronRuntimeError(RuntimeError):
+    pass
+
+
+class _Runtime:
+    """Initialised once per process, at the first model load, from the environment of
+    that moment (as the runtime reads NEURON_RT_* when it initialises)."""
+
+    def __init__(self) -> None:
+        host = int(os.environ.get("NEURON_STANDIN_CORES") or 0)
+        if host <= 0:
+            raise NeuronRuntimeError(
+                "NRT init failed: no Neuron device found (/dev/neuron*): a compiled Neuron "
+                "model can only be loaded and run on a Neuron instance"
+            )
+        granted = parse_cores(os.environ.get("NEURON_STANDIN_GRANTED") or f"0-{host - 1}")
+        visible_env = os.environ.get("NEURON_RT_VISIBLE_CORES")
+        if visible_env:
+            if "," in visible_env:
+                raise NeuronRuntimeError(
+                    f"NRT init failed: NEURON_RT_VISIBLE_CORES={visible_env} is not a single "
+                    "core or a contiguous range"
+                )
+            visible = parse_cores(visible_env)
+            missing = sorted(set(visible) - set(granted))
+            if missing:
+                raise NeuronRuntimeError(
+                    f"NRT init failed: NEURON_RT_VISIBLE_CORES={visible_env} names NeuronCores "
+                    f"{missing} this container was not given (it has {granted})"
+                )
+        else:
+            visible = granted  # by default the runtime takes every core it can see
+        self.cores = visible
+        self.next = 0
+        self.lock = threading.Lock()
+        record("runtime_init", cores=self.cores)
+
+    def load(self, blob: torch.Tensor, name: str, place: int | None) -> int:
+        with self.lock:
+            if place is None:
+                index = self.next % len(self.cores)
+                self.next += 1
+            else:
+                if not 0 <= place < len(self.cores):
+                    raise NeuronRuntimeError(
+                        f"NeuronCore {place} is not among the "
+                        f"{len(self.cores)} visible to this process"
+                    )
+                index = place
+            graph = torch.jit.load(io.BytesIO(blob.numpy().tobytes()))
+            handle = len(_models) + 1
+            _models[handle] = (graph, self.cores[index])
+        record("load", model=name, core=self.cores[index], handle=handle)
+        return handle
+
+
+_runtime: _Runtime | None = None
+# every model loaded in this process, by handle (kept across the tests' runtime resets)
+_models: dict[int, tuple[torch.jit.ScriptModule, int]] = {}
+_runtime_lock = threading.Lock()
+# set by torch_neuronx.experimental.neuron_cores_context: the core index models load to
+placement = threading.local()
+
+
+@contextlib.contextmanager
+def neuron_cores_context(start_nc: int = -1, nc_count: int = -1):
+    """The placement API (torch_neuronx.experimental and torch_neuron.experimental): models
+    torch.jit.load creates inside it are placed on NeuronCore `start_nc` ("allow a model to
+    be placed on a given NeuronCore only at torch.jit.load() time", NeuronCore Placement
+    APIs: https://awsdocs-neuron.readthedocs-hosted.com/en/latest/frameworks/torch/torch-neuronx/api-reference-guide/inference/api-torch-neuronx-core-placement.html)."""
+    previous = getattr(placement, "core", None)
+    placement.core = None if start_nc < 0 else start_nc
+    try:
+        yield
+    finally:
+        placement.core = previous
+
+
+def runtime() -> _Runtime:
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = _Runtime()
+        return _runtime
+
+
+@torch.library.custom_op("neuron_standin::load", mutates_args=())
+def load(blob: torch.Tensor, name: str) -> int:
+    return runtime().load(blob, name, getattr(placement, "core", None))
+
+
+@torch.library.custom_op("neuron_standin::execute", mutates_args=())
+def execute(handle: int, inputs: list[torch.Tensor], host_weight_bytes: int) -> torch.Tensor:
+    if handle not in _models:
+        raise NeuronRuntimeError(
+            "this Neuron model is not loaded on a NeuronCore (traced "
+            "with cpu_backend=True: move it to a Neuron instance and "
+            "torch.jit.load it there)"
+        )
+    graph, core = _models[handle]
+    record(
+        "execute",
+        handle=handle,
+        core=core,
+        thread=threading.get_ident(),
+        shapes=[list(t.shape) for t in inputs],
+    )
+    if host_weight_bytes:
+        record("weight_copy", handle=handle, core=core, bytes=host_weight_bytes)
+    with torch.no_grad():
+        return graph(*inputs).clone()
+
+
+def serialize(graph: torch.jit.ScriptModule) -> torch.Tensor:
+    buf = io.BytesIO()
+    torch.jit.save(graph, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8).clone()
+
+
+class NeuronModel(torch.nn.Module):
+    """What trace returns: a TorchScript module holding the compiled graph as bytes, loaded
+    onto a NeuronCore by the runtime when it is created or loaded (__setstate__)."""
+
+    def __init__(self, blob: torch.Tensor, name: str, host_weight_bytes: int):
+        super().__init__()
+        self.blob = blob
+        self.name = name
+        # weights left on the host (inline_weights_to_neff=False) until moved to the device
+        self.host_weight_bytes = host_weight_bytes
+        self.handle = 0
+
+    def forward(
+        self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        inputs = [a, b] if c is None else [a, b, c]
+        return torch.ops.neuron_standin.execute(self.handle, inputs, self.host_weight_bytes)
+
+    @torch.jit.export
+    def __getstate__(self) -> tuple[torch.Tensor, str, int, bool]:
+        return (self.blob, self.name, self.host_weight_bytes, self.training)
+
+    @torch.jit.export
+    def __setstate__(self, state: tuple[torch.Tensor, str, int, bool]) -> None:
+        self.blob = state[0]
+        self.name = state[1]
+        self.host_weight_bytes = state[2]
+        self.training = state[3]
+        self.handle = torch.ops.neuron_standin.load(self.blob, self.name)
+
+
+def compiled_module(
+    graph: torch.jit.ScriptModule, name: str, host_weight_bytes: int
+) -> torch.jit.ScriptModule:
+    """The scripted NeuronModel for `graph`. As with the real SDK, the model is loaded
+    once it exists, which needs a device; on a build host trace(cpu_backend=True) returns
+    it unloaded (see trace)."""
+    return torch.jit.script(NeuronModel(serialize(graph), name, host_weight_bytes))
