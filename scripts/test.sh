@@ -2,7 +2,8 @@
 # The whole test suite: lint (ruff), format check, types (mypy), then every test folder
 # (real TorchServe and tritonserver processes included; about 10 minutes on 2 cores).
 # Pieces: `pytest tests/unit` (under a minute), `pytest tests/compile` (compiles real
-# models in every precision), `pytest tests/servers` (starts real servers).
+# models in every precision), `pytest tests/neuron` (the Neuron path against the SDK
+# stand-in), `pytest tests/servers` (starts real servers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
