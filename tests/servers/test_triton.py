@@ -213,22 +213,22 @@ def test_bad_inputs_fail_alone_while_neighbours_succeed(server, minilm_runner):
     ]
     calls = [(lambda g=g: [_texts([g], c)], None) for g in good] + bad
     barrier = threading.Barrier(len(calls))
-    client = c.InferenceServerClient(
-        server.http_url.removeprefix("http://"), concurrency=len(calls)
-    )
 
     def call(args):
         make, _ = args
         inputs = make()
+        # one client per thread: tritonclient's HTTP client (gevent) is not thread-safe
+        client = c.InferenceServerClient(server.http_url.removeprefix("http://"))
         barrier.wait()
         try:
             return client.infer(MODEL, inputs).as_numpy("EMBEDDING")
         except InferenceServerException as e:
             return e
+        finally:
+            client.close()  # tritonserver waits for open connections before it stops
 
     with ThreadPoolExecutor(len(calls)) as pool:
         results = list(pool.map(call, calls))
-    client.close()  # tritonserver waits for open connections before it stops
     for i, r in enumerate(results[: len(good)]):
         assert not isinstance(r, Exception), r
         assert np.allclose(r[0], ref[i], atol=1e-5)
