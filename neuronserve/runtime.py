@@ -23,6 +23,7 @@ from .buckets import Bucket
 from .compile.targets import get_target
 from .execution import Executor, InputLayout, Module, Row, RunReport
 from .tasks import RequestError, TaskRequest, decode_payload, get_task
+from .tasks.base import Text
 from .tokenization import Encoded, TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -36,20 +37,23 @@ class Runner:
         self,
         artifact_dir: Path | str,
         truncation: bool | None = None,
-        verify: bool = True,
         warmup: bool = True,
         cores: int = 1,
+        max_client_batch: int | None = None,
     ):
         """`cores`: how many cores this process holds; a target whose calls each run on
-        one core (Neuron) gets a copy of every module per core."""
+        one core (Neuron) gets a copy of every module per core. `max_client_batch`: most
+        texts one request may hold (413 beyond), checked before anything is tokenized."""
         self.artifact_dir = Path(artifact_dir)
-        self.manifest: Manifest = read_manifest(self.artifact_dir, verify=verify)
+        # every file checked against its sha256 before any is loaded
+        self.manifest: Manifest = read_manifest(self.artifact_dir)
         m = self.manifest
         _check_validated(m, self.artifact_dir)
         self.task = get_task(m.task)
         self.target = get_target(m.target)
         self.grid = m.grid
         self.truncation = m.tokenizer.truncation if truncation is None else truncation
+        self.max_client_batch = max_client_batch
         self.tokenizer = TextTokenizer(self.artifact_dir / m.tokenizer.file, m.tokenizer.max_length)
         per_module = int(m.compiler.get("cores_per_module", 1))
         copies = self.target.replicas(cores, per_module)
@@ -137,14 +141,17 @@ class Runner:
         """
         report = report if report is not None else RunReport()
         results: list[Outputs | None] = [
-            r if isinstance(r, RequestError) else None for r in requests
+            r if isinstance(r, RequestError) else self._too_many(r) for r in requests
         ]
-        live = [(i, r) for i, r in enumerate(requests) if isinstance(r, TaskRequest)]
-        texts = [t for _, r in live for t in r.texts]
-        report.requests, report.texts = len(requests), len(texts)
+        live = [
+            (i, r)
+            for i, r in enumerate(requests)
+            if isinstance(r, TaskRequest) and results[i] is None
+        ]
+        report.requests, report.texts = len(requests), sum(len(r.texts) for _, r in live)
 
         t0 = time.perf_counter()
-        encoded = self.tokenizer.encode(texts, truncate=self.truncation)
+        encoded = self._encode([r for _, r in live])
         report.tokenize_ms = (time.perf_counter() - t0) * 1e3
 
         rows: list[Row] = []
@@ -171,6 +178,39 @@ class Runner:
         # every slot is filled now: refused at parse, refused here, or given its rows
         return cast(list[Outputs], results)
 
+    def _too_many(self, request: TaskRequest) -> RequestError | None:
+        limit = self.max_client_batch
+        if limit is not None and len(request.texts) > limit:
+            return RequestError(
+                f"{len(request.texts)} inputs in one request; this server takes at most "
+                f"{limit} (max_client_batch): send fewer per request",
+                status=413,
+            )
+        return None
+
+    def _encode(self, requests: Sequence[TaskRequest]) -> list[Encoded]:
+        """Every text of `requests` in order, tokenized in one call per way of
+        truncating (almost always one): the deployment's, unless a request chose."""
+        modes: dict[tuple[bool, str], list[int]] = {}
+        texts: list[Text] = []
+        for r in requests:
+            truncate = self.truncation if r.truncate is None else r.truncate
+            mode = (truncate, r.truncation_direction if truncate else "right")
+            modes.setdefault(mode, []).extend(range(len(texts), len(texts) + len(r.texts)))
+            texts.extend(r.texts)
+        if len(modes) == 1:
+            (truncate, direction), _ = modes.popitem()
+            return self.tokenizer.encode(texts, truncate, direction)
+        encoded: list[Encoded | None] = [None] * len(texts)
+        for (truncate, direction), idx in modes.items():
+            for i, e in zip(
+                idx,
+                self.tokenizer.encode([texts[i] for i in idx], truncate, direction),
+                strict=True,
+            ):
+                encoded[i] = e
+        return cast(list[Encoded], encoded)
+
     def _too_long(self, encoded: Sequence[Encoded]) -> RequestError | None:
         """The 413 for a request holding a text over the largest compiled length, which
         is left whole only when truncation is off."""
@@ -179,8 +219,9 @@ class Runner:
                 return RequestError(
                     f"inputs[{k}] is {e.full_length} tokens long; this model was compiled "
                     f"for at most {self.max_sequence_length} tokens and truncation is off. Send "
-                    "shorter text, compile with a larger --sequence-lengths, or set "
-                    "`truncation: true`.",
+                    'shorter text, ask for it to be cut ("truncate": true in the request\'s '
+                    "parameters), compile with a larger --sequence-lengths, or set "
+                    "`truncation: true` for the deployment.",
                     status=413,
                 )
         return None

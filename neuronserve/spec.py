@@ -191,6 +191,57 @@ class DeploySpec(BaseModel):
     )
     sagemaker_port: int = Field(8080, gt=0, lt=65536, description="port of the SageMaker endpoints")
 
+    # the front (`serve front` and the SageMaker entrypoint): the public door to an engine
+    # that listens on loopback only
+    engine: Literal["torchserve", "triton"] = Field(
+        "torchserve", description="the engine the front starts behind it: torchserve | triton"
+    )
+    front_address: str = Field(
+        "127.0.0.1",
+        description="address the front listens on; any other than loopback turns API keys on "
+        "(auth: auto)",
+    )
+    front_port: int = Field(
+        3000, gt=0, lt=65536, description="port of the front (text-embeddings-inference's)"
+    )
+    front_run_dir: Path = Field(
+        Path(".neuronserve/front"),
+        description="where the front keeps its pid file, log, generated API key and the engine "
+        "it starts",
+    )
+    auth: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="API keys on the front: auto (on unless it listens on loopback only, or "
+        "keys were given) | on | off",
+    )
+    api_key_file: Path | None = Field(
+        None,
+        description="file of API keys the front accepts, one per line (NEURONSERVE_API_KEY "
+        "adds one); with none given, a key is generated into <front_run_dir>/api_key",
+    )
+    tls_cert: Path | None = Field(None, description="TLS certificate (PEM) for the front")
+    tls_key: Path | None = Field(None, description="TLS private key (PEM) for the front")
+    max_body_bytes: int = Field(
+        2_000_000, ge=1, description="largest request body the front reads (413 beyond)"
+    )
+    max_client_batch: int = Field(
+        1024, ge=1, description="most inputs one request may hold (413 beyond)"
+    )
+    split_client_batches: bool = Field(
+        False,
+        description="accept a request over max_client_batch and send it to the engine in "
+        "pieces of that size, instead of answering 413",
+    )
+    max_in_flight: int = Field(
+        512,
+        ge=1,
+        description="requests the front works on at once; beyond it, 429 with Retry-After "
+        "instead of an unbounded queue",
+    )
+    deadline_s: float = Field(
+        60, gt=0, description="longest a request may take through the front (504 beyond)"
+    )
+
     @field_validator("batch_sizes", "sequence_lengths")
     @classmethod
     def _positive_sorted_unique(cls, v: list[int]) -> list[int]:
@@ -222,6 +273,12 @@ class DeploySpec(BaseModel):
                 f"{', '.join(given)} apply to the Neuron targets (neuronx, neuron), "
                 "not to target cpu"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _tls_needs_both_files(self):
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both tls_cert and tls_key")
         return self
 
     @model_validator(mode="after")
@@ -279,6 +336,10 @@ def load_spec(path: Path | None = None, overrides: dict[str, Any] | None = None)
             "triton_repository",
             "triton_run_dir",
             "compiler_workdir",
+            "front_run_dir",
+            "api_key_file",
+            "tls_cert",
+            "tls_key",
         ):
             if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
                 data[key] = str(base / data[key])

@@ -38,12 +38,23 @@ class TextTokenizer:
         self._full = Tokenizer.from_file(str(path))
         self._full.no_padding()
         self._full.no_truncation()
-        self._truncating = Tokenizer.from_file(str(path))
-        self._truncating.no_padding()
-        self._truncating.enable_truncation(max_length)
+        self._path = path
+        self._truncating: dict[str, Tokenizer] = {}
 
-    def encode(self, texts: Sequence[Text], truncate: bool) -> list[Encoded]:
-        """Encode without truncation; re-encode only the over-long texts when allowed.
+    def _cutting(self, direction: str) -> Tokenizer:
+        # made on first use: most deployments never cut from the left
+        if direction not in self._truncating:
+            tok = Tokenizer.from_file(str(self._path))
+            tok.no_padding()
+            tok.enable_truncation(self.max_length, direction=direction)
+            self._truncating[direction] = tok
+        return self._truncating[direction]
+
+    def encode(
+        self, texts: Sequence[Text], truncate: bool, direction: str = "right"
+    ) -> list[Encoded]:
+        """Encode without truncation; re-encode only the over-long texts when allowed,
+        keeping the first (`direction` right) or the last (left) `max_length` tokens.
 
         Texts over `max_length` keep their full ids when `truncate` is False so the
         caller can refuse them with their real length.
@@ -55,9 +66,31 @@ class TextTokenizer:
         if truncate:
             long_idx = [i for i, e in enumerate(out) if e.full_length > self.max_length]
             if long_idx:
-                again = self._truncating.encode_batch([texts[i] for i in long_idx])
+                again = self._cutting(direction).encode_batch([texts[i] for i in long_idx])
                 for i, e in zip(long_idx, again, strict=True):
                     out[i] = Encoded(e.ids, e.attention_mask, e.type_ids, out[i].full_length)
+        return out
+
+    def tokens(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[dict]]:
+        """Each text's tokens as text-embeddings-inference's /tokenize lists them: id, the
+        text it covers (the token itself for special tokens) and its character offsets."""
+        batch = self._full.encode_batch(list(texts), add_special_tokens=add_special_tokens)
+        out = []
+        for text, e in zip(texts, batch, strict=True):
+            row = []
+            for tid, tok, (start, stop), special in zip(
+                e.ids, e.tokens, e.offsets, e.special_tokens_mask, strict=True
+            ):
+                if special:
+                    row.append(
+                        {"id": tid, "text": tok, "special": True, "start": None, "stop": None}
+                    )
+                else:
+                    piece = text[start:stop]
+                    row.append(
+                        {"id": tid, "text": piece, "special": False, "start": start, "stop": stop}
+                    )
+            out.append(row)
         return out
 
     def encode_to_length(self, text: str, length: int) -> Encoded:

@@ -42,6 +42,8 @@ class WorkerSettings(BaseModel):
     neuron_cores: int | None = None
     # None: what the artifact's manifest recorded
     truncation: bool | None = None
+    # most texts one request may hold (None: no limit)
+    max_client_batch: int | None = None
 
     def torchserve_section(self) -> dict[str, Any]:
         return {CONFIG_SECTION: self.model_dump()}
@@ -114,6 +116,7 @@ def start_worker(
             Path(model_dir) / settings.artifact,
             truncation=settings.truncation,
             cores=len(lease.cores),
+            max_client_batch=settings.max_client_batch,
         )
     except BaseException:
         lease.release()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End to end on the bundled default: compile all-MiniLM-L6-v2 for CPU, build the .mar,
-# start TorchServe with one pinned worker per core, send requests, print results and
-# latency, stop. Everything it writes goes under .neuronserve/demo.
+# start neuronserve's front with TorchServe behind it (one pinned worker per core), send
+# requests the way clients do (the openai client, text-embeddings-inference's /embed),
+# print results and latency, stop. Everything it writes goes under .neuronserve/demo.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
@@ -23,6 +24,10 @@ min_cosine: 0.999
 artifact: artifacts/minilm
 model_store: model_store
 run_dir: torchserve
+# the front: OpenAI, text-embeddings-inference and SageMaker routes on one port; on
+# loopback no API key is needed (any other address turns keys on)
+front_port: 3000
+front_run_dir: front
 # throughput: one single-threaded worker per core; latency: one worker on every core
 layout: throughput
 max_batch_delay_ms: 5
@@ -31,8 +36,8 @@ echo "== neuronserve compile"
 neuronserve compile --spec "$DEMO/deploy.yaml"
 echo "== neuronserve package torchserve"
 neuronserve package torchserve --spec "$DEMO/deploy.yaml"
-echo "== neuronserve serve torchserve"
-trap 'echo "== stopping"; neuronserve serve torchserve --spec "$DEMO/deploy.yaml" --stop' EXIT
-neuronserve serve torchserve --spec "$DEMO/deploy.yaml"
+echo "== neuronserve serve front (TorchServe behind it, on loopback)"
+trap 'echo "== stopping"; neuronserve serve front --spec "$DEMO/deploy.yaml" --stop' EXIT
+neuronserve serve front "$DEMO/model_store" --spec "$DEMO/deploy.yaml"
 echo "== requests"
-python scripts/demo_client.py --run-dir "$DEMO/torchserve" --model minilm
+python scripts/demo_client.py --url http://127.0.0.1:3000 --run-dir "$DEMO/front" --model minilm

@@ -1,5 +1,6 @@
-"""Demo client: talk to the TorchServe that `neuronserve serve torchserve` started and
-print what a user wants to see: results, worker placement, latency and throughput."""
+"""Demo client: talk to the front that `neuronserve serve front` started, the way clients
+do, and print what a user wants to see: answers, worker placement, latency and
+throughput, and which buckets served them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from neuronserve.serve.torchserve import running
+from neuronserve.serve.engine import running_instance
+from neuronserve.serve.front.server import ENGINE_DIR
 
 SENTENCES = [
     "How do I reset my password?",
@@ -25,47 +27,53 @@ SENTENCES = [
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--run-dir", required=True, type=Path)
+    ap.add_argument("--url", required=True, help="the front, e.g. http://127.0.0.1:3000")
+    ap.add_argument("--run-dir", required=True, type=Path, help="the front's run directory")
     ap.add_argument("--model", default="minilm")
     args = ap.parse_args()
-    inst = running(args.run_dir)
-    if inst is None:
-        raise SystemExit(f"no TorchServe running from {args.run_dir}")
-    url = f"{inst.inference_url}/predictions/{args.model}"
-    headers = {**inst.headers(), "Content-Type": "application/json"}
+    session = requests.Session()
 
-    def post(body):
+    def post(path, body):
         t0 = time.perf_counter()
-        r = requests.post(url, json=body, headers=headers, timeout=60)
+        r = session.post(f"{args.url}{path}", json=body, timeout=60)
         return r, (time.perf_counter() - t0) * 1e3
 
-    print(f"POST {url}  (Authorization: Bearer <inference key>)")
-    show_answers(post)
-    show_workers(inst, args.model)
+    show_openai(args.url, args.model)
+    show_tei(post, args.url)
+    show_workers(args.run_dir, args.model)
     show_latency(post)
-    show_buckets(inst)
+    show_buckets(args.url)
 
 
-def show_answers(post) -> None:
-    r, _ = post({"inputs": "hello world"})
-    emb = r.json()
+def show_openai(url: str, model: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused on loopback")
+    got = client.embeddings.create(model=model, input="hello world")
+    emb = got.data[0].embedding
+    print(f"openai client: embeddings.create(input='hello world') at {url}/v1")
     print(
-        f'  {{"inputs": "hello world"}} -> {r.status_code}, a {len(emb)}-dim embedding '
-        f"[{', '.join(f'{x:.4f}' for x in emb[:4])}, ...], norm {np.linalg.norm(emb):.4f}"
+        f"  -> a {len(emb)}-dim embedding [{', '.join(f'{x:.4f}' for x in emb[:4])}, ...], "
+        f"norm {np.linalg.norm(emb):.4f}, usage {got.usage.prompt_tokens} tokens"
     )
-    vecs = np.array(post({"inputs": SENTENCES})[0].json())
+
+
+def show_tei(post, url: str) -> None:
+    r, _ = post("/embed", {"inputs": SENTENCES})
+    vecs = np.array(r.json())
     sims = vecs @ vecs.T
-    print("\ncosine similarity (one request, four texts):")
+    print(f"\nPOST {url}/embed (text-embeddings-inference), four texts; cosine similarity:")
     for i, s in enumerate(SENTENCES):
         row = "  ".join(f"{sims[i, j]:.2f}" for j in range(len(SENTENCES)))
         print(f"  {row}   {s}")
-    bad, _ = post({"inputs": 42})
+    bad, _ = post("/embed", {"inputs": 42})
     print(f'\na bad request {{"inputs": 42}} -> {bad.status_code} {bad.json()["error"]!r}')
 
 
-def show_workers(inst, model: str) -> None:
-    print("\nworkers (read from the management API and /proc):")
-    for w in inst.workers(model):
+def show_workers(run_dir: Path, model: str) -> None:
+    engine = running_instance(run_dir / ENGINE_DIR, "torchserve")
+    print("\nTorchServe's workers behind the front (its management API on loopback, /proc):")
+    for w in engine.workers(model):
         pid = int(w["pid"])
         status = Path(f"/proc/{pid}/status").read_text()
         cpus = re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)
@@ -74,17 +82,17 @@ def show_workers(inst, model: str) -> None:
 
 def show_latency(post) -> None:
     for _ in range(10):
-        post({"inputs": SENTENCES[0]})
-    lat = [post({"inputs": SENTENCES[i % 4]})[1] for i in range(100)]
+        post("/embed", {"inputs": SENTENCES[0]})
+    lat = [post("/embed", {"inputs": SENTENCES[i % 4]})[1] for i in range(100)]
     q = statistics.quantiles(lat, n=100)
     print(
         f"\nsequential, 1 text per request: p50 {q[49]:.1f} ms, p95 {q[94]:.1f} ms "
-        f"({len(lat)} requests, client round trip)"
+        f"({len(lat)} requests, client round trip through the front)"
     )
     n, conc = 400, 16
     t0 = time.perf_counter()
     with ThreadPoolExecutor(conc) as pool:
-        lat = list(pool.map(lambda i: post({"inputs": SENTENCES[i % 4]})[1], range(n)))
+        lat = list(pool.map(lambda i: post("/embed", {"inputs": SENTENCES[i % 4]})[1], range(n)))
     wall = time.perf_counter() - t0
     q = statistics.quantiles(lat, n=100)
     print(
@@ -93,8 +101,8 @@ def show_latency(post) -> None:
     )
 
 
-def show_buckets(inst) -> None:
-    metrics = requests.get(f"{inst.metrics_url}/metrics", timeout=10).text
+def show_buckets(url: str) -> None:
+    metrics = requests.get(f"{url}/metrics", timeout=10).text
     runs = re.findall(
         r'NeuronServeBucketRuns\{[^}]*Bucket="(\w+)",BatchSize="(\d+)"[^}]*\} (\S+)', metrics
     )
@@ -103,7 +111,12 @@ def show_buckets(inst) -> None:
             f"{b} x{int(float(c))} (batch {s})"
             for b, s, c in sorted(runs, key=lambda x: -float(x[2]))[:5]
         )
-        print(f"most used buckets ({inst.metrics_url}/metrics, NeuronServeBucketRuns): {shown}")
+        print(f"most used buckets ({url}/metrics, the engine's NeuronServeBucketRuns): {shown}")
+    served = re.findall(
+        r'neuronserve_front_requests_total\{route="/embed",status="200"\} (\S+)', metrics
+    )
+    if served:
+        print(f"the front's own count: {int(float(served[0]))} answered on /embed")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ execute:    every request of the batch Triton formed goes through one Runner cal
 finalize:   release the lease.
 
 Inputs: TEXT (BYTES, [n, 1]) and, for tasks taking pairs, optional TEXT_PAIR of the
-same shape. Outputs: the task's tensors (`Task.output_tensors`).
+same shape; request parameters `truncate` (bool) and `truncation_direction` ("right",
+"left") decide that request's over-long texts. Outputs: the task's tensors
+(`Task.output_tensors`).
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ class TritonPythonModel:
 
     def _parse(self, request):
         from neuronserve.tasks import RequestError, TaskRequest
+        from neuronserve.tasks.base import truncation_parameters
 
         texts = _texts(pb_utils.get_input_tensor_by_name(request, "TEXT"), "TEXT")
         if self.pairs:
@@ -128,12 +131,30 @@ class TritonPythonModel:
                         f"{len(seconds)}: send one pair text per text"
                     )
                 texts = list(zip(texts, seconds, strict=True))
-        return TaskRequest(texts=texts, single=False)
+        truncate, direction = truncation_parameters(_parameters(request))
+        return TaskRequest(
+            texts=texts, single=False, truncate=truncate, truncation_direction=direction
+        )
 
     def finalize(self):
         worker = getattr(self, "worker", None)
         if worker is not None:
             worker.stop()
+
+
+def _parameters(request) -> dict:
+    """The request's parameters (KServe v2 `parameters`; the stub hands them over as
+    JSON). Only `truncate` and `truncation_direction` mean something here: the Runner
+    tokenizes in this process, while task parameters such as top_k shape a JSON answer,
+    which neuronserve's front builds from the output tensors."""
+    from neuronserve.tasks import RequestError
+
+    raw = request.parameters() if hasattr(request, "parameters") else None
+    try:
+        params = json.loads(raw) if raw else {}
+    except ValueError:
+        raise RequestError("request parameters are not valid JSON") from None
+    return params if isinstance(params, dict) else {}
 
 
 def _texts(tensor, name: str) -> list[str]:

@@ -37,6 +37,9 @@ class Endpoint:
     type: str
     # in-process endpoints hold one model in this process: measured one request at a time
     in_process = False
+    # the engine asked directly, in a session that also measures the front before it:
+    # the front's routes in that session are reported as a ratio to this one
+    baseline = False
 
     def __init__(self, label: str):
         self.label = label
@@ -51,8 +54,8 @@ class Endpoint:
         pass
 
 
-def json_body(texts: list[str]) -> bytes:
-    return json.dumps({"inputs": texts[0] if len(texts) == 1 else texts}).encode()
+def json_body(texts: list[str], field: str = "inputs") -> bytes:
+    return json.dumps({field: texts[0] if len(texts) == 1 else texts}).encode()
 
 
 class AsyncHttpConnection:
@@ -143,12 +146,19 @@ def raw_post(host: str, port: int, path: str, body: bytes, headers: dict[str, st
 
 
 class HttpJsonEndpoint(Endpoint):
-    """POST {"inputs": ...} as JSON: TorchServe /predictions/<model> and SageMaker-style
-    /invocations."""
+    """POST {"inputs": ...} as JSON: TorchServe /predictions/<model>, SageMaker-style
+    /invocations, the front's /embed; {"input": ...} (`field`) for OpenAI's /v1/embeddings."""
 
-    def __init__(self, label: str, type_: str, url: str, headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        label: str,
+        type_: str,
+        url: str,
+        headers: dict[str, str] | None = None,
+        field: str = "inputs",
+    ):
         super().__init__(label)
-        self.type, self.url = type_, url
+        self.type, self.url, self.field = type_, url, field
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"{label}: expected an http:// URL, got {url!r}")
@@ -157,7 +167,7 @@ class HttpJsonEndpoint(Endpoint):
         self.headers = {"Content-Type": "application/json", **(headers or {})}
 
     def payload(self, texts: list[str]) -> bytes:
-        return json_body(texts)
+        return json_body(texts, self.field)
 
     def async_connect(self) -> AsyncSend:
         """A coroutine function sending one request on its own connection (the load

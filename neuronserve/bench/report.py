@@ -35,7 +35,9 @@ COLUMNS = [
     "cpu_ms_per_req_client",
     "cpu_ms_per_req_frontend",
     "cpu_ms_per_req_workers",
-    "cpu_ms_per_req_sagemaker_front",
+    "cpu_ms_per_req_front",
+    "ratio_vs_engine",
+    "session",
     "error_sample",
 ]
 
@@ -84,6 +86,7 @@ def markdown(results: dict[str, Any], title: str) -> str:
     ]
     for texts in sorted({r["texts"] for r in points}):
         lines += best_table(points, texts)
+    lines += front_table(points)
     lines += wrk_lines(results.get("wrk_check"))
     lines += split_table(results)
     lines += every_point_table(points)
@@ -114,6 +117,39 @@ def best_table(points: list[dict[str, Any]], texts: int) -> list[str]:
             cells.append(f"{r['req_per_s']:.1f}{ratio} [c{r['concurrency']}]")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return [*lines, ""]
+
+
+def front_table(points: list[dict[str, Any]]) -> list[str]:
+    """Each route through the front against its engine asked directly, on the same
+    processes at the same point."""
+    rows = [r for r in points if r.get("ratio_vs_engine")]
+    if not rows:
+        return []
+    engine = {
+        (r["session"], r["seq"], r["texts"], r["concurrency"]): r
+        for r in points
+        if r.get("baseline")
+    }
+    lines = [
+        "### The front against its engine (same processes, same point)",
+        "",
+        "| through the front | seq | texts | c | req/s | engine direct req/s | ratio | "
+        "p50 ms (direct) | CPU ms/req of the front |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        e = engine[(r["session"], r["seq"], r["texts"], r["concurrency"])]
+        lines.append(
+            f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r['concurrency']} | "
+            f"{r['req_per_s']:.1f} | {e['req_per_s']:.1f} | {r['ratio_vs_engine']:.2f} | "
+            f"{r['p50_ms']:.1f} ({e['p50_ms']:.1f}) | {_cell2(r, 'cpu_ms_per_req_front')} |"
+        )
+    return [*lines, ""]
+
+
+def _cell2(r: dict[str, Any], key: str) -> str:
+    v = r.get(key)
+    return f"{v:.2f}" if isinstance(v, (int, float)) else ""
 
 
 def wrk_lines(check: dict[str, Any] | None) -> list[str]:
@@ -188,7 +224,7 @@ def split_table(results: dict[str, Any]) -> list[str]:
         f"{cores}-core machine serves at most {cores} x 1000 / total req/s.",
         "",
         "| endpoint | seq | c | req/s | mean ms | queue | server | handler | tokenize | "
-        "model | CPU workers | CPU frontend | CPU front (SM) | CPU client | CPU total | "
+        "model | CPU workers | CPU frontend | CPU front | CPU client | CPU total | "
         "cores x 1000 / total |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -199,7 +235,7 @@ def split_table(results: dict[str, Any]) -> list[str]:
             f"{_cell(r, 'mean_ms')} | {_cell(r, 'queue_ms')} | {_cell(r, 'server_ms')} | "
             f"{_cell(r, 'handler_ms')} | {_cell(r, 'tokenize_ms')} | {_cell(r, 'model_ms')} | "
             f"{_cell(r, 'cpu_ms_per_req_workers')} | {_cell(r, 'cpu_ms_per_req_frontend')} | "
-            f"{_cell(r, 'cpu_ms_per_req_sagemaker_front')} | "
+            f"{_cell(r, 'cpu_ms_per_req_front')} | "
             f"{_cell(r, 'cpu_ms_per_req_client')} | {total:.1f} | "
             f"{cores * 1000 / total:.0f} |"
             if total

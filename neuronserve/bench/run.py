@@ -6,6 +6,11 @@ Endpoint specs (`--endpoint`, repeatable), `TYPE:WHERE`, optionally `LABEL=TYPE:
     torchserve:ARTIFACT        start TorchServe on the artifact (per --layouts), measure
     triton:ARTIFACT            start Triton on the artifact, measure over HTTP and gRPC
     sagemaker:ARTIFACT         start the SageMaker entrypoint (TorchServe behind it)
+    front:ARTIFACT             start `serve front` with TorchServe behind it; measure
+                               TorchServe directly, then /invocations, /embed and
+                               /v1/embeddings through the front, on the same processes
+    front-triton:ARTIFACT      the same with Triton behind the front (Triton over HTTP
+                               and gRPC directly)
     runner:ARTIFACT            the Runner in this process (no server)
     vanilla:MODEL_DIR          the transformers pipeline on the eager model (the baseline)
     torchserve:http://...      an already running endpoint: .../predictions/<model>
@@ -36,11 +41,11 @@ from .endpoints import (
     VanillaEndpoint,
 )
 from .load import LoadResult, Window, run_load
-from .servers import ManagedServer, SageMakerServer, cpu_by_role, scrape
+from .servers import FrontServer, ManagedServer, SageMakerServer, cpu_by_role, scrape
 from .stats import summarize
 from .texts import text_with_tokens
 
-MANAGED = ("torchserve", "triton", "sagemaker")
+MANAGED = ("torchserve", "triton", "sagemaker", "front", "front-triton")
 TYPES = (*MANAGED, "runner", "vanilla", "triton-http", "triton-grpc")
 
 
@@ -191,8 +196,47 @@ def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
         raise ValueError(f"{spec.type} needs an artifact directory or an http:// URL")
 
 
+def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Session:
+    """The engine asked directly (the baseline), then the front's routes, one server."""
+    label, artifact = f"{spec.label}/{layout}", Path(spec.where)
+    engine = "triton" if spec.type == "front-triton" else "torchserve"
+    server = FrontServer(artifact, layout, engine, config.max_batch_delay_ms, config.batch_requests)
+    embeds = _task(config) == "feature-extraction"
+
+    def make() -> list[Endpoint]:
+        inst = server.engine_instance()
+        if engine == "torchserve":
+            direct: list[Endpoint] = [
+                HttpJsonEndpoint(
+                    f"{label} torchserve direct",
+                    "torchserve",
+                    f"{inst.inference_url}/predictions/{server.name}",
+                )
+            ]
+        else:
+            direct = [
+                TritonEndpoint(f"{label} triton-http direct", "http", inst.http_url, server.name),
+                TritonEndpoint(f"{label} triton-grpc direct", "grpc", inst.grpc_url, server.name),
+            ]
+        direct[0].baseline = True
+        routes = [HttpJsonEndpoint(f"{label} /invocations", "front", f"{server.url}/invocations")]
+        if embeds:
+            routes += [
+                HttpJsonEndpoint(f"{label} /embed", "front", f"{server.url}/embed"),
+                HttpJsonEndpoint(
+                    f"{label} /v1/embeddings", "front", f"{server.url}/v1/embeddings", field="input"
+                ),
+            ]
+        return [*direct, *routes]
+
+    count = (1 if engine == "torchserve" else 2) + (3 if embeds else 1)
+    return Session(label, layout, server, make, endpoints=count)
+
+
 def _managed_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Session:
     label, artifact, headers = f"{spec.label}/{layout}", Path(spec.where), config.headers
+    if spec.type in ("front", "front-triton"):
+        return _front_session(spec, config, layout)
     if spec.type == "sagemaker":
         front = SageMakerServer(artifact, layout)
         return Session(
@@ -270,15 +314,23 @@ class Sweep:
                 f"({server.workers} worker(s) x {server.cores_per_worker} core(s))"
             )
         try:
-            for endpoint in session.make():
-                measured = self.measure(endpoint, session)
-                self.rows.extend(measured)
+            endpoints = session.make()
+            measured: dict[int, list[dict[str, Any]]] = {id(e): [] for e in endpoints}
+            # every endpoint at one point before the next point: a route through the front
+            # and its engine asked directly are measured seconds apart, not minutes, so
+            # drift of the machine shows in both
+            for seq, n, c in _points(self.config, session.in_process):
+                for endpoint in endpoints:
+                    row = self.measure(endpoint, session, seq, n, c)
+                    measured[id(endpoint)].append(row)
+                    self.rows.append(row)
+            for endpoint in endpoints:
                 if (
                     self.config.wrk
                     and self.wrk_check is None
                     and isinstance(endpoint, HttpJsonEndpoint)
                 ):
-                    self.wrk_check = self.cross_check(endpoint, measured, server)
+                    self.wrk_check = self.cross_check(endpoint, measured[id(endpoint)], server)
                 endpoint.close()
         finally:
             if server is not None:
@@ -334,35 +386,39 @@ class Sweep:
             "ours_over_wrk": ours["req_per_s"] / got["req_per_s"],
         }
 
-    def measure(self, endpoint: Endpoint, session: Session) -> list[dict[str, Any]]:
-        """Every point of the sweep against one endpoint."""
+    def measure(
+        self, endpoint: Endpoint, session: Session, seq: int, n: int, c: int
+    ) -> dict[str, Any]:
+        """One point of the sweep against one endpoint: `n` texts of `seq` tokens per
+        request from `c` clients."""
         server = session.server
         metrics_url = _torchserve_metrics(endpoint, server)
 
         def probe() -> dict[str, Any]:
             return {
-                "cpu": cpu_by_role(server.root_pid()) if server is not None else {},
+                "cpu": cpu_by_role(server.root_pids(), server.front_pid)
+                if server is not None
+                else {},
                 "metrics": scrape(metrics_url, server.name) if metrics_url else {},
             }
 
-        rows = []
-        for seq, n, c in _points(self.config, endpoint.in_process):
-            self.bar.set_postfix_str(f"{endpoint.label} seq={seq} texts={n} c={c}")
-            payload = endpoint.payload([self.texts[seq]] * n)
-            result = run_load(endpoint, payload, c, self.config.window, probe)
-            row: dict[str, Any] = {
-                "endpoint": endpoint.label,
-                "type": endpoint.type,
-                "layout": session.layout,
-                "seq": seq,
-                "texts": n,
-                "concurrency": c,
-                "errors": result.errors,
-            }
-            row.update(_summary(result, n))
-            rows.append(row)
-            self.bar.update(1)
-        return rows
+        self.bar.set_postfix_str(f"{endpoint.label} seq={seq} texts={n} c={c}")
+        payload = endpoint.payload([self.texts[seq]] * n)
+        result = run_load(endpoint, payload, c, self.config.window, probe)
+        row: dict[str, Any] = {
+            "endpoint": endpoint.label,
+            "type": endpoint.type,
+            "session": session.label,
+            "baseline": endpoint.baseline,
+            "layout": session.layout,
+            "seq": seq,
+            "texts": n,
+            "concurrency": c,
+            "errors": result.errors,
+        }
+        row.update(_summary(result, n))
+        self.bar.update(1)
+        return row
 
 
 def _torchserve_metrics(endpoint: Endpoint, server: Any) -> str | None:
@@ -418,12 +474,21 @@ def time_split(
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
     """req/s over the vanilla pipeline's at the same sequence length and texts per request,
-    measured in the same run."""
+    measured in the same run; and, in a session that measured an engine directly, req/s
+    over the engine's at the same point (what going through the front costs)."""
     base = {(r["seq"], r["texts"]): r.get("req_per_s") for r in rows if r["type"] == "vanilla"}
+    engine = {
+        (r["session"], r["seq"], r["texts"], r["concurrency"]): r.get("req_per_s")
+        for r in rows
+        if r.get("baseline")
+    }
     for r in rows:
         b = base.get((r["seq"], r["texts"]))
         if b and r.get("req_per_s"):
             r["ratio_vs_vanilla"] = r["req_per_s"] / b
+        e = engine.get((r.get("session"), r["seq"], r["texts"], r.get("concurrency")))
+        if e and r.get("req_per_s") and not r.get("baseline"):
+            r["ratio_vs_engine"] = r["req_per_s"] / e
 
 
 def _config_dict(config: BenchConfig) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """Servers `neuronserve bench` starts itself: each one only while it is measured, so
 two servers never compete for the same cores, on free ports and with its own run
 directories. TorchServe and Triton are packaged and started by serve/engine.py, as the
-SageMaker entrypoint does it; the SageMaker front runs as the container entrypoint
-would, in its own process."""
+front does it; the front runs as `neuronserve serve front` starts it, and the SageMaker
+entrypoint as the container runs it, each in its own process."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -62,8 +63,11 @@ class ManagedServer:
         self.started = True
         self.engine.start()
 
-    def root_pid(self) -> int | None:
-        return self.engine.root_pid()
+    def root_pids(self) -> list[int]:
+        pid = self.engine.root_pid()
+        return [pid] if pid is not None else []
+
+    front_pid: int | None = None
 
     @property
     def torchserve_url(self) -> str:
@@ -91,6 +95,85 @@ def layout_plan(artifact: Path, layout: str) -> placement.WorkerPlan:
             load_spec(None, {"layout": layout}), read_manifest(artifact, verify=False)
         )
     )
+
+
+class FrontServer:
+    """neuronserve's front with an engine behind it, started as `neuronserve serve front`
+    starts them, so one session measures the engine asked directly and through the front
+    on the same running processes."""
+
+    def __init__(
+        self,
+        artifact: Path,
+        layout: str,
+        engine: str,
+        max_batch_delay_ms: int | None,
+        batch_requests: int | None = None,
+    ):
+        from ..serve.front.server import ENGINE_DIR
+
+        self.artifact, self.layout, self.engine = Path(artifact), layout, engine
+        plan = layout_plan(self.artifact, layout)
+        self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
+        self.name = read_manifest(self.artifact, verify=False).name
+        self.tmp = tempfile.TemporaryDirectory(prefix=f"ns-bench-front-{engine}-")
+        self.run_dir = Path(self.tmp.name) / "front"
+        self.engine_work = self.run_dir / ENGINE_DIR
+        fields = {
+            "engine": engine,
+            "layout": layout,
+            "front_port": free_ports(1)[0],
+            "front_run_dir": self.run_dir,
+            # the load generator decides the load: no limit of the front's may refuse it
+            "max_in_flight": 100_000,
+            "deadline_s": 600,
+            "response_timeout_s": 300,
+            "max_batch_delay_ms": max_batch_delay_ms,
+            "batch_requests": batch_requests,
+        }
+        self.spec = load_spec(None, {k: v for k, v in fields.items() if v is not None})
+        self.url = f"http://127.0.0.1:{self.spec.front_port}"
+        self._lease_dir: str | None = None
+        self.pid: int | None = None
+
+    def start(self) -> None:
+        from ..serve.front import launch
+
+        self._lease_dir = os.environ.get("NEURONSERVE_LEASE_DIR")
+        os.environ["NEURONSERVE_LEASE_DIR"] = str(Path(self.tmp.name) / "leases")
+        self.pid = launch.start(self.spec, self.artifact, log=lambda _: None).pid
+
+    def engine_instance(self) -> Any:
+        from ..serve.engine import running_instance
+
+        return running_instance(self.engine_work, self.engine)
+
+    def root_pids(self) -> list[int]:
+        from ..serve.engine import running_pid
+
+        pids = [self.pid, running_pid(self.engine_work, self.engine)]
+        return [p for p in pids if p is not None]
+
+    @property
+    def front_pid(self) -> int | None:
+        return self.pid
+
+    @property
+    def metrics_url(self) -> str | None:
+        inst = self.engine_instance() if self.engine == "torchserve" else None
+        return inst.metrics_url if inst is not None else None
+
+    def stop(self) -> None:
+        from ..serve.front import launch
+
+        if self.pid is not None:
+            launch.stop(self.run_dir, log=lambda _: None)
+            self.pid = None
+            if self._lease_dir is None:
+                os.environ.pop("NEURONSERVE_LEASE_DIR", None)
+            else:
+                os.environ["NEURONSERVE_LEASE_DIR"] = self._lease_dir
+        self.tmp.cleanup()
 
 
 class SageMakerServer:
@@ -144,8 +227,17 @@ class SageMakerServer:
             time.sleep(0.5)
         raise RuntimeError(f"the SageMaker entrypoint was not ready after {timeout_s:.0f}s")
 
-    def root_pid(self) -> int | None:
+    @property
+    def front_pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
+
+    def root_pids(self) -> list[int]:
+        from ..serve.engine import running_pid
+
+        if self.proc is None:
+            return []
+        engine = running_pid(Path(self.tmp.name), self.engine)
+        return [self.proc.pid, *([engine] if engine is not None else [])]
 
     def stop(self) -> None:
         proc = self.proc
@@ -158,33 +250,36 @@ class SageMakerServer:
         self.tmp.cleanup()
 
 
-def cpu_by_role(root_pid: int | None) -> dict[str, float]:
-    """CPU seconds (user + system) so far of a server's process tree, by role: the
+def cpu_by_role(roots: list[int], front: int | None = None) -> dict[str, float]:
+    """CPU seconds (user + system) so far of the process trees under `roots`, by role: the
     frontend (TorchServe's Java process, tritonserver), the model workers (TorchServe's
-    Python workers, Triton's Python stubs) and, for SageMaker, the entrypoint in front."""
+    Python workers, Triton's Python stubs) and neuronserve's front (the process `front`)."""
     import psutil
 
     out: dict[str, float] = {}
-    if root_pid is None:
-        return out
-    try:
-        root = psutil.Process(root_pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return out
-    for p in procs:
+    seen: set[int] = set()
+    for root_pid in roots:
         try:
-            name = " ".join(p.cmdline()[:2]) or p.name()
-            t = p.cpu_times()
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            root = psutil.Process(root_pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
             continue
-        if "java" in name or "tritonserver" in name:
-            role = "frontend"
-        elif p.pid == root_pid:
-            role = "sagemaker_front"
-        else:
-            role = "workers"
-        out[role] = out.get(role, 0.0) + t.user + t.system
+        for p in procs:
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                name = " ".join(p.cmdline()[:2]) or p.name()
+                t = p.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if p.pid == front:
+                role = "front"
+            elif "java" in name or "tritonserver" in name:
+                role = "frontend"
+            else:
+                role = "workers"
+            out[role] = out.get(role, 0.0) + t.user + t.system
     return out
 
 

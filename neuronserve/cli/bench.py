@@ -18,7 +18,9 @@ def bench_cmd(
             "--endpoint",
             "-e",
             help="what to measure, repeatable: torchserve:ARTIFACT, triton:ARTIFACT (HTTP and "
-            "gRPC), sagemaker:ARTIFACT (servers started per layout, one at a time), "
+            "gRPC), sagemaker:ARTIFACT, front:ARTIFACT and front-triton:ARTIFACT (the engine "
+            "directly and the front's routes before it, on the same processes) (servers "
+            "started per layout, one at a time), "
             "runner:ARTIFACT, vanilla:MODEL_DIR (transformers pipeline baseline), or a "
             "running server: torchserve:http://HOST:PORT/predictions/MODEL, "
             "sagemaker:http://HOST:PORT/invocations, triton-http:HOST:PORT/MODEL, "

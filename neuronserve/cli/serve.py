@@ -1,4 +1,4 @@
-"""neuronserve serve torchserve | triton | sagemaker: start (or stop) an engine on
+"""neuronserve serve front | torchserve | triton | sagemaker: start (or stop) a server on
 packaged models, returning only once every worker is ready."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from .options import SpecFile, Stop, fail, load, spec_option
+from .serve_front import front_cmd
 
 app = typer.Typer(
     help="Start (or stop) a model server on packaged models.",
@@ -17,6 +18,8 @@ app = typer.Typer(
 )
 
 Timeout = Annotated[float, typer.Option(help="seconds to wait for every worker to be ready")]
+
+app.command("front")(front_cmd)
 
 
 @app.command("torchserve")
@@ -130,9 +133,10 @@ def triton_cmd(
 
 @app.command("sagemaker")
 def sagemaker_cmd() -> None:
-    """Run the SageMaker container entrypoint (what the image's `serve` runs): reads
-    SAGEMAKER_BIND_TO_PORT, SAGEMAKER_MODEL_SERVER_WORKERS, SAGEMAKER_MODEL_SERVER_TIMEOUT
-    and the model in /opt/ml/model (NEURONSERVE_MODEL_DIR) or baked into the image."""
+    """Run the SageMaker container entrypoint (what the image's `serve` runs): the front
+    with SageMaker's settings, in this process. Reads SAGEMAKER_BIND_TO_PORT,
+    SAGEMAKER_MODEL_SERVER_WORKERS, SAGEMAKER_MODEL_SERVER_TIMEOUT and the model in
+    /opt/ml/model (NEURONSERVE_MODEL_DIR) or baked into the image."""
     from ..serve.sagemaker import main as sagemaker_main
 
     raise typer.Exit(sagemaker_main())

@@ -59,6 +59,7 @@ def prepare(artifact: Path, spec: DeploySpec, what: str = "workers") -> Packaged
         cores_per_worker=plan.cores_per_worker,
         neuron_cores=spec.neuron_cores,
         truncation=recorded_unless_given(spec.truncation, manifest.tokenizer.truncation),
+        max_client_batch=spec.max_client_batch,
     )
     return PackagedModel(manifest, recorded_unless_given(spec.name, manifest.name), plan, settings)
 

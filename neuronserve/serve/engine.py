@@ -1,7 +1,7 @@
 """Engine control: one engine (TorchServe or Triton) serving one artifact on loopback
 ports of its own, packaged for this host's worker plan and started with truthful
-readiness. The SageMaker entrypoint runs it behind its front; bench starts one per
-layout it measures.
+readiness. The front (serve/front/, the SageMaker entrypoint too) runs one behind it;
+bench starts one per layout it measures.
 """
 
 from __future__ import annotations
@@ -10,13 +10,11 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import requests
-
 from .. import placement
 from ..artifact import read_manifest
 from ..spec import DeploySpec, load_spec
-from ..tasks import RequestError, decode_payload, get_task
+from ..tasks import get_task
+from ..worker import WorkerSettings
 from .process import free_ports
 
 log = logging.getLogger(__name__)
@@ -32,6 +30,57 @@ _PORTS = (
     "grpc_inference_port",
     "grpc_management_port",
 )
+
+
+# each engine's run directory (pid file, logs) inside an Engine's work folder
+RUN_DIRS = {"torchserve": "ts", "triton": "tr"}
+
+
+def running_instance(work: Path, engine: str) -> Any:
+    """The engine an Engine started in `work` (its URLs), if it is running."""
+    if engine == "torchserve":
+        from . import torchserve
+
+        return torchserve.running(Path(work) / RUN_DIRS[engine])
+    from . import triton
+
+    return triton.running(Path(work) / RUN_DIRS[engine])
+
+
+def running_pid(work: Path, engine: str) -> int | None:
+    """The main process (TorchServe's frontend, tritonserver) of the engine an Engine
+    started in `work`, if it is running."""
+    if engine == "torchserve":
+        from .torchserve import server_pid
+
+        return server_pid(Path(work) / RUN_DIRS[engine])
+    inst = running_instance(work, engine)
+    return inst.pid() if inst is not None else None
+
+
+# the spec fields that shape an engine's workers; everything else (ports, folders) is
+# the engine's own
+ENGINE_FIELDS = (
+    "layout",
+    "workers",
+    "cores_per_worker",
+    "neuron_cores",
+    "max_batch_delay_ms",
+    "batch_requests",
+    "response_timeout_s",
+    "worker_retry_timeout_s",
+    "truncation",
+    "max_client_batch",
+)
+
+
+def engine_settings(spec: DeploySpec, packaged: WorkerSettings | None) -> dict[str, Any]:
+    """The engine settings a spec gives explicitly; truncation, if the spec leaves it, is
+    what the model was packaged with (a .mar's or a Triton repository's)."""
+    settings = {k: getattr(spec, k) for k in ENGINE_FIELDS if k in spec.model_fields_set}
+    if "truncation" not in settings and packaged is not None:
+        settings["truncation"] = packaged.truncation
+    return {k: v for k, v in settings.items() if v is not None}
 
 
 class Engine:
@@ -54,11 +103,15 @@ class Engine:
             {
                 "name": self.name,
                 "artifact": artifact,
+                # loopback only, behind the front: no keys, and a folder instead of a
+                # zip so a start does not pack the artifact again
                 "token_auth": False,
+                "bind_address": "127.0.0.1",
+                "archive_format": "no-archive",
                 "model_store": self.work / "store",
-                "run_dir": self.work / "ts",
+                "run_dir": self.work / RUN_DIRS["torchserve"],
                 "triton_repository": self.work / "repo",
-                "triton_run_dir": self.work / "tr",
+                "triton_run_dir": self.work / RUN_DIRS["triton"],
                 **dict(zip(_PORTS, free_ports(len(_PORTS)), strict=True)),
                 **settings,
             },
@@ -100,14 +153,7 @@ class Engine:
 
     def root_pid(self) -> int | None:
         """The engine's main process (TorchServe's frontend, tritonserver), if running."""
-        if self.instance is None:
-            return None
-        if self.engine_name == "torchserve":
-            from .torchserve import server_pid
-
-            return server_pid(self.spec.run_dir)
-        pid: int | None = self.instance.pid()
-        return pid
+        return running_pid(self.work, self.engine_name) if self.instance is not None else None
 
     @property
     def metrics_url(self) -> str:
@@ -117,59 +163,3 @@ class Engine:
     def predictions_url(self) -> str:
         """TorchServe's inference URL for this model."""
         return f"{self.instance.inference_url}/predictions/{self.name}"
-
-    def invoke(self, body: bytes, content_type: str) -> tuple[int, Any]:
-        """One JSON or plain-text request as TorchServe's API takes it: (status, JSON)."""
-        if self.engine_name == "torchserve":
-            r = requests.post(
-                self.predictions_url,
-                data=body,
-                headers={"Content-Type": content_type},
-                timeout=self.spec.response_timeout_s,
-            )
-            return r.status_code, r.json()
-        try:
-            inputs, parameters = decode_payload(body, content_type)
-            request = self.task.parse(inputs, parameters)
-            rows = self._triton_rows(request.texts)
-        except RequestError as e:
-            return e.status, {"code": e.status, "error": e.message}
-        return 200, self.task.respond(rows, request, {"labels": self.manifest.labels})
-
-    def _triton_rows(self, texts: list) -> np.ndarray:
-        """Model output rows for `texts` through Triton's tensors, max_batch_size at a time."""
-        import tritonclient.http as httpclient
-
-        # One client per call: tritonclient's HTTP client is not safe across the front's
-        # threads. Closed after, since tritonserver waits for open connections when it stops.
-        client = httpclient.InferenceServerClient(
-            self.instance.http_url.removeprefix("http://"),
-            network_timeout=self.spec.response_timeout_s,
-        )
-        try:
-            return self._triton_chunks(client, texts)
-        finally:
-            client.close()
-
-    def _triton_chunks(self, client: Any, texts: list) -> np.ndarray:
-        import tritonclient.http as httpclient
-        from tritonclient.utils import InferenceServerException
-
-        output = "LOGITS" if self.manifest.labels else "EMBEDDING"
-        rows = []
-        step = self.manifest.grid.max_batch
-        for start in range(0, len(texts), step):
-            chunk = texts[start : start + step]
-            columns = {"TEXT": [t[0] if isinstance(t, tuple) else t for t in chunk]}
-            if any(isinstance(t, tuple) for t in chunk):
-                columns["TEXT_PAIR"] = [t[1] for t in chunk]
-            tensors = []
-            for name, values in columns.items():
-                t = httpclient.InferInput(name, [len(values), 1], "BYTES")
-                t.set_data_from_numpy(np.array([[v.encode()] for v in values], dtype=object))
-                tensors.append(t)
-            try:
-                rows.append(client.infer(self.name, tensors).as_numpy(output))
-            except InferenceServerException as e:
-                raise RequestError.from_engine(e.message(), int(e.status() or 500)) from None
-        return np.concatenate(rows)

@@ -44,11 +44,32 @@ class RequestError(ValueError):
         return cls(m.group(2), int(m.group(1))) if m else cls(message, status)
 
 
+TRUNCATION_DIRECTIONS = ("right", "left")
+
+
 @dataclass
 class TaskRequest:
     texts: list[Text]
     single: bool  # one text was sent, not a list: answer with one result, not a list
     parameters: dict[str, Any] = field(default_factory=dict)
+    # this request's own answer to an over-long text: cut it (from the right or the
+    # left) or refuse it; None keeps the deployment's `truncation`
+    truncate: bool | None = None
+    truncation_direction: str = "right"
+
+
+def truncation_parameters(parameters: dict[str, Any]) -> tuple[bool | None, str]:
+    """(truncate, truncation_direction) from a request's parameters, which every task
+    takes (text-embeddings-inference's names): they reach the Runner, which tokenizes."""
+    truncate = parameters.get("truncate")
+    if truncate is not None and not isinstance(truncate, bool):
+        raise RequestError(f'"truncate" must be true, false or null, got {truncate!r}')
+    direction = parameters.get("truncation_direction", "right")
+    if isinstance(direction, str):
+        direction = direction.lower()
+    if direction not in TRUNCATION_DIRECTIONS:
+        raise RequestError(f'"truncation_direction" must be "right" or "left", got {direction!r}')
+    return truncate, direction
 
 
 def decode_payload(body: Any, content_type: str | None = None) -> tuple[Any, dict[str, Any]]:
@@ -104,6 +125,9 @@ def _check_text(value: Any, where: str) -> str:
     return value
 
 
+COMMON_PARAMETERS = frozenset({"truncate", "truncation_direction"})
+
+
 class Task:
     """Base class of the per-task adapters (see feature_extraction, text_classification)."""
 
@@ -112,18 +136,26 @@ class Task:
     parameters: frozenset[str] = frozenset()
 
     def parse(self, inputs: Any, parameters: dict[str, Any]) -> TaskRequest:
-        unknown = set(parameters) - self.parameters
+        own = {k: v for k, v in parameters.items() if k not in COMMON_PARAMETERS}
+        unknown = set(own) - self.parameters
         if unknown:
-            allowed = sorted(self.parameters) or "none"
+            allowed = sorted(self.parameters | COMMON_PARAMETERS)
             raise RequestError(
                 f"unknown parameters {sorted(unknown)} for task {self.name} (allowed: {allowed})"
             )
+        truncate, direction = truncation_parameters(parameters)
         single = not isinstance(inputs, list)
         items = [inputs] if single else inputs
         if not items:
             raise RequestError('"inputs" is an empty list: send at least one text')
         texts = [self._parse_item(item, f"inputs[{i}]") for i, item in enumerate(items)]
-        return TaskRequest(texts=texts, single=single, parameters=self.check_parameters(parameters))
+        return TaskRequest(
+            texts=texts,
+            single=single,
+            parameters=self.check_parameters(own),
+            truncate=truncate,
+            truncation_direction=direction,
+        )
 
     def _parse_item(self, item: Any, where: str) -> Text:
         if isinstance(item, dict) and self.accepts_pairs:

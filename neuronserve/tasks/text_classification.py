@@ -1,4 +1,5 @@
-"""text-classification: softmax scores over the model's `id2label`, top_k per text.
+"""text-classification: scores over the model's `id2label` (softmax, or sigmoid for one
+label, as the `transformers` pipeline does), top_k per text.
 
 The compiled module returns logits; softmax and ranking run on the host in numpy,
 in float64, so scores do not depend on the target's precision beyond the logits.
@@ -32,10 +33,23 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-logits.astype(np.float64)))
+
+
+FUNCTIONS = {"softmax": softmax, "sigmoid": sigmoid, "none": lambda x: x.astype(np.float64)}
+
+
+def default_function(labels: list[str]) -> str:
+    """What the `transformers` text-classification pipeline applies: sigmoid for a model
+    with one label (a cross-encoder's relevance score), softmax otherwise."""
+    return "sigmoid" if len(labels) == 1 else "softmax"
+
+
 class TextClassification(Task):
     name = "text-classification"
     accepts_pairs = True
-    parameters = frozenset({"top_k"})
+    parameters = frozenset({"top_k", "function_to_apply"})
 
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         top_k = parameters.get("top_k", 1)
@@ -44,7 +58,13 @@ class TextClassification(Task):
             raise RequestError(
                 f'"top_k" must be a positive integer or null (all labels), got {top_k!r}'
             )
-        return {"top_k": top_k}
+        function = parameters.get("function_to_apply")
+        if function is not None and function not in FUNCTIONS:
+            raise RequestError(
+                f'"function_to_apply" must be one of {sorted(FUNCTIONS)} or null (the '
+                f"model's default), got {function!r}"
+            )
+        return {"top_k": top_k, "function_to_apply": function}
 
     def load_model(self, model_dir: Path) -> torch.nn.Module:
         from transformers import AutoModelForSequenceClassification
@@ -76,7 +96,8 @@ class TextClassification(Task):
     def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
         labels = info["labels"]
         top_k = request.parameters.get("top_k") or len(labels)
-        scores = softmax(outputs)
+        function = request.parameters.get("function_to_apply") or default_function(labels)
+        scores = FUNCTIONS[function](outputs)
         results = []
         for row in scores:
             order = np.argsort(-row, kind="stable")[:top_k]
@@ -95,6 +116,6 @@ class TextClassification(Task):
         best = np.argmax(outputs, axis=-1)
         return {
             "LOGITS": outputs.astype(np.float32),
-            "SCORES": softmax(outputs).astype(np.float32),
+            "SCORES": FUNCTIONS[default_function(labels)](outputs).astype(np.float32),
             "LABEL": np.array([[labels[i].encode()] for i in best], dtype=object),
         }

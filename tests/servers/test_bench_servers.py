@@ -1,6 +1,6 @@
-"""One real `neuronserve bench` run: TorchServe and the SageMaker front started by bench
-itself (one at a time), and the Runner in process; every report written. No test
-asserts a time."""
+"""One real `neuronserve bench` run: TorchServe, and the front with a TorchServe behind it,
+started by bench itself (one at a time), and the Runner in process; every report written.
+No test asserts a time."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(tmp_path, min
         "-e",
         f"runner:{minilm_artifact}",
         "-e",
-        f"sagemaker:{minilm_artifact}",
+        f"front:{minilm_artifact}",
         "--sequence-lengths",
         "8,32",
         "--concurrency",
@@ -44,12 +44,25 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(tmp_path, min
     points = data["points"]
     ts = [p for p in points if p["type"] == "torchserve"]
     runner = [p for p in points if p["type"] == "runner"]
-    sm = [p for p in points if p["type"] == "sagemaker"]
+    front = [p for p in points if p["type"] == "front"]
+    direct = [p for p in points if p["baseline"]]
     # the full sweep for the servers, one request at a time in process
-    assert {(p["seq"], p["concurrency"]) for p in ts} == {(8, 1), (8, 2), (32, 1), (32, 2)}
-    assert {(p["seq"], p["concurrency"]) for p in sm} == {(8, 1), (8, 2), (32, 1), (32, 2)}
-    # the SageMaker entrypoint's process sits in front of TorchServe's
-    assert all(p["cpu_ms_per_req_sagemaker_front"] > 0 for p in sm)
+    grid = {(8, 1), (8, 2), (32, 1), (32, 2)}
+    assert {(p["seq"], p["concurrency"]) for p in ts if not p["baseline"]} == grid
+    # the front's session: TorchServe asked directly, then three routes through the front
+    assert {p["endpoint"].split(" ", 1)[1] for p in front} == {
+        "/invocations",
+        "/embed",
+        "/v1/embeddings",
+    }
+    assert [p["endpoint"] for p in direct] == ["front/throughput torchserve direct"] * 4
+    for p in front:
+        match = [d for d in direct if (d["seq"], d["concurrency"]) == (p["seq"], p["concurrency"])]
+        assert p["ratio_vs_engine"] == pytest.approx(p["req_per_s"] / match[0]["req_per_s"])
+        assert p["cpu_ms_per_req_front"] >= 0 and p["cpu_ms_per_req_workers"] > 0
+    # CPU time comes in 10 ms clock ticks, a half-second point may not reach one; the
+    # session as a whole does, and only the front's rows put work on the front process
+    assert sum(p["cpu_ms_per_req_front"] * p["requests"] for p in front) > 0
     assert {(p["seq"], p["concurrency"]) for p in runner} == {(8, 1), (32, 1)}
     for p in points:
         assert p["errors"] == 0 and p["requests"] >= 5
@@ -65,6 +78,7 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(tmp_path, min
     assert len(rows) == len(points)
     md = (out / "results.md").read_text()
     assert "torchserve/throughput" in md and "Where the time goes" in md
+    assert "The front against its engine" in md
     for png in ("p95_vs_sequence_length.png", "throughput_vs_concurrency.png"):
         assert (out / png).read_bytes()[:8] == PNG
     check = data["wrk_check"]

@@ -143,3 +143,39 @@ def test_classifier_matches_eager(classifier_artifact, classifier_dir):
     assert len(top1) == 1 and top1[0]["label"] == labels[int(np.argmax(want[0]))]
     [bad] = runner.responses_for_bodies([({"inputs": "x", "parameters": {"top_k": 0}}, None)])
     assert isinstance(bad, RequestError) and "top_k" in bad.message
+
+
+def test_a_request_may_ask_for_its_own_truncation_from_either_end(runner, minilm_dir):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    long_text = " ".join(f"token{i}" for i in range(300))
+    bodies = [
+        ({"inputs": long_text}, None),  # the deployment's: truncation off
+        ({"inputs": long_text, "parameters": {"truncate": True}}, None),
+        ({"inputs": long_text, "parameters": {"truncate": True, "truncation_direction": "left"}},
+         None),
+    ]  # fmt: skip
+    refused, right, left = runner.responses_for_bodies(bodies)
+    assert isinstance(refused, RequestError) and refused.status == 413
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    model = AutoModel.from_pretrained(minilm_dir).eval()
+    for side, got in (("right", right), ("left", left)):
+        tok.truncation_side = side
+        enc = tok(long_text, truncation=True, max_length=256, return_tensors="pt")
+        with torch.no_grad():
+            want = model(**enc).last_hidden_state.mean(1)[0].numpy()
+        assert cosine(got, want) >= 0.9999, side
+    assert cosine(right, left) < 0.999  # two different ends of the text
+
+
+def test_too_many_texts_in_one_request_fail_alone(minilm_artifact, reference):
+    limited = Runner(minilm_artifact, warmup=False, max_client_batch=3)
+    report = RunReport()
+    ok, too_many = limited.responses_for_bodies(
+        [({"inputs": SENTENCES[:3]}, None), ({"inputs": SENTENCES[:4]}, None)], report
+    )
+    assert isinstance(too_many, RequestError) and too_many.status == 413
+    assert "at most 3 (max_client_batch)" in too_many.message
+    assert report.texts == 3  # refused before anything of it was tokenized
+    assert all(cosine(ok[i], reference[i]) >= 0.9999 for i in range(3))

@@ -1,0 +1,174 @@
+"""neuronserve serve front: the HTTP front (OpenAI, text-embeddings-inference and SageMaker
+routes, keys, limits, TLS) in front of TorchServe or Triton, which it starts on loopback."""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.request
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from .options import (
+    CoresPerWorker,
+    Layout,
+    MaxBatchDelayMs,
+    NeuronCores,
+    SpecFile,
+    Stop,
+    Truncation,
+    Workers,
+    fail,
+    load,
+    spec_option,
+)
+
+Source = Annotated[
+    Path | None,
+    typer.Argument(
+        help="what to serve: an artifact directory, a model store holding a .mar from "
+        "`neuronserve package torchserve`, or a Triton repository from `neuronserve package "
+        "triton` (default: the spec's `artifact`)"
+    ),
+]
+
+# the routes each task adds to the ones every model has
+TASK_ROUTES = {
+    "feature-extraction": ["POST /v1/embeddings (OpenAI)", "POST /embed"],
+    "text-classification": ["POST /predict", "POST /rerank (one-label cross-encoders)"],
+}
+
+
+def front_cmd(
+    source: Source = None,
+    spec: SpecFile = None,
+    engine: Annotated[str | None, spec_option("engine")] = None,
+    address: Annotated[str | None, spec_option("front_address", "--address")] = None,
+    port: Annotated[int | None, spec_option("front_port", "--port")] = None,
+    run_dir: Annotated[Path | None, spec_option("front_run_dir", "--run-dir")] = None,
+    auth: Annotated[str | None, spec_option("auth")] = None,
+    api_key_file: Annotated[Path | None, spec_option("api_key_file")] = None,
+    tls_cert: Annotated[Path | None, spec_option("tls_cert")] = None,
+    tls_key: Annotated[Path | None, spec_option("tls_key")] = None,
+    max_body_bytes: Annotated[int | None, spec_option("max_body_bytes")] = None,
+    max_client_batch: Annotated[int | None, spec_option("max_client_batch")] = None,
+    split_client_batches: Annotated[
+        bool | None, spec_option("split_client_batches", "--split-client-batches/--no-split")
+    ] = None,
+    max_in_flight: Annotated[int | None, spec_option("max_in_flight")] = None,
+    deadline_s: Annotated[float | None, spec_option("deadline_s")] = None,
+    workers: Workers = None,
+    cores_per_worker: CoresPerWorker = None,
+    layout: Layout = None,
+    max_batch_delay_ms: MaxBatchDelayMs = None,
+    truncation: Truncation = None,
+    neuron_cores: NeuronCores = None,
+    stop: Stop = False,
+    foreground: Annotated[
+        bool,
+        typer.Option(
+            "--foreground",
+            help="run in this process until SIGTERM or Ctrl-C (containers), instead of "
+            "returning once ready",
+        ),
+    ] = False,
+    timeout: Annotated[
+        float, typer.Option(help="seconds to wait for every worker to be ready")
+    ] = 600,
+) -> None:
+    """Start the front and the engine behind it; return once every worker is ready.
+
+    The front answers OpenAI's `POST /v1/embeddings`, text-embeddings-inference's
+    `/embed`, `/predict`, `/rerank`, `/tokenize`, `/info`, `/health`, SageMaker's `/ping`
+    and `/invocations`, `/metrics` and `/docs`. The engine listens on loopback only. API
+    keys are required whenever the front listens beyond loopback.
+    """
+    # long: typer declares one parameter per command-line option
+    from ..serve.front import launch
+    from ..serve.front.keys import KeyFileError
+    from ..serve.process import ServeError
+
+    s = load(
+        spec,
+        artifact=source,
+        engine=engine,
+        front_address=address,
+        front_port=port,
+        front_run_dir=run_dir,
+        auth=auth,
+        api_key_file=api_key_file,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        max_body_bytes=max_body_bytes,
+        max_client_batch=max_client_batch,
+        split_client_batches=split_client_batches,
+        max_in_flight=max_in_flight,
+        deadline_s=deadline_s,
+        workers=workers,
+        cores_per_worker=cores_per_worker,
+        layout=layout,
+        max_batch_delay_ms=max_batch_delay_ms,
+        truncation=truncation,
+        neuron_cores=neuron_cores,
+    )
+    if stop:
+        launch.stop(s.front_run_dir)
+        return
+    pid = launch.running(s.front_run_dir)
+    if pid and not foreground:
+        fail(
+            f"a front started from {s.front_run_dir} is already running (pid {pid}); stop it "
+            "with `neuronserve serve front --stop`",
+            1,
+        )
+    if s.artifact is None:
+        fail("nothing to serve: pass an artifact, a model store or a Triton repository")
+    try:
+        if foreground:
+            raise typer.Exit(_foreground(s, s.artifact))
+        inst = launch.start(s, s.artifact, timeout_s=timeout, log=typer.echo)
+    except (ServeError, KeyFileError) as e:
+        fail(str(e), 1)
+    _report(inst, run_dir is not None)
+
+
+def _foreground(spec: Any, source: Path) -> int:
+    from ..serve.front.config import FrontConfig
+    from ..serve.front.server import ENGINE_DIR, configure_logging, engine_for_source, run
+
+    configure_logging()
+    config = FrontConfig.from_spec(spec)
+    return run(config, lambda: engine_for_source(spec, source, config.run_dir / ENGINE_DIR))
+
+
+def _report(inst: Any, custom_run_dir: bool) -> None:
+    config = inst.config
+    headers = {"Authorization": f"Bearer {config.keys.values[0].decode()}"} if config.keys else {}
+    context = ssl._create_unverified_context() if config.tls_cert else None
+    request = urllib.request.Request(f"{config.url}/info", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10, context=context) as r:
+            info = json.loads(r.read())
+    except (OSError, ValueError) as e:  # it is running: say so, and where to look
+        typer.echo(f"neuronserve front is ready at {config.url} (its /info failed: {e})")
+        info = {"model_id": "?", "task": "?", "target": "?", "precision": "?", "engine": "?"}
+    typer.echo(
+        f"neuronserve front is ready at {config.url}: {info['model_id']} ({info['task']}, "
+        f"{info['target']} {info['precision']}) on {info['engine']}, which listens on "
+        "loopback only"
+    )
+    for route in [*TASK_ROUTES.get(info["task"], []), "POST /invocations (SageMaker)"]:
+        typer.echo(f"  {route}")
+    typer.echo("  POST /tokenize, GET /info, /health, /metrics, /docs")
+    if config.keys:
+        typer.echo(
+            f"  API key required: send `Authorization: Bearer <key>`, key in {config.keys.where}"
+        )
+    else:
+        typer.echo("  no API key needed: the front listens on loopback only")
+    stop = "`neuronserve serve front --stop" + (
+        f" --run-dir {config.run_dir}`" if custom_run_dir else "`"
+    )
+    typer.echo(f"  log in {inst.log}; stop with {stop}")

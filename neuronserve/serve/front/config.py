@@ -1,0 +1,54 @@
+"""The front's settings, taken from the deployment spec in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...spec import DeploySpec
+from .keys import Keys, resolve_keys
+
+
+@dataclass(frozen=True)
+class FrontConfig:
+    address: str
+    port: int
+    run_dir: Path
+    keys: Keys | None  # None: requests need no key
+    max_body_bytes: int
+    max_client_batch: int
+    split_client_batches: bool
+    max_in_flight: int
+    deadline_s: float
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # SageMaker's container contract: no key, /ping and /invocations on its port
+    sagemaker: bool = False
+
+    @classmethod
+    def from_spec(cls, spec: DeploySpec, sagemaker: bool = False) -> FrontConfig:
+        return cls(
+            address=spec.front_address,
+            port=spec.front_port,
+            run_dir=Path(spec.front_run_dir).resolve(),
+            keys=resolve_keys(spec, sagemaker),
+            max_body_bytes=spec.max_body_bytes,
+            max_client_batch=spec.max_client_batch,
+            split_client_batches=spec.split_client_batches,
+            max_in_flight=spec.max_in_flight,
+            deadline_s=spec.deadline_s,
+            tls_cert=spec.tls_cert,
+            tls_key=spec.tls_key,
+            sagemaker=sagemaker,
+        )
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert else "http"
+
+    @property
+    def url(self) -> str:
+        """Where a client on this host reaches the front."""
+        host = "127.0.0.1" if self.address in ("0.0.0.0", "") else self.address
+        host = "[::1]" if host == "::" else (f"[{host}]" if ":" in host else host)
+        return f"{self.scheme}://{host}:{self.port}"

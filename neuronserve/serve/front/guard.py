@@ -1,0 +1,222 @@
+"""The front's outermost layer, as plain ASGI (Starlette's BaseHTTPMiddleware costs more
+per request than this whole layer): every request gets an id, the key check, a place
+under the in-flight bound, the body limit and a deadline, and is counted in the metrics.
+
+Order matters and is cheapest first: a request without a valid key is refused (401)
+before anything is read; one over the in-flight bound (429, Retry-After) before its
+body is read; a body over the limit (413) as soon as its Content-Length, or its bytes so
+far, say so. The body is read here, whole, and handed to the route, so a limit breach
+is answered as a 413 rather than surfacing as an error inside a route.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from starlette.requests import Request
+
+from .config import FrontConfig
+from .errors import Family, error_body, family_of
+from .observe import FrontMetrics
+from .routes import REQUEST_ID, Endpoint, guarded
+
+log = logging.getLogger("neuronserve.front")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_GOOD_ID = re.compile(rb"^[A-Za-z0-9._-]{1,64}$")
+# seconds a client told 429 should wait: the engine clears a full front within this at
+# any throughput these machines reach
+RETRY_AFTER_BUSY = b"1"
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _ClientGone(Exception):
+    pass
+
+
+class _Call:
+    """One request as the guard handles it, and its answer as it is sent: status, whether
+    it has started, the request id added to its headers."""
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint | None):
+        self.scope, self.receive, self._send, self.endpoint = scope, receive, send, endpoint
+        self.family: Family = endpoint.family if endpoint is not None else family_of(scope["path"])
+        self.headers = dict(scope["headers"])
+        request_id = self.headers.get(b"x-request-id", b"")
+        self.request_id = request_id if _GOOD_ID.match(request_id) else os.urandom(8).hex().encode()
+        scope[REQUEST_ID] = self.request_id.decode()
+        self.status, self.started = 500, False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started, self.status = True, message["status"]
+            headers = [*message.get("headers", []), (b"x-request-id", self.request_id)]
+            message = {**message, "headers": headers}
+        await self._send(message)
+
+    async def reply(self, status: int, text: str, headers: tuple = ()) -> None:
+        body = error_body(self.family, status, text)
+        await self.send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    *headers,
+                ],
+            }
+        )
+        await self.send({"type": "http.response.body", "body": body})
+
+
+class Guard:
+    """Checks every request, then calls the route's handler directly when the path and
+    method match one (Starlette's router, exception and error middleware cost more per
+    request than the guard itself); anything else (lifespan, 404, 405, HEAD) goes to
+    the Starlette `app` under it."""
+
+    def __init__(
+        self, app: ASGIApp, config: FrontConfig, metrics: FrontMetrics, endpoints: list[Endpoint]
+    ):
+        self.app, self.config, self.metrics = app, config, metrics
+        self.routes = {e.path: e for e in endpoints}
+        self.handlers = {(e.path, e.method): guarded(e.family, e.handler) for e in endpoints}
+        self.in_flight = 0
+
+    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
+        handler = self.handlers.get((scope["path"], scope["method"]))
+        if handler is None:
+            await self.app(scope, receive, send)
+            return
+        response = await handler(Request(scope, receive))
+        await response(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # lifespan
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        call = _Call(scope, receive, send, self.routes.get(scope["path"]))
+        try:
+            await self._guarded(call)
+        except Exception:
+            # one request's failure must not reach the server: logged whole, answered short
+            log.exception("request %s to %s failed", scope[REQUEST_ID], scope["path"])
+            if not call.started:
+                await call.reply(500, f"internal error (request id {scope[REQUEST_ID]})")
+        finally:
+            route = scope["path"] if call.endpoint is not None else "unmatched"
+            self.metrics.observe(route, call.status, time.perf_counter() - started)
+
+    async def _guarded(self, call: _Call) -> None:
+        keys, endpoint = self.config.keys, call.endpoint
+        open_route = endpoint is not None and endpoint.open
+        if (
+            keys is not None
+            and not open_route
+            and not keys.accepts(call.headers.get(b"authorization"))
+        ):
+            await call.reply(
+                401,
+                "missing or wrong API key: send Authorization: Bearer <key>",
+                ((b"www-authenticate", b'Bearer realm="neuronserve"'),),
+            )
+            return
+        if endpoint is None or not endpoint.work:
+            await self._dispatch(call.scope, call.receive, call.send)
+            return
+        if self.in_flight >= self.config.max_in_flight:
+            await call.reply(
+                429,
+                f"the server is at its limit of {self.config.max_in_flight} requests in "
+                "flight (max_in_flight): retry shortly",
+                ((b"retry-after", RETRY_AFTER_BUSY),),
+            )
+            return
+        self.in_flight += 1
+        self.metrics.in_flight.inc()
+        try:
+            await self._with_deadline(call)
+        finally:
+            self.in_flight -= 1
+            self.metrics.in_flight.dec()
+
+    async def _with_deadline(self, call: _Call) -> None:
+        limit = self.config.max_body_bytes
+        too_large = (
+            f"request body over {limit} bytes (max_body_bytes): send fewer or shorter inputs"
+        )
+        length = call.headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > limit:
+            await call.reply(413, too_large)
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        timer = asyncio.get_running_loop().call_later(self.config.deadline_s, expire)
+        try:
+            body = await _read_body(call.receive, limit)
+            await self._dispatch(call.scope, _replay(body, call.receive), call.send)
+        except _TooLarge:
+            await call.reply(413, too_large)
+        except _ClientGone:
+            call.status = 499  # nginx's code for it: counted, never sent
+        except asyncio.CancelledError:
+            if not expired:
+                raise
+            if sys.version_info >= (3, 11):
+                task.uncancel()
+            if not call.started:
+                await call.reply(504, f"no answer within {self.config.deadline_s:g} s (deadline_s)")
+        finally:
+            timer.cancel()
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # after the body: the disconnect, when it comes
+
+    return replay

@@ -1,0 +1,126 @@
+"""`neuronserve serve front` in the background: start the front (server.py) as its own
+process, show its progress, return once /health answers 200; `--stop` stops it, and
+with it the engine, and waits until both are gone.
+
+Everything lives in the run directory (0700): the settings the process was started
+with, its pid file and log, and a generated API key when one was needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...spec import DeploySpec
+from ..process import ServeError, live_pid, stop_tree
+from .config import FrontConfig
+
+SETTINGS_FILE = "front.json"
+PID_FILE = "front.pid"
+LOG_FILE = "front.log"
+
+
+@dataclass(frozen=True)
+class FrontInstance:
+    config: FrontConfig
+    pid: int
+    log: Path
+
+
+def running(run_dir: Path) -> int | None:
+    return live_pid(Path(run_dir).resolve() / PID_FILE)
+
+
+def start(
+    spec: DeploySpec, source: Path, timeout_s: float = 600, log: Callable[[str], None] = print
+) -> FrontInstance:
+    """Start the front and the engine behind it; return once every worker is ready."""
+    config = FrontConfig.from_spec(spec)  # a generated key is written here, before the start
+    run_dir = config.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    pid = running(run_dir)
+    if pid:
+        raise ServeError(
+            f"a front started from {run_dir} is already running (pid {pid}); stop it with "
+            "`neuronserve serve front --stop`"
+        )
+    settings = run_dir / SETTINGS_FILE
+    settings.write_text(
+        json.dumps(
+            {
+                "spec": spec.model_dump(mode="json", exclude_unset=True),
+                "source": str(Path(source).resolve()),
+            }
+        )
+    )
+    log_path = run_dir / LOG_FILE
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "neuronserve.serve.front.server", str(settings)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # the caller's Ctrl-C is not the front's
+        )
+    (run_dir / PID_FILE).write_text(f"{proc.pid}\n")
+    try:
+        _wait_healthy(config, proc, log_path, timeout_s, log)
+    except BaseException:
+        stop(run_dir, log=lambda _: None)
+        raise
+    return FrontInstance(config, proc.pid, log_path)
+
+
+def _wait_healthy(
+    config: FrontConfig,
+    proc: subprocess.Popen,
+    log_path: Path,
+    timeout_s: float,
+    log: Callable[[str], None],
+) -> None:
+    """Poll /health, echoing the front's log as it grows (the engine's progress)."""
+    shown = 0
+    deadline = time.monotonic() + timeout_s
+    # the front's own certificate may be self-signed: this check only asks our process
+    context = ssl._create_unverified_context() if config.tls_cert else None
+    while True:
+        lines = log_path.read_text(errors="replace").splitlines()
+        for line in lines[shown:]:
+            log(f"  {line}")
+        shown = len(lines)
+        if proc.poll() is not None:
+            raise ServeError(
+                f"the front exited during start (status {proc.returncode}); see {log_path}"
+            )
+        try:
+            with urllib.request.urlopen(f"{config.url}/health", timeout=5, context=context) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise ServeError(f"the front was not ready after {timeout_s:.0f}s; see {log_path}")
+        time.sleep(0.5)
+
+
+def stop(run_dir: Path, timeout_s: float = 180, log: Callable[[str], None] = print) -> bool:
+    """SIGTERM the front (it drains, then stops its engine) and wait until it is gone."""
+    run_dir = Path(run_dir).resolve()
+    pid = running(run_dir)
+    if pid is None:
+        log(f"no front is running from {run_dir}")
+        return False
+    log(f"stopping the front (pid {pid}) and its engine ...")
+    stop_tree(pid, lambda: os.kill(pid, signal.SIGTERM), timeout_s)
+    (run_dir / PID_FILE).unlink(missing_ok=True)
+    log("front stopped")
+    return True

@@ -1,0 +1,341 @@
+"""The front's routes: each turns one API's request into a native request for the
+engine (`Serving.predict`) and the engine's answer into that API's response.
+
+The table at the bottom (`endpoints`) is the one list of routes: Starlette routes by it,
+the guard reads which routes need a key and count against the in-flight bound, and the
+OpenAPI document is generated from the bodies it names.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+from prometheus_client import generate_latest
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
+from ...tasks import RequestError
+from . import schemas as s
+from .engines import EngineUnavailable, Prediction
+from .errors import Family, error_response
+from .observe import FrontMetrics
+from .serving import NotReady, Serving, normalized, off_loop
+
+log = logging.getLogger("neuronserve.front")
+
+Handler = Callable[[Request], Awaitable[Response]]
+# where the guard leaves each request's id in its ASGI scope
+REQUEST_ID = "neuronserve.request_id"
+JSON = "application/json"
+# how long a client should wait before retrying while the model loads or is replaced
+RETRY_AFTER_S = "5"
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY), status, media_type=JSON)
+
+
+def raw_json(data: bytes, status: int = 200) -> Response:
+    return Response(data, status, media_type=JSON)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    path: str
+    method: str
+    handler: Handler
+    family: Family
+    summary: str
+    tag: str
+    body: Any = None
+    answer: Any = None
+    errors: Any = None
+    # probes and documentation: no key needed
+    open: bool = False
+    # model work: counted against max_in_flight, held to the deadline and body limit
+    work: bool = False
+
+
+def guarded(family: Family, fn: Handler) -> Handler:
+    """`fn` with the errors a route expects turned into answers in its family's shape."""
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await fn(request)
+        except RequestError as e:
+            return error_response(family, e.status, e.message)
+        except NotReady:
+            return error_response(
+                family, 503, "the model is still loading", {"Retry-After": RETRY_AFTER_S}
+            )
+        except EngineUnavailable as e:
+            log.warning("request %s: %s", request.scope.get(REQUEST_ID, "-"), e)
+            return error_response(
+                family, 503, "the model server is not answering", {"Retry-After": RETRY_AFTER_S}
+            )
+
+    return endpoint
+
+
+class Api:
+    def __init__(self, serving: Serving, metrics: FrontMetrics):
+        self.serving, self.metrics = serving, metrics
+
+    # OpenAI
+
+    async def openai_embeddings(self, request: Request) -> Response:
+        body: s.OpenAIEmbeddingsRequest = s.parse_body(
+            await request.body(), s.OpenAIEmbeddingsRequest
+        )
+        model = self.serving.require_task("/v1/embeddings", "feature-extraction")
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        if not texts:
+            raise RequestError("input is an empty list: send at least one text")
+        dims = self._dimensions(body.dimensions)
+        vectors = _vectors(await self.serving.predict(texts, {}))
+        if dims is not None:
+            vectors = normalized(vectors[:, :dims])
+        tokens = await self.serving.count_tokens(texts, None)
+        if body.encoding_format == "base64":
+            data = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
+        else:
+            data = vectors.tolist()
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"object": "embedding", "index": i, "embedding": e} for i, e in enumerate(data)
+                ],
+                "model": model.name,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    async def openai_models(self, request: Request) -> Response:
+        model, _ = self.serving.ready()
+        return json_response(
+            {
+                "object": "list",
+                "data": [
+                    {"id": model.name, "object": "model", "created": 0, "owned_by": "neuronserve"}
+                ],
+            }
+        )
+
+    def _dimensions(self, dims: int | None) -> int | None:
+        model, _ = self.serving.ready()
+        if dims is not None and dims > model.manifest.output_dim:
+            raise RequestError(
+                f"dimensions is {dims}, more than this model's {model.manifest.output_dim}"
+            )
+        return dims
+
+    # text-embeddings-inference
+
+    async def embed(self, request: Request) -> Response:
+        body: s.EmbedRequest = s.parse_body(await request.body(), s.EmbedRequest)
+        model = self.serving.require_task("/embed", "feature-extraction")
+        _no_prompt(body.prompt_name)
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        if not texts:
+            raise RequestError("inputs is an empty list: send at least one text")
+        dims = self._dimensions(body.dimensions)
+        compiled_normalized = bool(model.manifest.normalize)
+        if compiled_normalized and not body.normalize:
+            raise RequestError(
+                f"{model.name} normalises its embeddings inside the compiled model; compile "
+                "it with `normalize: false` to get them unnormalised"
+            )
+        prediction = await self.serving.predict(texts, body.parameters())
+        if dims is None and body.normalize == compiled_normalized:
+            return raw_json(prediction.raw)  # TorchServe's bytes, passed on as they came
+        vectors = _vectors(prediction)
+        if dims is not None:
+            vectors = vectors[:, :dims]
+        return json_response(normalized(vectors) if body.normalize else vectors)
+
+    async def predict(self, request: Request) -> Response:
+        body: s.PredictRequest = s.parse_body(await request.body(), s.PredictRequest)
+        self.serving.require_task("/predict", "text-classification")
+        items, single = predict_inputs(body.inputs)
+        params = {
+            "top_k": None,
+            "function_to_apply": "none" if body.raw_scores else None,
+            **body.parameters(),
+        }
+        answers = (await self.serving.predict(items, params)).value
+        return json_response(answers[0] if single else answers)
+
+    async def rerank(self, request: Request) -> Response:
+        body: s.RerankRequest = s.parse_body(await request.body(), s.RerankRequest)
+        model = self.serving.require_task("/rerank", "text-classification")
+        if len(model.manifest.labels or []) != 1:
+            raise RequestError(
+                f"/rerank needs a cross-encoder (a classifier with one label); {model.name} "
+                f"has {len(model.manifest.labels or [])}: use /predict",
+                status=404,
+            )
+        if not body.texts:
+            raise RequestError("texts is an empty list: send at least one document")
+        items = [{"text": body.query, "text_pair": t} for t in body.texts]
+        params = {
+            "top_k": None,
+            "function_to_apply": "none" if body.raw_scores else "sigmoid",
+            **body.parameters(),
+        }
+        answers = (await self.serving.predict(items, params)).value
+        scores = [row[0]["score"] for row in answers]
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n]
+        ranks = []
+        for i in order:
+            rank: dict[str, Any] = {"index": i, "score": scores[i]}
+            if body.return_text:
+                rank["text"] = body.texts[i]
+            ranks.append(rank)
+        return json_response(ranks)
+
+    async def tokenize(self, request: Request) -> Response:
+        body: s.TokenizeRequest = s.parse_body(await request.body(), s.TokenizeRequest)
+        model, _ = self.serving.ready()
+        _no_prompt(body.prompt_name)
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        if len(texts) > self.serving.config.max_client_batch:
+            raise RequestError(
+                f"{len(texts)} inputs in one request; this server takes at most "
+                f"{self.serving.config.max_client_batch} (max_client_batch)",
+                status=413,
+            )
+        tokens = await off_loop(
+            lambda: model.tokenizer.tokens(texts, body.add_special_tokens),
+            sum(len(t) for t in texts),
+        )
+        return json_response(tokens)
+
+    async def info(self, request: Request) -> Response:
+        self.serving.ready()
+        return json_response(self.serving.info)
+
+    async def health(self, request: Request) -> Response:
+        status, body = await self._health()
+        return json_response(body, status)
+
+    async def _health(self) -> tuple[int, dict[str, Any]]:
+        if self.serving.client is None:
+            return 503, {"status": "loading", "workers_ready": 0, "workers_expected": 0}
+        h = await self.serving.health()
+        body = {
+            "status": "ok" if h.ok else "unhealthy",
+            "workers_ready": h.ready,
+            "workers_expected": h.expected,
+        }
+        return (200 if h.ok else 503), body
+
+    # SageMaker
+
+    async def ping(self, request: Request) -> Response:
+        status, body = await self._health()
+        return json_response({"status": "ready" if status == 200 else body["status"]}, status)
+
+    async def invocations(self, request: Request) -> Response:
+        _, client = self.serving.ready()
+        content_type = request.headers.get("content-type") or JSON
+        if content_type.split(";")[0].strip().lower() not in (JSON, "text/plain"):
+            raise RequestError(
+                f"unsupported Content-Type {content_type}: send application/json or text/plain",
+                status=415,
+            )
+        status, data = await client.invoke(await request.body(), content_type)
+        return raw_json(data, status)
+
+    # operations
+
+    async def prometheus(self, request: Request) -> Response:
+        text = generate_latest(self.metrics.registry)
+        if self.serving.client is not None:
+            engine = await self.serving.client.metrics()
+            text += f"# the engine's own metrics ({self.serving.client.kind})\n".encode()
+            text += engine.encode()
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def openapi(self, request: Request) -> Response:
+        from .openapi import document
+
+        return json_response(document(endpoints(self), self.serving.config.keys is not None))
+
+    async def docs(self, request: Request) -> Response:
+        from .openapi import SWAGGER_PAGE
+
+        return HTMLResponse(SWAGGER_PAGE)
+
+
+def _vectors(prediction: Prediction) -> np.ndarray:
+    return np.asarray(prediction.value, dtype=np.float32).reshape(len(prediction.value), -1)
+
+
+def _no_prompt(prompt_name: str | None) -> None:
+    if prompt_name is not None:
+        raise RequestError("prompt_name is not supported: put the prompt in the text itself")
+
+
+def predict_inputs(inputs: str | list[str | list[str]]) -> tuple[list[Any], bool]:
+    """(native inputs, whether one input was sent) by text-embeddings-inference's rule:
+    a string is one text; a list of exactly two strings is one pair; any other list is
+    a batch whose items are texts or two-string pairs."""
+    if isinstance(inputs, str):
+        return [inputs], True
+    if len(inputs) == 2 and all(isinstance(x, str) for x in inputs):
+        return [{"text": inputs[0], "text_pair": inputs[1]}], True
+    if not inputs:
+        raise RequestError("inputs is an empty list: send at least one text")
+    items: list[Any] = []
+    for i, item in enumerate(inputs):
+        if isinstance(item, str):
+            items.append(item)
+        elif len(item) == 2:
+            items.append({"text": item[0], "text_pair": item[1]})
+        else:
+            raise RequestError(f"inputs[{i}] must be a text or a pair of two texts")
+    return items, False
+
+
+def endpoints(api: Api) -> list[Endpoint]:
+    """Every route of the front, in the order the documentation lists them."""
+    e = Endpoint
+    tei = "text-embeddings-inference"
+    return [
+        e("/v1/embeddings", "POST", api.openai_embeddings, "openai", "OpenAI embeddings",
+          "OpenAI", s.OpenAIEmbeddingsRequest, s.OpenAIEmbeddingsResponse, s.OpenAIError,
+          work=True),
+        e("/v1/models", "GET", api.openai_models, "openai", "The served model, as OpenAI "
+          "lists models", "OpenAI", None, s.OpenAIModels, s.OpenAIError),
+        e("/embed", "POST", api.embed, "tei", "Embeddings", tei, s.EmbedRequest,
+          s.EmbedResponse, s.TEIError, work=True),
+        e("/predict", "POST", api.predict, "tei", "Classify texts or text pairs", tei,
+          s.PredictRequest, s.PredictResponse, s.TEIError, work=True),
+        e("/rerank", "POST", api.rerank, "tei", "Rank documents against a query "
+          "(a cross-encoder: a classifier with one label)", tei, s.RerankRequest,
+          s.RerankResponse, s.TEIError, work=True),
+        e("/tokenize", "POST", api.tokenize, "tei", "The model's tokens for texts", tei,
+          s.TokenizeRequest, s.TokenizeResponse, s.TEIError, work=True),
+        e("/info", "GET", api.info, "tei", "The served model: task, buckets, precision, "
+          "versions", tei, None, s.Info, s.TEIError),
+        e("/health", "GET", api.health, "tei", "200 while every worker is ready, else 503",
+          "operations", None, s.Health, s.Health, open=True),
+        e("/ping", "GET", api.ping, "native", "SageMaker health: 200 once every worker is "
+          "warm", "SageMaker", open=True),
+        e("/invocations", "POST", api.invocations, "native", "SageMaker inference: "
+          "{inputs, parameters} as JSON, or plain text", "SageMaker", s.NativeRequest,
+          None, s.NativeError, work=True),
+        e("/metrics", "GET", api.prometheus, "native", "Prometheus metrics of the front "
+          "and of the engine behind it", "operations"),
+        e("/openapi.json", "GET", api.openapi, "native", "This document", "operations",
+          open=True),
+        e("/docs", "GET", api.docs, "native", "API documentation page", "operations",
+          open=True),
+    ]  # fmt: skip

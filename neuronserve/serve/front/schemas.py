@@ -1,0 +1,244 @@
+"""Request and response bodies of the front's routes, as pydantic models.
+
+Requests are validated straight from the body bytes (`parse_body`, pydantic's Rust JSON
+parser, which also bounds nesting depth); the OpenAPI document is generated from these
+same models (openapi.py), and the tests check every answer against its response model.
+Field names follow the APIs clients already speak: OpenAI's embeddings, and
+text-embeddings-inference's /embed, /predict, /rerank, /tokenize and /info.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
+
+from ...tasks import RequestError
+
+Direction = Literal["right", "left", "Right", "Left"]
+
+
+class Body(BaseModel):
+    # an unknown field, or a value of the wrong type ("yes" for a bool), is an error naming
+    # the field, not something quietly ignored or coerced
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def parse_body(body: bytes, model: type[Body]) -> Any:
+    """`model` from JSON bytes, or a 400 naming each field that is wrong."""
+    if not body:
+        raise RequestError("request body is empty: send a JSON object")
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as e:
+        raise RequestError(validation_message(e)) from None
+
+
+def validation_message(e: ValidationError) -> str:
+    problems: dict[str, list[str]] = {}
+    for err in e.errors(include_url=False):
+        # union members add their type name to the location; the field is what matters
+        loc = [str(p) for p in err["loc"] if not str(p).startswith(("list[", "str", "int"))]
+        field = ".".join(loc) or "body"
+        if err["type"] == "json_invalid":
+            return f"request body is not valid JSON: {err['msg']}"
+        problems.setdefault(field, [])
+        if err["msg"] not in problems[field]:
+            problems[field].append(err["msg"])
+    return "; ".join(f"{field}: {' or '.join(msgs)}" for field, msgs in problems.items())
+
+
+class Truncation(Body):
+    @model_validator(mode="before")
+    @classmethod
+    def _options_in_parameters(cls, data: Any) -> Any:
+        """huggingface_hub's InferenceClient (and the clients built on it, such as
+        LangChain's) sends the options in a "parameters" object: the same fields."""
+        if isinstance(data, dict) and isinstance(data.get("parameters"), dict):
+            data = dict(data)
+            options = data.pop("parameters")
+            twice = sorted(set(options) & set(data))
+            if twice:
+                raise ValueError(f"{twice} given both at the top level and in parameters")
+            data.update(options)
+        return data
+
+    truncate: bool | None = Field(
+        None,
+        description="cut a text longer than the model's longest compiled sequence instead "
+        "of refusing it with 413 (default: the deployment's `truncation`)",
+    )
+    truncation_direction: Direction = Field("right", description="which end to cut")
+
+    def parameters(self) -> dict[str, Any]:
+        if self.truncate is None:
+            return {}
+        return {
+            "truncate": self.truncate,
+            "truncation_direction": self.truncation_direction.lower(),
+        }
+
+
+# OpenAI
+
+
+class OpenAIEmbeddingsRequest(Body):
+    input: str | list[str] = Field(description="one text or a list of texts")
+    model: str | None = Field(
+        None, description="accepted for compatibility; this front serves one model"
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="float: lists of numbers; base64: little-endian float32 bytes"
+    )
+    dimensions: int | None = Field(
+        None, ge=1, description="keep the first N dimensions and L2-normalise again (Matryoshka)"
+    )
+    user: str | None = Field(None, description="accepted for compatibility, not used")
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str
+
+
+class OpenAIUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage
+
+
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class OpenAIModels(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class OpenAIError(BaseModel):
+    error: OpenAIErrorDetail
+
+
+# text-embeddings-inference
+
+
+class EmbedRequest(Truncation):
+    inputs: str | list[str] = Field(description="one text or a list of texts")
+    normalize: bool = Field(True, description="L2-normalise each embedding")
+    dimensions: int | None = Field(
+        None, ge=1, description="keep the first N dimensions (then normalise, if asked)"
+    )
+    prompt_name: str | None = Field(None, description="not supported: leave unset")
+
+
+EmbedResponse = RootModel[list[list[float]]]
+
+
+class PredictRequest(Truncation):
+    inputs: str | list[str | list[str]] = Field(
+        description='a text, a pair ["text", "text pair"], or a list of texts and pairs'
+    )
+    raw_scores: bool = Field(False, description="logits instead of probabilities")
+
+
+class Prediction(BaseModel):
+    score: float
+    label: str
+
+
+PredictResponse = RootModel[list[Prediction] | list[list[Prediction]]]
+
+
+class RerankRequest(Truncation):
+    query: str
+    texts: list[str] = Field(description="the documents to rank against the query")
+    raw_scores: bool = Field(False, description="the model's logit instead of its sigmoid")
+    return_text: bool = Field(False, description="include each document in the answer")
+    top_n: int | None = Field(None, ge=1, description="answer only the N best")
+
+
+class Rank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+RerankResponse = RootModel[list[Rank]]
+
+
+class TokenizeRequest(Body):
+    inputs: str | list[str]
+    add_special_tokens: bool = True
+    prompt_name: str | None = Field(None, description="not supported: leave unset")
+
+
+class Token(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None = Field(description="character offset of the token in its text")
+    stop: int | None
+
+
+TokenizeResponse = RootModel[list[list[Token]]]
+
+
+class TEIError(BaseModel):
+    error: str
+    error_type: str
+
+
+class Info(BaseModel):
+    model_id: str
+    task: str
+    target: str
+    precision: str
+    engine: str
+    model_type: dict[str, Any] = Field(description="embedding (pooling) or classifier (labels)")
+    batch_sizes: list[int]
+    sequence_lengths: list[int]
+    max_input_length: int
+    max_client_batch_size: int
+    max_concurrent_requests: int
+    truncation: bool
+    versions: dict[str, str]
+    version: str = Field(description="neuronserve's version")
+
+
+class Health(BaseModel):
+    status: Literal["ok", "loading", "unhealthy"]
+    workers_ready: int
+    workers_expected: int
+
+
+# SageMaker and the engines' own contract
+
+
+class NativeRequest(BaseModel):
+    inputs: Any = Field(description="a text, a list of texts, or pairs for classification")
+    parameters: dict[str, Any] | None = Field(
+        None, description="task parameters (top_k, truncate, truncation_direction, ...)"
+    )
+
+
+class NativeError(BaseModel):
+    code: int
+    error: str

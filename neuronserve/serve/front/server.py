@@ -1,0 +1,155 @@
+"""Run the front in this process, with the engine it starts behind it on loopback.
+
+The front listens first, so probes get an honest 503 while the engine loads, and
+answers once every worker is ready. A model that cannot load ends the process non-zero
+(SageMaker then marks the endpoint failed instead of waiting). SIGTERM or SIGINT: the
+front stops accepting, lets requests in flight finish (up to the deadline), then stops
+the engine and exits (uvicorn's graceful shutdown, then the lifespan's exit).
+
+    python -m neuronserve.serve.front.server RUN_DIR/front.json
+
+is how `neuronserve serve front` starts it in the background (launch.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from ...spec import DeploySpec, load_spec
+from ..engine import Engine, engine_settings
+from ..model_source import find_model
+from .app import build_app
+from .config import FrontConfig
+from .engines import client_for
+from .serving import Model, Serving
+
+log = logging.getLogger("neuronserve.front")
+
+# the engine work folder inside the front's run directory
+ENGINE_DIR = "engine"
+
+
+def configure_logging() -> None:
+    # Our own handler on our namespace: libraries imported later may configure the root.
+    root = logging.getLogger("neuronserve")
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stdout)
+        handler.setFormatter(logging.Formatter("%(asctime)s neuronserve %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+def run(config: FrontConfig, make_engine: Callable[[], Engine]) -> int:
+    """Serve until told to stop; the exit status (1 if the model failed to load)."""
+    serving = Serving(config)
+    server: dict[str, uvicorn.Server] = {}
+    engines: list[Engine] = []
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        bring_up = asyncio.create_task(_bring_up(serving, make_engine, engines, server))
+        try:
+            yield
+        finally:
+            bring_up.cancel()
+            if serving.client is not None:
+                await serving.client.close()
+            for engine in engines:
+                log.info("stopping %s", engine.engine_name)
+                await asyncio.to_thread(engine.stop)
+
+    uv = uvicorn.Server(
+        uvicorn.Config(
+            build_app(serving, lifespan),
+            host=config.address,
+            port=config.port,
+            loop="uvloop",
+            http="httptools",
+            lifespan="on",
+            log_level="warning",
+            access_log=False,
+            server_header=False,
+            # X-Forwarded-* would let any client claim another address: not trusted
+            proxy_headers=False,
+            ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
+            ssl_keyfile=str(config.tls_key) if config.tls_key else None,
+            # requests in flight get this long to finish after SIGTERM
+            timeout_graceful_shutdown=int(config.deadline_s) + 1,
+        )
+    )
+    server["uvicorn"] = uv
+    auth = (f"API keys on (from {config.keys.where})" if config.keys else "no API key needed") + (
+        " (SageMaker's contract)" if config.sagemaker else ""
+    )
+    log.info(
+        "front listening on %s (%s); /health and /ping answer 503 until the model is loaded",
+        config.url,
+        auth,
+    )
+    # uvicorn raises the stop signal again once it has shut down; after a graceful stop
+    # that would only turn a clean exit into a killed one
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
+    uv.run()
+    return serving.exit_code or (0 if uv.started else 1)
+
+
+async def _bring_up(
+    serving: Serving,
+    make_engine: Callable[[], Engine],
+    engines: list[Engine],
+    server: dict[str, uvicorn.Server],
+) -> None:
+    try:
+        engine = make_engine()
+        engines.append(engine)
+        log.info(
+            "starting %s for %s (%s, %d worker(s))",
+            engine.engine_name,
+            engine.name,
+            engine.manifest.task,
+            engine.plan.workers,
+        )
+        await asyncio.to_thread(engine.start)
+        model = Model.of(engine)
+        serving.attach(model, client_for(engine, serving.config.max_in_flight))
+        log.info("ready: %s serves %s (%s)", serving.config.url, model.name, model.task)
+    except Exception as e:  # noqa: BLE001 - any load failure must end the process
+        log.error("neuronserve: model failed to load: %s", " | ".join(str(e).splitlines()))
+        serving.exit_code = 1
+        server["uvicorn"].should_exit = True
+
+
+def engine_for_source(spec: DeploySpec, source: Path, work: Path) -> Engine:
+    """The engine serving the model in `source` (an artifact, a model store holding a
+    .mar, or a Triton repository), with the spec's settings over the packaged ones."""
+    found = find_model(source, work)
+    return Engine(spec.engine, found.artifact, work, engine_settings(spec, found.packaged))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m neuronserve.serve.front.server RUN_DIR/front.json", file=sys.stderr)
+        return 2
+    configure_logging()
+    saved = json.loads(Path(args[0]).read_text())
+    spec = load_spec(None, saved["spec"])
+    config = FrontConfig.from_spec(spec)
+    work = config.run_dir / ENGINE_DIR
+    return run(config, lambda: engine_for_source(spec, Path(saved["source"]), work))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

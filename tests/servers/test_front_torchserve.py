@@ -1,0 +1,322 @@
+"""The front in front of a real TorchServe (MiniLM), started by `neuronserve serve front`
+with keys from a file and small limits: the official openai client, the
+text-embeddings-inference routes, keys, body and batch limits, the in-flight bound, the
+deadline, metrics and the OpenAPI document; answers equal the Runner in process and
+TorchServe's own, asked directly."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import requests
+from helpers import SENTENCES, free_port, run_cli, wait_for, write_spec
+
+from neuronserve.serve.engine import RUN_DIRS, running_instance
+from neuronserve.serve.front import schemas
+from neuronserve.serve.front.server import ENGINE_DIR
+from neuronserve.serve.torchserve import server_pid
+
+pytestmark = pytest.mark.server
+
+KEYS = ("secret-one", "secret-two")
+LIMITS = {
+    "max_body_bytes": 20_000,
+    "max_client_batch": 16,
+    "max_in_flight": 4,
+    "deadline_s": 4,
+}
+LONG = " ".join(["long"] * 400)  # 402 tokens: over MiniLM's largest compiled 256
+
+
+class Front:
+    def __init__(self, work: Path, port: int, started: str):
+        self.work, self.url, self.started = work, f"http://127.0.0.1:{port}", started
+        self.auth = {"Authorization": f"Bearer {KEYS[1]}"}
+
+    def post(self, path: str, body=None, key: bool = True, **kw) -> requests.Response:
+        headers = {**(self.auth if key else {}), **kw.pop("headers", {})}
+        return requests.post(f"{self.url}{path}", json=body, headers=headers, timeout=60, **kw)
+
+    def get(self, path: str, key: bool = True) -> requests.Response:
+        return requests.get(f"{self.url}{path}", headers=self.auth if key else {}, timeout=60)
+
+    def engine(self):
+        return running_instance(self.work / "front" / ENGINE_DIR, "torchserve")
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory, minilm_artifact):
+    work = tmp_path_factory.mktemp("front-torchserve")
+    keys = work / "keys.txt"
+    keys.write_text("# one key per line\n" + "\n".join(KEYS) + "\n")
+    keys.chmod(0o600)
+    port = free_port()
+    write_spec(
+        work,
+        front_port=port,
+        front_run_dir="front",
+        auth="on",
+        api_key_file=str(keys),
+        workers=2,
+        **LIMITS,
+    )
+    out = run_cli("serve", "front", minilm_artifact, "--spec", "deploy.yaml", cwd=work)
+    front = Front(work, port, out.stdout)
+    yield front
+    root = psutil.Process(int((work / "front" / "front.pid").read_text()))
+    run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=work)
+    assert not root.is_running() or root.status() == psutil.STATUS_ZOMBIE
+    assert front.engine() is None, "the engine outlived the front"
+
+
+def runner_answer(runner, inputs, **parameters):
+    body = {"inputs": inputs, "parameters": parameters} if parameters else {"inputs": inputs}
+    return runner.responses_for_bodies([(body, None)])[0]
+
+
+def test_start_names_routes_and_the_key_file_never_a_key(front, tmp_path):
+    assert "POST /v1/embeddings" in front.started and "POST /embed" in front.started
+    assert "keys.txt" in front.started
+    assert not any(k in front.started for k in KEYS)
+    again = run_cli("serve", "front", "--spec", "deploy.yaml", cwd=front.work, check=False)
+    assert again.returncode != 0 and "already running" in again.stderr
+
+
+def test_openai_client(front, minilm_runner, minilm_dir):
+    import openai
+    from transformers import AutoTokenizer
+
+    client = openai.OpenAI(base_url=f"{front.url}/v1", api_key=KEYS[0], max_retries=0)
+    texts = SENTENCES[:10]
+    want = np.array(runner_answer(minilm_runner, texts))
+    # the client asks for base64 unless told otherwise, and decodes it itself
+    got = client.embeddings.create(model="minilm", input=texts)
+    assert [d.index for d in got.data] == list(range(len(texts)))
+    assert np.allclose([d.embedding for d in got.data], want, atol=1e-5)
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    assert got.usage.prompt_tokens == sum(len(tok(t)["input_ids"]) for t in texts)
+    assert got.model == "minilm"
+
+    assert [m.id for m in client.models.list()] == ["minilm"]
+    floats = client.embeddings.create(model="minilm", input=texts[4], encoding_format="float")
+    assert np.allclose(floats.data[0].embedding, want[4], atol=1e-5)
+
+    cut = client.embeddings.create(model="minilm", input=texts[:3], dimensions=64)
+    expect = want[:3, :64] / np.linalg.norm(want[:3, :64], axis=1, keepdims=True)
+    assert np.allclose([d.embedding for d in cut.data], expect, atol=1e-5)
+    assert all(len(d.embedding) == 64 for d in cut.data)
+
+
+def test_openai_errors_in_openai_shape(front):
+    import openai
+
+    def client(key: str):
+        return openai.OpenAI(base_url=f"{front.url}/v1", api_key=key, max_retries=0)
+
+    with pytest.raises(openai.AuthenticationError):
+        client("wrong").embeddings.create(model="m", input="x")
+    with pytest.raises(openai.BadRequestError, match="more than this model's 384"):
+        client(KEYS[0]).embeddings.create(model="m", input="x", dimensions=1000)
+    with pytest.raises(openai.APIStatusError, match="max_client_batch") as e:
+        client(KEYS[0]).embeddings.create(model="m", input=["x"] * 17)
+    assert e.value.status_code == 413
+    r = front.post("/v1/embeddings", {"input": [1, 2], "model": "m"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("input")
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_tei_routes(front, minilm_runner, minilm_dir):
+    from tokenizers import Tokenizer
+
+    want = np.array(runner_answer(minilm_runner, SENTENCES[4:8]))
+    one = front.post("/embed", {"inputs": SENTENCES[4]})
+    assert one.status_code == 200 and np.allclose(one.json(), want[:1], atol=1e-5)
+    many = front.post("/embed", {"inputs": SENTENCES[4:8], "normalize": True})
+    assert np.allclose(schemas.EmbedResponse.model_validate(many.json()).root, want, atol=1e-5)
+    cut = front.post("/embed", {"inputs": SENTENCES[4:6], "dimensions": 32, "normalize": True})
+    expect = want[:2, :32] / np.linalg.norm(want[:2, :32], axis=1, keepdims=True)
+    assert np.allclose(cut.json(), expect, atol=1e-5)
+    raw = front.post("/embed", {"inputs": "x", "normalize": False})
+    assert raw.status_code == 400 and "normalize: false" in raw.json()["error"]
+
+    text = SENTENCES[5]  # unicode, CJK and emoji
+    tokens = front.post("/tokenize", {"inputs": [text, "hello"]}).json()
+    tok = Tokenizer.from_file(str(Path(minilm_dir) / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    assert [t["id"] for t in tokens[0]] == tok.encode(text).ids
+    words = [t for t in tokens[0] if not t["special"]]
+    assert all(text[t["start"] : t["stop"]] == t["text"] for t in words)
+    assert tokens[0][0]["special"] and tokens[0][0]["start"] is None
+
+    info = schemas.Info.model_validate(front.get("/info").json())
+    assert (info.task, info.engine, info.max_input_length) == (
+        "feature-extraction",
+        "torchserve",
+        256,
+    )
+    assert info.max_client_batch_size == 16 and info.truncation is False
+    health = front.get("/health", key=False)
+    assert health.status_code == 200
+    assert schemas.Health.model_validate(health.json()).workers_ready == 2
+    assert front.get("/predict").status_code == 405
+    wrong_task = front.post("/predict", {"inputs": "x"})
+    assert wrong_task.status_code == 404 and wrong_task.json()["error_type"] == "Validation"
+
+
+def test_huggingface_inference_client(front, minilm_runner):
+    from huggingface_hub import InferenceClient
+
+    # what LangChain's HuggingFaceEndpointEmbeddings and others use against a TEI server
+    client = InferenceClient(model=f"{front.url}/embed", token=KEYS[0])
+    got = client.feature_extraction(SENTENCES[4:7])
+    assert np.allclose(got, runner_answer(minilm_runner, SENTENCES[4:7]), atol=1e-5)
+    cut = client.feature_extraction(SENTENCES[4], dimensions=16)
+    assert cut.shape == (1, 16) and np.isclose(np.linalg.norm(cut), 1.0, atol=1e-5)
+
+
+def test_answers_equal_torchserve_asked_directly(front):
+    assert front.engine().inference_url.startswith("http://127.0.0.1:")
+    direct = f"{front.engine().inference_url}/predictions/minilm"
+    for body in ({"inputs": SENTENCES[6]}, {"inputs": SENTENCES[:8]}):
+        ours = front.post("/invocations", body)
+        theirs = requests.post(direct, json=body, timeout=60)
+        assert ours.status_code == theirs.status_code == 200
+        assert ours.content == theirs.content  # passed through as TorchServe wrote it
+    plain = front.post("/invocations", headers={"Content-Type": "text/plain"}, data=b"hello")
+    assert plain.json() == requests.post(direct, data=b"hello", timeout=60).json()
+    bad = front.post("/invocations", {"inputs": 3})
+    assert bad.status_code == 400 and bad.json() == {
+        "code": 400,
+        "error": "inputs[0] must be a string, got int",
+    }
+
+
+def test_keys_are_required_except_on_probes(front):
+    for path in ("/embed", "/v1/embeddings", "/tokenize", "/invocations"):
+        r = front.post(path, {"inputs": "x"}, key=False)
+        assert r.status_code == 401, path
+        assert r.headers["WWW-Authenticate"].startswith("Bearer")
+    assert "error" in front.post("/v1/embeddings", {"input": "x"}, key=False).json()
+    for path in ("/info", "/metrics"):
+        assert front.get(path, key=False).status_code == 401, path
+    wrong = requests.post(
+        f"{front.url}/embed", json={"inputs": "x"}, headers={"Authorization": "Basic c2VjcmV0"}
+    )
+    assert wrong.status_code == 401
+    for path in ("/health", "/ping", "/openapi.json", "/docs"):
+        assert front.get(path, key=False).status_code == 200, path
+    first_key = requests.post(
+        f"{front.url}/embed", json={"inputs": "x"}, headers={"Authorization": f"Bearer {KEYS[0]}"}
+    )
+    assert first_key.status_code == 200
+
+
+def test_limits_refuse_one_request_and_serve_the_next(front, minilm_runner):
+    big = front.post("/embed", {"inputs": ["x" * 1000] * 30})  # Content-Length over 20,000
+    assert big.status_code == 413 and "max_body_bytes" in big.json()["error"]
+
+    def chunks():  # no Content-Length: the limit is found while reading
+        for _ in range(30):
+            yield b" " * 1000
+        yield b'{"inputs": "x"}'
+
+    chunked = front.post("/embed", data=chunks(), headers={"Content-Type": "application/json"})
+    assert chunked.status_code == 413 and "max_body_bytes" in chunked.json()["error"]
+
+    batch = front.post("/embed", {"inputs": ["x"] * 17})
+    assert batch.status_code == 413 and "at most 16 (max_client_batch)" in batch.json()["error"]
+    # /invocations passes bodies through unread: the worker holds the same limit
+    worker = front.post("/invocations", {"inputs": ["x"] * 17})
+    assert worker.status_code == 413 and "max_client_batch" in worker.json()["error"]
+
+    broken = front.post("/embed", data=b'{"inputs": ', headers={"Content-Type": "application/json"})
+    assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]
+    typed = front.post("/embed", {"inputs": "x", "truncate": "yes"})
+    assert typed.status_code == 400 and typed.json()["error"].startswith("truncate")
+    unknown = front.post("/embed", {"inputs": "x", "pooling": "cls"})
+    assert unknown.status_code == 400 and "pooling" in unknown.json()["error"]
+    ok = front.post("/embed", {"inputs": "hello"})
+    assert ok.status_code == 200
+    assert np.allclose(ok.json()[0], runner_answer(minilm_runner, "hello"), atol=1e-5)
+
+
+def test_over_long_text_is_refused_unless_the_request_asks_to_cut_it(front, minilm_runner):
+    refused = front.post("/embed", {"inputs": LONG})
+    assert refused.status_code == 413 and "402 tokens" in refused.json()["error"]
+    for direction in ("right", "left"):
+        r = front.post(
+            "/embed",
+            {"inputs": [LONG + " end"], "truncate": True, "truncation_direction": direction},
+        )
+        want = runner_answer(
+            minilm_runner, [LONG + " end"], truncate=True, truncation_direction=direction
+        )
+        assert r.status_code == 200 and np.allclose(r.json(), want, atol=1e-5), direction
+    right = runner_answer(minilm_runner, "start " + LONG, truncate=True)
+    left = runner_answer(minilm_runner, "start " + LONG, truncate=True, truncation_direction="left")
+    assert not np.allclose(right, left, atol=1e-3)  # the two ends really differ
+
+
+def test_a_burst_beyond_the_in_flight_bound_gets_429_and_the_rest_answers(front, minilm_runner):
+    texts = [SENTENCES[8]] * 16  # 24 sent at once overflow 4 in flight, none near the deadline
+    want = np.array(runner_answer(minilm_runner, texts[:1]))
+    barrier = threading.Barrier(24)
+
+    def one(_):
+        barrier.wait()
+        return front.post("/embed", {"inputs": texts})
+
+    with ThreadPoolExecutor(24) as pool:
+        answers = list(pool.map(one, range(24)))
+    busy = [r for r in answers if r.status_code == 429]
+    served = [r for r in answers if r.status_code == 200]
+    assert busy and served and len(busy) + len(served) == 24, [r.status_code for r in answers]
+    assert all(r.headers["Retry-After"] == "1" for r in busy)
+    assert busy[0].json()["error_type"] == "Overloaded"
+    assert all(np.allclose(r.json()[0], want[0], atol=1e-5) for r in served)
+
+
+def test_the_deadline_answers_504_and_the_engine_serves_again(front):
+    engine_pid = server_pid(front.work / "front" / ENGINE_DIR / RUN_DIRS["torchserve"])
+    workers = psutil.Process(engine_pid).children(recursive=True)  # TorchServe's workers
+    assert len(workers) == 2
+    for p in workers:  # frozen: nothing answers until the front gives up
+        os.kill(p.pid, signal.SIGSTOP)
+    try:
+        late = front.post("/embed", {"inputs": "frozen"})
+    finally:
+        for p in workers:
+            os.kill(p.pid, signal.SIGCONT)
+    assert late.status_code == 504 and "deadline_s" in late.json()["error"]
+    wait_for(lambda: front.post("/embed", {"inputs": "awake"}).status_code == 200, 30)
+
+
+def test_metrics_count_routes_and_show_the_engines(front):
+    front.post("/embed", {"inputs": "counted"})
+    front.post("/embed", {"inputs": "refused"}, key=False)
+    text = front.get("/metrics").text
+    assert 'neuronserve_front_requests_total{route="/embed",status="200"}' in text
+    assert 'neuronserve_front_requests_total{route="/embed",status="401"}' in text
+    assert "neuronserve_front_request_duration_seconds_bucket" in text
+    assert "neuronserve_front_in_flight 0.0" in text
+    assert "ts_inference_requests_total" in text  # TorchServe's own, behind ours
+
+
+def test_openapi_document_lists_every_route_from_the_request_models(front):
+    doc = front.get("/openapi.json", key=False).json()
+    for path in ("/v1/embeddings", "/embed", "/predict", "/rerank", "/tokenize", "/info",
+                 "/health", "/ping", "/invocations", "/metrics"):  # fmt: skip
+        assert path in doc["paths"], path
+    body = doc["paths"]["/embed"]["post"]["requestBody"]["content"]["application/json"]
+    name = body["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert "truncation_direction" in doc["components"]["schemas"][name]["properties"]
+    assert doc["paths"]["/embed"]["post"]["security"] == [{"bearer": []}]
+    assert "swagger-ui" in front.get("/docs", key=False).text

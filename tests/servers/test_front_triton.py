@@ -1,0 +1,275 @@
+"""The front in front of a real tritonserver, serving a cross-encoder (a tiny random BERT
+classifier with one label) over TLS on every address, so a key is generated (auth: auto),
+with client batches split into pieces: /rerank and /predict against the eager model,
+/invocations against Triton asked directly, truncation carried in Triton's request
+parameters."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import torch
+from helpers import free_port, run_cli, write_spec
+
+from neuronserve.serve.engine import running_instance
+from neuronserve.serve.front import schemas
+from neuronserve.serve.front.server import ENGINE_DIR
+
+pytestmark = pytest.mark.server
+
+QUERY = "how do I reset my password?"
+DOCS = [
+    "Open settings and choose reset password.",
+    "The store opens at nine on Sundays.",
+    "Passwords can be changed from the login page.",
+    "Lisbon is sunny today.",
+    "Ünïcödé façade 🚀",
+    "x",
+    " ".join(["account"] * 20),
+]
+LONG = " ".join(["long"] * 100)  # over the largest compiled sequence (64) with the query
+
+
+@pytest.fixture(scope="module")
+def reranker_dir(tmp_path_factory, minilm_dir) -> Path:
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    out = tmp_path_factory.mktemp("tiny-reranker")
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    config = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        num_labels=1,
+    )
+    torch.manual_seed(1)
+    BertForSequenceClassification(config).eval().save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reranker_artifact(tmp_path_factory, reranker_dir) -> Path:
+    from neuronserve.compile import compile_model
+    from neuronserve.spec import load_spec
+
+    spec = {
+        "artifact": tmp_path_factory.mktemp("artifacts") / "reranker",
+        "model": reranker_dir,
+        "task": "text-classification",
+        "batch_sizes": [1, 4],
+        "sequence_lengths": [16, 64],
+        "precision": "fp32",
+        "truncation": False,
+    }
+    return compile_model(load_spec(None, spec), progress=False)
+
+
+def eager_logits(model_dir: Path, pairs: list) -> np.ndarray:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        return np.array(
+            [
+                model(**tok(*(p if isinstance(p, tuple) else (p,)), return_tensors="pt"))
+                .logits[0, 0]
+                .item()
+                for p in pairs
+            ]
+        )
+
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-np.asarray(x, dtype=np.float64)))
+
+
+def self_signed(work: Path) -> tuple[Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = work / "cert.pem", work / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    key_path.chmod(0o600)
+    return cert_path, key_path
+
+
+class Front:
+    def __init__(self, work: Path, port: int, cert: Path, key: str):
+        self.work, self.cert = work, cert
+        self.url = f"https://127.0.0.1:{port}"
+        self.auth = {"Authorization": f"Bearer {key}"}
+
+    def post(self, path: str, body, key: bool = True) -> requests.Response:
+        headers = self.auth if key else {}
+        return requests.post(
+            f"{self.url}{path}", json=body, headers=headers, verify=self.cert, timeout=60
+        )
+
+    def get(self, path: str, key: bool = True) -> requests.Response:
+        headers = self.auth if key else {}
+        return requests.get(f"{self.url}{path}", headers=headers, verify=self.cert, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def front(tmp_path_factory, reranker_artifact):
+    work = tmp_path_factory.mktemp("front-triton")
+    cert, key = self_signed(work)
+    port = free_port()
+    write_spec(
+        work,
+        engine="triton",
+        front_address="0.0.0.0",  # beyond loopback: keys on, one generated
+        front_port=port,
+        front_run_dir="front",
+        tls_cert=str(cert),
+        tls_key=str(key),
+        max_client_batch=4,
+        split_client_batches=True,
+        workers=2,
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NEURONSERVE_API_KEY"}
+    out = run_cli("serve", "front", reranker_artifact, "--spec", "deploy.yaml", cwd=work, env=env)
+    key_file = work / "front" / "api_key"
+    generated = key_file.read_text().strip()
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert str(key_file) in out.stdout and generated not in out.stdout
+    yield Front(work, port, cert, generated)
+    run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=work, env=env)
+    assert running_instance(work / "front" / ENGINE_DIR, "triton") is None
+
+
+def test_tls_and_the_generated_key(front):
+    engine = running_instance(front.work / "front" / ENGINE_DIR, "triton")
+    assert engine.http_url.startswith("http://127.0.0.1:")  # the front is public, not Triton
+    assert front.get("/health", key=False).status_code == 200
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(front.url.replace("https", "http") + "/health", timeout=10)
+    assert front.get("/info", key=False).status_code == 401
+    info = schemas.Info.model_validate(front.get("/info").json())
+    assert (info.engine, info.task, info.model_type) == (
+        "triton",
+        "text-classification",
+        {"classifier": {"id2label": {"0": "LABEL_0"}}},
+    )
+
+
+def test_rerank_ranks_like_the_eager_model(front, reranker_dir):
+    logits = eager_logits(reranker_dir, [(QUERY, d) for d in DOCS])
+    r = front.post("/rerank", {"query": QUERY, "texts": DOCS, "return_text": True})
+    assert r.status_code == 200, r.text
+    ranks = schemas.RerankResponse.model_validate(r.json()).root
+    assert [x.index for x in ranks] == list(np.argsort(-logits, kind="stable"))
+    assert np.allclose(
+        [x.score for x in ranks], sigmoid(logits[[x.index for x in ranks]]), atol=1e-4
+    )
+    assert all(x.text == DOCS[x.index] for x in ranks)  # 7 documents: over 4, sent in pieces
+
+    top = front.post("/rerank", {"query": QUERY, "texts": DOCS, "top_n": 2, "raw_scores": True})
+    best = np.argsort(-logits, kind="stable")[:2]
+    assert [x["index"] for x in top.json()] == list(best)
+    assert np.allclose([x["score"] for x in top.json()], logits[best], atol=1e-4)
+    assert "text" not in top.json()[0]
+    empty = front.post("/rerank", {"query": QUERY, "texts": []})
+    assert empty.status_code == 400 and empty.json()["error_type"] == "Validation"
+
+
+def test_predict_takes_texts_and_pairs_the_tei_way(front, reranker_dir):
+    items = [[QUERY, DOCS[0]], "a single text", [DOCS[1], DOCS[2]], DOCS[4]]
+    want = eager_logits(reranker_dir, [tuple(i) if isinstance(i, list) else i for i in items])
+    batch = front.post("/predict", {"inputs": items})
+    assert batch.status_code == 200, batch.text
+    got = [row[0]["score"] for row in batch.json()]
+    assert np.allclose(got, sigmoid(want), atol=1e-4)
+    assert {row[0]["label"] for row in batch.json()} == {"LABEL_0"}
+    pair = front.post("/predict", {"inputs": [QUERY, DOCS[0]], "raw_scores": True})
+    assert np.isclose(pair.json()[0]["score"], want[0], atol=1e-4)  # one pair: one answer
+
+
+def test_invocations_equal_triton_asked_directly(front):
+    import tritonclient.http as httpclient
+
+    pairs = [{"text": QUERY, "text_pair": d} for d in DOCS[:4]]
+    ours = front.post("/invocations", {"inputs": pairs, "parameters": {"top_k": None}})
+    assert ours.status_code == 200, ours.text
+    engine = running_instance(front.work / "front" / ENGINE_DIR, "triton")
+    client = httpclient.InferenceServerClient(engine.http_url.removeprefix("http://"))
+    try:
+        inputs = []
+        for name, values in (("TEXT", [QUERY] * 4), ("TEXT_PAIR", DOCS[:4])):
+            t = httpclient.InferInput(name, [4, 1], "BYTES")
+            t.set_data_from_numpy(np.array([[v.encode()] for v in values], dtype=object))
+            inputs.append(t)
+        logits = client.infer("reranker", inputs).as_numpy("LOGITS")[:, 0]
+    finally:
+        client.close()
+    assert np.allclose([row[0]["score"] for row in ours.json()], sigmoid(logits), atol=1e-6)
+
+
+def test_embedding_routes_say_this_model_does_not_embed(front):
+    tei = front.post("/embed", {"inputs": "x"})
+    assert tei.status_code == 404 and "text-classification" in tei.json()["error"]
+    openai = front.post("/v1/embeddings", {"input": "x", "model": "m"})
+    assert openai.status_code == 404 and "feature-extraction" in openai.json()["error"]["message"]
+
+
+def test_truncation_travels_in_triton_request_parameters(front, reranker_artifact):
+    from neuronserve.runtime import Runner
+
+    refused = front.post("/predict", {"inputs": [QUERY, LONG]})
+    assert refused.status_code == 413 and "tokens long" in refused.json()["error"], refused.text
+    cut = front.post("/predict", {"inputs": [QUERY, LONG], "truncate": True, "raw_scores": True})
+    assert cut.status_code == 200, cut.text
+    runner = Runner(reranker_artifact, warmup=False)
+    body = {
+        "inputs": {"text": QUERY, "text_pair": LONG},
+        "parameters": {"truncate": True, "function_to_apply": "none"},
+    }
+    want = runner.responses_for_bodies([(body, None)])[0]
+    assert np.isclose(cut.json()[0]["score"], want[0]["score"], atol=1e-5)
+
+
+def test_health_and_the_engines_metrics(front):
+    health = front.get("/health", key=False).json()
+    assert health == {"status": "ok", "workers_ready": 2, "workers_expected": 2}
+    text = front.get("/metrics").text
+    assert "nv_inference_request_success" in text
+    assert 'neuronserve_front_requests_total{route="/rerank",status="200"}' in text
