@@ -31,6 +31,8 @@ CORES_PER_DEVICE = {"inf1": 4, "inf2": 2, "trn1": 2, "trn1n": 2}
 # what this process set NEURON_RT_VISIBLE_CORES to when it pinned itself: a value it set
 # is not one it was given
 PINNED_ENV = "NEURONSERVE_PINNED_CORES"
+# where the CPU quota of this process's cgroup is read (cgroup v2, then v1)
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 class NoFreeCoreGroup(RuntimeError):
@@ -67,8 +69,32 @@ def parse_core_list(text: str) -> list[int]:
     return sorted(cores)
 
 
+def cpu_quota(root: Path | None = None) -> float | None:
+    """CPUs the cgroup's CFS quota allows (a Kubernetes CPU limit), or None without one."""
+    root = root or CGROUP_ROOT
+    try:
+        quota, _, period = (root / "cpu.max").read_text().strip().partition(" ")
+        if quota == "max":
+            return None
+        return int(quota) / int(period or 100000)
+    except (OSError, ValueError):
+        pass
+    try:
+        q = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        p = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return q / p if q > 0 and p > 0 else None
+
+
 def discover_cpu_cores() -> list[int]:
-    """CPU cores from this process's affinity, narrowed by NEURONSERVE_CORES if set."""
+    """CPU cores from this process's affinity, narrowed by NEURONSERVE_CORES if set, and
+    no more of them than the cgroup's CPU quota pays for.
+
+    A Kubernetes pod with a CPU limit but no exclusive cpuset (CPU manager policy `none`)
+    sees every core of the node in its affinity while its quota allows a few: one worker
+    per visible core would leave each a fraction of a core. With the static policy and
+    whole CPUs requested (Guaranteed QoS) the affinity holds just the pod's cores."""
     allowed = sorted(os.sched_getaffinity(0))
     restrict = os.environ.get(CORES_ENV)
     if restrict:
@@ -79,7 +105,10 @@ def discover_cpu_cores() -> list[int]:
                 f"{CORES_ENV}={restrict} names cores {missing} outside this process's "
                 f"affinity {allowed}"
             )
-        return wanted
+        allowed = wanted
+    quota = cpu_quota()
+    if quota is not None and int(quota) < len(allowed):
+        allowed = allowed[: max(1, int(quota))]
     return allowed
 
 

@@ -219,6 +219,11 @@ class DeploySpec(BaseModel):
         description="file of API keys the front accepts, one per line (NEURONSERVE_API_KEY "
         "adds one); with none given, a key is generated into <front_run_dir>/api_key",
     )
+    metrics_auth: bool = Field(
+        True,
+        description="whether GET /metrics needs an API key when keys are on (off lets "
+        "Prometheus scrape by annotation)",
+    )
     tls_cert: Path | None = Field(None, description="TLS certificate (PEM) for the front")
     tls_key: Path | None = Field(None, description="TLS private key (PEM) for the front")
     max_body_bytes: int = Field(

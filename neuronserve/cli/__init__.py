@@ -1,4 +1,5 @@
-"""The `neuronserve` command: compile, validate, package, serve, bench, doctor. One module per
+"""The `neuronserve` command: compile, validate, package, serve, bench, doctor,
+autoscale. One module per
 subcommand; this one only puts them together.
 
 Every command reads the same deployment spec (`--spec deploy.yaml`); flags given on the
@@ -11,7 +12,7 @@ import sys
 
 import typer
 
-from . import bench, compile, doctor, package, serve, validate
+from . import autoscale, bench, compile, doctor, package, serve, validate
 
 app = typer.Typer(
     help="Compile Hugging Face encoders ahead of time and serve them behind TorchServe or "
@@ -27,6 +28,7 @@ app.add_typer(package.app, name="package")
 app.add_typer(serve.app, name="serve")
 app.command("bench")(bench.bench_cmd)
 app.command("doctor")(doctor.doctor_cmd)
+app.add_typer(autoscale.app, name="autoscale")
 
 
 def main() -> None:

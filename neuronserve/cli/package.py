@@ -148,3 +148,112 @@ def sagemaker_cmd(
     except (ArtifactError, ContextError, PackagingError, OSError) as e:
         fail(str(e), 1)
     typer.echo(f"wrote the build context {path}: docker build -t <image> {path}")
+
+
+@app.command("kubernetes")
+def kubernetes_cmd(
+    artifact: ArtifactArg = None,
+    spec: SpecFile = None,
+    image: Annotated[
+        str,
+        typer.Option(
+            help="the image the pods run, as your registry names it once you have built "
+            "<out>/image and pushed it (e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/"
+            "minilm:neuronx)"
+        ),
+    ] = "",
+    engine: Annotated[
+        str, typer.Option(help="the engine inside the image: torchserve | triton")
+    ] = "torchserve",
+    target: Annotated[
+        str, typer.Option(help="the pods' hardware: cpu | neuronx (aws.amazon.com/neuroncore)")
+    ] = "cpu",
+    out: Annotated[Path, typer.Option(help="folder to write")] = Path("kubernetes"),
+    namespace: Annotated[str, typer.Option(help="namespace of every object")] = "default",
+    cores: Annotated[
+        int | None,
+        typer.Option(
+            help="NeuronCores (neuronx) or CPUs (cpu) per pod [default: 2 NeuronCores, one "
+            "inf2 device; 2 workers' worth of CPUs]; the pod plans its workers from what it "
+            "is granted"
+        ),
+    ] = None,
+    memory: Annotated[
+        str | None,
+        typer.Option(help="memory per pod [default: from the artifact's size and workers]"),
+    ] = None,
+    min_replicas: Annotated[int, typer.Option(help="fewest pods")] = 1,
+    max_replicas: Annotated[int, typer.Option(help="most pods the autoscaler starts")] = 4,
+    in_flight_target: Annotated[
+        int | None,
+        typer.Option(
+            help="requests in flight per pod the autoscaler aims at [default: 8 per worker]"
+        ),
+    ] = None,
+    model_claim: Annotated[
+        str | None,
+        typer.Option(
+            help="PersistentVolumeClaim holding the model (an artifact, .mar store or Triton "
+            "repository) to mount at /mnt/models instead of the model baked into the image"
+        ),
+    ] = None,
+    api_key_secret: Annotated[
+        str | None,
+        typer.Option(help="Secret with the API key under `api-key` [default: <name>-api-key]"),
+    ] = None,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            help="schedulerName of the pods [default: my-scheduler, the Neuron scheduler "
+            "extension's, for neuronx pods of more than one core; '' for the default]"
+        ),
+    ] = None,
+    name: Name = None,
+    cores_per_worker: CoresPerWorker = None,
+    truncation: Truncation = None,
+) -> None:
+    """Write the image's build context and Kubernetes manifests: plain (Deployment,
+    Service, HorizontalPodAutoscaler, PodDisruptionBudget) and KServe (ServingRuntime,
+    InferenceService)."""
+    # long: typer declares one parameter per command-line option
+    from ..artifact import ArtifactError
+    from ..packaging.kubernetes import ClusterOptions, package_kubernetes
+    from ..packaging.model import PackagingError
+    from ..packaging.sagemaker import ContextError
+
+    if not image:
+        fail("--image is required: where your registry will hold the image built from "
+             "<out>/image", 2)  # fmt: skip
+    s = load(
+        spec, artifact=artifact, name=name, truncation=truncation, cores_per_worker=cores_per_worker
+    )
+    options = ClusterOptions(
+        image=image,
+        namespace=namespace,
+        cores=cores,
+        memory=memory,
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        in_flight_target=in_flight_target,
+        model_claim=model_claim,
+        api_key_secret=api_key_secret,
+        scheduler=scheduler,
+    )
+    try:
+        pod = package_kubernetes(require_artifact(s), s, engine, target, out, options)
+    except (ArtifactError, ContextError, PackagingError, OSError) as e:
+        fail(str(e), 1)
+    unit = "NeuronCore(s)" if target == "neuronx" else "CPU(s)"
+    typer.echo(
+        f"wrote {out}/image (build context), {out}/plain, {out}/kserve and "
+        f"{out}/prometheus-adapter.yaml\n"
+        f"  pods: {pod.cores} {unit} and {pod.memory} each, {pod.workers} worker(s) of "
+        f"{pod.cores_per_worker} planned at start; autoscale {options.min_replicas}.."
+        f"{options.max_replicas} pods at {pod.in_flight_target} requests in flight per pod\n"
+        f"next:\n"
+        f"  docker build -t {image} {out}/image && docker push {image}\n"
+        f"  kubectl -n {namespace} create secret generic {pod.secret} "
+        '--from-literal=api-key="$(python3 -c '
+        "'import secrets; print(secrets.token_urlsafe(32))')\"\n"
+        f"  kubectl apply -f {out}/plain        # or: kubectl apply -f {out}/kserve"
+    )

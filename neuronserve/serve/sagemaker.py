@@ -8,6 +8,10 @@ ports, packaged for this host's core groups so SAGEMAKER_MODEL_SERVER_WORKERS ca
 honoured (and capped). SageMaker's contract has no API key (callers reach the endpoint
 through AWS's authenticated API), so the front asks for none here; every other route of
 the front (OpenAI, text-embeddings-inference, /metrics) is served too.
+
+The same image runs on Kubernetes (`package kubernetes`) with NEURONSERVE_PLATFORM=
+kubernetes: there the port is open to the cluster, so the front requires the key in
+NEURONSERVE_API_KEY (from a Secret) and refuses to start without one.
 """
 
 from __future__ import annotations
@@ -23,19 +27,43 @@ from ..artifact import read_manifest
 from ..spec import DeploySpec, load_spec
 from .engine import Engine, engine_settings
 from .front.config import FrontConfig
+from .front.keys import ENV_KEY
 from .front.server import configure_logging, run
 from .model_source import engine_name, find_model, model_source
 
 log = logging.getLogger("neuronserve.sagemaker")
 
 
+PLATFORMS = ("sagemaker", "kubernetes")
+
+
+class PlatformError(RuntimeError):
+    pass
+
+
+def platform() -> str:
+    """NEURONSERVE_PLATFORM: sagemaker (no key, SageMaker's contract) or kubernetes."""
+    name = os.environ.get("NEURONSERVE_PLATFORM", "sagemaker")
+    if name not in PLATFORMS:
+        raise PlatformError(f"NEURONSERVE_PLATFORM={name!r}: use {' or '.join(PLATFORMS)}")
+    if name == "kubernetes" and not os.environ.get(ENV_KEY, "").strip():
+        raise PlatformError(
+            f"{ENV_KEY} is empty: on Kubernetes the front needs the API key from its "
+            "Secret (kubectl create secret generic <name>-api-key --from-literal="
+            "api-key=...)"
+        )
+    return name
+
+
 def sagemaker_spec(work: Path) -> DeploySpec:
-    """The deployment spec SageMaker's environment describes."""
+    """The deployment spec SageMaker's (or the Kubernetes pod's) environment describes."""
     timeout_s = int(os.environ.get("SAGEMAKER_MODEL_SERVER_TIMEOUT", "60"))
+    metrics_auth = os.environ.get("NEURONSERVE_METRICS_AUTH", "on") != "off"
     return load_spec(
         None,
         {
             "engine": engine_name(),
+            "metrics_auth": metrics_auth,
             "front_address": os.environ.get("NEURONSERVE_BIND", "0.0.0.0"),
             "front_port": int(os.environ.get("SAGEMAKER_BIND_TO_PORT", "8080")),
             "front_run_dir": work,
@@ -81,11 +109,13 @@ def main() -> int:
     configure_logging()
     work = Path(os.environ.get("NEURONSERVE_WORK_DIR") or tempfile.mkdtemp(prefix="ns-sm-"))
     try:
+        on_sagemaker = platform() == "sagemaker"
         spec = sagemaker_spec(work)
+        config = FrontConfig.from_spec(spec, sagemaker=on_sagemaker)
     except Exception as e:  # noqa: BLE001 - a bad setting must end the container, said why
         log.error("neuronserve: cannot start: %s", " | ".join(str(e).splitlines()))
         return 1
-    return run(FrontConfig.from_spec(spec, sagemaker=True), lambda: sagemaker_engine(spec, work))
+    return run(config, lambda: sagemaker_engine(spec, work))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 def build_app(serving: Serving, lifespan: Lifespan | None = None) -> Guard:
     metrics = FrontMetrics()
-    table = endpoints(Api(serving, metrics))
+    table = endpoints(Api(serving, metrics), serving.config.metrics_auth)
     app = Starlette(
         # the guard calls handlers itself; these routes answer what it passes on (HEAD)
         routes=[Route(e.path, guarded(e.family, e.handler), methods=[e.method]) for e in table],

@@ -22,6 +22,7 @@ class FrontConfig:
     deadline_s: float
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    metrics_auth: bool = True
     # SageMaker's container contract: no key, /ping and /invocations on its port
     sagemaker: bool = False
 
@@ -39,6 +40,7 @@ class FrontConfig:
             deadline_s=spec.deadline_s,
             tls_cert=spec.tls_cert,
             tls_key=spec.tls_key,
+            metrics_auth=spec.metrics_auth,
             sagemaker=sagemaker,
         )
 

@@ -266,7 +266,10 @@ class Api:
     async def openapi(self, request: Request) -> Response:
         from .openapi import document
 
-        return json_response(document(endpoints(self), self.serving.config.keys is not None))
+        config = self.serving.config
+        return json_response(
+            document(endpoints(self, config.metrics_auth), config.keys is not None)
+        )
 
     async def docs(self, request: Request) -> Response:
         from .openapi import SWAGGER_PAGE
@@ -304,7 +307,7 @@ def predict_inputs(inputs: str | list[str | list[str]]) -> tuple[list[Any], bool
     return items, False
 
 
-def endpoints(api: Api) -> list[Endpoint]:
+def endpoints(api: Api, metrics_auth: bool = True) -> list[Endpoint]:
     """Every route of the front, in the order the documentation lists them."""
     e = Endpoint
     tei = "text-embeddings-inference"
@@ -333,7 +336,8 @@ def endpoints(api: Api) -> list[Endpoint]:
           "{inputs, parameters} as JSON, or plain text", "SageMaker", s.NativeRequest,
           None, s.NativeError, work=True),
         e("/metrics", "GET", api.prometheus, "native", "Prometheus metrics of the front "
-          "and of the engine behind it", "operations"),
+          "and of the engine behind it", "operations",
+          open=not metrics_auth),
         e("/openapi.json", "GET", api.openapi, "native", "This document", "operations",
           open=True),
         e("/docs", "GET", api.docs, "native", "API documentation page", "operations",

@@ -1,0 +1,417 @@
+"""package kubernetes: an artifact -> the image's build context and the manifests that run
+it on a cluster, two ways.
+
+    <out>/image/                      the image's build context (`package sagemaker`'s: one
+                                      image serves SageMaker, Kubernetes and KServe)
+    <out>/plain/                      Deployment, Service, HorizontalPodAutoscaler,
+                                      PodDisruptionBudget
+    <out>/kserve/                     ServingRuntime + InferenceService
+    <out>/prometheus-adapter.yaml     values for the prometheus-adapter chart: the rule that
+                                      turns the front's in-flight gauge into the HPA's metric
+
+The pod runs the image's `serve` entrypoint with NEURONSERVE_PLATFORM=kubernetes: the front
+on port 8080 with API keys on (the key from a Secret), the engine behind it on loopback,
+and the worker count planned at start from the cores the pod was granted, never written
+into the manifest: on neuronx from NEURON_RT_VISIBLE_CORES, which the Neuron device plugin
+sets in the container ("Neuron scheduler extension flow", awsdocs-neuron
+containers/tutorials/k8s-neuron-scheduler-flow); on cpu from the pod's cpuset (the static
+CPU manager policy) capped by its CPU quota (cores.discover_cpu_cores).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..artifact import read_manifest
+from ..spec import DeploySpec
+from .model import recorded_unless_given
+from .sagemaker import RUNS, ContextError, package_sagemaker
+
+# The Kubernetes release the manifests are written for and validated against (tests).
+KUBERNETES_VERSION = "1.31"
+# KServe release whose API models the KServe manifests are validated against (tests).
+KSERVE_VERSION = "0.15.2"
+TARGETS = ("cpu", "neuronx")
+PORT = 8080
+# The resource the Neuron device plugin registers for single NeuronCores ("Kubernetes
+# environment setup for Neuron", awsdocs-neuron containers/tutorials/k8s-setup).
+NEURONCORE = "aws.amazon.com/neuroncore"
+# "The scheduler extension is required for scheduling Pods that request more than one
+# Neuron core or device resource"; on EKS it runs as a second scheduler named my-scheduler
+# (awsdocs-neuron deploy/infrastructure/scheduler and
+# containers/tutorials/k8s-multiple-scheduler).
+NEURON_SCHEDULER = "my-scheduler"
+IN_FLIGHT_METRIC = "neuronserve_front_in_flight"
+# Requests in flight per worker that keep a worker busy without queueing long: at 8
+# tokens TorchServe serves 46 req/s at one client and ~240 at sixteen on two workers
+# (BENCHMARKS.md, the front against its engine), so throughput is near its plateau at
+# about eight per worker; beyond that only latency grows.
+IN_FLIGHT_PER_WORKER = 8
+# Loading a model and warming every bucket: minutes for a Neuron artifact on first load.
+STARTUP_S = 600
+API_KEY_ITEM = "api-key"
+
+
+class ClusterError(ContextError):
+    pass
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """What the manifests need beyond the spec. Each None is derived from the artifact."""
+
+    image: str
+    namespace: str = "default"
+    cores: int | None = None  # NeuronCores (neuronx) or CPUs (cpu) per pod
+    memory: str | None = None  # per pod, a Kubernetes quantity
+    min_replicas: int = 1
+    max_replicas: int = 4
+    in_flight_target: int | None = None  # per pod, for the autoscaler
+    model_claim: str | None = None  # a PersistentVolumeClaim holding the model
+    api_key_secret: str | None = None  # Secret with the key under API_KEY_ITEM
+    scheduler: str | None = None  # neuronx with more than one core: the extension's
+
+
+@dataclass(frozen=True)
+class Pod:
+    """The facts every manifest shares, derived once."""
+
+    name: str
+    engine: str
+    target: str
+    cores: int
+    cores_per_worker: int
+    memory: str
+    secret: str
+    grace_s: int
+    options: ClusterOptions
+
+    @property
+    def workers(self) -> int:
+        return max(1, self.cores // self.cores_per_worker)
+
+    @property
+    def in_flight_target(self) -> int:
+        return self.options.in_flight_target or IN_FLIGHT_PER_WORKER * self.workers
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"app.kubernetes.io/name": self.name, "app.kubernetes.io/part-of": "neuronserve"}
+
+    @property
+    def scheduler(self) -> str | None:
+        if self.options.scheduler is not None:
+            return self.options.scheduler or None
+        return NEURON_SCHEDULER if self.target == "neuronx" and self.cores > 1 else None
+
+    def resources(self) -> dict[str, Any]:
+        # requests == limits with whole CPUs: Guaranteed QoS, which the static CPU manager
+        # policy turns into exclusive cores that the workers pin to
+        if self.target == "neuronx":
+            amounts = {NEURONCORE: str(self.cores), "memory": self.memory}
+        else:
+            amounts = {"cpu": str(self.cores), "memory": self.memory}
+        return {"requests": dict(amounts), "limits": dict(amounts)}
+
+    def env(self, model_dir: str | None) -> list[dict[str, Any]]:
+        env: list[dict[str, Any]] = [
+            {"name": "NEURONSERVE_PLATFORM", "value": "kubernetes"},
+            {"name": "NEURONSERVE_ENGINE", "value": self.engine},
+            {"name": "NEURONSERVE_CORES_PER_WORKER", "value": str(self.cores_per_worker)},
+            # Prometheus scrapes by annotation, without a key; the other routes need one
+            {"name": "NEURONSERVE_METRICS_AUTH", "value": "off"},
+            {
+                "name": "NEURONSERVE_API_KEY",
+                "valueFrom": {"secretKeyRef": {"name": self.secret, "key": API_KEY_ITEM}},
+            },
+        ]
+        if model_dir:
+            env.append({"name": "NEURONSERVE_MODEL_DIR", "value": model_dir})
+        return env
+
+    def container(self, name: str, model_dir: str | None) -> dict[str, Any]:
+        def probe(path: str, period: int, failures: int) -> dict[str, Any]:
+            return {
+                "httpGet": {"path": path, "port": PORT},
+                "periodSeconds": period,
+                "timeoutSeconds": 5,
+                "failureThreshold": failures,
+            }
+
+        return {
+            "name": name,
+            "image": self.options.image,
+            "args": ["serve"],
+            "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
+            "env": self.env(model_dir),
+            "resources": self.resources(),
+            # /ping is 200 only once every worker has loaded and warmed up
+            "startupProbe": probe("/ping", 5, STARTUP_S // 5),
+            "readinessProbe": probe("/ping", 5, 2),
+            # /health is 503 while a worker is missing: a pod whose engine has not come
+            # back within two minutes is restarted
+            "livenessProbe": probe("/health", 10, 12),
+        }
+
+
+def _pod(artifact: Path, spec: DeploySpec, engine: str, target: str, o: ClusterOptions) -> Pod:
+    manifest = read_manifest(artifact)
+    if manifest.target not in RUNS[target]:
+        raise ClusterError(
+            f"{artifact} was compiled for {manifest.target}; {target} pods run artifacts "
+            f"compiled for {', '.join(sorted(RUNS[target]))}"
+        )
+    name = recorded_unless_given(spec.name, manifest.name)
+    cores_per_worker = spec.cores_per_worker
+    cores = o.cores or (2 if target == "neuronx" else 2 * cores_per_worker)
+    if cores % cores_per_worker:
+        raise ClusterError(
+            f"--cores {cores} is not a multiple of cores_per_worker {cores_per_worker}"
+        )
+    if o.min_replicas < 1 or o.max_replicas < o.min_replicas:
+        raise ClusterError(f"replicas: need 1 <= min ({o.min_replicas}) <= max ({o.max_replicas})")
+    memory = o.memory or _memory(artifact, cores // cores_per_worker)
+    return Pod(
+        name=_dns_name(name),
+        engine=engine,
+        target=target,
+        cores=cores,
+        cores_per_worker=cores_per_worker,
+        memory=memory,
+        secret=o.api_key_secret or f"{_dns_name(name)}-api-key",
+        # the front drains for up to its deadline, then the engine stops its workers
+        grace_s=int(spec.deadline_s) + 30,
+        options=o,
+    )
+
+
+def _dns_name(name: str) -> str:
+    out = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")[:50]
+    if not out:
+        raise ClusterError(f"model name {name!r} gives no valid Kubernetes name")
+    return out
+
+
+def _memory(artifact: Path, workers: int) -> str:
+    """A memory request from the artifact: every worker holds the weights once more while
+    loading, plus the engine, the front and the tokenizers."""
+    weights = sum(f.stat().st_size for f in Path(artifact).rglob("*") if f.is_file())
+    gib = 1.5 + 2 * workers * weights / 2**30
+    return f"{math.ceil(gib)}Gi"
+
+
+def deployment(pod: Pod, namespace: str, replicas: int, claim: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": pod.grace_s,
+        "containers": [pod.container("neuronserve", "/mnt/models" if claim else None)],
+    }
+    if pod.scheduler:
+        spec["schedulerName"] = pod.scheduler
+    if claim:
+        spec["containers"][0]["volumeMounts"] = [
+            {"name": "model", "mountPath": "/mnt/models", "readOnly": True}
+        ]
+        spec["volumes"] = [
+            {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": pod.name, "namespace": namespace, "labels": pod.labels},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": pod.name}},
+            # a new pod must be ready before an old one goes: capacity never drops
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+            },
+            "template": {
+                "metadata": {
+                    "labels": pod.labels,
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(PORT),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": spec,
+            },
+        },
+    }
+
+
+def service(pod: Pod, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": pod.name, "namespace": namespace, "labels": pod.labels},
+        "spec": {
+            "selector": {"app.kubernetes.io/name": pod.name},
+            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def autoscaler(pod: Pod, namespace: str, low: int, high: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": pod.name, "namespace": namespace, "labels": pod.labels},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": pod.name},
+            "minReplicas": low,
+            "maxReplicas": high,
+            "metrics": [
+                {
+                    "type": "Pods",
+                    "pods": {
+                        "metric": {"name": IN_FLIGHT_METRIC},
+                        "target": {
+                            "type": "AverageValue",
+                            "averageValue": str(pod.in_flight_target),
+                        },
+                    },
+                }
+            ],
+            # a new pod takes minutes to warm up: scale up at once, down slowly
+            "behavior": {
+                "scaleUp": {
+                    "stabilizationWindowSeconds": 0,
+                    "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}],
+                },
+                "scaleDown": {"stabilizationWindowSeconds": 300},
+            },
+        },
+    }
+
+
+def disruption_budget(pod: Pod, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": pod.name, "namespace": namespace, "labels": pod.labels},
+        "spec": {
+            # one pod at a time may be evicted (a node drain never takes them all)
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": {"app.kubernetes.io/name": pod.name}},
+        },
+    }
+
+
+def serving_runtime(pod: Pod, namespace: str) -> dict[str, Any]:
+    container = pod.container("kserve-container", "/mnt/models")
+    return {
+        "apiVersion": "serving.kserve.io/v1alpha1",
+        "kind": "ServingRuntime",
+        "metadata": {"name": f"neuronserve-{pod.name}", "namespace": namespace},
+        "spec": {
+            "annotations": {
+                "prometheus.kserve.io/port": str(PORT),
+                "prometheus.kserve.io/path": "/metrics",
+            },
+            "supportedModelFormats": [{"name": "neuronserve", "version": "1", "autoSelect": True}],
+            "protocolVersions": ["v1"],
+            "containers": [container],
+        },
+    }
+
+
+def inference_service(pod: Pod, namespace: str, claim: str | None) -> dict[str, Any]:
+    o = pod.options
+    model: dict[str, Any] = {
+        "modelFormat": {"name": "neuronserve", "version": "1"},
+        "runtime": f"neuronserve-{pod.name}",
+        "resources": pod.resources(),
+    }
+    # KServe's storage initializer puts the model in /mnt/models; without one the image's
+    # baked model is served
+    if claim:
+        model["storageUri"] = f"pvc://{claim}/"
+    predictor: dict[str, Any] = {
+        "minReplicas": o.min_replicas,
+        "maxReplicas": o.max_replicas,
+        # Knative's concurrency: requests in flight per pod, the same signal as the HPA's
+        "scaleMetric": "concurrency",
+        "scaleTarget": pod.in_flight_target,
+        "terminationGracePeriodSeconds": pod.grace_s,
+        "model": model,
+    }
+    if pod.scheduler:
+        predictor["schedulerName"] = pod.scheduler
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {"name": pod.name, "namespace": namespace, "labels": pod.labels},
+        "spec": {"predictor": predictor},
+    }
+
+
+def adapter_values(namespace: str) -> dict[str, Any]:
+    """prometheus-adapter (prometheus-community chart) values exposing the front's gauge
+    as a per-pod custom metric."""
+    return {
+        "rules": {
+            "custom": [
+                {
+                    "seriesQuery": f'{IN_FLIGHT_METRIC}{{namespace="{namespace}",pod!=""}}',
+                    "resources": {
+                        "overrides": {
+                            "namespace": {"resource": "namespace"},
+                            "pod": {"resource": "pod"},
+                        }
+                    },
+                    "name": {"as": IN_FLIGHT_METRIC},
+                    "metricsQuery": "sum(avg_over_time(<<.Series>>{<<.LabelMatchers>>}[1m])) "
+                    "by (<<.GroupBy>>)",
+                }
+            ]
+        }
+    }
+
+
+def manifests(
+    artifact: Path, spec: DeploySpec, engine: str, target: str, options: ClusterOptions
+) -> dict[str, list[dict[str, Any]]]:
+    """Every object, by the file it goes to."""
+    if target not in TARGETS:
+        raise ClusterError(f"target {target!r}: choose {' or '.join(TARGETS)}")
+    pod = _pod(artifact, spec, engine, target, options)
+    ns, claim = options.namespace, options.model_claim
+    return {
+        "plain/deployment.yaml": [deployment(pod, ns, options.min_replicas, claim)],
+        "plain/service.yaml": [service(pod, ns)],
+        "plain/autoscaler.yaml": [autoscaler(pod, ns, options.min_replicas, options.max_replicas)],
+        "plain/disruption-budget.yaml": [disruption_budget(pod, ns)],
+        "kserve/serving-runtime.yaml": [serving_runtime(pod, ns)],
+        "kserve/inference-service.yaml": [inference_service(pod, ns, claim)],
+    }
+
+
+def package_kubernetes(  # noqa: PLR0913 - `package sagemaker`'s five, and the options
+    artifact: Path,
+    spec: DeploySpec,
+    engine: str,
+    target: str,
+    out: Path,
+    options: ClusterOptions,
+) -> Pod:
+    """Write the image's build context and every manifest under `out`."""
+    objects = manifests(artifact, spec, engine, target, options)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not (out / "plain").is_dir():
+        raise ClusterError(f"{out} exists and is not a neuronserve Kubernetes folder")
+    package_sagemaker(artifact, spec, engine, target, out / "image")
+    for rel, docs in objects.items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    (out / "prometheus-adapter.yaml").write_text(
+        yaml.safe_dump(adapter_values(options.namespace), sort_keys=False)
+    )
+    return _pod(artifact, spec, engine, target, options)
