@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from http import HTTPStatus
 
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
@@ -51,6 +52,7 @@ class NeuronServeHandler(BaseHandler):
 
     def preprocess(self, data):
         from neuronserve.tasks import RequestError
+        from neuronserve.tasks.base import internal_error
 
         requests = []
         for idx, row in enumerate(data):
@@ -65,6 +67,8 @@ class NeuronServeHandler(BaseHandler):
                 requests.append(self.runner.parse(body, content_type))
             except RequestError as e:
                 requests.append(e)
+            except Exception:  # noqa: BLE001 - a decoding bug fails this request, not the batch
+                requests.append(internal_error("decoding the request"))
         return requests
 
     def handle(self, data, context):
@@ -91,7 +95,9 @@ class NeuronServeHandler(BaseHandler):
         for idx, result in enumerate(data):
             self.context.set_response_content_type(idx, "application/json")
             if isinstance(result, RequestError):
-                self.context.set_response_status(code=result.status, phrase=result.message, idx=idx)
+                # the reason phrase is the status's own: the message is in the body only
+                phrase = HTTPStatus(result.status).phrase
+                self.context.set_response_status(code=result.status, phrase=phrase, idx=idx)
                 out.append(json.dumps({"code": result.status, "error": result.message}))
             else:
                 out.append(json.dumps(result))

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from .buckets import Bucket, BucketGrid
+from .names import safe_name
 
 MANIFEST = "manifest.json"
 # 2: reference.npz (eager outputs the modules are checked against), validation_status
@@ -97,6 +99,23 @@ class Manifest(BaseModel):
     precision_trials: list[PrecisionTrial] = Field(default_factory=list)
     files: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str) -> str:
+        return safe_name(v)
+
+    @field_validator("files", "modules")
+    @classmethod
+    def _inside(cls, v: dict[str, str], info: Any) -> dict[str, str]:
+        paths = v.keys() if info.field_name == "files" else v.values()
+        for rel in paths:
+            inside_artifact(rel)
+        return v
+
+    def opened_files(self) -> list[str]:
+        """Every file the loaders open: each must be listed, and so hashed."""
+        return sorted({*self.modules.values(), self.tokenizer.file})
+
     @property
     def grid(self) -> BucketGrid:
         return BucketGrid(tuple(self.batch_sizes), tuple(self.sequence_lengths))
@@ -110,6 +129,14 @@ def module_file(modules: dict[str, str], bucket: Bucket) -> str:
     return modules.get(bucket.key) or modules[DYNAMIC]
 
 
+def inside_artifact(rel: str) -> str:
+    """`rel` if it names a file inside the artifact: relative, no `..`, no backslash."""
+    parts = rel.split("/")
+    if not rel or rel.startswith("/") or "\\" in rel or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{rel!r} is not a path inside the artifact")
+    return rel
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -119,22 +146,54 @@ def sha256_file(path: Path) -> str:
 
 
 def _payload_files(directory: Path) -> list[Path]:
-    return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST)
+    from .signing import SIGNATURE
+
+    return sorted(
+        p
+        for p in directory.rglob("*")
+        if p.is_file() and p.relative_to(directory).as_posix() not in (MANIFEST, SIGNATURE)
+    )
+
+
+def _links(directory: Path) -> list[str]:
+    """Symbolic links anywhere in the artifact (rglob does not descend into linked
+    folders, so a linked folder would otherwise escape the check)."""
+    out = []
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(root, name)):
+                out.append(os.path.relpath(os.path.join(root, name), directory))
+    return sorted(out)
+
+
+def read_verified(directory: Path, manifest: Manifest, rel: str) -> bytes:
+    """The bytes of `rel`, read once and checked against the manifest's sha256: what a
+    loader gets is what was verified, not a file swapped in after the check."""
+    data = (Path(directory) / inside_artifact(rel)).read_bytes()
+    if hashlib.sha256(data).hexdigest() != manifest.files.get(rel):
+        raise ArtifactError(f"{rel} does not match its sha256 in {MANIFEST} (altered or corrupt)")
+    return data
 
 
 def write_manifest(directory: Path, manifest: Manifest) -> Path:
     """Checksum every file in `directory` and write manifest.json beside them."""
     directory = Path(directory)
-    manifest.files = {
-        str(p.relative_to(directory)): sha256_file(p) for p in _payload_files(directory)
-    }
+    payload = _payload_files(directory)
+    manifest.files = {str(p.relative_to(directory)): sha256_file(p) for p in payload}
     path = directory / MANIFEST
     path.write_text(json.dumps(manifest.model_dump(), indent=2) + "\n")
+    # weights are the model owner's: readable by the owner and the group (the serving
+    # user, in the images), not by every user of the host
+    for p in [*payload, path]:
+        p.chmod(0o640)
+    for d in {directory, *(p.parent for p in payload)}:
+        d.chmod(0o750)
     return path
 
 
-def read_manifest(directory: Path, verify: bool = True) -> Manifest:
-    """Load the manifest; with `verify`, refuse a missing, altered or unlisted file."""
+def read_manifest(directory: Path, verify: bool = True, signed: bool = True) -> Manifest:
+    """Load the manifest; with `verify`, refuse a missing, altered or unlisted file; with
+    `signed` (and NEURONSERVE_PUBLIC_KEY set), refuse one that key did not sign."""
     directory = Path(directory)
     path = directory / MANIFEST
     if not path.is_file():
@@ -142,8 +201,11 @@ def read_manifest(directory: Path, verify: bool = True) -> Manifest:
             f"{directory} is not a neuronserve artifact: {MANIFEST} is missing "
             "(create one with `neuronserve compile`)"
         )
+    raw = path.read_bytes()  # one read: the bytes checked are the bytes parsed
+    if signed:
+        _check_signature(directory, raw)
     try:
-        manifest = Manifest.model_validate_json(path.read_text())
+        manifest = Manifest.model_validate_json(raw)
     except ValueError as e:
         raise ArtifactError(f"{path} is not a valid manifest: {e}") from e
     if manifest.format_version != FORMAT_VERSION:
@@ -156,8 +218,28 @@ def read_manifest(directory: Path, verify: bool = True) -> Manifest:
     return manifest
 
 
+def _check_signature(directory: Path, raw: bytes) -> None:
+    """With NEURONSERVE_PUBLIC_KEY set, the manifest must carry that key's signature."""
+    from .signing import SIGNATURE, SignatureError, required_key, verify
+
+    key = required_key()
+    if key is None:
+        return
+    sig_path = directory / SIGNATURE
+    signature = sig_path.read_bytes() if sig_path.is_file() else None
+    try:
+        verify(raw, signature, key, directory)
+    except SignatureError as e:
+        raise ArtifactError(str(e)) from None
+
+
 def verify_files(directory: Path, manifest: Manifest) -> None:
-    problems = []
+    problems = [f"{rel} is a symbolic link (refused)" for rel in _links(directory)]
+    problems += [
+        f"{rel} is opened by the loaders but not listed in {MANIFEST}"
+        for rel in manifest.opened_files()
+        if rel not in manifest.files
+    ]
     for rel, expected in manifest.files.items():
         p = directory / rel
         if not p.is_file():

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import stat
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -37,6 +38,10 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 class NoFreeCoreGroup(RuntimeError):
     """Every core group of the plan is leased by a live worker."""
+
+
+class LeaseDirError(RuntimeError):
+    """The lease directory is not one this user alone controls."""
 
 
 @dataclass(frozen=True)
@@ -247,8 +252,41 @@ def default_lease_dir() -> Path:
     env = os.environ.get(LEASE_DIR_ENV)
     if env:
         return Path(env)
-    # Host-wide by default: cores belong to the host, not to one server or model.
+    # Host-wide by default: cores belong to the host, not to one server or model. The
+    # user's runtime directory is private by construction; a shared /tmp is not, so the
+    # folders neuronserve makes there are checked (secure_dir).
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and Path(runtime).is_dir():
+        return Path(runtime) / "neuronserve" / "leases"
     return Path(tempfile.gettempdir()) / f"neuronserve-{os.getuid()}" / "leases"
+
+
+def secure_dir(path: Path, levels: int = 2) -> Path:
+    """Create `path` (and up to `levels - 1` parents neuronserve owns) with mode 0700, and
+    refuse it unless each is a real directory (not a symlink) owned by this user and not
+    writable by others: in a shared /tmp another user could otherwise create the folder
+    first, or plant a symlink, and read, redirect or hold every lease."""
+    path = Path(path)
+    chain = [path, *list(path.parents)[: max(levels - 1, 0)]]
+    for folder in reversed(chain):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=0o700)
+        st = os.lstat(folder)
+        problem = None
+        if stat.S_ISLNK(st.st_mode):
+            problem = "is a symbolic link"
+        elif not stat.S_ISDIR(st.st_mode):
+            problem = "is not a directory"
+        elif st.st_uid != os.getuid():
+            problem = f"is owned by uid {st.st_uid}, not this user ({os.getuid()})"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            problem = f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+        if problem:
+            raise LeaseDirError(
+                f"lease directory {folder} {problem}: remove it (or set {LEASE_DIR_ENV} to "
+                "a private directory) and start again"
+            )
+    return path
 
 
 @dataclass
@@ -291,7 +329,14 @@ def _lock_path(directory: Path, kind: str, core: int) -> Path:
 
 
 def _try_lock(path: Path) -> int | None:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    # never through a symlink, readable by this user alone (the record names processes)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        raise LeaseDirError(
+            f"lease file {path} cannot be opened safely ({e.strerror}): a symbolic link "
+            "there is refused; remove it"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -321,8 +366,12 @@ def acquire(
     index); if a live process still holds it (a restart racing its predecessor's exit
     is already covered by the kernel dropping the lock), the next free group is taken.
     """
+    # the default's private parent (neuronserve-<uid>) is checked too; a given folder alone
+    given = directory is not None or bool(os.environ.get(LEASE_DIR_ENV))
     directory = Path(directory or default_lease_dir())
-    directory.mkdir(parents=True, exist_ok=True)
+    if given:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+    secure_dir(directory, levels=1 if given else 2)
     order = list(groups)
     if prefer is not None and groups:
         k = prefer % len(groups)

@@ -18,12 +18,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from .artifact import ArtifactError, Manifest, read_manifest
+from .artifact import ArtifactError, Manifest, read_manifest, read_verified
 from .buckets import Bucket
 from .compile.targets import get_target
 from .execution import Executor, InputLayout, Module, Row, RunReport
 from .tasks import RequestError, TaskRequest, decode_payload, get_task
-from .tasks.base import Text
+from .tasks.base import RequestLimits, Text, internal_error
 from .tokenization import Encoded, TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,11 @@ class Runner:
         truncation: bool | None = None,
         warmup: bool = True,
         cores: int = 1,
-        max_client_batch: int | None = None,
+        limits: RequestLimits | None = None,
     ):
         """`cores`: how many cores this process holds; a target whose calls each run on
-        one core (Neuron) gets a copy of every module per core. `max_client_batch`: most
-        texts one request may hold (413 beyond), checked before anything is tokenized."""
+        one core (Neuron) gets a copy of every module per core. `limits`: what one request
+        may hold (413 beyond), checked before anything is tokenized."""
         self.artifact_dir = Path(artifact_dir)
         # every file checked against its sha256 before any is loaded
         self.manifest: Manifest = read_manifest(self.artifact_dir)
@@ -53,19 +53,28 @@ class Runner:
         self.target = get_target(m.target)
         self.grid = m.grid
         self.truncation = m.tokenizer.truncation if truncation is None else truncation
-        self.max_client_batch = max_client_batch
-        self.tokenizer = TextTokenizer(self.artifact_dir / m.tokenizer.file, m.tokenizer.max_length)
+        self.limits = limits or RequestLimits()
+        # files are read once, checked against the manifest, and loaded from those bytes
+        self.tokenizer = TextTokenizer(
+            self.artifact_dir / m.tokenizer.file,
+            m.tokenizer.max_length,
+            read_verified(self.artifact_dir, m, m.tokenizer.file).decode(),
+        )
         per_module = int(m.compiler.get("cores_per_module", 1))
         copies = self.target.replicas(cores, per_module)
         # one load per file and copy: a dynamic-shape target's buckets share one module;
         # copy k goes to core k (of the cores this process sees) when there are several
+        files = {f: read_verified(self.artifact_dir, m, f) for f in sorted(set(m.modules.values()))}
         self._loaded = [
             {
-                f: self.target.load(self.artifact_dir / f, k * per_module if copies > 1 else None)
-                for f in sorted(set(m.modules.values()))
+                f: self.target.load(
+                    self.artifact_dir / f, k * per_module if copies > 1 else None, data
+                )
+                for f, data in files.items()
             }
             for k in range(copies)
         ]
+        del files
         self.executor = Executor(
             self._module_of(0),
             self.grid,
@@ -103,7 +112,7 @@ class Runner:
 
     def parse(self, body: Any, content_type: str | None = None) -> TaskRequest:
         """Decode one request body into the task's request (raises RequestError)."""
-        inputs, parameters = decode_payload(body, content_type)
+        inputs, parameters = decode_payload(body, content_type, self.limits.json_depth)
         return self.task.parse(inputs, parameters)
 
     def responses_for_bodies(
@@ -141,7 +150,7 @@ class Runner:
         """
         report = report if report is not None else RunReport()
         results: list[Outputs | None] = [
-            r if isinstance(r, RequestError) else self._too_many(r) for r in requests
+            r if isinstance(r, RequestError) else self.limits.check(r) for r in requests
         ]
         live = [
             (i, r)
@@ -168,25 +177,14 @@ class Runner:
         out: Outputs
         try:
             out = self.executor.run(rows, report)
-        except Exception as e:  # the batch fails, the worker must not (logged)
-            log.exception("model execution failed")
-            out = RequestError(f"model execution failed: {e}", status=500)
+        except Exception:  # noqa: BLE001 - the batch fails, the worker must not (logged)
+            out = internal_error("running the model")
         pos = 0
         for i, n in owners:
             results[i] = out if isinstance(out, RequestError) else out[pos : pos + n]
             pos += n
         # every slot is filled now: refused at parse, refused here, or given its rows
         return cast(list[Outputs], results)
-
-    def _too_many(self, request: TaskRequest) -> RequestError | None:
-        limit = self.max_client_batch
-        if limit is not None and len(request.texts) > limit:
-            return RequestError(
-                f"{len(request.texts)} inputs in one request; this server takes at most "
-                f"{limit} (max_client_batch): send fewer per request",
-                status=413,
-            )
-        return None
 
     def _encode(self, requests: Sequence[TaskRequest]) -> list[Encoded]:
         """Every text of `requests` in order, tokenized in one call per way of

@@ -20,6 +20,8 @@ from pydantic import (
     model_validator,
 )
 
+from .names import safe_name
+
 Task = Literal["feature-extraction", "text-classification"]
 Target = Literal["cpu", "neuronx", "neuron"]
 Pooling = Literal["auto", "mean", "cls"]
@@ -48,6 +50,11 @@ class DeploySpec(BaseModel):
         description="model name on the servers (default: the artifact's, i.e. its directory name)",
     )
     task: Task = Field("feature-extraction", description="feature-extraction | text-classification")
+    allow_pickle_weights: bool = Field(
+        False,
+        description="load a model whose weights are only in .bin (Python pickle) files; "
+        "pickles can run code, so only for models you trust",
+    )
     target: Target = Field("cpu", description="cpu | neuronx (Inf2/Trn1) | neuron (Inf1)")
     batch_sizes: list[int] = Field(
         default_factory=lambda: [1, 4, 8], description="compiled batch sizes, e.g. 1,4,8"
@@ -187,9 +194,10 @@ class DeploySpec(BaseModel):
     grpc_port: int = Field(8001, gt=0, lt=65536, description="Triton gRPC port")
     triton_metrics_port: int = Field(8002, gt=0, lt=65536, description="Triton metrics port")
     sagemaker: bool = Field(
-        False, description="also serve SageMaker's GET /ping and POST /invocations"
+        False,
+        description="refused: Triton's own SageMaker listener binds 0.0.0.0 without "
+        "authentication; `serve front --engine triton` answers /ping and /invocations",
     )
-    sagemaker_port: int = Field(8080, gt=0, lt=65536, description="port of the SageMaker endpoints")
 
     # the front (`serve front` and the SageMaker entrypoint): the public door to an engine
     # that listens on loopback only
@@ -227,10 +235,21 @@ class DeploySpec(BaseModel):
     tls_cert: Path | None = Field(None, description="TLS certificate (PEM) for the front")
     tls_key: Path | None = Field(None, description="TLS private key (PEM) for the front")
     max_body_bytes: int = Field(
-        2_000_000, ge=1, description="largest request body the front reads (413 beyond)"
+        2_000_000,
+        ge=1,
+        description="largest request body the front and TorchServe read (413 beyond)",
     )
     max_client_batch: int = Field(
         1024, ge=1, description="most inputs one request may hold (413 beyond)"
+    )
+    max_text_chars: int = Field(
+        100_000,
+        ge=1,
+        description="most characters one text (or one side of a pair) may hold, checked "
+        "before tokenizing (413 beyond)",
+    )
+    max_json_depth: int = Field(
+        32, ge=2, description="deepest nesting a JSON request body may have (413 beyond)"
     )
     split_client_batches: bool = Field(
         False,
@@ -246,6 +265,11 @@ class DeploySpec(BaseModel):
     deadline_s: float = Field(
         60, gt=0, description="longest a request may take through the front (504 beyond)"
     )
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str | None) -> str | None:
+        return None if v is None else safe_name(v)
 
     @field_validator("batch_sizes", "sequence_lengths")
     @classmethod
@@ -312,7 +336,11 @@ class DeploySpec(BaseModel):
         if self.name:
             return self.name
         if self.artifact:
-            return Path(self.artifact).resolve().name
+            folder = Path(self.artifact).resolve().name
+            try:
+                return safe_name(folder, "the artifact folder's name")
+            except ValueError as e:
+                raise SpecError(f"{e}; or set `name`") from None
         raise SpecError("no model name: set `name` in the spec or pass --name")
 
 

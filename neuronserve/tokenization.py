@@ -33,9 +33,12 @@ class Encoded:
 
 
 class TextTokenizer:
-    def __init__(self, path: Path, max_length: int):
+    def __init__(self, path: Path, max_length: int, data: str | None = None):
+        """`data`: the tokenizer's JSON, when the caller read (and verified) it already;
+        every tokenizer made here is built from those same bytes."""
         self.max_length = max_length
-        self._full = Tokenizer.from_file(str(path))
+        self._json = data if data is not None else Path(path).read_text()
+        self._full = Tokenizer.from_str(self._json)
         self._full.no_padding()
         self._full.no_truncation()
         self._path = path
@@ -44,7 +47,7 @@ class TextTokenizer:
     def _cutting(self, direction: str) -> Tokenizer:
         # made on first use: most deployments never cut from the left
         if direction not in self._truncating:
-            tok = Tokenizer.from_file(str(self._path))
+            tok = Tokenizer.from_str(self._json)
             tok.no_padding()
             tok.enable_truncation(self.max_length, direction=direction)
             self._truncating[direction] = tok

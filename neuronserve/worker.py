@@ -42,8 +42,11 @@ class WorkerSettings(BaseModel):
     neuron_cores: int | None = None
     # None: what the artifact's manifest recorded
     truncation: bool | None = None
-    # most texts one request may hold (None: no limit)
+    # most texts one request may hold, characters one text may hold (None: no limit),
+    # deepest JSON nesting of a body
     max_client_batch: int | None = None
+    max_text_chars: int | None = None
+    max_json_depth: int = 32
 
     def torchserve_section(self) -> dict[str, Any]:
         return {CONFIG_SECTION: self.model_dump()}
@@ -111,12 +114,15 @@ def start_worker(
     try:
         cores.pin(lease)
         from .runtime import Runner
+        from .tasks.base import RequestLimits
 
         runner = Runner(
             Path(model_dir) / settings.artifact,
             truncation=settings.truncation,
             cores=len(lease.cores),
-            max_client_batch=settings.max_client_batch,
+            limits=RequestLimits(
+                settings.max_client_batch, settings.max_text_chars, settings.max_json_depth
+            ),
         )
     except BaseException:
         lease.release()

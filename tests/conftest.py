@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
+from helpers import tiny_bert_classifier
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -52,26 +52,14 @@ def minilm_artifact(tmp_path_factory, minilm_dir) -> Path:
 @pytest.fixture(scope="session")
 def classifier_dir(tmp_path_factory, minilm_dir) -> Path:
     """A tiny BERT classifier with random weights and the MiniLM tokenizer."""
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    out = tmp_path_factory.mktemp("tiny-classifier")
-    tok = AutoTokenizer.from_pretrained(minilm_dir)
-    config = BertConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
+    return tiny_bert_classifier(
+        tmp_path_factory.mktemp("tiny-classifier"),
+        minilm_dir,
+        seed=0,
         num_labels=3,
         id2label={0: "negative", 1: "neutral", 2: "positive"},
         label2id={"negative": 0, "neutral": 1, "positive": 2},
     )
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(config).eval()
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="session")

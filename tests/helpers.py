@@ -389,3 +389,24 @@ def standin_process(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def tiny_bert_classifier(out: Path, minilm_dir: Path, seed: int, **config) -> Path:
+    """A tiny BERT sequence classifier with random weights (`seed`) and the MiniLM
+    tokenizer; `config` sets its labels."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
+    bert = BertConfig(
+        vocab_size=tok.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=128,
+        **config,
+    )
+    torch.manual_seed(seed)
+    BertForSequenceClassification(bert).eval().save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

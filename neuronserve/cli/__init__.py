@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from . import autoscale, bench, compile, doctor, package, serve, validate
+from . import autoscale, bench, compile, doctor, package, serve, sign, validate
 
 app = typer.Typer(
     help="Compile Hugging Face encoders ahead of time and serve them behind TorchServe or "
@@ -24,6 +24,7 @@ app = typer.Typer(
 )
 app.command("compile")(compile.compile_cmd)
 app.command("validate")(validate.validate_cmd)
+app.command("sign")(sign.sign_cmd)
 app.add_typer(package.app, name="package")
 app.add_typer(serve.app, name="serve")
 app.command("bench")(bench.bench_cmd)

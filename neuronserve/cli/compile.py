@@ -24,6 +24,10 @@ def compile_cmd(
         bool | None, spec_option("normalize", "--normalize/--no-normalize")
     ] = None,
     truncation: Truncation = None,
+    allow_pickle_weights: Annotated[
+        bool | None,
+        spec_option("allow_pickle_weights", "--allow-pickle-weights/--safetensors-only"),
+    ] = None,
     tolerance: Annotated[float | None, spec_option("tolerance")] = None,
     precision: Annotated[str | None, spec_option("precision")] = None,
     min_cosine: Annotated[float | None, spec_option("min_cosine")] = None,
@@ -56,6 +60,7 @@ def compile_cmd(
         pooling=pooling,
         normalize=normalize,
         truncation=truncation,
+        allow_pickle_weights=allow_pickle_weights,
         tolerance=tolerance,
         precision=precision,
         min_cosine=min_cosine,

@@ -65,10 +65,12 @@ def torchserve_cmd(
     typer.echo(f"  management  {inst.management_url}/models")
     typer.echo(f"  metrics     {inst.metrics_url}/metrics")
     if inst.keys:
-        typer.echo("  token authorization is on; send")
-        typer.echo(f"    -H 'Authorization: Bearer {inst.keys.get('inference')}'  (inference)")
-        typer.echo(f"    -H 'Authorization: Bearer {inst.keys.get('management')}'  (management)")
-        typer.echo(f"  keys are in {inst.run_dir / 'key_file.json'}")
+        # the keys stay in their file: a terminal's scrollback and CI logs are not private
+        keys = inst.run_dir / "key_file.json"
+        typer.echo(
+            f"  token authorization is on: send -H 'Authorization: Bearer <key>' with the\n"
+            f"  inference key (or the management key) from {keys}"
+        )
     typer.echo(
         f"  logs in {inst.log_dir}; stop with `neuronserve serve torchserve --stop"
         + (f" --run-dir {s.run_dir}`" if run_dir else "`")
@@ -90,7 +92,6 @@ def triton_cmd(
     sagemaker: Annotated[
         bool | None, spec_option("sagemaker", "--sagemaker/--no-sagemaker")
     ] = None,
-    sagemaker_port: Annotated[int | None, spec_option("sagemaker_port")] = None,
 ) -> None:
     """Start tritonserver and return once every model in the repository is READY."""
     from ..serve import triton
@@ -103,19 +104,18 @@ def triton_cmd(
         grpc_port=grpc_port,
         triton_metrics_port=metrics_port,
         sagemaker=sagemaker,
-        sagemaker_port=sagemaker_port,
     )
     if stop:
         triton.stop(s.triton_run_dir)
         return
-    try:
-        listen = triton.Listen(
-            s.http_port,
-            s.grpc_port,
-            s.triton_metrics_port,
-            s.sagemaker_port if s.sagemaker else None,
-            s.bind_address,
+    if s.sagemaker:
+        fail(
+            "Triton's own SageMaker listener binds 0.0.0.0 with no authentication (tritonserver "
+            "has no option to bind it elsewhere); serve /ping and /invocations through "
+            "neuronserve's front instead: `neuronserve serve front REPOSITORY --engine triton`"
         )
+    try:
+        listen = triton.Listen(s.http_port, s.grpc_port, s.triton_metrics_port, s.bind_address)
         inst = triton.start(s.triton_repository, s.triton_run_dir, listen, timeout_s=timeout)
     except triton.ServeError as e:
         fail(str(e), 1)
@@ -123,8 +123,6 @@ def triton_cmd(
     typer.echo(f"  HTTP     {inst.http_url}/v2/models/<model>/infer")
     typer.echo(f"  gRPC     {inst.grpc_url}")
     typer.echo(f"  metrics  {inst.metrics_url}/metrics")
-    if inst.sagemaker_url:
-        typer.echo(f"  SageMaker  {inst.sagemaker_url}/ping, {inst.sagemaker_url}/invocations")
     typer.echo(
         f"  log in {inst.log}; stop with `neuronserve serve triton --stop"
         + (f" --run-dir {s.triton_run_dir}`" if run_dir else "`")

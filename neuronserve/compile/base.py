@@ -35,9 +35,13 @@ class Target(Protocol):
 
     def save(self, compiled: torch.nn.Module, path: Path) -> None: ...
 
-    def load(self, path: Path, core: int | None = None) -> torch.nn.Module:
+    def load(
+        self, path: Path, core: int | None = None, data: bytes | None = None
+    ) -> torch.nn.Module:
         """The saved module, ready to run; `core` is the index, among the cores this process
-        sees, of the core to place it on (None: wherever the target puts it)."""
+        sees, of the core to place it on (None: wherever the target puts it). `data`: the
+        file's bytes, read and verified by the caller, loaded instead of reading `path`
+        again (which then only names the file and its format)."""
         ...
 
     def versions(self) -> dict[str, str]: ...

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import warnings
 from pathlib import Path
 from typing import Any
@@ -61,10 +62,13 @@ class CpuTarget:
         else:
             torch.jit.save(compiled, str(path))
 
-    def load(self, path: Path, core: int | None = None) -> torch.nn.Module | OrtModule:
+    def load(
+        self, path: Path, core: int | None = None, data: bytes | None = None
+    ) -> torch.nn.Module | OrtModule:
         if path.suffix == OrtModule.file_suffix:
-            return OrtModule(path.read_bytes())
-        return torch.jit.load(str(path), map_location="cpu").eval()
+            return OrtModule(data if data is not None else path.read_bytes())
+        source = io.BytesIO(data) if data is not None else str(path)
+        return torch.jit.load(source, map_location="cpu").eval()
 
     def versions(self) -> dict[str, str]:
         from .ort import versions

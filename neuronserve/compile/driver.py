@@ -92,11 +92,27 @@ def _input_names(model: torch.nn.Module) -> tuple[str, ...]:
     return tuple(n for n in INPUT_ORDER if n in params)
 
 
+def refuse_pickle_weights(model_dir: Path, allowed: bool) -> None:
+    """A .bin checkpoint is a Python pickle: loading one can run code (torch.load before
+    2.6 even with weights_only, CVE-2025-32434). With safetensors present transformers
+    loads those; with only .bin, compile refuses unless the user opts in."""
+    if allowed or any(model_dir.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in model_dir.glob("*.bin"))
+    if pickles:
+        raise ValueError(
+            f"{model_dir} holds its weights only as {', '.join(pickles)} (Python pickle, "
+            "which can run code when loaded): convert them to safetensors, or pass "
+            "--allow-pickle-weights if you trust where the model came from"
+        )
+
+
 def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) -> Manifest:
     grid = BucketGrid(tuple(spec.batch_sizes), tuple(spec.sequence_lengths))
     task, target = get_task(spec.task), get_target(spec.target)
     pad_id = _save_tokenizer(model_dir, out)
     shutil.copy2(model_dir / "config.json", out / "config.json")
+    refuse_pickle_weights(model_dir, spec.allow_pickle_weights)
     model = task.load_model(model_dir)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos is not None and grid.max_seq > max_pos:

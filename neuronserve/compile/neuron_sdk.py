@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -81,12 +82,15 @@ class NeuronTargetBase:
     def save(self, compiled: torch.nn.Module, path: Path) -> None:
         torch.jit.save(compiled, str(path))
 
-    def load(self, path: Path, core: int | None = None) -> torch.nn.Module:
+    def load(
+        self, path: Path, core: int | None = None, data: bytes | None = None
+    ) -> torch.nn.Module:
         sdk = import_sdk(self.sdk)  # registers the Neuron ops TorchScript needs
+        source = io.BytesIO(data) if data is not None else str(path)
         if core is None:
-            return torch.jit.load(str(path), map_location="cpu").eval()
+            return torch.jit.load(source, map_location="cpu").eval()
         with sdk.experimental.neuron_cores_context(start_nc=core):
-            return torch.jit.load(str(path), map_location="cpu").eval()
+            return torch.jit.load(source, map_location="cpu").eval()
 
     def cannot_run_here(self, options: dict[str, Any]) -> str | None:
         if options.get("compile_for"):

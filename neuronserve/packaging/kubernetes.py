@@ -150,6 +150,8 @@ class Pod:
             "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
             "env": self.env(model_dir),
             "resources": self.resources(),
+            # the image's USER 10001: checked by the kubelet, no way back to root
+            "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
             # /ping is 200 only once every worker has loaded and warmed up
             "startupProbe": probe("/ping", 5, STARTUP_S // 5),
             "readinessProbe": probe("/ping", 5, 2),

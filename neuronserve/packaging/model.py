@@ -10,7 +10,12 @@ which packages again through here.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -60,6 +65,8 @@ def prepare(artifact: Path, spec: DeploySpec, what: str = "workers") -> Packaged
         neuron_cores=spec.neuron_cores,
         truncation=recorded_unless_given(spec.truncation, manifest.tokenizer.truncation),
         max_client_batch=spec.max_client_batch,
+        max_text_chars=spec.max_text_chars,
+        max_json_depth=spec.max_json_depth,
     )
     return PackagedModel(manifest, recorded_unless_given(spec.name, manifest.name), plan, settings)
 
@@ -71,3 +78,37 @@ def recorded_unless_given(given: T | None, recorded: T) -> T:
     """The value given at packaging time (a flag or the spec), else the artifact's: never
     a packaging default."""
     return recorded if given is None else given
+
+
+@contextlib.contextmanager
+def staged(parent: Path) -> Iterator[Path]:
+    """A private staging folder inside `parent` (same file system, so the result moves
+    into place with a rename), removed afterwards whatever happens."""
+    parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".neuronserve-staging-", dir=parent))
+    try:
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def retire(parent: Path, name: str, stage: Path) -> None:
+    """Move parent/<name>, if there, into the staging folder `stage`, which removes it with
+    itself: the one way packaging removes anything, and only an entry of `parent`."""
+    parent = parent.resolve()
+    old = parent / name
+    if old.parent != parent or stage.resolve().parent != parent:
+        raise PackagingError(f"refusing to remove {old}: not an entry of {parent}")
+    if old.is_dir() and not old.is_symlink():
+        os.replace(old, stage / f".retired-{name}")
+    elif old.exists() or old.is_symlink():
+        old.unlink()
+
+
+def put_in_place(built: Path, parent: Path) -> Path:
+    """Move `built` (made in a `staged` folder of `parent`) to parent/<its name>,
+    retiring what was there."""
+    retire(parent, built.name, built.parent)
+    dest = parent.resolve() / built.name
+    os.replace(built, dest)
+    return dest

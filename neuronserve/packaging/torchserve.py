@@ -8,7 +8,7 @@ every endpoint on the spec's address (loopback by default) with token authorizat
 from __future__ import annotations
 
 import os
-import shutil
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -19,7 +19,7 @@ from .. import metrics
 from ..resources import handler_file, tool
 from ..spec import DeploySpec
 from ..worker import ARTIFACT_DIR
-from .model import PackagedModel, PackagingError, prepare
+from .model import PackagedModel, PackagingError, prepare, put_in_place, retire, staged
 
 __all__ = ["PackagingError", "model_config", "package_torchserve"]
 
@@ -79,11 +79,25 @@ def store_properties(spec: DeploySpec, store: Path) -> dict[str, str]:
         "default_response_timeout": str(spec.response_timeout_s),
         "job_queue_size": "1000",
         "install_py_dep_per_model": "false",
+        # the spec's body limit, the same as the front's; answers of a full client batch
+        # of long vectors as JSON go past TorchServe's 6.5 MB default
+        "max_request_size": str(spec.max_body_bytes),
+        "max_response_size": str(max(6_553_500, spec.max_client_batch * 4096 * 24)),
+        # models and workflows load from this store only, never from a URL
+        "allowed_urls": "file://" + re.escape(str(store)) + "/.*",
+        "workflow_store": str(store),
     }
 
 
 def write_properties(path: Path, props: dict[str, str]) -> None:
-    lines = ["# written by neuronserve"] + [f"{k}={v}" for k, v in props.items()]
+    for k, v in props.items():
+        # a value holding a line break would add a property of its own
+        if any(c in f"{k}{v}" for c in "\r\n"):
+            raise PackagingError(f"config.properties value of {k} holds a line break: {v!r}")
+    # java.util.Properties reads a backslash as an escape (allowed_urls is a regex)
+    lines = ["# written by neuronserve"] + [
+        f"{k}={v.replace(chr(92), chr(92) * 2)}" for k, v in props.items()
+    ]
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -93,7 +107,7 @@ def read_properties(path: Path) -> dict[str, str]:
         line = line.strip()
         if line and not line.startswith(("#", "!")) and "=" in line:
             k, v = line.split("=", 1)
-            props[k.strip()] = v.strip()
+            props[k.strip()] = v.strip().replace(chr(92) * 2, chr(92))
     return props
 
 
@@ -116,7 +130,8 @@ def package_torchserve(artifact: Path, spec: DeploySpec) -> Path:
     store = Path(spec.model_store).resolve()
     store.mkdir(parents=True, exist_ok=True)
 
-    with tempfile.TemporaryDirectory(prefix="neuronserve-mar-") as tmp_name:
+    made = f"{name}.mar" if spec.archive_format != "no-archive" else name
+    with tempfile.TemporaryDirectory(prefix="neuronserve-mar-") as tmp_name, staged(store) as stage:
         tmp = Path(tmp_name)
         extra = tmp / "extra"
         extra.mkdir()
@@ -125,11 +140,6 @@ def package_torchserve(artifact: Path, spec: DeploySpec) -> Path:
         (extra / ARTIFACT_DIR).symlink_to(artifact.resolve(), target_is_directory=True)
         config = tmp / MODEL_CONFIG
         config.write_text(yaml.safe_dump(model_config(spec, packaged), sort_keys=False))
-        for old in (store / f"{name}.mar", store / name):
-            if old.is_dir():
-                shutil.rmtree(old)
-            elif old.exists():
-                old.unlink()
         cmd = [
             *tool(
                 "torch-model-archiver", "model_archiver.model_packaging", "generate_model_archive"
@@ -145,7 +155,7 @@ def package_torchserve(artifact: Path, spec: DeploySpec) -> Path:
             "--config-file",
             str(config),
             "--export-path",
-            str(store),
+            str(stage),
             "--archive-format",
             spec.archive_format,
             "--force",
@@ -156,10 +166,12 @@ def package_torchserve(artifact: Path, spec: DeploySpec) -> Path:
         )
         if proc.returncode != 0:
             raise PackagingError(f"torch-model-archiver failed:\n{proc.stdout}{proc.stderr}")
+        if not (stage / made).exists():
+            raise PackagingError(f"torch-model-archiver reported success but wrote no {made}")
+        # the other format of the same model, from an earlier packaging, would load twice
+        retire(store, name if made != name else f"{name}.mar", stage)
+        out = put_in_place(stage / made, store)
 
     _metrics_yaml(store)
     write_properties(store / CONFIG_FILE, store_properties(spec, store))
-    out = store / (name if spec.archive_format == "no-archive" else f"{name}.mar")
-    if not out.exists():
-        raise PackagingError(f"torch-model-archiver reported success but {out} is missing")
     return out

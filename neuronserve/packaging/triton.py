@@ -19,7 +19,7 @@ from ..resources import triton_model_file
 from ..spec import DeploySpec
 from ..tasks import get_task
 from ..worker import ARTIFACT_DIR
-from .model import PackagedModel, prepare
+from .model import PackagedModel, prepare, put_in_place, staged
 
 CONFIG = "config.pbtxt"
 
@@ -71,12 +71,12 @@ def package_triton(artifact: Path, spec: DeploySpec) -> Path:
     """Write the model into the spec's Triton repository; return the model directory."""
     artifact = Path(artifact)
     packaged = prepare(artifact, spec, what="instances")
-    model_dir = Path(spec.triton_repository) / packaged.name
-    if model_dir.exists():
-        shutil.rmtree(model_dir)
-    version = model_dir / "1"
-    version.mkdir(parents=True)
-    shutil.copy2(triton_model_file(), version / "model.py")
-    shutil.copytree(artifact, version / ARTIFACT_DIR)
-    write_config(model_dir / CONFIG, model_config(spec, packaged))
-    return model_dir
+    repository = Path(spec.triton_repository)
+    with staged(repository) as stage:
+        model_dir = stage / packaged.name
+        version = model_dir / "1"
+        version.mkdir(parents=True)
+        shutil.copy2(triton_model_file(), version / "model.py")
+        shutil.copytree(artifact, version / ARTIFACT_DIR)
+        write_config(model_dir / CONFIG, model_config(spec, packaged))
+        return put_in_place(model_dir, repository)

@@ -38,6 +38,22 @@ class FoundModel:
     packaged: WorkerSettings | None = None
 
 
+def _check_extract_size(z: zipfile.ZipFile, names: list[str], work: Path, mar: Path) -> None:
+    """Refuse an archive that would unpack to more than the work folder's free space
+    (less a margin) before anything is written: zipfile stops each member at its
+    declared size, so the declared total is what extraction can write."""
+    import shutil
+
+    total = sum(z.getinfo(n).file_size for n in names if n in z.NameToInfo)
+    work.mkdir(parents=True, exist_ok=True)
+    room = shutil.disk_usage(work).free - (1 << 30)
+    if total > room:
+        raise ModelSourceError(
+            f"{mar} unpacks to {total / 2**30:.1f} GiB, more than the {max(room, 0) / 2**30:.1f}"
+            f" GiB free in {work} (less 1 GiB): not extracted"
+        )
+
+
 def find_model(source: Path, work: Path) -> FoundModel:
     """The neuronserve artifact inside `source` (itself, a .mar's or a Triton
     repository's) and the settings it was packaged with."""
@@ -50,6 +66,7 @@ def find_model(source: Path, work: Path) -> FoundModel:
             members = [n for n in z.namelist() if n.startswith(f"{ARTIFACT_DIR}/")]
             if not members:
                 raise ModelSourceError(f"{mars[0]} holds no neuronserve {ARTIFACT_DIR}/ folder")
+            _check_extract_size(z, [*members, MODEL_CONFIG], work, mars[0])
             z.extractall(out, [*members, MODEL_CONFIG])
         return FoundModel(out / ARTIFACT_DIR, _torchserve_settings(out / MODEL_CONFIG))
     for manifest in sorted(source.glob(f"*/{ARTIFACT_DIR}/{MANIFEST}")):

@@ -4,9 +4,13 @@ waiting until it is gone, free loopback ports."""
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
+import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -15,15 +19,77 @@ class ServeError(RuntimeError):
     """The server could not be started, became unhealthy, or could not be stopped."""
 
 
+log = logging.getLogger(__name__)
+
+
+def private_dir(path: Path) -> Path:
+    """`path` made (with parents) and set to 0700: logs, keys and pid files go in it."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
+def private_file(path: Path) -> Any:
+    """`path` opened for writing, 0600 and never through a symlink (a log, say)."""
+    with contextlib.suppress(FileNotFoundError):
+        Path(path).unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    return os.fdopen(fd, "w")
+
+
+def _identity_file(pid_file: Path) -> Path:
+    return Path(pid_file).with_name(Path(pid_file).name + ".identity")
+
+
+def record_pid(pid_file: Path, pid: int | None = None) -> None:
+    """Write `pid` to `pid_file` (or, with no pid, take the one a server wrote there
+    itself) and record beside it who that process is: its start time and command line.
+    A pid file outlives its process (a crash, a reboot) and the number is then reused;
+    `live_pid` trusts it only while the same process holds it."""
+    pid_file = Path(pid_file)
+    if pid is None:
+        pid = int(pid_file.read_text().strip())
+    else:
+        pid_file.write_text(f"{pid}\n")
+    proc = psutil.Process(pid)
+    _identity_file(pid_file).write_text(
+        json.dumps({"pid": pid, "started": proc.create_time(), "cmdline": proc.cmdline()})
+    )
+
+
+def forget_pid(pid_file: Path) -> None:
+    Path(pid_file).unlink(missing_ok=True)
+    _identity_file(pid_file).unlink(missing_ok=True)
+
+
 def live_pid(pid_file: Path) -> int | None:
-    """The pid in `pid_file` if that process is alive (a zombie is not)."""
+    """The pid in `pid_file` if the process `record_pid` recorded still runs: alive (a
+    zombie is not), started when it was recorded, with the same command line. A pid that
+    merely matches the file (another process reusing the number) is never returned, so
+    nothing stops it."""
     try:
         pid = int(Path(pid_file).read_text().strip())
-        if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-            return pid
-    except (OSError, ValueError, psutil.NoSuchProcess):
-        pass
-    return None
+        identity = json.loads(_identity_file(pid_file).read_text())
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        same = (
+            identity.get("pid") == pid
+            and abs(proc.create_time() - float(identity["started"])) < 0.05
+            and proc.cmdline() == identity["cmdline"]
+        )
+    except (OSError, ValueError, KeyError, TypeError, psutil.Error):
+        return None
+    if not same:
+        log.warning(
+            "%s names pid %d, which is now another process (%s): not that server",
+            pid_file,
+            pid,
+            " ".join(proc.cmdline()[:3]),
+        )
+        return None
+    return pid
 
 
 def process_tree(pid: int) -> list[psutil.Process]:

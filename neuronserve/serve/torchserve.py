@@ -19,12 +19,21 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import requests
 
 from ..packaging.torchserve import CONFIG_FILE, read_properties, write_properties
 from ..resources import tool
 from ..worker import FAILURE_MARKER
-from .process import ServeError, live_pid, stop_tree
+from .process import (
+    ServeError,
+    forget_pid,
+    live_pid,
+    private_dir,
+    private_file,
+    record_pid,
+    stop_tree,
+)
 
 __all__ = [
     "ServeError",
@@ -91,6 +100,14 @@ def _pid_file(run_dir: Path) -> Path:
     return _tmp(run_dir) / ".model_server.pid"
 
 
+def _record_pid(run_dir: Path) -> None:
+    """TorchServe writes its pid; who that process is, neuronserve records (`--stop`)."""
+    try:
+        record_pid(_pid_file(run_dir))
+    except (OSError, ValueError, psutil.Error) as e:
+        raise ServeError(f"TorchServe started but its pid file cannot be read: {e}") from None
+
+
 def server_pid(run_dir: Path) -> int | None:
     return live_pid(_pid_file(run_dir))
 
@@ -131,8 +148,10 @@ def start(
             f"(pid {server_pid(run_dir)}); stop it with "
             "`neuronserve serve torchserve --stop`"
         )
+    # TorchServe's own logs and key file land here: this user's alone
+    private_dir(run_dir)
     for sub in ("tmp", "logs"):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        private_dir(run_dir / sub)
     for old in (run_dir / "logs").glob("*.log"):
         old.unlink()
     props = read_properties(store_config)
@@ -154,13 +173,13 @@ def start(
         str(config),
     ]
     log(f"starting TorchServe (run directory {run_dir}) ...")
-    with open(run_dir / "logs" / "launcher.log", "w") as out:
+    with private_file(run_dir / "logs" / "launcher.log") as out:
         proc = subprocess.run(
             cmd, cwd=run_dir, env=_env(run_dir), stdout=out, stderr=subprocess.STDOUT, timeout=120
         )
     if proc.returncode != 0:
         raise ServeError(f"torchserve --start failed; see {run_dir / 'logs' / 'launcher.log'}")
-
+    _record_pid(run_dir)
     instance = _instance(run_dir, props)
     try:
         wait_ready(instance, timeout_s=timeout_s, log=log)
@@ -266,6 +285,6 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
         ),
         timeout_s,
     )
-    _pid_file(run_dir).unlink(missing_ok=True)
+    forget_pid(_pid_file(run_dir))
     log(f"TorchServe stopped ({workers} worker process(es) with it)")
     return True

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,7 +24,15 @@ from pathlib import Path
 
 import requests
 
-from .process import ServeError, live_pid, stop_tree
+from .process import (
+    ServeError,
+    forget_pid,
+    live_pid,
+    private_dir,
+    private_file,
+    record_pid,
+    stop_tree,
+)
 
 PID_FILE = "tritonserver.pid"
 ENDPOINTS_FILE = "endpoints.json"
@@ -36,7 +45,6 @@ class TritonInstance:
     http_url: str
     grpc_url: str
     metrics_url: str
-    sagemaker_url: str | None = None
 
     @property
     def log(self) -> Path:
@@ -141,6 +149,34 @@ def _env() -> dict[str, str]:
     return env
 
 
+# What neither neuronserve nor a client needs: behind a key ("Restricted APIs" in
+# tritonserver --help: --http-restricted-api / --grpc-restricted-protocol). Model control
+# is off already (no --model-control-mode=explicit), so the repository API cannot load
+# or unload, but it lists and reads; with the key required nobody without it can.
+RESTRICTED = "model-repository,model-config,shared-memory,statistics,trace,logging"
+ADMIN_HEADER = "neuronserve-admin-key"
+ADMIN_KEY_FILE = "admin_key"
+
+
+def admin_key(run_dir: Path) -> str:
+    """A fresh key for the restricted APIs of the tritonserver started from `run_dir`,
+    kept in a 0600 file there for an operator who needs those APIs."""
+    key = secrets.token_urlsafe(32)
+    path = Path(run_dir) / ADMIN_KEY_FILE
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key
+
+
+def restricted_api_args(key: str) -> list[str]:
+    return [
+        f"--http-restricted-api={RESTRICTED}:{ADMIN_HEADER}={key}",
+        f"--grpc-restricted-protocol={RESTRICTED}:{ADMIN_HEADER}={key}",
+    ]
+
+
 def _pid(run_dir: Path) -> int | None:
     return live_pid(Path(run_dir) / PID_FILE)
 
@@ -156,8 +192,6 @@ class Listen:
     http_port: int = 8000
     grpc_port: int = 8001
     metrics_port: int = 8002
-    # Triton's own SageMaker endpoints (/ping, /invocations), when set
-    sagemaker_port: int | None = None
     address: str = "127.0.0.1"
 
     def args(self) -> list[str]:
@@ -170,8 +204,6 @@ class Listen:
             f"--grpc-address={a}",
             f"--metrics-address={a}",
         ]
-        if self.sagemaker_port is not None:
-            out += ["--allow-sagemaker=true", f"--sagemaker-port={self.sagemaker_port}"]
         return out
 
     def instance(self, run_dir: Path) -> TritonInstance:
@@ -181,7 +213,6 @@ class Listen:
             f"http://{a}:{self.http_port}",
             f"{a}:{self.grpc_port}",
             f"http://{a}:{self.metrics_port}",
-            f"http://{a}:{self.sagemaker_port}" if self.sagemaker_port else None,
         )
 
 
@@ -207,12 +238,13 @@ def start(
     binary, root = find_tritonserver()
     if root is not None:
         check_glibc()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(run_dir)
     models = models_in(repository)
     cmd = [
         str(binary),
         f"--model-repository={repository}",
         *listen.args(),
+        *restricted_api_args(admin_key(run_dir)),
         "--allow-metrics=true",
         "--allow-cpu-metrics=true",
         "--allow-gpu-metrics=false",
@@ -221,16 +253,14 @@ def start(
     if root is not None:
         cmd.append(f"--backend-directory={backend_directory(root, run_dir)}")
     env = _env()
-    if listen.sagemaker_port is not None:
-        env.setdefault("SAGEMAKER_TRITON_DEFAULT_MODEL_NAME", models[0])
     log(f"starting tritonserver {binary} (run directory {run_dir}) ...")
-    with open(run_dir / LOG_FILE, "w") as out:
+    with private_file(run_dir / LOG_FILE) as out:
         # Its own session, so the server and its stub processes outlive this command and
         # `--stop` can signal the whole group.
         proc = subprocess.Popen(
             cmd, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
-    (run_dir / PID_FILE).write_text(str(proc.pid))
+    record_pid(run_dir / PID_FILE, proc.pid)
     inst = listen.instance(run_dir)
     endpoints = {k: v for k, v in dataclasses.asdict(inst).items() if k != "run_dir"}
     (run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints))
@@ -304,6 +334,6 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
     log(f"stopping tritonserver (pid {pid}) ...")
     # Triton unloads its models and stops its stubs itself on SIGTERM
     stubs = stop_tree(pid, lambda: os.kill(pid, signal.SIGTERM), timeout_s)
-    (run_dir / PID_FILE).unlink(missing_ok=True)
+    forget_pid(run_dir / PID_FILE)
     log(f"tritonserver stopped ({stubs} stub process(es) with it)")
     return True

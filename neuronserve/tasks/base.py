@@ -44,7 +44,63 @@ class RequestError(ValueError):
         return cls(m.group(2), int(m.group(1))) if m else cls(message, status)
 
 
+def internal_error(doing: str) -> RequestError:
+    """A 500 for the client that names no internals: the exception, with its traceback,
+    goes to the server's log under an error id the client gets to quote."""
+    import logging
+    import uuid
+
+    error_id = uuid.uuid4().hex[:12]
+    logging.getLogger("neuronserve").exception("error %s while %s", error_id, doing)
+    return RequestError(
+        f"internal error while {doing} (error id {error_id}; details in the server log)",
+        status=500,
+    )
+
+
 TRUNCATION_DIRECTIONS = ("right", "left")
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request may hold, checked before anything is tokenized so that a huge
+    request costs its sender a 413, not the worker its memory and its batch neighbours
+    their answers (spec: max_client_batch, max_text_chars, max_json_depth)."""
+
+    texts: int | None = None
+    chars: int | None = None
+    json_depth: int = 32
+
+    def check(self, request: TaskRequest) -> RequestError | None:
+        if self.texts is not None and len(request.texts) > self.texts:
+            return RequestError(
+                f"{len(request.texts)} inputs in one request; this server takes at most "
+                f"{self.texts} (max_client_batch): send fewer per request",
+                status=413,
+            )
+        if self.chars is not None:
+            for i, text in enumerate(request.texts):
+                n = max(len(part) for part in ((text,) if isinstance(text, str) else text))
+                if n > self.chars:
+                    return RequestError(
+                        f"input {i} holds {n} characters; this server takes at most "
+                        f"{self.chars} per text (max_text_chars)",
+                        status=413,
+                    )
+        return None
+
+
+def json_depth(value: Any, limit: int) -> int:
+    """How deep `value` nests (a scalar is 0), counted only as far as `limit` + 1."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            d += 1
+            deepest = max(deepest, d)
+            if d <= limit:
+                stack.extend((x, d) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
 
 
 @dataclass
@@ -72,7 +128,9 @@ def truncation_parameters(parameters: dict[str, Any]) -> tuple[bool | None, str]
     return truncate, direction
 
 
-def decode_payload(body: Any, content_type: str | None = None) -> tuple[Any, dict[str, Any]]:
+def decode_payload(
+    body: Any, content_type: str | None = None, max_depth: int = 32
+) -> tuple[Any, dict[str, Any]]:
     """Turn a request body into (inputs, parameters).
 
     Accepts a parsed JSON object (servers often decode JSON for us), raw bytes or a
@@ -94,6 +152,15 @@ def decode_payload(body: Any, content_type: str | None = None) -> tuple[Any, dic
             body = json.loads(body)
         except json.JSONDecodeError as e:
             raise RequestError(f"request body is not valid JSON: {e}") from None
+        except RecursionError:  # this request only: never the batch it came in
+            raise RequestError(
+                f"request JSON nests deeper than {max_depth} levels (max_json_depth)",
+                status=413,
+            ) from None
+    if json_depth(body, max_depth) > max_depth:
+        raise RequestError(
+            f"request JSON nests deeper than {max_depth} levels (max_json_depth)", status=413
+        )
     if isinstance(body, list):
         return body, {}
     return _fields(body)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import requests
 import torch
-from helpers import free_port, run_cli, write_spec
+from helpers import free_port, run_cli, tiny_bert_classifier, write_spec
 
 from neuronserve.serve.engine import running_instance
 from neuronserve.serve.front import schemas
@@ -39,23 +39,10 @@ LONG = " ".join(["long"] * 100)  # over the largest compiled sequence (64) with 
 
 @pytest.fixture(scope="module")
 def reranker_dir(tmp_path_factory, minilm_dir) -> Path:
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    out = tmp_path_factory.mktemp("tiny-reranker")
-    tok = AutoTokenizer.from_pretrained(minilm_dir)
-    config = BertConfig(
-        vocab_size=tok.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        num_labels=1,
+    """A cross-encoder shape: one label."""
+    return tiny_bert_classifier(
+        tmp_path_factory.mktemp("tiny-reranker"), minilm_dir, seed=1, num_labels=1
     )
-    torch.manual_seed(1)
-    BertForSequenceClassification(config).eval().save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")

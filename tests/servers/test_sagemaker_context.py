@@ -58,6 +58,12 @@ def test_dockerfiles_lint_and_copy_only_what_the_context_has(target, contexts):
     entrypoints = [i for i in instructions if i.cmd == "ENTRYPOINT"]
     assert entrypoints and entrypoints[-1].value == ("/usr/local/bin/serve",), path.name
     assert any(c.value == ("serve", "/usr/local/bin/serve") for c in copies)
+    # the server runs as a user of its own, and reads (not owns) the model and the code
+    users = [i for i in instructions if i.cmd == "USER"]
+    assert users and users[-1].value[0] not in ("root", "0"), path.name
+    for copy in copies:
+        if copy.value[0] in ("python/", "model/", "neuronserve.json"):
+            assert "--chown=root:neuronserve" in copy.flags, copy.original
     for ctx in contexts.values():
         for copy in copies:
             for src in copy.value[:-1]:

@@ -10,8 +10,10 @@ import json
 import os
 import re
 import signal
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from pathlib import Path
 
 import numpy as np
@@ -50,9 +52,14 @@ def server(tmp_path_factory, minilm_artifact, lease_dir):
     (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
     run_cli("package", "torchserve", "--spec", "deploy.yaml", cwd=work)
     proc = run_cli("serve", "torchserve", "--spec", "deploy.yaml", cwd=work)
-    assert "TorchServe is ready" in proc.stdout and "Authorization: Bearer" in proc.stdout
+    assert "TorchServe is ready" in proc.stdout and "Authorization: Bearer <key>" in proc.stdout
     inst = ts.running(work / "run")
     assert inst is not None
+    # the keys are in their file, never in the output (terminals and CI logs keep it)
+    assert inst.keys and not any(k in proc.stdout for k in inst.keys.values())
+    # logs, pid and key files: this user's alone
+    for d in (work / "run", work / "run" / "logs", work / "run" / "tmp"):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
     pids = [psutil.Process(int((work / "run/tmp/.model_server.pid").read_text()))]
     pids += pids[0].children(recursive=True)
     yield inst
@@ -184,6 +191,12 @@ def test_bad_requests_fail_alone_inside_a_batch(server, minilm_runner):
         (json.dumps({"text": "hi"}), "application/json", 400, 'no "inputs"'),
         (json.dumps({"inputs": " ".join(["long"] * 400)}), "application/json", 413, "at most 256"),
         (b"\xff\xfe broken", "text/plain", 400, "not valid UTF-8"),
+        (
+            b'{"inputs": ' + b"[" * 50_000 + b"]" * 50_000 + b"}",
+            "application/json",
+            413,
+            "max_json_depth",
+        ),
     ]
     pids_before = sorted(int(w["pid"]) for w in ready_workers(server))
     calls = [(json.dumps({"inputs": g}), "application/json", 200, None) for g in good] + bad
@@ -202,6 +215,8 @@ def test_bad_requests_fail_alone_inside_a_batch(server, minilm_runner):
     for (_, _, status, needle), r in zip(bad, results[len(good) :], strict=True):
         assert r.status_code == status, (needle, r.status_code, r.text)
         assert needle in r.json()["error"], r.text
+        # the reason phrase is the status's own, the message only in the body
+        assert r.reason == HTTPStatus(status).phrase, r.reason
     # nobody crashed: the same two workers are still serving
     assert sorted(int(w["pid"]) for w in ready_workers(server)) == pids_before
 

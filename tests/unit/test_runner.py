@@ -1,6 +1,8 @@
 """The Runner in-process: numbers against independent references, splitting,
 truncation, per-request errors."""
 
+import json
+
 import numpy as np
 import pytest
 from helpers import SENTENCES, cosine, eager_classifier_scores, reference_embeddings
@@ -8,6 +10,7 @@ from helpers import SENTENCES, cosine, eager_classifier_scores, reference_embedd
 from neuronserve.execution import RunReport
 from neuronserve.runtime import Runner
 from neuronserve.tasks import RequestError
+from neuronserve.tasks.base import RequestLimits
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +173,7 @@ def test_a_request_may_ask_for_its_own_truncation_from_either_end(runner, minilm
 
 
 def test_too_many_texts_in_one_request_fail_alone(minilm_artifact, reference):
-    limited = Runner(minilm_artifact, warmup=False, max_client_batch=3)
+    limited = Runner(minilm_artifact, warmup=False, limits=RequestLimits(texts=3))
     report = RunReport()
     ok, too_many = limited.responses_for_bodies(
         [({"inputs": SENTENCES[:3]}, None), ({"inputs": SENTENCES[:4]}, None)], report
@@ -179,3 +182,32 @@ def test_too_many_texts_in_one_request_fail_alone(minilm_artifact, reference):
     assert "at most 3 (max_client_batch)" in too_many.message
     assert report.texts == 3  # refused before anything of it was tokenized
     assert all(cosine(ok[i], reference[i]) >= 0.9999 for i in range(3))
+
+
+def test_an_over_long_text_and_a_deep_body_fail_alone(minilm_artifact, reference):
+    """A 200 KB text and a body nested past Python's recursion limit (which used to raise
+    RecursionError and take the whole batch down with a 503) are each a 413 naming the
+    limit; the request between them is answered."""
+    limited = Runner(minilm_artifact, warmup=False, limits=RequestLimits(chars=1000))
+    report = RunReport()
+    deep = b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    shallow_but_over = {"inputs": "a", "parameters": {"x": json.loads("[" * 40 + "]" * 40)}}
+    long_text, ok, too_deep, nested = limited.responses_for_bodies(
+        [
+            ({"inputs": "a" * 200_000}, None),
+            ({"inputs": SENTENCES[:2]}, None),
+            (deep, "application/json"),
+            (json.dumps(shallow_but_over).encode(), "application/json"),
+        ],
+        report,
+    )
+    assert isinstance(long_text, RequestError) and long_text.status == 413
+    assert "200000 characters" in long_text.message and "max_text_chars" in long_text.message
+    for err in (too_deep, nested):
+        assert isinstance(err, RequestError) and err.status == 413
+        assert "max_json_depth" in err.message
+    assert report.texts == 2  # only the good request reached the tokenizer
+    assert all(cosine(ok[i], reference[i]) >= 0.9999 for i in range(2))
+    # the default depth (32) leaves ordinary bodies alone, pairs included
+    plain = Runner(minilm_artifact, warmup=False)
+    assert plain.parse({"inputs": ["a", "b"], "parameters": {"truncate": True}}).texts

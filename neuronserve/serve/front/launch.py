@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...spec import DeploySpec
-from ..process import ServeError, live_pid, stop_tree
+from ..process import ServeError, forget_pid, live_pid, private_file, record_pid, stop_tree
 from .config import FrontConfig
 
 SETTINGS_FILE = "front.json"
@@ -64,14 +64,14 @@ def start(
         )
     )
     log_path = run_dir / LOG_FILE
-    with open(log_path, "w") as out:
+    with private_file(log_path) as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "neuronserve.serve.front.server", str(settings)],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # the caller's Ctrl-C is not the front's
         )
-    (run_dir / PID_FILE).write_text(f"{proc.pid}\n")
+    record_pid(run_dir / PID_FILE, proc.pid)
     try:
         _wait_healthy(config, proc, log_path, timeout_s, log)
     except BaseException:
@@ -121,6 +121,6 @@ def stop(run_dir: Path, timeout_s: float = 180, log: Callable[[str], None] = pri
         return False
     log(f"stopping the front (pid {pid}) and its engine ...")
     stop_tree(pid, lambda: os.kill(pid, signal.SIGTERM), timeout_s)
-    (run_dir / PID_FILE).unlink(missing_ok=True)
+    forget_pid(run_dir / PID_FILE)
     log("front stopped")
     return True

@@ -1,0 +1,339 @@
+"""What a hostile name, local user or stale pid file could do, closed (the security
+issue): each test fails on the code before it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from neuronserve import cores
+from neuronserve.artifact import ArtifactError, read_manifest
+from neuronserve.packaging.torchserve import package_torchserve
+from neuronserve.packaging.triton import package_triton
+from neuronserve.spec import SpecError, load_spec
+
+HOSTILE = ["../..", "../victim", "/srv", "a/b", ".hidden", "", "x" * 200, "a\nb"]
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_a_name_that_is_not_a_plain_file_name_is_refused_by_the_spec(name):
+    with pytest.raises(SpecError, match="not a plain name"):
+        load_spec(None, {"name": name})
+
+
+def test_plain_names_pass():
+    for name in ("minilm", "all-MiniLM-L6-v2", "bert_base.v2", "7b"):
+        assert load_spec(None, {"name": name}).name == name
+
+
+def _with_manifest_name(artifact: Path, dst: Path, name: str) -> Path:
+    shutil.copytree(artifact, dst)
+    path = dst / "manifest.json"
+    data = json.loads(path.read_text())
+    data["name"] = name
+    path.write_text(json.dumps(data))
+    return dst
+
+
+@pytest.mark.parametrize("engine", ["torchserve", "triton"])
+def test_packaging_never_removes_outside_the_store(tmp_path, minilm_artifact, engine):
+    """A manifest naming `../victim` used to make packaging rmtree <store>/../victim."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    art = _with_manifest_name(minilm_artifact, tmp_path / "art", "../victim")
+    with pytest.raises(ArtifactError, match="not a plain name"):
+        read_manifest(art)
+    store = tmp_path / "store"
+    spec = load_spec(
+        None, {"model_store": store, "triton_repository": store, "workers": 1, "artifact": art}
+    )
+    with pytest.raises(ArtifactError, match="not a plain name"):
+        (package_torchserve if engine == "torchserve" else package_triton)(art, spec)
+    assert (victim / "precious.txt").read_text() == "keep me"
+
+
+def test_an_artifact_folder_with_an_odd_name_needs_a_name(tmp_path):
+    odd = tmp_path / "my model"
+    with pytest.raises(SpecError, match=r"artifact folder's name.*or set `name`"):
+        load_spec(None, {"artifact": odd}).model_name()
+
+
+def test_packaging_replaces_in_place_and_leaves_nothing_behind(tmp_path, minilm_artifact):
+    store, repo = tmp_path / "store", tmp_path / "repo"
+    base = {"model_store": store, "triton_repository": repo, "workers": 1, "name": "m"}
+    package_torchserve(minilm_artifact, load_spec(None, base))
+    out = package_torchserve(
+        minilm_artifact, load_spec(None, {**base, "archive_format": "no-archive"})
+    )
+    # the .mar of the first packaging is gone: the same model would load twice
+    assert out == store.resolve() / "m" and out.is_dir()
+    assert sorted(p.name for p in store.iterdir()) == sorted(
+        ["m", "config.properties", "metrics.yaml"]
+    ), list(store.iterdir())
+    package_triton(minilm_artifact, load_spec(None, base))
+    model = package_triton(minilm_artifact, load_spec(None, base))
+    assert [p.name for p in repo.iterdir()] == ["m"] and (model / "config.pbtxt").is_file()
+
+
+def _groups():
+    return cores.plan_groups([0, 1], 1, contiguous=False)
+
+
+def test_a_lease_directory_of_another_user_is_refused(tmp_path, monkeypatch):
+    """Another local user who made the folder first could read and hold every lease."""
+    if os.getuid() != 0:
+        pytest.skip("chown to another uid needs root")
+    monkeypatch.delenv(cores.LEASE_DIR_ENV, raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr(cores.tempfile, "gettempdir", lambda: str(tmp_path))
+    planted = tmp_path / f"neuronserve-{os.getuid()}"
+    planted.mkdir()
+    os.chown(planted, 4242, 4242)
+    with pytest.raises(cores.LeaseDirError, match=f"{planted} is owned by uid 4242"):
+        cores.acquire(_groups(), "cpu")
+
+
+def test_a_planted_symlink_is_refused_for_the_folder_and_for_a_lock_file(tmp_path, monkeypatch):
+    monkeypatch.delenv(cores.LEASE_DIR_ENV, raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir(mode=0o700)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "run" / "neuronserve").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(cores.LeaseDirError, match="is a symbolic link"):
+        cores.acquire(_groups(), "cpu")
+    # a lock file planted as a link to a file the worker (root, in a container) may write
+    (tmp_path / "run" / "neuronserve").unlink()
+    leases = cores.default_lease_dir()
+    assert leases == tmp_path / "run" / "neuronserve" / "leases"
+    cores.secure_dir(leases)
+    target = tmp_path / "root-owned.conf"
+    target.write_text("do not overwrite")
+    (leases / "cpu-core-0.lock").symlink_to(target)
+    with pytest.raises(cores.LeaseDirError, match="symbolic link there is refused"):
+        cores.acquire(_groups()[:1], "cpu")
+    assert target.read_text() == "do not overwrite"
+
+
+def test_a_folder_others_can_write_is_refused_and_lock_files_are_private(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(cores.LeaseDirError, match="writable by other users"):
+        cores.acquire(_groups(), "cpu", directory=shared)
+    private = tmp_path / "private"
+    with cores.acquire(_groups(), "cpu", directory=private) as lease:
+        assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
+        lock = private / f"cpu-core-{lease.cores[0]}.lock"
+        assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
+
+
+@pytest.fixture
+def bystander():
+    """An unrelated process whose pid a stale pid file happens to name."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_stop_leaves_a_process_a_stale_pid_file_names_alone(tmp_path, bystander):
+    from neuronserve.serve.front import launch
+    from neuronserve.serve.process import live_pid, record_pid
+
+    run = tmp_path / "front"
+    run.mkdir()
+    pid_file = run / launch.PID_FILE
+    # a file from before a reboot: the number only
+    pid_file.write_text(f"{bystander.pid}\n")
+    assert launch.stop(run, log=lambda _: None) is False
+    # recorded for a process that started at another time (the number was reused)
+    record_pid(pid_file, bystander.pid)
+    identity = pid_file.with_name(pid_file.name + ".identity")
+    data = json.loads(identity.read_text())
+    assert live_pid(pid_file) == bystander.pid  # the real record is trusted
+    identity.write_text(json.dumps({**data, "started": data["started"] - 3600}))
+    assert live_pid(pid_file) is None
+    assert launch.stop(run, log=lambda _: None) is False
+    identity.write_text(json.dumps({**data, "cmdline": ["java", "torchserve"]}))
+    assert launch.stop(run, log=lambda _: None) is False
+    assert bystander.poll() is None  # still running
+
+
+def test_torchserve_loads_from_its_store_only_and_holds_the_body_limit(tmp_path):
+    from neuronserve.packaging.model import PackagingError
+    from neuronserve.packaging.torchserve import (
+        read_properties,
+        store_properties,
+        write_properties,
+    )
+
+    store = tmp_path / "my-store.v1"
+    spec = load_spec(None, {"max_body_bytes": 123456})
+    write_properties(tmp_path / "config.properties", store_properties(spec, store))
+    props = read_properties(tmp_path / "config.properties")
+    assert props["max_request_size"] == "123456"
+    import re
+
+    allowed = re.compile(props["allowed_urls"])
+    assert allowed.fullmatch(f"file://{store}/m.mar")
+    for url in ("https://evil.example/m.mar", f"file://{tmp_path}/other/m.mar", "file:///etc"):
+        assert not allowed.fullmatch(url), url
+    assert props["workflow_store"] == str(store)
+    # what Java reads back: a doubled backslash is one (the regex keeps its escapes)
+    raw = (tmp_path / "config.properties").read_text()
+    assert "my\\\\-store\\\\.v1" in raw
+    with pytest.raises(PackagingError, match="line break"):
+        write_properties(tmp_path / "x.properties", {"inference_address": "a\nload_models=x"})
+
+
+def _edit_manifest(art: Path, **changes) -> None:
+    path = art / "manifest.json"
+    data = json.loads(path.read_text())
+    for k, v in changes.items():
+        data[k] = v(data[k]) if callable(v) else v
+    path.write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("bad", ["/etc/passwd", "../outside.pt", "a/../../b", "a\\b"])
+def test_manifest_paths_stay_inside_the_artifact(tmp_path, minilm_artifact, bad):
+    art = tmp_path / "art"
+    shutil.copytree(minilm_artifact, art)
+    _edit_manifest(art, files=lambda f: {**f, bad: "0" * 64})
+    with pytest.raises(ArtifactError, match="not a path inside the artifact"):
+        read_manifest(art)
+    shutil.rmtree(art)
+    shutil.copytree(minilm_artifact, art)
+    _edit_manifest(art, modules={"dynamic": bad})
+    with pytest.raises(ArtifactError, match="not a path inside the artifact"):
+        read_manifest(art)
+
+
+def test_symlinks_and_unlisted_loader_files_are_refused(tmp_path, minilm_artifact):
+    art = tmp_path / "art"
+    shutil.copytree(minilm_artifact, art)
+    # the same bytes through a link: the check used to follow it
+    real = tmp_path / "tokenizer.json"
+    shutil.move(art / "tokenizer.json", real)
+    (art / "tokenizer.json").symlink_to(real)
+    with pytest.raises(ArtifactError, match=r"tokenizer\.json is a symbolic link"):
+        read_manifest(art)
+    (art / "tokenizer.json").unlink()
+    shutil.move(real, art / "tokenizer.json")
+    # a linked folder was skipped by the walk, and packaging copied what it points to
+    (tmp_path / "elsewhere").mkdir()
+    (art / "extra").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    with pytest.raises(ArtifactError, match="extra is a symbolic link"):
+        read_manifest(art)
+    (art / "extra").unlink()
+    # a file the loaders open must be hashed
+    _edit_manifest(art, tokenizer=lambda t: {**t, "file": "tok2.json"})
+    with pytest.raises(ArtifactError, match=r"tok2\.json is opened by the loaders but not listed"):
+        read_manifest(art)
+
+
+def test_the_runner_loads_the_bytes_it_verified(minilm_artifact, monkeypatch):
+    from neuronserve.artifact import read_verified
+    from neuronserve.compile.cpu import CpuTarget
+    from neuronserve.runtime import Runner
+
+    seen = []
+    original = CpuTarget.load
+
+    def load(self, path, core=None, data=None):
+        seen.append((path.name, data))
+        return original(self, path, core, data)
+
+    monkeypatch.setattr(CpuTarget, "load", load)
+    runner = Runner(minilm_artifact, warmup=False)
+    manifest = runner.manifest
+    assert seen and all(
+        data == read_verified(minilm_artifact, manifest, name) for name, data in seen
+    )
+    with pytest.raises(ArtifactError, match="does not match its sha256"):
+        read_verified(minilm_artifact, manifest.model_copy(update={"files": {}}), "model.pt")
+
+
+def test_signed_artifacts_load_only_with_the_right_key(tmp_path, minilm_artifact, monkeypatch):
+    from helpers import run_cli
+
+    art = tmp_path / "art"
+    shutil.copytree(minilm_artifact, art)
+    run_cli("sign", "--new-key", tmp_path / "keys")
+    run_cli("sign", "--new-key", tmp_path / "other")
+    assert stat.S_IMODE((tmp_path / "keys" / "neuronserve.key").stat().st_mode) == 0o600
+    monkeypatch.setenv("NEURONSERVE_PUBLIC_KEY", str(tmp_path / "keys" / "neuronserve.pub"))
+    with pytest.raises(ArtifactError, match="is not signed"):
+        read_manifest(art)
+    run_cli("sign", art, "--key", tmp_path / "other" / "neuronserve.key")
+    with pytest.raises(ArtifactError, match="not a signature of this manifest"):
+        read_manifest(art)
+    r = run_cli("sign", art, "--key", tmp_path / "keys" / "neuronserve.key")
+    assert "manifest.sig" in r.stdout
+    assert read_manifest(art).name == "minilm"  # signed by the configured key: loads
+    # a changed manifest (say, a hash swapped for a module of one's own) breaks it
+    _edit_manifest(art, tolerance=0.5)
+    with pytest.raises(ArtifactError, match="not a signature of this manifest"):
+        read_manifest(art)
+    monkeypatch.delenv("NEURONSERVE_PUBLIC_KEY")
+    assert read_manifest(art).tolerance == 0.5  # no key configured: not required
+
+
+def test_pickle_only_weights_are_refused_unless_allowed(tmp_path, minilm_dir):
+    from helpers import run_cli
+
+    model = tmp_path / "model"
+    shutil.copytree(minilm_dir, model)
+    for f in model.glob("*.safetensors"):
+        f.unlink()
+    (model / "pytorch_model.bin").write_bytes(b"not even a pickle")
+    r = run_cli("compile", "--model", model, "--out", tmp_path / "art", check=False)
+    assert r.returncode != 0 and "pytorch_model.bin (Python pickle" in r.stderr
+    assert "--allow-pickle-weights" in r.stderr
+    assert not (tmp_path / "art").exists()
+
+
+def test_compiled_weights_are_not_world_readable(minilm_artifact):
+    for p in [minilm_artifact, *minilm_artifact.rglob("*")]:
+        assert stat.S_IMODE(p.stat().st_mode) & 0o007 == 0, p
+
+
+def test_logs_are_private_and_never_written_through_a_link(tmp_path):
+    from neuronserve.serve.process import private_file
+
+    target = tmp_path / "victim.txt"
+    target.write_text("keep")
+    log = tmp_path / "server.log"
+    log.symlink_to(target)
+    with private_file(log) as f:
+        f.write("log line\n")
+    assert target.read_text() == "keep" and not log.is_symlink()
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+
+
+def test_a_mar_too_big_for_the_disk_is_not_extracted(tmp_path, monkeypatch):
+    import zipfile
+
+    from neuronserve.serve import model_source
+
+    src = tmp_path / "model"
+    src.mkdir()
+    with zipfile.ZipFile(src / "m.mar", "w", zipfile.ZIP_DEFLATED) as z:
+        # 64 MiB of zeros compress to a few KB: what a small upload can expand to
+        z.writestr("artifact/model.pt", b"\0" * (64 << 20))
+        z.writestr("MAR-INF/model-config.yaml", "{}")
+    free = 16 << 20
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1 << 40, 0, free + (1 << 30))
+    )
+    with pytest.raises(model_source.ModelSourceError, match=r"unpacks to 0\.1 GiB"):
+        model_source.find_model(src, tmp_path / "work")
+    assert not (tmp_path / "work" / "from-mar").exists()
