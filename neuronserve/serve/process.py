@@ -42,6 +42,18 @@ def _identity_file(pid_file: Path) -> Path:
     return Path(pid_file).with_name(Path(pid_file).name + ".identity")
 
 
+def _started(proc: psutil.Process) -> str:
+    """When `proc` started, in the kernel's own clock ticks since boot (/proc/<pid>/stat,
+    field 22). psutil's create_time adds the boot time, which this kernel reports rounded
+    to the second and which moves when the clock is adjusted: the same process read a
+    second apart could look like another one."""
+    try:
+        stat = Path(f"/proc/{proc.pid}/stat").read_text()
+        return "ticks:" + stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return f"time:{proc.create_time():.0f}"
+
+
 def record_pid(pid_file: Path, pid: int | None = None) -> None:
     """Write `pid` to `pid_file` (or, with no pid, take the one a server wrote there
     itself) and record beside it who that process is: its start time and command line.
@@ -54,7 +66,7 @@ def record_pid(pid_file: Path, pid: int | None = None) -> None:
         pid_file.write_text(f"{pid}\n")
     proc = psutil.Process(pid)
     _identity_file(pid_file).write_text(
-        json.dumps({"pid": pid, "started": proc.create_time(), "cmdline": proc.cmdline()})
+        json.dumps({"pid": pid, "started": _started(proc), "cmdline": proc.cmdline()})
     )
 
 
@@ -76,7 +88,7 @@ def live_pid(pid_file: Path) -> int | None:
             return None
         same = (
             identity.get("pid") == pid
-            and abs(proc.create_time() - float(identity["started"])) < 0.05
+            and _started(proc) == identity["started"]
             and proc.cmdline() == identity["cmdline"]
         )
     except (OSError, ValueError, KeyError, TypeError, psutil.Error):

@@ -160,7 +160,7 @@ def test_stop_leaves_a_process_a_stale_pid_file_names_alone(tmp_path, bystander)
     identity = pid_file.with_name(pid_file.name + ".identity")
     data = json.loads(identity.read_text())
     assert live_pid(pid_file) == bystander.pid  # the real record is trusted
-    identity.write_text(json.dumps({**data, "started": data["started"] - 3600}))
+    identity.write_text(json.dumps({**data, "started": "ticks:1"}))
     assert live_pid(pid_file) is None
     assert launch.stop(run, log=lambda _: None) is False
     identity.write_text(json.dumps({**data, "cmdline": ["java", "torchserve"]}))
