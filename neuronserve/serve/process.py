@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,8 +66,16 @@ def record_pid(pid_file: Path, pid: int | None = None) -> None:
     else:
         pid_file.write_text(f"{pid}\n")
     proc = psutil.Process(pid)
+    # just after exec /proc/<pid>/cmdline can read empty for a moment (seen with
+    # tritonserver under load): wait for the command line the process will keep
+    cmdline, deadline = proc.cmdline(), time.monotonic() + 5
+    while not cmdline and time.monotonic() < deadline and proc.is_running():
+        time.sleep(0.01)
+        cmdline = proc.cmdline()
+    if not cmdline:
+        raise ServeError(f"process {pid} shows no command line: cannot record who it is")
     _identity_file(pid_file).write_text(
-        json.dumps({"pid": pid, "started": _started(proc), "cmdline": proc.cmdline()})
+        json.dumps({"pid": pid, "started": _started(proc), "cmdline": cmdline})
     )
 
 
