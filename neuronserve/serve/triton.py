@@ -162,10 +162,7 @@ def admin_key(run_dir: Path) -> str:
     """A fresh key for the restricted APIs of the tritonserver started from `run_dir`,
     kept in a 0600 file there for an operator who needs those APIs."""
     key = secrets.token_urlsafe(32)
-    path = Path(run_dir) / ADMIN_KEY_FILE
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
+    with private_file(Path(run_dir) / ADMIN_KEY_FILE) as f:
         f.write(key + "\n")
     return key
 
