@@ -18,6 +18,7 @@ import os
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -353,6 +354,37 @@ def _holder(path: Path) -> str:
     return f"pid {info.get('pid', '?')} ({info.get('owner', '?')})"
 
 
+# how long a worker waits for a group whose holder died to be released
+RELEASE_WAIT_S = 15.0
+
+
+def _lease_one(order: list[CoreGroup], kind: str, directory: Path) -> CoreLease | None:
+    """The first group of `order` whose cores are all free, leased; None if none is."""
+    for group in order:
+        fds: list[int] = []
+        for core in group.cores:
+            fd = _try_lock(_lock_path(directory, kind, core))
+            if fd is None:
+                break
+            fds.append(fd)
+        if len(fds) == len(group.cores):
+            return CoreLease(kind=kind, group=group, groups_total=len(order), _fds=fds)
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+    return None
+
+
+def _holder_alive(path: Path) -> bool:
+    """Whether the process a lock file names as its holder still runs (not a zombie)."""
+    try:
+        pid = int(json.loads(path.read_text() or "{}").get("pid", 0))
+        with open(f"/proc/{pid}/stat") as f:
+            return pid > 0 and f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, ValueError, TypeError, IndexError, AttributeError):
+        return False
+
+
 def acquire(
     groups: list[CoreGroup],
     kind: str,
@@ -376,20 +408,23 @@ def acquire(
     if prefer is not None and groups:
         k = prefer % len(groups)
         order = order[k:] + order[:k]
-    for group in order:
-        fds: list[int] = []
-        for core in group.cores:
-            fd = _try_lock(_lock_path(directory, kind, core))
-            if fd is None:
-                break
-            fds.append(fd)
-        if len(fds) == len(group.cores):
-            lease = CoreLease(kind=kind, group=group, groups_total=len(groups), _fds=fds)
-            lease.note(pid=os.getpid(), owner=owner, group=group.index, cores=list(group.cores))
+    # A worker replacing one that was killed can start before the dead one's lease is
+    # free: the lock goes with the last descriptor, which a child of the dead worker may
+    # still hold while it exits (on Neuron, the runtime's teardown). A failed start here
+    # would cost TorchServe's growing retry backoff (1, 1, 2, 3, 5, 8 s ...), so while a
+    # group's recorded holder is dead, wait for its lock instead of failing.
+    deadline = time.monotonic() + RELEASE_WAIT_S
+    while True:
+        lease = _lease_one(order, kind, directory)
+        if lease is not None:
+            lease.note(
+                pid=os.getpid(), owner=owner, group=lease.group.index, cores=list(lease.group.cores)
+            )
             return lease
-        for fd in fds:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
+        releasing = any(not _holder_alive(_lock_path(directory, kind, g.cores[0])) for g in groups)
+        if not releasing or time.monotonic() >= deadline:
+            break
+        time.sleep(0.1)
     held = "; ".join(
         f"group {g.index} (cores {g.label}) held by "
         + _holder(_lock_path(directory, kind, g.cores[0]))

@@ -158,6 +158,19 @@ class DeploySpec(BaseModel):
     response_timeout_s: int = Field(
         120, ge=1, description="seconds a request may take before the engine gives up on it"
     )
+    max_queued: int = Field(
+        100,
+        ge=1,
+        description="requests that may wait for a worker (TorchServe's job queue, Triton's "
+        "dynamic-batching queue); beyond it the engine refuses at once (503) instead of "
+        "letting latency grow without bound",
+    )
+    queue_timeout_ms: int | None = Field(
+        None,
+        ge=1,
+        description="longest a request may wait in the engine's queue before it is refused "
+        "(503); default: no limit but response_timeout_s",
+    )
     worker_retry_timeout_s: int = Field(
         60,
         ge=1,

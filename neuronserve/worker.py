@@ -13,6 +13,7 @@ Neuron SDK before the pin.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -81,13 +82,17 @@ class WorkerSettings(BaseModel):
 class Worker:
     lease: cores.CoreLease
     runner: Runner
+    # seconds from the call to start_worker until the lease was held, and until ready
+    leased_s: float = 0.0
+    ready_s: float = 0.0
 
     def describe(self) -> str:
         g = self.lease.group
         return (
             f"pid {os.getpid()} leased {self.lease.kind} core group {g.index} (cores "
-            f"{g.label}); buckets {', '.join(b.key for b in self.runner.grid.buckets)} "
-            "warmed up"
+            f"{g.label}) after {self.leased_s:.2f}s; buckets "
+            f"{', '.join(b.key for b in self.runner.grid.buckets)} loaded and warmed up, "
+            f"ready after {self.ready_s:.2f}s"
         )
 
     def stop(self) -> None:
@@ -104,6 +109,7 @@ def start_worker(
     `prefer` is the group a worker with a known index should get (Triton's instance
     index); TorchServe gives its workers none, so they take the first free group.
     """
+    started = time.monotonic()
     lease = placement.claim(
         settings.core_kind,
         settings.cores_per_worker,
@@ -111,6 +117,7 @@ def start_worker(
         prefer=prefer,
         neuron_cores=settings.neuron_cores,
     )
+    leased = time.monotonic() - started
     try:
         cores.pin(lease)
         from .runtime import Runner
@@ -127,4 +134,4 @@ def start_worker(
     except BaseException:
         lease.release()
         raise
-    return Worker(lease, runner)
+    return Worker(lease, runner, leased, time.monotonic() - started)

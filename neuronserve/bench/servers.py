@@ -77,7 +77,9 @@ class ManagedServer:
     def metrics_url(self) -> str | None:
         return self.engine.metrics_url if self.engine.instance is not None else None
 
-    def stop(self) -> None:
+    def stop(self, cleanup: bool = True) -> None:
+        """Stop the engine; with `cleanup`, remove its folder too (soak looks at what
+        the stop left there first)."""
         if self.started:
             self.engine.stop()
             self.started = False
@@ -85,7 +87,12 @@ class ManagedServer:
                 os.environ.pop("NEURONSERVE_LEASE_DIR", None)
             else:
                 os.environ["NEURONSERVE_LEASE_DIR"] = self._lease_dir
-        self.tmp.cleanup()
+        if cleanup:
+            self.tmp.cleanup()
+
+    @property
+    def lease_dir(self) -> Path:
+        return Path(self.tmp.name) / "leases"
 
 
 def layout_plan(artifact: Path, layout: str) -> placement.WorkerPlan:
@@ -163,7 +170,7 @@ class FrontServer:
         inst = self.engine_instance() if self.engine == "torchserve" else None
         return inst.metrics_url if inst is not None else None
 
-    def stop(self) -> None:
+    def stop(self, cleanup: bool = True) -> None:
         from ..serve.front import launch
 
         if self.pid is not None:
@@ -173,7 +180,12 @@ class FrontServer:
                 os.environ.pop("NEURONSERVE_LEASE_DIR", None)
             else:
                 os.environ["NEURONSERVE_LEASE_DIR"] = self._lease_dir
-        self.tmp.cleanup()
+        if cleanup:
+            self.tmp.cleanup()
+
+    @property
+    def lease_dir(self) -> Path:
+        return Path(self.tmp.name) / "leases"
 
 
 class SageMakerServer:
@@ -239,7 +251,7 @@ class SageMakerServer:
         engine = running_pid(Path(self.tmp.name), self.engine)
         return [self.proc.pid, *([engine] if engine is not None else [])]
 
-    def stop(self) -> None:
+    def stop(self, cleanup: bool = True) -> None:
         proc = self.proc
         if proc is not None and proc.poll() is None:
             stop_tree(proc.pid, lambda: proc.send_signal(signal.SIGTERM), 120)
@@ -247,7 +259,16 @@ class SageMakerServer:
         self.proc = None
         if getattr(self, "log", None):
             self.log.close()
-        self.tmp.cleanup()
+        if cleanup:
+            self.tmp.cleanup()
+
+    @property
+    def lease_dir(self) -> Path:
+        return Path(self.tmp.name) / "leases"
+
+    @property
+    def engine_work(self) -> Path:
+        return Path(self.tmp.name)
 
 
 def cpu_by_role(roots: list[int], front: int | None = None) -> dict[str, float]:

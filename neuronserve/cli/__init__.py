@@ -1,4 +1,4 @@
-"""The `neuronserve` command: compile, validate, package, serve, bench, doctor,
+"""The `neuronserve` command: compile, validate, package, serve, bench, soak, doctor,
 autoscale. One module per
 subcommand; this one only puts them together.
 
@@ -12,7 +12,7 @@ import sys
 
 import typer
 
-from . import autoscale, bench, compile, doctor, package, serve, sign, validate
+from . import autoscale, bench, compile, doctor, package, serve, sign, soak, validate
 
 app = typer.Typer(
     help="Compile Hugging Face encoders ahead of time and serve them behind TorchServe or "
@@ -28,6 +28,7 @@ app.command("sign")(sign.sign_cmd)
 app.add_typer(package.app, name="package")
 app.add_typer(serve.app, name="serve")
 app.command("bench")(bench.bench_cmd)
+app.command("soak")(soak.soak_cmd)
 app.command("doctor")(doctor.doctor_cmd)
 app.add_typer(autoscale.app, name="autoscale")
 

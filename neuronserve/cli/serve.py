@@ -119,10 +119,16 @@ def triton_cmd(
         inst = triton.start(s.triton_repository, s.triton_run_dir, listen, timeout_s=timeout)
     except triton.ServeError as e:
         fail(str(e), 1)
+    from ..serve import triton_healer as healer
+
     typer.echo("tritonserver is ready:")
     typer.echo(f"  HTTP     {inst.http_url}/v2/models/<model>/infer")
     typer.echo(f"  gRPC     {inst.grpc_url}")
     typer.echo(f"  metrics  {inst.metrics_url}/metrics")
+    typer.echo(
+        f"  healer   reloads a model whose instance dies ({inst.run_dir / healer.LOG_FILE}, "
+        f"state in {inst.run_dir / healer.STATUS_FILE})"
+    )
     typer.echo(
         f"  log in {inst.log}; stop with `neuronserve serve triton --stop"
         + (f" --run-dir {s.triton_run_dir}`" if run_dir else "`")

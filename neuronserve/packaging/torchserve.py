@@ -59,6 +59,9 @@ def model_config(spec: DeploySpec, packaged: PackagedModel) -> dict:
         # A worker that cannot start (no free core group) makes /ping say Unhealthy after
         # this long, instead of TorchServe retrying behind a Healthy /ping forever.
         "maxRetryTimeoutInSec": spec.worker_retry_timeout_s,
+        # bounded: a request beyond the queue is refused (503) at once
+        "jobQueueSize": spec.max_queued,
+        **({"clientTimeoutInMills": spec.queue_timeout_ms} if spec.queue_timeout_ms else {}),
         **packaged.settings.torchserve_section(),
     }
 
@@ -77,7 +80,7 @@ def store_properties(spec: DeploySpec, store: Path) -> dict[str, str]:
         "metrics_config": str(store / METRICS_FILE),
         "disable_token_authorization": str(not spec.token_auth).lower(),
         "default_response_timeout": str(spec.response_timeout_s),
-        "job_queue_size": "1000",
+        "job_queue_size": str(spec.max_queued),
         "install_py_dep_per_model": "false",
         # the spec's body limit, the same as the front's; answers of a full client batch
         # of long vectors as JSON go past TorchServe's 6.5 MB default

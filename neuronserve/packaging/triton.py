@@ -49,6 +49,13 @@ def model_config(spec: DeploySpec, packaged: PackagedModel) -> Any:
         )
     config.dynamic_batching.preferred_batch_size.extend(grid.batch_sizes)
     config.dynamic_batching.max_queue_delay_microseconds = spec.max_batch_delay_ms * 1000
+    # bounded: beyond max_queued (or after queue_timeout_ms waiting) Triton refuses the
+    # request (UNAVAILABLE, HTTP 503) instead of letting latency grow without bound
+    policy = config.dynamic_batching.default_queue_policy
+    policy.max_queue_size = spec.max_queued
+    policy.timeout_action = mc.ModelQueuePolicy.REJECT
+    if spec.queue_timeout_ms:
+        policy.default_timeout_microseconds = spec.queue_timeout_ms * 1000
     config.instance_group.append(
         mc.ModelInstanceGroup(count=packaged.plan.workers, kind=mc.ModelInstanceGroup.KIND_CPU)
     )

@@ -58,6 +58,33 @@ def running_pid(work: Path, engine: str) -> int | None:
     return inst.pid() if inst is not None else None
 
 
+def workers_ready(work: Path, engine: str, name: str) -> tuple[int, int]:
+    """(workers ready, workers expected) of model `name` in the engine started in `work`:
+    TorchServe's READY workers; Triton's live stubs while the model is READY."""
+    inst = running_instance(work, engine)
+    if inst is None:
+        return 0, 1
+    if engine == "torchserve":
+        import requests
+
+        from .torchserve import worker_counts
+
+        try:
+            ready, expected, _ = worker_counts(inst, name)
+        except (requests.RequestException, ValueError):
+            return 0, 1
+        return ready, expected
+    import requests
+
+    count = inst.instances().get(name)
+    expected = count.expected if count else 1
+    try:
+        r = requests.get(f"{inst.http_url}/v2/models/{name}/ready", timeout=5)
+    except requests.RequestException:
+        return 0, expected
+    return (count.alive if r.status_code == 200 and count else 0), expected
+
+
 # the spec fields that shape an engine's workers; everything else (ports, folders) is
 # the engine's own
 ENGINE_FIELDS = (
@@ -69,6 +96,8 @@ ENGINE_FIELDS = (
     "batch_requests",
     "response_timeout_s",
     "worker_retry_timeout_s",
+    "max_queued",
+    "queue_timeout_ms",
     "truncation",
     "max_client_batch",
 )

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -55,6 +56,10 @@ def platform() -> str:
     return name
 
 
+# the queue bounds a container's environment may set (spec fields of the same names)
+_BOUNDS = {"NEURONSERVE_MAX_IN_FLIGHT": "max_in_flight", "NEURONSERVE_MAX_QUEUED": "max_queued"}
+
+
 def sagemaker_spec(work: Path) -> DeploySpec:
     """The deployment spec SageMaker's (or the Kubernetes pod's) environment describes."""
     timeout_s = int(os.environ.get("SAGEMAKER_MODEL_SERVER_TIMEOUT", "60"))
@@ -70,6 +75,11 @@ def sagemaker_spec(work: Path) -> DeploySpec:
             "deadline_s": timeout_s,
             "response_timeout_s": timeout_s,
             "cores_per_worker": int(os.environ.get("NEURONSERVE_CORES_PER_WORKER", "1")),
+            **{
+                field: int(os.environ[var])
+                for var, field in _BOUNDS.items()
+                if os.environ.get(var, "").strip()
+            },
         },
     )
 
@@ -107,15 +117,20 @@ def sagemaker_engine(spec: DeploySpec, work: Path) -> Engine:
 
 def main() -> int:
     configure_logging()
-    work = Path(os.environ.get("NEURONSERVE_WORK_DIR") or tempfile.mkdtemp(prefix="ns-sm-"))
+    given = os.environ.get("NEURONSERVE_WORK_DIR")
+    work = Path(given or tempfile.mkdtemp(prefix="ns-sm-"))
     try:
-        on_sagemaker = platform() == "sagemaker"
-        spec = sagemaker_spec(work)
-        config = FrontConfig.from_spec(spec, sagemaker=on_sagemaker)
-    except Exception as e:  # noqa: BLE001 - a bad setting must end the container, said why
-        log.error("neuronserve: cannot start: %s", " | ".join(str(e).splitlines()))
-        return 1
-    return run(config, lambda: sagemaker_engine(spec, work))
+        try:
+            on_sagemaker = platform() == "sagemaker"
+            spec = sagemaker_spec(work)
+            config = FrontConfig.from_spec(spec, sagemaker=on_sagemaker)
+        except Exception as e:  # noqa: BLE001 - a bad setting must end the container, said why
+            log.error("neuronserve: cannot start: %s", " | ".join(str(e).splitlines()))
+            return 1
+        return run(config, lambda: sagemaker_engine(spec, work))
+    finally:
+        if not given:  # a folder of our own making goes with us (engine logs, unpacked .mar)
+            shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ __all__ = [
     "start",
     "stop",
     "wait_ready",
+    "worker_counts",
     "worker_failures",
 ]
 
@@ -189,14 +190,25 @@ def start(
     return instance
 
 
-def _expected_workers(instance: TorchServeInstance, name: str) -> tuple[int, int, list[str]]:
+def worker_counts(instance: TorchServeInstance, name: str) -> tuple[int, int, list[str]]:
     """(ready, expected, statuses) for one model."""
     workers, expected = [], 1
     for entry in instance.model_status(name):
         workers.extend(entry.get("workers", []))
         expected = max(expected, int(entry.get("minWorkers", 1)))
     statuses = [w.get("status", "?") for w in workers]
-    return statuses.count("READY"), expected, statuses
+    # a worker killed a moment ago is still listed READY until the frontend notices
+    ready = sum(
+        s == "READY" and _alive(w.get("pid")) for s, w in zip(statuses, workers, strict=True)
+    )
+    return ready, expected, statuses
+
+
+def _alive(pid: object) -> bool:
+    try:
+        return psutil.Process(int(str(pid))).status() != psutil.STATUS_ZOMBIE
+    except (ValueError, psutil.Error):
+        return False
 
 
 def worker_failures(log_dir: Path) -> list[str]:
@@ -238,7 +250,7 @@ def wait_ready(
             )
             r.raise_for_status()
             names = [m["modelName"] for m in r.json().get("models", [])]
-            state = {n: _expected_workers(instance, n) for n in names}
+            state = {n: worker_counts(instance, n) for n in names}
         except (requests.RequestException, ValueError, KeyError):
             state = None
         if state:

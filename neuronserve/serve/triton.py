@@ -10,6 +10,7 @@ first on LD_LIBRARY_PATH, its interpreter first on PATH, its packages on PYTHONP
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import secrets
@@ -33,8 +34,13 @@ from .process import (
     record_pid,
     stop_tree,
 )
+from .triton_healer import LOG_FILE as HEALER_LOG
+from .triton_healer import PID_FILE as HEALER_PID
+from .triton_healer import Count, instance_counts, note_leftovers, remove_leftovers, stub_regions
 
 PID_FILE = "tritonserver.pid"
+# the Python backend's environment folder (one per server, at a fixed /tmp path)
+PYTHON_ENVS = "/tmp/python_env_*"
 ENDPOINTS_FILE = "endpoints.json"
 LOG_FILE = "tritonserver.log"
 
@@ -45,6 +51,8 @@ class TritonInstance:
     http_url: str
     grpc_url: str
     metrics_url: str
+    # each model's instance count, from its config.pbtxt when the server was started
+    expected: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def log(self) -> Path:
@@ -52,6 +60,10 @@ class TritonInstance:
 
     def pid(self) -> int | None:
         return _pid(self.run_dir)
+
+    def instances(self) -> dict[str, Count]:
+        """Each model's live instances (stub processes) of how many its config asks for."""
+        return instance_counts(self.pid() or 0, self.expected)
 
 
 def check_glibc(version: str | None = None) -> None:
@@ -149,10 +161,10 @@ def _env() -> dict[str, str]:
     return env
 
 
-# What neither neuronserve nor a client needs: behind a key ("Restricted APIs" in
-# tritonserver --help: --http-restricted-api / --grpc-restricted-protocol). Model control
-# is off already (no --model-control-mode=explicit), so the repository API cannot load
-# or unload, but it lists and reads; with the key required nobody without it can.
+# What no client needs: behind a key ("Restricted APIs" in tritonserver --help:
+# --http-restricted-api / --grpc-restricted-protocol). Model control is explicit, so the
+# repository API can load and unload: only the healer (heal.py), which reads the key
+# from the run directory, and an operator holding it may.
 RESTRICTED = "model-repository,model-config,shared-memory,statistics,trace,logging"
 ADMIN_HEADER = "neuronserve-admin-key"
 ADMIN_KEY_FILE = "admin_key"
@@ -176,6 +188,13 @@ def restricted_api_args(key: str) -> list[str]:
 
 def _pid(run_dir: Path) -> int | None:
     return live_pid(Path(run_dir) / PID_FILE)
+
+
+def instance_count(model_dir: Path) -> int:
+    from ..packaging.triton import CONFIG, read_config
+
+    config = read_config(Path(model_dir) / CONFIG)
+    return sum(max(g.count, 1) for g in config.instance_group) or 1
 
 
 def models_in(repository: Path) -> list[str]:
@@ -203,13 +222,14 @@ class Listen:
         ]
         return out
 
-    def instance(self, run_dir: Path) -> TritonInstance:
+    def instance(self, run_dir: Path, expected: dict[str, int]) -> TritonInstance:
         a = self.address
         return TritonInstance(
             run_dir,
             f"http://{a}:{self.http_port}",
             f"{a}:{self.grpc_port}",
             f"http://{a}:{self.metrics_port}",
+            expected,
         )
 
 
@@ -237,11 +257,16 @@ def start(
         check_glibc()
     private_dir(run_dir)
     models = models_in(repository)
+    envs_before = set(glob.glob(PYTHON_ENVS))
     cmd = [
         str(binary),
         f"--model-repository={repository}",
         *listen.args(),
         *restricted_api_args(admin_key(run_dir)),
+        # explicit: the healer reloads a model whose stub died (Triton's Python backend
+        # never replaces one, and keeps sending it every other batch)
+        "--model-control-mode=explicit",
+        *(f"--load-model={m}" for m in models),
         "--allow-metrics=true",
         "--allow-cpu-metrics=true",
         "--allow-gpu-metrics=false",
@@ -258,15 +283,30 @@ def start(
             cmd, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     record_pid(run_dir / PID_FILE, proc.pid)
-    inst = listen.instance(run_dir)
+    inst = listen.instance(run_dir, {m: instance_count(repository / m) for m in models})
     endpoints = {k: v for k, v in dataclasses.asdict(inst).items() if k != "run_dir"}
     (run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints))
     try:
         wait_ready(inst, models, timeout_s=timeout_s, log=log)
+        note_leftovers(
+            run_dir, stub_regions(proc.pid) | (set(glob.glob(PYTHON_ENVS)) - envs_before)
+        )
+        _start_healer(run_dir)
     except BaseException:
         stop(run_dir, log=lambda *_: None)
         raise
     return inst
+
+
+def _start_healer(run_dir: Path) -> None:
+    with private_file(run_dir / HEALER_LOG) as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "neuronserve.serve.triton_healer", str(run_dir)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    record_pid(run_dir / HEALER_PID, proc.pid)
 
 
 def _log_errors(path: Path) -> str:
@@ -288,6 +328,7 @@ def wait_ready(
                 f"tritonserver exited during start; from {inst.log}:\n  " + _log_errors(inst.log)
             )
         ready = []
+        counts = inst.instances()
         for m in models:
             try:
                 # Connection: close, so no idle keep-alive of ours is left for tritonserver
@@ -297,7 +338,8 @@ def wait_ready(
                     timeout=5,
                     headers={"Connection": "close"},
                 )
-                ready.append(r.status_code == 200)
+                # READY before every stub is up is Triton's word, not the truth
+                ready.append(r.status_code == 200 and counts[m].whole)
             except requests.RequestException:
                 ready.append(False)
         summary = ", ".join(
@@ -329,8 +371,17 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
         log(f"no tritonserver is running from {run_dir}")
         return False
     log(f"stopping tritonserver (pid {pid}) ...")
+    # the healer first, so it does not take the unloading models for dead ones
+    healer = live_pid(run_dir / HEALER_PID)
+    if healer is not None:
+        stop_tree(healer, lambda: os.kill(healer, signal.SIGTERM), 10)
+    forget_pid(run_dir / HEALER_PID)
     # Triton unloads its models and stops its stubs itself on SIGTERM
     stubs = stop_tree(pid, lambda: os.kill(pid, signal.SIGTERM), timeout_s)
     forget_pid(run_dir / PID_FILE)
-    log(f"tritonserver stopped ({stubs} stub process(es) with it)")
+    removed = remove_leftovers(run_dir)
+    log(
+        f"tritonserver stopped ({stubs} stub process(es) with it"
+        + (f"; removed {len(removed)} file(s) its killed processes left)" if removed else ")")
+    )
     return True

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import os
+import signal
 import stat
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +24,7 @@ from helpers import free_port, run_cli, tiny_bert_classifier, write_spec
 from neuronserve.serve.engine import running_instance
 from neuronserve.serve.front import schemas
 from neuronserve.serve.front.server import ENGINE_DIR
+from neuronserve.serve.triton_healer import live_stubs
 
 pytestmark = pytest.mark.server
 
@@ -260,3 +264,35 @@ def test_health_and_the_engines_metrics(front):
     text = front.get("/metrics").text
     assert "nv_inference_request_success" in text
     assert 'neuronserve_front_requests_total{route="/rerank",status="200"}' in text
+
+
+def test_a_killed_stub_is_healed_and_health_says_so_meanwhile(front):
+    """Last in this module: kill one instance's stub; /health leaves ok, requests get
+    200 or 503 with Retry-After (never Triton's 500), and the healer reloads the model:
+    /health ok again and 20 of 20 sequential requests within 60 s of the kill."""
+    engine = running_instance(front.work / "front" / ENGINE_DIR, "triton")
+    before = engine.instances()["reranker"]
+    assert (before.alive, before.expected) == (2, 2)
+    stub = next(p for p in live_stubs(engine.pid())["reranker"])
+    killed = time.monotonic()
+    stub.send_signal(signal.SIGKILL)
+    seen_health, statuses = set(), []
+    while time.monotonic() - killed < 60:
+        health = front.get("/health", key=False)
+        seen_health.add((health.status_code, health.json()["status"]))
+        r = front.post("/predict", {"inputs": "still there?"})
+        statuses.append(r.status_code)
+        if r.status_code == 503:
+            assert r.headers["Retry-After"]
+        if health.status_code == 200 and len(seen_health) > 1:
+            break
+        time.sleep(0.2)
+    assert {s for s, _ in seen_health} == {200, 503}, seen_health
+    assert seen_health & {(503, "degraded"), (503, "unhealthy")}
+    assert set(statuses) <= {200, 503}, statuses
+    sequential = [front.post("/predict", {"inputs": f"text {i}"}).status_code for i in range(20)]
+    assert sequential == [200] * 20 and time.monotonic() - killed < 60
+    state = json.loads((engine.run_dir / "instances.json").read_text())["reranker"]
+    assert state["reloads"] == 1 and state["state"] == "serving" and state["alive"] == 2
+    assert "reranker reloaded" in (engine.run_dir / "healer.log").read_text()
+    assert stub.pid not in [p.pid for p in live_stubs(engine.pid())["reranker"]]

@@ -222,8 +222,9 @@ def test_sagemaker_listener_is_refused_for_the_front(server):
 
 
 def test_repository_and_config_apis_need_the_admin_key(server):
-    """Model control is off, but the repository and config APIs still answered anyone;
-    now they need the key neuronserve wrote (0600) into the run directory."""
+    """Model control is explicit (the healer reloads a model whose stub died), so the
+    repository API can load and unload: it and the config API need the key neuronserve
+    wrote (0600) into the run directory; without it an unload is refused."""
     import stat
 
     base = server.http_url
@@ -231,6 +232,9 @@ def test_repository_and_config_apis_need_the_admin_key(server):
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     key = key_file.read_text().strip()
     assert requests.post(f"{base}/v2/repository/index", timeout=10).status_code == 403
+    unload = f"{base}/v2/repository/models/{MODEL}/unload"
+    assert requests.post(unload, timeout=10).status_code == 403
+    assert requests.get(f"{base}/v2/models/{MODEL}/ready", timeout=10).status_code == 200
     assert requests.get(f"{base}/v2/models/{MODEL}/config", timeout=10).status_code == 403
     r = requests.post(
         f"{base}/v2/repository/index", headers={"neuronserve-admin-key": key}, timeout=10

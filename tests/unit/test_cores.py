@@ -1,10 +1,14 @@
 """Core leases across real processes: distinct groups, a clear error when none is
-free, and a group freed by a killed process is leased again."""
+free, a group freed by a killed process is leased again, and a replacement waits for a
+group still held by a dead worker's child instead of failing."""
 
 import contextlib
 import multiprocessing as mp
 import os
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -89,6 +93,44 @@ def test_killed_holder_frees_its_group(tmp_path):
         assert rc[0] == "ok" and rc[2] == ra[2]  # the replacement gets the freed group
     finally:
         _release(procs)
+
+
+def test_a_replacement_waits_for_a_group_whose_holder_died(tmp_path):
+    groups = cores.plan_groups([0], 1)
+    dead = subprocess.Popen(["true"])  # a process that has exited: its pid names nobody
+    dead.wait()
+    # the lock still held after its recorded holder died (a child of a killed worker
+    # keeping the descriptor while it exits): held here for 1.5 s by another process
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "os.ftruncate(fd, 0); os.write(fd, ('{\"pid\": %s}' % sys.argv[2]).encode())\n"
+            "print('held', flush=True); time.sleep(1.5)\n",
+            str(tmp_path / "cpu-core-0.lock"),
+            str(dead.pid),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "held"
+    t0 = time.monotonic()
+    with cores.acquire(groups, "cpu", directory=tmp_path):
+        waited = time.monotonic() - t0
+    holder.wait(10)
+    assert 0.5 < waited < cores.RELEASE_WAIT_S  # waited for the release instead of failing
+
+
+def test_a_live_holder_fails_the_next_worker_at_once(tmp_path):
+    groups = cores.plan_groups([0], 1)
+    with cores.acquire(groups, "cpu", directory=tmp_path):
+        t0 = time.monotonic()
+        with pytest.raises(cores.NoFreeCoreGroup):
+            cores.acquire(groups, "cpu", directory=tmp_path)
+        assert time.monotonic() - t0 < 1  # its holder lives: nothing to wait for
 
 
 def test_overlapping_plans_do_not_share_cores(tmp_path):

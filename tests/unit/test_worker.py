@@ -37,6 +37,24 @@ def test_settings_round_trip_through_both_engines_formats(tmp_path, minilm_artif
         assert settings.truncation is False and settings.neuron_cores == 3
 
 
+def test_both_engines_bound_their_queues_from_the_same_fields(minilm_artifact):
+    from neuronserve.packaging.model import prepare
+    from neuronserve.packaging.torchserve import model_config, store_properties
+    from neuronserve.packaging.triton import model_config as triton_config
+    from neuronserve.spec import load_spec
+
+    spec = load_spec(None, {"max_queued": 7, "queue_timeout_ms": 250})
+    packaged = prepare(minilm_artifact, spec)
+    torchserve = model_config(spec, packaged)
+    assert torchserve["jobQueueSize"] == 7 and torchserve["clientTimeoutInMills"] == 250
+    assert store_properties(spec, minilm_artifact)["job_queue_size"] == "7"
+    policy = triton_config(spec, packaged).dynamic_batching.default_queue_policy
+    assert policy.max_queue_size == 7 and policy.default_timeout_microseconds == 250_000
+    assert policy.timeout_action == policy.REJECT
+    unbounded_wait = load_spec(None, {})
+    assert "clientTimeoutInMills" not in model_config(unbounded_wait, packaged)
+
+
 def test_start_worker_leases_pins_and_loads(tmp_path, minilm_artifact, monkeypatch):
     import os
     import shutil

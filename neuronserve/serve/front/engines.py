@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 
 from ...tasks import RequestError, decode_payload
+from ...tasks.base import RequestLimits
 
 if TYPE_CHECKING:
     from ...tasks import TaskRequest
@@ -38,6 +39,11 @@ _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5)
 # aiohttp offers gzip by default, and Triton then compresses every answer for a client on
 # the same host, costing CPU on both sides of a loopback connection
 _PLAIN = {"Accept-Encoding": "identity"}
+
+
+# what Triton answers while an instance is dead (the Python backend's words) or while
+# the healer reloads its model: the front says 503 and Retry-After, not the engine's 500
+_RECOVERING = ("is not healthy", "Request for unknown model", "is not ready")
 
 
 class EngineUnavailable(RuntimeError):
@@ -176,6 +182,8 @@ class TritonClient(EngineClient):
         self._aux = aiohttp.ClientSession(timeout=_PROBE_TIMEOUT)
         self._metrics_url = f"{inst.metrics_url}/metrics"
         self._model, self._instances, self._task = engine.name, engine.plan.workers, task
+        self._counts = inst.instances
+        self._limits = RequestLimits(chars=engine.spec.max_text_chars)
         self._info = {"labels": manifest.labels}
         self._max_batch = manifest.grid.max_batch
         # the first tensor of a task holds the model's raw output rows
@@ -183,6 +191,11 @@ class TritonClient(EngineClient):
 
     async def predict(self, inputs: Any, parameters: dict[str, Any]) -> Prediction:
         request = self._task.parse(inputs, parameters)
+        # refused here, as the instances would: an over-long text is the sender's error
+        # even while an instance is being replaced
+        too_long = self._limits.check(request)
+        if too_long is not None:
+            raise too_long
         rows = await self._rows(request)
         return Prediction(value=self._task.respond(rows, request, self._info))
 
@@ -234,7 +247,10 @@ class TritonClient(EngineClient):
                 headers=_PLAIN,
             )
         except InferenceServerException as e:
-            raise RequestError.from_engine(e.message() or "", int(e.status() or 500)) from None
+            message = e.message() or ""
+            if any(m in message for m in _RECOVERING):
+                raise EngineUnavailable(f"Triton is replacing an instance: {message}") from None
+            raise RequestError.from_engine(message, int(e.status() or 500)) from None
         except (aiohttp.ClientError, OSError) as e:
             raise EngineUnavailable(f"Triton did not answer: {e}") from None
         return result.as_numpy(self._output)
@@ -254,7 +270,10 @@ class TritonClient(EngineClient):
             ready = await self._client.is_model_ready(self._model)
         except (InferenceServerException, aiohttp.ClientError, OSError, asyncio.TimeoutError):
             ready = False
-        return Health(self._instances if ready else 0, self._instances)
+        # Triton says READY while a dead stub still gets every other batch: the live
+        # stubs are the truth (the healer reloads the model when one is missing)
+        count = (await asyncio.to_thread(self._counts)).get(self._model) if ready else None
+        return Health(count.alive if count else 0, self._instances)
 
     async def metrics(self) -> str:
         return await _text(self._aux, self._metrics_url)

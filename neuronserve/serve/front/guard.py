@@ -1,6 +1,7 @@
 """The front's outermost layer, as plain ASGI (Starlette's BaseHTTPMiddleware costs more
 per request than this whole layer): every request gets an id, the key check, a place
-under the in-flight bound, the body limit and a deadline, and is counted in the metrics.
+under the in-flight bound, the body limit and a deadline (the spec's deadline_s, or the
+client's X-Request-Timeout in seconds when that is sooner), and is counted in the metrics.
 
 Order matters and is cheapest first: a request without a valid key is refused (401)
 before anything is read; one over the in-flight bound (429, Retry-After) before its
@@ -166,6 +167,12 @@ class Guard:
         if length is not None and length.isdigit() and int(length) > limit:
             await call.reply(413, too_large)
             return
+        deadline = _deadline(call, self.config.deadline_s)
+        if deadline is None:
+            await call.reply(
+                400, "X-Request-Timeout must be a positive number of seconds, e.g. 2.5"
+            )
+            return
         task = asyncio.current_task()
         assert task is not None
         expired = False
@@ -175,7 +182,7 @@ class Guard:
             expired = True
             task.cancel()
 
-        timer = asyncio.get_running_loop().call_later(self.config.deadline_s, expire)
+        timer = asyncio.get_running_loop().call_later(deadline, expire)
         try:
             body = await _read_body(call.receive, limit)
             await self._dispatch(call.scope, _replay(body, call.receive), call.send)
@@ -189,9 +196,23 @@ class Guard:
             if sys.version_info >= (3, 11):
                 task.uncancel()
             if not call.started:
-                await call.reply(504, f"no answer within {self.config.deadline_s:g} s (deadline_s)")
+                why = "X-Request-Timeout" if deadline < self.config.deadline_s else "deadline_s"
+                await call.reply(504, f"no answer within {deadline:g} s ({why})")
         finally:
             timer.cancel()
+
+
+def _deadline(call: _Call, server_s: float) -> float | None:
+    """The client's X-Request-Timeout when sooner than the server's deadline (never
+    later); None when the header is not a positive number of seconds."""
+    asked = call.headers.get(b"x-request-timeout")
+    if asked is None:
+        return server_s
+    try:
+        seconds = float(asked)
+    except ValueError:
+        return None
+    return min(server_s, seconds) if 0 < seconds < float("inf") else None
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes:

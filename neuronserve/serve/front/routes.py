@@ -69,7 +69,9 @@ def guarded(family: Family, fn: Handler) -> Handler:
         try:
             return await fn(request)
         except RequestError as e:
-            return error_response(family, e.status, e.message)
+            # the engine's queue is full (or a request waited past its queue timeout)
+            busy = {"Retry-After": RETRY_AFTER_S} if e.status in (429, 503) else None
+            return error_response(family, e.status, e.message, busy)
         except NotReady:
             return error_response(
                 family, 503, "the model is still loading", {"Retry-After": RETRY_AFTER_S}
@@ -230,7 +232,8 @@ class Api:
             return 503, {"status": "loading", "workers_ready": 0, "workers_expected": 0}
         h = await self.serving.health()
         body = {
-            "status": "ok" if h.ok else "unhealthy",
+            # degraded: some workers down (one that died, being replaced)
+            "status": "ok" if h.ok else ("degraded" if h.ready else "unhealthy"),
             "workers_ready": h.ready,
             "workers_expected": h.expected,
         }

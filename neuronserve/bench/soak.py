@@ -1,0 +1,646 @@
+"""neuronserve soak: a long mixed run against one served model, with a fault in the
+middle, and what it left behind.
+
+`requests` requests at `concurrency`, a `malformed` share of them broken on purpose
+(not JSON, wrong types, empty inputs, over-long texts, non-UTF-8 bytes), the rest valid
+bodies of one to three texts whose answers are checked against the Runner on the same
+artifact in this process. At `kill_at` of the way through, one worker (a TorchServe
+worker, a Triton stub) is sent SIGKILL. Reported:
+
+- answered (200 and equal to the Runner's answer), wrong (200 but not equal),
+  unavailable (503 or 429 with Retry-After: refused; the client waits as told, at most
+  5 s, before its next request, as a well-behaved client does),
+  failed (any other status, a dropped connection, a timeout);
+- malformed answered 4xx, and malformed answered otherwise (a defect);
+- recovery: seconds from the kill until the workers are whole again, and until a probe
+  beside the load (started at the kill) has had 20 valid requests in a row succeed,
+  one at a time (given up 60 s after the kill);
+- worker memory (RSS), sampled every second: each worker's first sample once it has
+  served (10% of the requests done, or 5 s after it appeared, for a replacement) and its
+  last; growth is judged on workers sampled over at least a third of the run;
+- after stop: processes of the run still alive, core leases still held, temporary
+  files left (in /tmp, /dev/shm).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import psutil
+
+from ..serve.triton_healer import STUB
+
+# a worker process of either engine: TorchServe's Python worker, Triton's stub
+_WORKER_MARKS = ("model_service_worker", STUB)
+SEQUENTIAL = 20
+RETRY_CAP_S = 5.0
+# a worker whose memory grows more than this after warm-up is leaking
+MAX_GROWTH_PCT = 10.0
+RECOVERY_LIMIT_S = 60.0
+# texts of every kind a client sends: short, long, unicode, emoji, one character
+TEXTS = [
+    "hello",
+    "a",
+    "The quick brown fox jumps over the lazy dog.",
+    "Serving encoders with one pinned worker per core keeps latency flat under load.",
+    "naïve café déjà vu — Zürich, São Paulo, Kraków",
+    "東京は日本の首都です。",
+    "emoji 🚀🔥✨ in the middle 👩‍💻 of text",
+    "x " * 40,
+    "Inferentia and Trainium run compiled graphs; a bucket grid keeps padding small. " * 3,
+    "Why is the sky blue? Rayleigh scattering of sunlight by the molecules of the air.",
+]
+
+
+@dataclass(frozen=True)
+class SoakOptions:
+    requests: int = 4000
+    concurrency: int = 32
+    malformed: float = 0.2
+    # fraction of the requests after which one worker is killed; None: no kill
+    kill_at: float | None = 0.4
+    seed: int = 0
+    timeout_s: float = 120.0
+    layout: str = "throughput"
+
+
+@dataclass
+class SoakReport:
+    target: str
+    requests: int
+    concurrency: int
+    valid: int = 0
+    answered: int = 0
+    wrong: int = 0
+    unavailable: int = 0
+    failed: int = 0
+    # requests on their way when the worker was killed and not answered: lost with it
+    lost_at_kill: int = 0
+    malformed: int = 0
+    malformed_4xx: int = 0
+    malformed_not_4xx: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    samples: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    p50_ms: float = 0.0
+    p99_ms: float = 0.0
+    killed_pid: int | None = None
+    # when, in Unix time (to line the engine's own logs up with it)
+    killed_at: float | None = None
+    recovered_s: float | None = None
+    sequential_ok_s: float | None = None
+    sequential: str = ""
+    memory_mb_warm: dict[str, float] = field(default_factory=dict)
+    memory_mb_end: dict[str, float] = field(default_factory=dict)
+    memory_growth_pct: float | None = None
+    left_processes: list[int] = field(default_factory=list)
+    left_leases: list[str] = field(default_factory=list)
+    left_temp: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def defects(self) -> list[str]:
+        """What should not have happened. Requests in flight when the worker was killed
+        may be lost with it (at most one per client); nothing else may fail."""
+        out = []
+        if self.wrong:
+            out.append(f"{self.wrong} answer(s) differ from the Runner's")
+        if self.malformed_not_4xx:
+            out.append(f"{self.malformed_not_4xx} malformed request(s) not answered 4xx")
+        if self.failed:
+            out.append(f"{self.failed} valid request(s) failed")
+        if self.lost_at_kill > self.concurrency:
+            out.append(f"{self.lost_at_kill} requests lost at the kill, more than were in flight")
+        if self.killed_pid is not None and self.sequential_ok_s is None:
+            out.append(f"only {self.sequential} sequential requests right within 60 s of the kill")
+        if self.memory_growth_pct is not None and self.memory_growth_pct > MAX_GROWTH_PCT:
+            out.append(f"a worker's memory grew {self.memory_growth_pct}% after warm-up")
+        if self.left_processes or self.left_leases or self.left_temp:
+            out.append("the stop left something behind")
+        return out
+
+
+@dataclass
+class Target:
+    """Where soak sends requests, and what it knows of the processes behind it.
+
+    `protocol` is "native" (`{"inputs", "parameters"}` JSON and the task's JSON answer:
+    TorchServe's /predictions, the front's and SageMaker's /invocations) or "triton"
+    (KServe v2 JSON on TEXT, answered by the task's first output tensor `output`)."""
+
+    label: str
+    url: str
+    protocol: str = "native"
+    roots: Callable[[], list[int]] = list
+    workers_ready: Callable[[], tuple[int, int]] | None = None
+    output: str = ""
+
+    def __post_init__(self) -> None:
+        if self.protocol not in ("native", "triton"):
+            raise ValueError(f"protocol {self.protocol!r}: native or triton")
+
+    def workers(self) -> list[psutil.Process]:
+        """The live worker processes under the target's root processes."""
+        out: dict[int, psutil.Process] = {}
+        for pid in self.roots():
+            try:
+                children = psutil.Process(pid).children(recursive=True)
+            except psutil.Error:
+                continue
+            for p in children:
+                try:
+                    if p.status() == psutil.STATUS_ZOMBIE:
+                        continue
+                    cmd = " ".join(p.cmdline()[:3])
+                except psutil.Error:
+                    continue
+                if any(m in cmd for m in _WORKER_MARKS):
+                    out[p.pid] = p
+        return [out[k] for k in sorted(out)]
+
+    def body(self, texts: list[str]) -> bytes:
+        if self.protocol == "native":
+            return json.dumps({"inputs": texts}).encode()
+        return json.dumps(
+            {
+                "inputs": [
+                    {"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}
+                ]
+            }
+        ).encode()
+
+    def malformed_bodies(self, max_text_chars: int) -> list[bytes]:
+        """Bodies every server must refuse with a 4xx. Triton's own HTTP server answers
+        JSON it cannot parse with 500 (and an empty body with an answer): that is its
+        code, not neuronserve's, so KServe v2 bodies here are ones that parse."""
+        if self.protocol == "triton":
+            tensor = '{"inputs": [{"name": "%s", "shape": %s, "datatype": "%s", "data": %s}]}'
+            return [
+                b'{"inputs": []}',
+                (tensor % ("TEXT", "[1, 1]", "FP32", "[1.0]")).encode(),
+                (tensor % ("NOPE", "[1, 1]", "BYTES", '["a"]')).encode(),
+                (tensor % ("TEXT", "[2, 1]", "BYTES", '["a"]')).encode(),
+            ]
+        return [
+            b"{not json",
+            b"\xff\xfe\x00 not utf-8",
+            b"[1, 2",
+            b"",
+            b'{"inputs": 5}',
+            b'{"inputs": []}',
+            b'{"inputs": [1, 2]}',
+            b'{"inputs": {"a": "b"}}',
+            b'{"inputs": "x", "parameters": {"truncate": "yes"}}',
+            json.dumps({"inputs": "y" * (max_text_chars + 1)}).encode(),
+            b'{"inputs": ' + b"[" * 200 + b"]" * 200 + b"}",
+        ]
+
+
+class Checker:
+    """The Runner's answer for each valid body, computed once in this process; a served
+    answer must equal it (labels and strings exactly, numbers within `atol`)."""
+
+    def __init__(self, artifact: Path, target: Target):
+        from ..runtime import Runner
+
+        self.runner = Runner(artifact)
+        self.target = target
+        self.atol = 1e-3 if self.runner.manifest.precision == "fp32" else 2e-2
+        self.expected: dict[bytes, Any] = {}
+        self.texts: dict[bytes, list[str]] = {}
+
+    def add(self, texts: list[str]) -> bytes:
+        body = self.target.body(texts)
+        if body not in self.expected:
+            native = json.dumps({"inputs": texts}).encode()
+            answer = self.runner.responses_for_bodies([(native, "application/json")])[0]
+            self.expected[body], self.texts[body] = answer, texts
+        return body
+
+    def served(self, body: bytes, data: bytes) -> Any:
+        answer = json.loads(data)
+        if self.target.protocol == "native":
+            return answer
+        # KServe v2: the task's first output tensor holds the model's rows; the task
+        # turns them into the same JSON the native answer is
+        from ..tasks import get_task
+
+        out = next(o for o in answer["outputs"] if o["name"] == self.target.output)
+        rows = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
+        task = get_task(self.runner.manifest.task)
+        request = task.parse(self.texts[body], {})
+        return task.respond(rows, request, self.runner.info)
+
+    def right(self, body: bytes, data: bytes) -> bool:
+        try:
+            return _close(self.served(body, data), self.expected[body], self.atol)
+        except (ValueError, KeyError, StopIteration, TypeError):
+            return False
+
+
+def _close(a: Any, b: Any, atol: float) -> bool:
+    if isinstance(b, np.ndarray):
+        b = b.tolist()
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k], atol) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_close(x, y, atol) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(float(a) - float(b)) <= atol
+    return bool(a == b)
+
+
+async def _honour_retry_after(answer: tuple[int, bytes, Any]) -> None:
+    """Wait as a well-behaved client would before its next request after a 503 or 429
+    with Retry-After (at most RETRY_CAP_S): without it, the clients of a closed loop
+    spin through the whole run in fast refusals while a worker is being replaced."""
+    status, _, headers = answer
+    if status in (429, 503):
+        try:
+            wait = float(headers.get("Retry-After", 0))
+        except ValueError:
+            wait = 0.0
+        await asyncio.sleep(min(max(wait, 0.0), RETRY_CAP_S))
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def memory_mb(workers: list[psutil.Process]) -> dict[str, float]:
+    out = {}
+    for p in workers:
+        with contextlib.suppress(psutil.Error):
+            out[str(p.pid)] = round(p.memory_info().rss / 2**20, 1)
+    return out
+
+
+def held_leases(directory: Path | None) -> list[str]:
+    """Lease files in `directory` that some process still holds."""
+    import fcntl
+
+    held: list[str] = []
+    if directory is None or not directory.is_dir():
+        return held
+    for path in sorted(directory.glob("*.lock")):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held.append(path.name)
+        finally:
+            os.close(fd)
+    return held
+
+
+def temp_entries() -> set[str]:
+    """What is in the temporary folders workers and stubs write to."""
+    out = set()
+    for d in {tempfile.gettempdir(), "/dev/shm"}:
+        with contextlib.suppress(OSError):
+            out |= {os.path.join(d, n) for n in os.listdir(d)}
+    return out
+
+
+class _Run:
+    def __init__(self, options: SoakOptions, target: Target, checker: Checker, max_chars: int):
+        self.o, self.target, self.checker = options, target, checker
+        rng = random.Random(options.seed)
+        valid = [checker.add(rng.sample(TEXTS, rng.randint(1, 3))) for _ in range(4 * len(TEXTS))]
+        bad = target.malformed_bodies(max_chars)
+        self.plan = [
+            (True, rng.choice(bad))
+            if rng.random() < options.malformed
+            else (False, rng.choice(valid))
+            for _ in range(options.requests)
+        ]
+        self.valid_bodies = valid
+        self.report = SoakReport(target.label, options.requests, options.concurrency)
+        self.latencies: list[float] = []
+        self.statuses: Counter[str] = Counter()
+        self.next = 0
+        self.kill_time: float | None = None
+        self.victim: psutil.Process | None = None
+        self.warm = False
+        # pid -> (first seen, first warm sample time, first MiB, last MiB)
+        self.memory: dict[str, list[float]] = {}
+
+    def record(
+        self, malformed: bool, body: bytes, answer: tuple[int, bytes, Any], t0: float
+    ) -> None:
+        r = self.report
+        status, data, headers = answer
+        self.statuses[str(status)] += 1
+        killed = self.kill_time
+        if killed is not None and t0 < killed and (status == 0 or status >= 500):
+            r.lost_at_kill += 1
+            return
+        if malformed:
+            r.malformed += 1
+            if 400 <= status < 500:
+                r.malformed_4xx += 1
+            else:
+                r.malformed_not_4xx += 1
+                self._sample(f"malformed {body[:60]!r} answered {status}: {data[:200]!r}")
+            return
+        r.valid += 1
+        if status == 200:
+            if self.checker.right(body, data):
+                r.answered += 1
+            else:
+                r.wrong += 1
+                self._sample(f"wrong answer for {body[:80]!r}: {data[:200]!r}")
+        elif status in (429, 503) and headers.get("Retry-After"):
+            r.unavailable += 1
+        else:
+            r.failed += 1
+            self._sample(f"valid request answered {status}: {data[:200]!r}")
+
+    def _sample(self, text: str) -> None:
+        if len(self.report.samples) < 12:
+            self.report.samples.append(text)
+
+    async def send(self, session: aiohttp.ClientSession, body: bytes) -> tuple[int, bytes, Any]:
+        try:
+            async with session.post(
+                self.target.url, data=body, headers={"Content-Type": "application/json"}
+            ) as resp:
+                return resp.status, await resp.read(), resp.headers
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
+            return 0, f"{type(e).__name__}: {e}".encode(), {}
+
+    async def client(self, session: aiohttp.ClientSession) -> None:
+        while self.next < len(self.plan):
+            i = self.next
+            self.next += 1
+            if i == int(len(self.plan) * 0.1):
+                self.warm = True
+            if self.o.kill_at is not None and i == int(len(self.plan) * self.o.kill_at):
+                self.kill()
+            malformed, body = self.plan[i]
+            t0 = time.monotonic()
+            answer = await self.send(session, body)
+            if answer[0] == 200:
+                self.latencies.append((time.monotonic() - t0) * 1000)
+            self.record(malformed, body, answer, t0)
+            await _honour_retry_after(answer)
+
+    def kill(self) -> None:
+        workers = self.target.workers()
+        if not workers:
+            self._sample("no worker process found to kill")
+            return
+        victim = workers[0]
+        with contextlib.suppress(psutil.Error):
+            victim.send_signal(signal.SIGKILL)
+            self.victim, self.report.killed_pid = victim, victim.pid
+            self.kill_time, self.report.killed_at = time.monotonic(), round(time.time(), 3)
+
+    async def sample_memory(self) -> None:
+        seen: dict[str, float] = {}
+        while True:
+            now = time.monotonic()
+            try:
+                sampled = await asyncio.to_thread(lambda: memory_mb(self.target.workers()))
+            except Exception as e:  # noqa: BLE001 - a failed sample is reported, not fatal
+                self._sample(f"memory sample failed: {type(e).__name__}: {e}")
+                sampled = {}
+            for pid, mib in sampled.items():
+                first = seen.setdefault(pid, now)
+                if pid in self.memory:
+                    self.memory[pid][3] = mib
+                elif self.warm and now - first >= 5:
+                    self.memory[pid] = [first, now, mib, mib]
+            await asyncio.sleep(1.0)
+
+    def memory_report(self, wall_s: float) -> None:
+        r, now = self.report, time.monotonic()
+        r.memory_mb_warm = {pid: m[2] for pid, m in self.memory.items()}
+        r.memory_mb_end = {pid: m[3] for pid, m in self.memory.items()}
+        judged = [m for m in self.memory.values() if now - m[1] >= wall_s / 3]
+        if judged:
+            r.memory_growth_pct = round(max(100 * (m[3] / m[2] - 1) for m in judged), 1)
+
+    async def watch_recovery(self) -> None:
+        """Seconds from the kill until the engine says every worker is ready again, and
+        a probe of its own beside the load: 20 valid requests in a row, one at a time."""
+        while self.kill_time is None:
+            await asyncio.sleep(0.05)
+        probe = asyncio.create_task(self.sequential())
+        ready, victim = self.target.workers_ready, self.victim
+        if ready is not None and victim is not None:
+            # first dead, then replaced: read in the other order, a worker still dying
+            # would count as ready
+            while _alive(victim) and time.monotonic() - self.kill_time < RECOVERY_LIMIT_S:
+                await asyncio.sleep(0.05)  # (Triton leaves a dead stub a zombie: not waited)
+            while time.monotonic() - self.kill_time < RECOVERY_LIMIT_S:
+                n, want = await asyncio.to_thread(ready)
+                if n >= want:
+                    self.report.recovered_s = round(time.monotonic() - self.kill_time, 2)
+                    break
+                await asyncio.sleep(0.2)
+        await probe
+
+    async def sequential(self) -> None:
+        """20 valid requests in a row, one at a time, all right; after a kill, how long
+        after it (given up 60 s after it), else at the end of the run."""
+        start = self.kill_time or time.monotonic()
+        streak, tried = 0, 0
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+            while time.monotonic() - start < RECOVERY_LIMIT_S and streak < SEQUENTIAL:
+                body = self.valid_bodies[tried % len(self.valid_bodies)]
+                tried += 1
+                status, data, _ = await self.send(session, body)
+                if status == 200 and self.checker.right(body, data):
+                    streak += 1
+                else:
+                    streak = 0
+                    await asyncio.sleep(0.1)
+        self.report.sequential = f"{streak}/{SEQUENTIAL}"
+        if streak == SEQUENTIAL:
+            self.report.sequential_ok_s = round(time.monotonic() - start, 2)
+
+    async def run(self) -> SoakReport:
+        timeout = aiohttp.ClientTimeout(total=self.o.timeout_s)
+        connector = aiohttp.TCPConnector(limit=self.o.concurrency)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            watch = asyncio.create_task(self.watch_recovery())
+            sampler = asyncio.create_task(self.sample_memory())
+            t0 = time.monotonic()
+            await asyncio.gather(*(self.client(session) for _ in range(self.o.concurrency)))
+            self.report.wall_s = round(time.monotonic() - t0, 2)
+            sampler.cancel()
+            self.memory_report(self.report.wall_s)
+            if self.kill_time is not None:
+                await watch
+            else:
+                watch.cancel()
+                await self.sequential()
+        r = self.report
+        r.statuses = dict(sorted(self.statuses.items()))
+        if self.latencies:
+            r.p50_ms = round(float(np.percentile(self.latencies, 50)), 2)
+            r.p99_ms = round(float(np.percentile(self.latencies, 99)), 2)
+        return r
+
+
+def run_soak(
+    options: SoakOptions, target: Target, artifact: Path, max_text_chars: int = 100_000
+) -> SoakReport:
+    """Drive `target` (already serving `artifact`) with the soak mix."""
+    checker = Checker(artifact, target)
+    return asyncio.run(_Run(options, target, checker, max_text_chars).run())
+
+
+def after_stop(
+    report: SoakReport, pids: set[int], lease_dir: Path | None, temp_before: set[str]
+) -> None:
+    """What the run left behind once its servers were stopped."""
+    alive = []
+    for pid in sorted(pids):
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+    report.left_processes = alive
+    report.left_leases = held_leases(lease_dir)
+    report.left_temp = sorted(temp_entries() - temp_before)
+
+
+def format_report(r: SoakReport) -> str:
+    lines = [
+        f"soak of {r.target}: {r.requests} requests at concurrency {r.concurrency} "
+        f"in {r.wall_s:.1f}s (p50 {r.p50_ms} ms, p99 {r.p99_ms} ms of the answered)",
+        f"  valid      {r.valid}: answered right {r.answered}, wrong {r.wrong}, "
+        f"unavailable (503/429 + Retry-After) {r.unavailable}, failed {r.failed}; "
+        f"lost in flight at the kill {r.lost_at_kill}",
+        f"  malformed  {r.malformed}: 4xx {r.malformed_4xx}, not 4xx {r.malformed_not_4xx}",
+        f"  statuses   {r.statuses}",
+    ]
+    if r.killed_pid is not None:
+        lines.append(
+            f"  kill       worker pid {r.killed_pid}: workers whole again after "
+            f"{r.recovered_s if r.recovered_s is not None else 'never (60 s)'} s; "
+            f"{r.sequential} sequential requests right"
+            + (f" {r.sequential_ok_s} s after the kill" if r.sequential_ok_s is not None else "")
+        )
+    else:
+        lines.append(f"  sequential {r.sequential} right after the run")
+    lines.append(
+        f"  memory     first warm sample {r.memory_mb_warm} MiB, last {r.memory_mb_end} MiB"
+        + (f": largest growth {r.memory_growth_pct}%" if r.memory_growth_pct is not None else "")
+    )
+    lines.append(
+        f"  after stop processes {r.left_processes or 'none'}, leases held "
+        f"{r.left_leases or 'none'}, temporary files {r.left_temp or 'none'}"
+    )
+    lines += [f"  sample: {s}" for s in r.samples]
+    return "\n".join(lines)
+
+
+VIAS = ("engine", "front", "sagemaker")
+
+
+def start_target(
+    artifact: Path, engine: str, via: str, layout: str = "throughput"
+) -> tuple[Any, Target]:
+    """Start `engine` serving `artifact`, asked directly (`via` engine), through the front
+    (`serve front`) or through the SageMaker entrypoint; return the server and its Target."""
+    from ..artifact import read_manifest
+    from ..serve.engine import running_instance, workers_ready
+    from ..tasks import get_task
+    from .servers import FrontServer, ManagedServer, SageMakerServer
+
+    manifest = read_manifest(artifact, verify=False)
+    server: Any
+    if via == "engine":
+        server = ManagedServer(engine, artifact, layout, None)
+        work = Path(server.tmp.name)
+    elif via == "front":
+        server = FrontServer(artifact, layout, engine, None)
+        work = server.engine_work
+    elif via == "sagemaker":
+        server = SageMakerServer(artifact, layout, engine)
+        work = server.engine_work
+    else:
+        raise ValueError(f"via {via!r}: one of {', '.join(VIAS)}")
+    server.start()
+    name = manifest.name
+    output = get_task(manifest.task).output_tensors(manifest.output_dim, manifest.labels)[0].name
+    if via == "engine" and engine == "torchserve":
+        url, protocol = server.torchserve_url, "native"
+    elif via == "engine":
+        url, protocol = (
+            f"{running_instance(work, engine).http_url}/v2/models/{name}/infer",
+            "triton",
+        )
+    elif via == "front":
+        url, protocol = f"{server.url}/invocations", "native"
+    else:
+        url, protocol = server.url, "native"
+    target = Target(
+        label=f"{engine} via {via}",
+        url=url,
+        protocol=protocol,
+        roots=server.root_pids,
+        workers_ready=lambda: workers_ready(work, engine, name),
+        output=output,
+    )
+    return server, target
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def soak_started(
+    artifact: Path,
+    engine: str,
+    via: str,
+    options: SoakOptions,
+    log: Callable[[str], object] = print,
+) -> SoakReport:
+    """Start `engine` for `artifact` (`via` engine, front or sagemaker), soak it, stop it
+    and report what the stop left behind: processes of the run, leases, temporary files."""
+    before = temp_entries()
+    # a SIGTERM (a CI timeout, `kill`) still stops what was started
+    signal.signal(signal.SIGTERM, _interrupt)
+    log(f"starting {engine} via {via} for {artifact} ...")
+    server, target = start_target(artifact, engine, via, options.layout)
+    pids: set[int] = set()
+
+    def seen() -> None:
+        for root in target.roots():
+            pids.add(root)
+            with contextlib.suppress(psutil.Error):
+                pids.update(p.pid for p in psutil.Process(root).children(recursive=True))
+
+    try:
+        seen()
+        log(f"soaking {target.url}: {options.requests} requests, {options.concurrency} clients")
+        report = run_soak(options, target, artifact)
+        seen()
+    finally:
+        server.stop(cleanup=False)
+    after_stop(report, pids, server.lease_dir, before)
+    own = server.tmp.name
+    server.tmp.cleanup()
+    report.left_temp = [p for p in report.left_temp if p != own and not p.startswith(own + "/")]
+    return report
