@@ -233,6 +233,31 @@ class Listen:
         )
 
 
+def _command(
+    found: tuple[Path, Path | None], repository: Path, run_dir: Path, listen: Listen
+) -> list[str]:
+    """tritonserver's command line; `found` is what find_tritonserver returned."""
+    binary, root = found
+    models = models_in(repository)
+    cmd = [
+        str(binary),
+        f"--model-repository={repository}",
+        *listen.args(),
+        *restricted_api_args(admin_key(run_dir)),
+        # explicit: the healer reloads a model whose stub died (Triton's Python backend
+        # never replaces one, and keeps sending it every other batch)
+        "--model-control-mode=explicit",
+        *(f"--load-model={m}" for m in models),
+        "--allow-metrics=true",
+        "--allow-cpu-metrics=true",
+        "--allow-gpu-metrics=false",
+        "--log-info=true",
+    ]
+    if root is not None:
+        cmd.append(f"--backend-directory={backend_directory(root, run_dir)}")
+    return cmd
+
+
 def start(
     repository: Path,
     run_dir: Path,
@@ -258,22 +283,7 @@ def start(
     private_dir(run_dir)
     models = models_in(repository)
     envs_before = set(glob.glob(PYTHON_ENVS))
-    cmd = [
-        str(binary),
-        f"--model-repository={repository}",
-        *listen.args(),
-        *restricted_api_args(admin_key(run_dir)),
-        # explicit: the healer reloads a model whose stub died (Triton's Python backend
-        # never replaces one, and keeps sending it every other batch)
-        "--model-control-mode=explicit",
-        *(f"--load-model={m}" for m in models),
-        "--allow-metrics=true",
-        "--allow-cpu-metrics=true",
-        "--allow-gpu-metrics=false",
-        "--log-info=true",
-    ]
-    if root is not None:
-        cmd.append(f"--backend-directory={backend_directory(root, run_dir)}")
+    cmd = _command((binary, root), repository, run_dir, listen)
     env = _env()
     log(f"starting tritonserver {binary} (run directory {run_dir}) ...")
     with private_file(run_dir / LOG_FILE) as out:
