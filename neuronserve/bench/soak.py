@@ -42,6 +42,7 @@ import aiohttp
 import numpy as np
 import psutil
 
+from ..serve.process import alive
 from ..serve.triton_healer import STUB
 
 # a worker process of either engine: TorchServe's Python worker, Triton's stub
@@ -278,13 +279,6 @@ async def _honour_retry_after(answer: tuple[int, bytes, Any]) -> None:
         await asyncio.sleep(min(max(wait, 0.0), RETRY_CAP_S))
 
 
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
 def memory_mb(workers: list[psutil.Process]) -> dict[str, float]:
     out = {}
     for p in workers:
@@ -449,7 +443,7 @@ class _Run:
         if ready is not None and victim is not None:
             # first dead, then replaced: read in the other order, a worker still dying
             # would count as ready
-            while _alive(victim) and time.monotonic() - self.kill_time < RECOVERY_LIMIT_S:
+            while alive(victim.pid) and time.monotonic() - self.kill_time < RECOVERY_LIMIT_S:
                 await asyncio.sleep(0.05)  # (Triton leaves a dead stub a zombie: not waited)
             while time.monotonic() - self.kill_time < RECOVERY_LIMIT_S:
                 n, want = await asyncio.to_thread(ready)
@@ -514,12 +508,7 @@ def after_stop(
     report: SoakReport, pids: set[int], lease_dir: Path | None, temp_before: set[str]
 ) -> None:
     """What the run left behind once its servers were stopped."""
-    alive = []
-    for pid in sorted(pids):
-        with contextlib.suppress(psutil.Error):
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-    report.left_processes = alive
+    report.left_processes = [pid for pid in sorted(pids) if alive(pid)]
     report.left_leases = held_leases(lease_dir)
     report.left_temp = sorted(temp_entries() - temp_before)
 

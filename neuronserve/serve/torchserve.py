@@ -27,6 +27,7 @@ from ..resources import tool
 from ..worker import FAILURE_MARKER
 from .process import (
     ServeError,
+    alive,
     forget_pid,
     live_pid,
     private_dir,
@@ -192,23 +193,22 @@ def start(
 
 def worker_counts(instance: TorchServeInstance, name: str) -> tuple[int, int, list[str]]:
     """(ready, expected, statuses) for one model."""
+    return counts_of(instance.model_status(name))
+
+
+def counts_of(entries: list[dict]) -> tuple[int, int, list[str]]:
+    """(ready, expected, statuses) from a model's management API answer. A worker counts
+    as ready while it is READY and its process runs: one killed a moment ago is still
+    listed READY until the frontend notices."""
     workers, expected = [], 1
-    for entry in instance.model_status(name):
+    for entry in entries:
         workers.extend(entry.get("workers", []))
         expected = max(expected, int(entry.get("minWorkers", 1)))
     statuses = [w.get("status", "?") for w in workers]
-    # a worker killed a moment ago is still listed READY until the frontend notices
     ready = sum(
-        s == "READY" and _alive(w.get("pid")) for s, w in zip(statuses, workers, strict=True)
+        s == "READY" and alive(w.get("pid")) for s, w in zip(statuses, workers, strict=True)
     )
     return ready, expected, statuses
-
-
-def _alive(pid: object) -> bool:
-    try:
-        return psutil.Process(int(str(pid))).status() != psutil.STATUS_ZOMBIE
-    except (ValueError, psutil.Error):
-        return False
 
 
 def worker_failures(log_dir: Path) -> list[str]:

@@ -36,7 +36,14 @@ from .process import (
 )
 from .triton_healer import LOG_FILE as HEALER_LOG
 from .triton_healer import PID_FILE as HEALER_PID
-from .triton_healer import Count, instance_counts, note_leftovers, remove_leftovers, stub_regions
+from .triton_healer import (
+    Count,
+    instance_counts,
+    live_stubs,
+    note_leftovers,
+    remove_leftovers,
+    stub_regions,
+)
 
 PID_FILE = "tritonserver.pid"
 # the Python backend's environment folder (one per server, at a fixed /tmp path)
@@ -163,7 +170,7 @@ def _env() -> dict[str, str]:
 
 # What no client needs: behind a key ("Restricted APIs" in tritonserver --help:
 # --http-restricted-api / --grpc-restricted-protocol). Model control is explicit, so the
-# repository API can load and unload: only the healer (heal.py), which reads the key
+# repository API can load and unload: only the healer (triton_healer.py), which reads the key
 # from the run directory, and an operator holding it may.
 RESTRICTED = "model-repository,model-config,shared-memory,statistics,trace,logging"
 ADMIN_HEADER = "neuronserve-admin-key"
@@ -298,9 +305,8 @@ def start(
     (run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints))
     try:
         wait_ready(inst, models, timeout_s=timeout_s, log=log)
-        note_leftovers(
-            run_dir, stub_regions(proc.pid) | (set(glob.glob(PYTHON_ENVS)) - envs_before)
-        )
+        envs = set(glob.glob(PYTHON_ENVS)) - envs_before
+        note_leftovers(run_dir, stub_regions(live_stubs(proc.pid)) | envs)
         _start_healer(run_dir)
     except BaseException:
         stop(run_dir, log=lambda *_: None)

@@ -35,6 +35,8 @@ from pathlib import Path
 import psutil
 import requests
 
+from .process import alive
+
 log = logging.getLogger("neuronserve.healer")
 
 POLL_S = 0.5
@@ -89,10 +91,11 @@ LEFTOVERS_FILE = "leftovers.json"
 _LEFTOVER_PREFIXES = ("/dev/shm/triton_python_backend_shm_region_", "/tmp/python_env_")
 
 
-def stub_regions(server_pid: int) -> set[str]:
+def stub_regions(stubs: dict[str, list[psutil.Process]]) -> set[str]:
+    """The shared-memory regions of `stubs` (as live_stubs gives them)."""
     regions = set()
-    for stubs in live_stubs(server_pid).values():
-        for p in stubs:
+    for processes in stubs.values():
+        for p in processes:
             with contextlib.suppress(psutil.Error, IndexError):
                 regions.add("/dev/shm/" + p.cmdline()[2])
     return regions
@@ -126,7 +129,10 @@ def remove_leftovers(run_dir: Path) -> list[str]:
 def instance_counts(server_pid: int, expected: dict[str, int]) -> dict[str, Count]:
     """Each model's live stubs of the `expected` instance count (its config's, which
     `serve triton` read when it started the server)."""
-    stubs = live_stubs(server_pid)
+    return counts_of(live_stubs(server_pid), expected)
+
+
+def counts_of(stubs: dict[str, list[psutil.Process]], expected: dict[str, int]) -> dict[str, Count]:
     return {m: Count(len(stubs.get(m, [])), n) for m, n in expected.items()}
 
 
@@ -154,6 +160,7 @@ class Healer:
         self.headers = {triton.ADMIN_HEADER: key, "Connection": "close"}
         counts = instance_counts(self.server_pid, self.expected)
         self.states = {m: ModelState(c.alive, c.expected) for m, c in counts.items()}
+        self.noted: set[str] = set()
 
     def write_status(self) -> None:
         path = self.run_dir / STATUS_FILE
@@ -161,19 +168,16 @@ class Healer:
         tmp.write_text(json.dumps({m: asdict(s) for m, s in self.states.items()}))
         os.replace(tmp, path)
 
-    def server_alive(self) -> bool:
-        try:
-            return psutil.Process(self.server_pid).status() != psutil.STATUS_ZOMBIE
-        except psutil.Error:
-            return False
-
     def run(self) -> None:
         self.write_status()
         log.info("watching %s (tritonserver pid %d)", ", ".join(self.expected), self.server_pid)
-        while self.server_alive():
-            note_leftovers(self.run_dir, stub_regions(self.server_pid))
-            counts = instance_counts(self.server_pid, self.expected)
-            for model, count in counts.items():
+        while alive(self.server_pid):
+            stubs = live_stubs(self.server_pid)
+            regions = stub_regions(stubs)
+            if not regions <= self.noted:
+                note_leftovers(self.run_dir, regions)
+                self.noted |= regions
+            for model, count in counts_of(stubs, self.expected).items():
                 state = self.states[model]
                 state.alive = count.alive
                 if not count.whole:

@@ -43,6 +43,20 @@ def server(minilm_artifact):
     server.stop()
 
 
+def in_flight(metrics_url: str) -> float:
+    text = requests.get(metrics_url, timeout=5).text
+    line = next(ln for ln in text.splitlines() if ln.startswith("neuronserve_front_in_flight "))
+    return float(line.split()[1])
+
+
+def refused(url: str) -> bool:
+    try:
+        requests.post(url, json={"inputs": "late"}, timeout=5)
+    except requests.ConnectionError:
+        return True
+    return False
+
+
 def want_rows(runner, texts):
     body = json.dumps({"inputs": texts}).encode()
     return np.array(runner.responses_for_bodies([(body, "application/json")])[0])
@@ -108,18 +122,18 @@ def test_sigterm_under_load_finishes_what_was_accepted(server, minilm_runner):
         barrier.wait()
         return requests.post(server.url, json={"inputs": texts}, timeout=120)
 
+    metrics = server.url.removesuffix("/invocations") + "/metrics"
     with ThreadPoolExecutor(n) as pool:
         futures = [pool.submit(one, i) for i in range(n)]
         barrier.wait()
-        time.sleep(0.3)  # all are in the front by now, waiting on a worker or in its queue
+        # SIGTERM once the front holds all of them (its in-flight gauge says so)
+        wait_for(lambda: in_flight(metrics) == n, 30, 0.02, f"{n} requests in flight")
         proc.send_signal(signal.SIGTERM)
         answers = [f.result() for f in futures]
     assert [r.status_code for r in answers] == [200] * n
     assert all(np.allclose(r.json(), want, atol=1e-4) for r in answers)
-    with pytest.raises(requests.ConnectionError):
-        for _ in range(50):  # the listening socket closes once the front starts stopping
-            requests.post(server.url, json={"inputs": "late"}, timeout=5)
-            time.sleep(0.1)
+    # the listening socket closes once the front starts stopping
+    wait_for(lambda: refused(server.url), 30, 0.1, "new connections refused")
     assert proc.wait(timeout=120) == 0
     alive = [p for p in tree if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
     assert not alive, alive

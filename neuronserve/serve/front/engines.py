@@ -159,8 +159,9 @@ class TorchServeClient(EngineClient):
                 entries = await r.json() if r.status == 200 else []
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
             entries = []
-        workers = [w for entry in entries for w in entry.get("workers", [])]
-        return Health(sum(w.get("status") == "READY" for w in workers), self._workers)
+        from ..torchserve import counts_of
+
+        return Health(counts_of(entries)[0], self._workers)
 
     async def metrics(self) -> str:
         return await _text(self._session, self._metrics_url)
