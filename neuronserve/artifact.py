@@ -97,6 +97,9 @@ class Manifest(BaseModel):
     accuracy: dict[str, float] = Field(default_factory=dict)
     accuracy_floor: dict[str, float] = Field(default_factory=dict)
     precision_trials: list[PrecisionTrial] = Field(default_factory=list)
+    # bucket key -> ms of one full bucket through the kept modules on the compile host
+    # (empty where they cannot run there): what the Runner sizes its bucket runs by
+    bucket_ms: dict[str, float] = Field(default_factory=dict)
     files: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("name")

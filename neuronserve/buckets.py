@@ -8,7 +8,7 @@ module only ever sees the shapes that were validated and warmed up.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,15 +58,36 @@ class BucketGrid:
         s = next(x for x in self.sequence_lengths if x >= max(seq, 1))
         return Bucket(b, s)
 
-    def chunks(self, lengths: Sequence[int]) -> Iterator[list[int]]:
+    def chunks(
+        self, lengths: Sequence[int], cost: Callable[[Bucket], float] | None = None
+    ) -> Iterator[list[int]]:
         """Split row indices into runs that each fit one bucket.
 
         Rows are grouped by length first, so long and short texts do not share a
         bucket and short ones are not padded to the longest of the whole request.
+        Without `cost`, runs are the largest batches in length order. With `cost` (a
+        bucket's measured time), the runs are those whose buckets cost least in total:
+        six short texts and two long ones go in a short bucket and a small long one,
+        not all eight padded to the long length, when that is what the times say.
         """
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        for start in range(0, len(order), self.max_batch):
-            yield order[start : start + self.max_batch]
+        if cost is None:
+            for start in range(0, len(order), self.max_batch):
+                yield order[start : start + self.max_batch]
+            return
+        # best[i]: least total cost of the first i rows in length order; runs are
+        # contiguous in that order, so the longest row of a run is its last
+        best, cut = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
+        for i in range(1, len(order) + 1):
+            for k in range(1, min(self.max_batch, i) + 1):
+                total = best[i - k] + cost(self.choose(k, lengths[order[i - 1]]))
+                if total < best[i]:
+                    best[i], cut[i] = total, i - k
+        runs, i = [], len(order)
+        while i > 0:
+            runs.append(order[cut[i] : i])
+            i = cut[i]
+        yield from reversed(runs)
 
 
 def pad_batch(

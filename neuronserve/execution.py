@@ -72,12 +72,15 @@ class Executor:
     `copies` are further copies of every module, one per core of a worker that holds
     several cores where one call runs on one core (Neuron): the chunks of a batch then run
     on them at once, and a batch that fits one bucket is split so every copy gets a part.
+    `bucket_ms`: each bucket's measured time (the manifest's); a batch is then split into
+    the bucket runs that cost least in total (BucketGrid.chunks).
     """
 
     module_for: Callable[[Bucket], Module]
     grid: BucketGrid
     layout: InputLayout
     copies: Sequence[Callable[[Bucket], Module]] = ()
+    bucket_ms: Mapping[str, float] = field(default_factory=dict)
     _pool: ThreadPoolExecutor | None = field(default=None, init=False, repr=False)
 
     def run_bucket(
@@ -97,7 +100,9 @@ class Executor:
         """Outputs for `rows` in their order: rows grouped by length into the smallest
         buckets that hold them, batches beyond the largest bucket split."""
         lengths = [len(r["input_ids"]) for r in rows]
-        chunks = list(self.grid.chunks(lengths))
+        costs = self.bucket_ms
+        measured = costs and all(b.key in costs for b in self.grid.buckets)
+        chunks = list(self.grid.chunks(lengths, (lambda b: costs[b.key]) if measured else None))
         if self.copies:
             chunks = _spread(chunks, 1 + len(self.copies))
         buckets = [self.grid.choose(len(c), max(lengths[i] for i in c)) for c in chunks]

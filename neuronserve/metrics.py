@@ -8,12 +8,17 @@ scrapes; gauges describe the last batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # adapters import this before torch may be imported (pinning)
     from .execution import RunReport
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -87,3 +92,52 @@ def batch_values(report: RunReport) -> Iterator[tuple[Metric, float, dict[str, s
         yield PADDING_RATIO, report.padding_ratio, {}
     for run in report.runs:
         yield BUCKET_RUNS, 1, {"bucket": run.bucket.key, "batch_size": str(run.rows)}
+
+
+Emit = Callable[[Metric, float, dict[str, str]], None]
+
+
+class DeferredMetrics:
+    """Batch values held in the worker and handed to `emit` by a thread of their own,
+    at most every `interval_s`, counters summed and gauges at their last value.
+
+    TorchServe's handler metrics are log lines its frontend parses: nine per batch cost
+    a lone MiniLM request about 2.5 ms of its round trip (measured: p50 19.1 -> 16.6 ms
+    with them off) when written before the response leaves. Here the response goes
+    first, and under load one flush carries many batches. A scrape may lag by up to
+    `interval_s`; every count is in one flush with its sums, so per-request averages
+    stay consistent.
+    """
+
+    INTERVAL_S = 0.25
+
+    def __init__(self, emit: Emit, interval_s: float = INTERVAL_S):
+        self._emit, self.interval_s = emit, interval_s
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[Metric, tuple[tuple[str, str], ...]], float] = {}
+        self._wake = threading.Event()
+        threading.Thread(target=self._loop, name="neuronserve-metrics", daemon=True).start()
+
+    def add(self, values: Iterable[tuple[Metric, float, dict[str, str]]]) -> None:
+        with self._lock:
+            for metric, value, labels in values:
+                # in the metric's own label order: TorchServe pairs dimension values
+                # with the names it registered by position
+                order = {name: i for i, name in enumerate(metric.labels)}
+                key = (metric, tuple(sorted(labels.items(), key=lambda kv: order.get(kv[0], 99))))
+                summed = metric.kind == "counter"
+                self._pending[key] = self._pending.get(key, 0.0) * summed + float(value)
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            time.sleep(self.interval_s)  # the response leaves first; later batches join
+            with self._lock:
+                pending, self._pending = self._pending, {}
+                self._wake.clear()
+            for (metric, labels), value in pending.items():
+                try:
+                    self._emit(metric, value, dict(labels))
+                except Exception:  # a metric must never stop the worker
+                    log.exception("could not emit %s", metric.name)

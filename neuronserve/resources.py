@@ -26,6 +26,15 @@ def triton_model_file() -> Path:
     return path
 
 
+def torchserve_log_config() -> Path:
+    """The log4j2.xml `serve torchserve` starts TorchServe with (package data of
+    `neuronserve.serve`; the file says how it differs from TorchServe's own)."""
+    path = Path(str(resources.files("neuronserve.serve") / "torchserve_log4j2.xml"))
+    if not path.is_file():
+        raise FileNotFoundError(f"torchserve_log4j2.xml is not installed (looked in {path})")
+    return path
+
+
 def tool(command: str, module: str, function: str) -> list[str]:
     """argv prefix for a console script: the one beside this interpreter, else on PATH,
     else the entry point called through this interpreter."""

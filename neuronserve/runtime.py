@@ -80,6 +80,7 @@ class Runner:
             self.grid,
             InputLayout(tuple(i.name for i in m.inputs), {i.name: i.pad_value for i in m.inputs}),
             [self._module_of(k) for k in range(1, copies)],
+            m.bucket_ms,
         )
         self.info = {"labels": m.labels}
         if warmup:

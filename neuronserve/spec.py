@@ -147,7 +147,12 @@ class DeploySpec(BaseModel):
     )
     cores_per_worker: int = Field(1, ge=1, description="cores leased by each worker or instance")
     max_batch_delay_ms: int = Field(
-        5, ge=0, description="how long the engine waits to fill a batch (ms)"
+        0,
+        ge=0,
+        description="longest the engine holds a request to fill a batch (ms). 0 (default): "
+        "never wait; a batch is whatever queued while the workers were busy, so a lone "
+        "request runs at once and a loaded server still batches (TorchServe's least is "
+        "1 ms: it reads 0 as its 100 ms default)",
     )
     batch_requests: int | None = Field(
         None,

@@ -183,7 +183,7 @@ class _Metrics:
     """`neuronserve.metrics` on Triton's metrics port, next to its nv_inference_*."""
 
     def __init__(self, model: str, instance: str):
-        from neuronserve.metrics import METRICS
+        from neuronserve.metrics import METRICS, DeferredMetrics
 
         family = pb_utils.MetricFamily
         self.labels = {"model": model, "instance": instance}
@@ -198,6 +198,7 @@ class _Metrics:
             for m in METRICS
         }
         self._series = {}
+        self.deferred = DeferredMetrics(self._emit)
 
     def _series_for(self, metric, labels):
         key = (metric.name, *sorted(labels.items()))
@@ -206,11 +207,15 @@ class _Metrics:
         return self._series[key]
 
     def record(self, report, handler_ms: float) -> None:
+        """Each metric update is a message to the Triton process and back (about 0.1 ms);
+        DeferredMetrics sends them after the responses, many batches at once under load."""
         from neuronserve.metrics import HANDLER_MS, batch_values
 
-        for metric, value, labels in [*batch_values(report), (HANDLER_MS, handler_ms, {})]:
-            series = self._series_for(metric, labels)
-            if metric.kind == "counter":
-                series.increment(float(value))
-            else:
-                series.set(float(value))
+        self.deferred.add([*batch_values(report), (HANDLER_MS, handler_ms, {})])
+
+    def _emit(self, metric, value: float, labels: dict) -> None:
+        series = self._series_for(metric, labels)
+        if metric.kind == "counter":
+            series.increment(value)
+        else:
+            series.set(value)

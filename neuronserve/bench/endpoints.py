@@ -13,6 +13,7 @@ import asyncio
 import http.client
 import json
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -315,3 +316,15 @@ class VanillaEndpoint(Endpoint):
 
     def connect(self) -> Send:
         return self.pipe
+
+    def plain_loop(self, payload: list[str] | str, seconds: float, min_calls: int) -> float:
+        """Calls per second of the pipeline in a bare loop on this thread, after three
+        warm-up calls: the baseline as anyone would time it, with no load generator, to
+        check that the vanilla endpoint's figure is not lowered by the harness."""
+        for _ in range(3):
+            self.pipe(payload)
+        calls, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds or calls < min_calls:
+            self.pipe(payload)
+            calls += 1
+        return calls / (time.perf_counter() - t0)

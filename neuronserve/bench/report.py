@@ -37,6 +37,8 @@ COLUMNS = [
     "cpu_ms_per_req_workers",
     "cpu_ms_per_req_front",
     "ratio_vs_engine",
+    "plain_loop_req_per_s",
+    "torch_threads",
     "session",
     "error_sample",
 ]
@@ -79,7 +81,7 @@ def markdown(results: dict[str, Any], title: str) -> str:
         f"## {title}",
         "",
         f"- date (UTC): {results['started']}",
-        f"- machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB; "
+        f"- machine: {m['cpu']}, {m['cores']} cores ({_flags(m)}), {m['memory_gib']} GiB; "
         f"Python {m['python']}, torch {m['torch']}",
         f"- command: `{results['command']}`",
         "",
@@ -89,6 +91,8 @@ def markdown(results: dict[str, Any], title: str) -> str:
     lines += front_table(points)
     lines += wrk_lines(results.get("wrk_check"))
     lines += split_table(results)
+    lines += lone_request_table(points)
+    lines += baseline_check(points)
     lines += every_point_table(points)
     return "\n".join(lines) + "\n"
 
@@ -202,6 +206,11 @@ def every_point_table(points: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _flags(machine: dict[str, Any]) -> str:
+    flags = machine.get("cpu_flags")
+    return "flags " + " ".join(flags) if flags else "SIMD flags not recorded"
+
+
 def _cell(r: dict[str, Any], key: str) -> str:
     v = r.get(key)
     return f"{v:.1f}" if isinstance(v, (int, float)) else ""
@@ -218,8 +227,9 @@ def split_table(results: dict[str, Any]) -> list[str]:
     out = [
         "### Where the time goes (per request, measuring window)",
         "",
-        "Latency: mean client latency; `queue` and `server` from TorchServe's frontend "
-        "counters; `handler`, `tokenize`, `model` from the handler's running sums. CPU: "
+        "Latency: mean client latency; `queue` and `server` from the engine's own counters "
+        "(TorchServe's ts_*, Triton's nv_inference_*); `handler`, `tokenize`, `model` from "
+        "the handler's running sums. CPU: "
         "milliseconds of CPU each process role used per request; at saturation a "
         f"{cores}-core machine serves at most {cores} x 1000 / total req/s.",
         "",
@@ -240,6 +250,61 @@ def split_table(results: dict[str, Any]) -> list[str]:
             f"{cores * 1000 / total:.0f} |"
             if total
             else ""
+        )
+    return [*out, ""]
+
+
+def lone_request_table(points: list[dict[str, Any]]) -> list[str]:
+    """At concurrency 1 and one text, what a lone request pays beyond the model: its p50
+    round trip against the mean model time the handler measured in the same window."""
+    rows = [
+        r
+        for r in points
+        if r.get("concurrency") == 1 and r.get("texts") == 1 and r.get("model_ms") is not None
+    ]
+    if not rows:
+        return []
+    out = [
+        "### A lone request (concurrency 1)",
+        "",
+        "p50 client round trip over loopback against the model's own time per request "
+        "(the handler's running sum over the same window); `beyond` is what the engine, "
+        "its batching delay, the handler and HTTP add.",
+        "",
+        "| endpoint | seq | p50 ms | model ms | beyond the model (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        beyond = r["p50_ms"] - r["model_ms"]
+        out.append(
+            f"| {r['endpoint']} | {r['seq']} | {r['p50_ms']:.1f} | {r['model_ms']:.1f} | "
+            f"{beyond:.1f} |"
+        )
+    return [*out, ""]
+
+
+def baseline_check(points: list[dict[str, Any]]) -> list[str]:
+    """The vanilla endpoint against the pipeline called in a bare loop in the same
+    process: the ratios above are only as honest as that denominator."""
+    rows = [r for r in points if r.get("plain_loop_req_per_s")]
+    if not rows:
+        return []
+    out = [
+        "### The baseline, checked",
+        "",
+        "The vanilla endpoint (the `transformers` pipeline driven by the load generator, "
+        "one request at a time) against the same pipeline called in a plain loop right "
+        "after it, same process and threads, after three warm-up calls.",
+        "",
+        "| endpoint | seq | texts | torch threads | vanilla req/s | plain loop req/s | "
+        "vanilla / loop |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r.get('torch_threads', '')} | "
+            f"{r['req_per_s']:.1f} | {r['plain_loop_req_per_s']:.1f} | "
+            f"{r['req_per_s'] / r['plain_loop_req_per_s']:.3f} |"
         )
     return [*out, ""]
 

@@ -117,6 +117,9 @@ def _task(config: BenchConfig) -> str:
     )
 
 
+SIMD_FLAGS = {"avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_bf16", "amx_int8"}
+
+
 def machine() -> dict[str, Any]:
     import os
 
@@ -124,15 +127,20 @@ def machine() -> dict[str, Any]:
     import torch
 
     cpu = "unknown"
+    flags: list[str] = []
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.startswith("model name") and cpu == "unknown":
                 cpu = line.split(":", 1)[1].strip()
-                break
+            elif line.startswith("flags") and not flags:
+                flags = sorted(set(line.split(":", 1)[1].split()) & SIMD_FLAGS)
     except OSError:
         pass
     return {
         "cpu": cpu,
+        # what decides which CPU engine and precision are fastest (bf16 without
+        # avx512_bf16 is slower than fp32): results from machines that differ here differ
+        "cpu_flags": flags,
         "cores": len(os.sched_getaffinity(0)),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "python": platform.python_version(),
@@ -356,8 +364,8 @@ class Sweep:
         if not wrk.available():
             return {"skipped": "wrk is not installed (apt-get install wrk)"}
         self.bar.set_postfix_str(f"wrk cross-check {endpoint.label} seq={seq} c={c}")
-        metrics_url = _torchserve_metrics(endpoint, server)
-        before = scrape(metrics_url, server.name) if metrics_url else {}
+        metrics_url = _engine_metrics(endpoint, server)
+        before = settled_scrape(metrics_url, server.name) if metrics_url else {}
         try:
             got = wrk.run_wrk(
                 endpoint.url,
@@ -369,8 +377,8 @@ class Sweep:
         except (RuntimeError, ValueError, OSError) as e:
             return {"skipped": f"wrk failed: {e}"}
         if metrics_url:
-            after = scrape(metrics_url, server.name)
-            name = metrics.REQUESTS.torchserve_name
+            after = settled_scrape(metrics_url, server.name)
+            name = _handled_name(after)
             got["server_handled"] = int(after.get(name, 0) - before.get(name, 0))
         self.bar.write(
             f"wrk cross-check {endpoint.label} seq={seq} c={c}: wrk "
@@ -392,7 +400,7 @@ class Sweep:
         """One point of the sweep against one endpoint: `n` texts of `seq` tokens per
         request from `c` clients."""
         server = session.server
-        metrics_url = _torchserve_metrics(endpoint, server)
+        metrics_url = _engine_metrics(endpoint, server)
 
         def probe() -> dict[str, Any]:
             return {
@@ -417,13 +425,43 @@ class Sweep:
             "errors": result.errors,
         }
         row.update(_summary(result, n))
+        if isinstance(endpoint, VanillaEndpoint) and row.get("req_per_s"):
+            self.bar.set_postfix_str(f"{endpoint.label} seq={seq}: a plain pipeline() loop")
+            window = self.config.window
+            plain = endpoint.plain_loop(payload, window.duration_s, window.min_requests)
+            row["plain_loop_req_per_s"] = plain
+            row["torch_threads"] = torch_threads()
         self.bar.update(1)
         return row
 
 
-def _torchserve_metrics(endpoint: Endpoint, server: Any) -> str | None:
-    """TorchServe's metrics URL when bench started the TorchServe behind `endpoint`."""
-    return getattr(server, "metrics_url", None) if endpoint.type == "torchserve" else None
+def settled_scrape(metrics_url: str, model: str, timeout_s: float = 5.0) -> dict[str, float]:
+    """A scrape once the handler's metrics have stopped moving: they are written a moment
+    after the responses (metrics.DeferredMetrics), so a count taken as the load stops
+    would miss its last requests."""
+    from ..metrics import DeferredMetrics
+
+    last, deadline = scrape(metrics_url, model), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        time.sleep(DeferredMetrics.INTERVAL_S + 0.1)
+        now = scrape(metrics_url, model)
+        if now == last:
+            break
+        last = now
+    return last
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def _engine_metrics(endpoint: Endpoint, server: Any) -> str | None:
+    """The metrics URL of the engine (TorchServe or Triton) bench started behind
+    `endpoint`, when `endpoint` talks to that engine directly."""
+    direct = endpoint.type == "torchserve" or endpoint.type.startswith("triton-")
+    return getattr(server, "metrics_url", None) if direct else None
 
 
 def _summary(result: LoadResult, texts: int) -> dict[str, Any]:
@@ -461,15 +499,38 @@ def time_split(
     for role, t in end["cpu"].items():
         out[f"cpu_ms_per_req_{role}"] = (t - start["cpu"].get(role, 0.0)) * 1e3 / requests
     d = {k: v - start["metrics"].get(k, 0.0) for k, v in end["metrics"].items()}
-    served = d.get("ts_inference_requests_total", 0.0)
-    if served > 0:
-        out["queue_ms"] = d.get("ts_queue_latency_microseconds", 0.0) / served / 1e3
-        out["server_ms"] = d.get("ts_inference_latency_microseconds", 0.0) / served / 1e3
-    handled = d.get(metrics.REQUESTS.torchserve_name, 0.0)
+    for count, queue_us, server_us in _ENGINE_COUNTERS:
+        served = d.get(count, 0.0)
+        if served > 0:
+            out["queue_ms"] = d.get(queue_us, 0.0) / served / 1e3
+            out["server_ms"] = d.get(server_us, 0.0) / served / 1e3
+    triton = metrics.REQUESTS.triton_name in end["metrics"]
+    handled = d.get(_handled_name(end["metrics"]), 0.0)
     if handled > 0:
         for m in (metrics.HANDLER_MS, metrics.TOKENIZE_MS, metrics.MODEL_MS):
-            out[m.name] = d.get(m.torchserve_name, 0.0) / handled
+            out[m.name] = d.get(m.triton_name if triton else m.torchserve_name, 0.0) / handled
     return out
+
+
+# (requests served, their summed queue time, their summed time in the server), in us
+_ENGINE_COUNTERS = (
+    (
+        "ts_inference_requests_total",
+        "ts_queue_latency_microseconds",
+        "ts_inference_latency_microseconds",
+    ),
+    (
+        "nv_inference_request_success",
+        "nv_inference_queue_duration_us",
+        "nv_inference_request_duration_us",
+    ),
+)
+
+
+def _handled_name(scraped: dict[str, float]) -> str:
+    """The handler's request counter in whichever naming the engine's scrape uses."""
+    triton = metrics.REQUESTS.triton_name in scraped
+    return metrics.REQUESTS.triton_name if triton else metrics.REQUESTS.torchserve_name
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:

@@ -308,14 +308,15 @@ _PROM = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$")
 
 
 def scrape(metrics_url: str, model: str) -> dict[str, float]:
-    """TorchServe's Prometheus series for `model`, summed over their other labels: the
-    frontend's counters (latencies in microseconds, request count) and the handler's
-    running sums (NeuronServe*Ms, NeuronServeRequests)."""
+    """The engine's Prometheus series for `model`, summed over their other labels: the
+    server's counters (TorchServe's ts_*, Triton's nv_inference_*: latencies in
+    microseconds, request counts) and the handler's running sums (TorchServe's
+    NeuronServe*Ms, NeuronServeRequests; Triton's neuronserve_*)."""
     text = requests.get(f"{metrics_url}/metrics", timeout=10).text
     out: dict[str, float] = {}
     for line in text.splitlines():
         m = _PROM.match(line.strip())
         labels = m.group(2) if m else ""
-        if m and (f'model_name="{model}"' in labels or f'ModelName="{model}"' in labels):
+        if m and any(f'{key}="{model}"' in labels for key in ("model_name", "ModelName", "model")):
             out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
     return out

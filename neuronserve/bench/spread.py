@@ -20,8 +20,52 @@ FIGURES = (
     ("ratio_vs_engine", "x engine direct", 2),
     ("ratio_vs_vanilla", "x vanilla", 2),
     ("p50_ms", "p50 ms", 1),
+    ("model_ms", "model ms", 1),
+    ("beyond_model_ms", "p50 beyond the model ms", 1),
+    ("vanilla_over_loop", "vanilla / plain loop", 3),
     ("cpu_ms_per_req_front", "front CPU ms/req", 2),
 )
+
+
+def derived(r: dict[str, Any]) -> dict[str, Any]:
+    """A point with the figures computed from its own: what a lone request pays beyond
+    the model (concurrency 1), and the vanilla endpoint over a bare pipeline() loop."""
+    out = dict(r)
+    if r.get("concurrency") == 1 and r.get("model_ms") is not None:
+        out["beyond_model_ms"] = r["p50_ms"] - r["model_ms"]
+    if r.get("plain_loop_req_per_s"):
+        out["vanilla_over_loop"] = r["req_per_s"] / r["plain_loop_req_per_s"]
+    return out
+
+
+def engine_ratios(runs: list[dict[str, Any]]) -> list[str]:
+    """TorchServe's req/s over Triton's best protocol at each point, run by run, on the
+    same artifact and machine: one median and range per point."""
+    ratios: dict[tuple, list[float]] = defaultdict(list)
+    for results in runs:
+        ts: dict[tuple, float] = {}
+        triton: dict[tuple, float] = defaultdict(float)
+        for r in results["points"]:
+            key = (r["seq"], r["texts"], r["concurrency"])
+            if r.get("req_per_s") and r["type"] == "torchserve":
+                ts[key] = r["req_per_s"]
+            elif r.get("req_per_s") and r["type"].startswith("triton-"):
+                triton[key] = max(triton[key], r["req_per_s"])
+        for key, value in ts.items():
+            if triton.get(key):
+                ratios[key].append(value / triton[key])
+    if not ratios:
+        return []
+    lines = [
+        "",
+        "TorchServe over Triton (its faster protocol at that point), same run:",
+        "",
+        "| seq | texts | c | TorchServe / Triton |",
+        "|---:|---:|---:|---:|",
+    ]
+    for (seq, texts, c), values in sorted(ratios.items()):
+        lines.append(f"| {seq} | {texts} | {c} | {spread(values, 2)} |")
+    return lines
 
 
 def spread(values: list[float], digits: int) -> str:
@@ -38,12 +82,14 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     for results in runs:
         for r in results["points"]:
             if r.get("req_per_s"):
-                by_point[(r["endpoint"], r["seq"], r["texts"], r["concurrency"])].append(r)
+                key = (r["endpoint"], r["seq"], r["texts"], r["concurrency"])
+                by_point[key].append(derived(r))
     shown = [f for f in FIGURES if any(f[0] in r for rows in by_point.values() for r in rows)]
     m = runs[0]["machine"]
     lines = [
         f"Median (min-max) over {len(runs)} runs of `{runs[0]['command']}`, "
-        f"{runs[0]['started']} to {runs[-1]['started']} (UTC); {m['cpu']}, {m['cores']} cores.",
+        f"{runs[0]['started']} to {runs[-1]['started']} (UTC); {m['cpu']}, {m['cores']} cores"
+        f" ({' '.join(m.get('cpu_flags') or ['SIMD flags not recorded'])}).",
         "",
         "| endpoint | seq | texts | c | " + " | ".join(label for _, label, _ in shown) + " |",
         "|---|---:|---:|---:|" + "---:|" * len(shown),
@@ -51,6 +97,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     for (endpoint, seq, texts, c), rows in by_point.items():
         cells = [spread([r[k] for r in rows if k in r], d) for k, _, d in shown]
         lines.append(f"| {endpoint} | {seq} | {texts} | {c} | " + " | ".join(cells) + " |")
+    lines += engine_ratios(runs)
     return "\n".join(lines) + "\n"
 
 

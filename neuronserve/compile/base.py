@@ -23,7 +23,8 @@ class Target(Protocol):
     # Which cores a worker leases for this target ("cpu", "neuron", "cuda").
     core_kind: str
     file_suffix: str
-    # what `precision: auto` tries, in order
+    # what `precision: auto` tries, in order (a target may also define `variants(precision)`:
+    # the candidate builds a named precision may get; default just that precision)
     auto_precisions: tuple[str, ...]
     # True: auto keeps the fastest candidate that meets the accuracy floor (timed here);
     # False: the first that meets it (the order is fastest first on that hardware)

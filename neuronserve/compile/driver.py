@@ -192,6 +192,7 @@ def _manifest(ctx: CompileContext, wrapped: WrappedModel, choice: Choice, out: P
         accuracy=kept.trial.accuracy,
         accuracy_floor={floor_field: getattr(spec, floor_field)} if floor_field else {},
         precision_trials=choice.trials,
+        bucket_ms=choice.bucket_ms,
         validation=kept.validation,
         validation_status="pending" if choice.pending else "passed",
         validation_note=choice.pending,
@@ -207,11 +208,12 @@ def describe(path: Path) -> str:
         f"{data['name']}: {data['task']} ({data['architecture']}) for {data['target']}, "
         f"precision {data.get('precision', 'fp32')}"
     ]
+    kept = (data.get("precision"), data.get("compiler", {}).get("module_format"))
     for t in data.get("precision_trials", []):
         acc = ", ".join(f"{k} {v:.5g}" for k, v in t["accuracy"].items() if k != "texts")
         verdict = (
             "kept"
-            if t["precision"] == data.get("precision")
+            if (t["precision"], t.get("module_format")) == kept
             else ("passed" if t["passed"] else "refused")
         )
         speed = f", batch-1 grid time {t['batch1_ms']:.1f} ms" if t.get("batch1_ms") else ""

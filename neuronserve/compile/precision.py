@@ -28,9 +28,12 @@ from .validation import Build, build_precision
 
 
 def candidates(spec: DeploySpec, target: Target) -> tuple[tuple[str, ...], bool]:
-    """(precisions to try, whether the user named one)."""
+    """(candidate builds to try, whether the user named the precision). A named precision
+    may have several builds on a target (CPU fp32: TorchScript and ONNX Runtime); they are
+    timed against each other as auto's candidates are."""
     if spec.precision != "auto":
-        return (spec.precision,), True
+        variants = getattr(target, "variants", None)
+        return (variants(spec.precision) if variants else (spec.precision,)), True
     return tuple(getattr(target, "auto_precisions", ("fp32",))), False
 
 
@@ -51,6 +54,25 @@ def batch1_ms(executor: Executor, tokenizer: TextTokenizer, grid: BucketGrid) ->
     return total
 
 
+def bucket_costs(
+    executor: Executor, tokenizer: TextTokenizer, grid: BucketGrid
+) -> dict[str, float]:
+    """Each bucket's time full of real text, best of two after a warm-up call (ms): the
+    artifact keeps them so the Runner splits a batch into the bucket runs that finish
+    soonest on this kind of host."""
+    costs = {}
+    for bucket in grid.buckets:
+        row = tokenizer.encode_to_length(VALIDATION_TEXTS[0], bucket.seq).row()
+        times = []
+        for i in range(3):
+            t0 = time.perf_counter()
+            executor.run_bucket([row] * bucket.batch, bucket)
+            if i:
+                times.append((time.perf_counter() - t0) * 1e3)
+        costs[bucket.key] = round(min(times), 3)
+    return costs
+
+
 @dataclass
 class Candidate:
     build: Build
@@ -69,6 +91,8 @@ class Choice:
     trials: list[PrecisionTrial] = field(default_factory=list)
     # why the kept build is not checked yet (its modules cannot run on this host)
     pending: str | None = None
+    # the kept build's measured bucket times (bucket_costs); empty when pending
+    bucket_ms: dict[str, float] = field(default_factory=dict)
 
 
 class PrecisionSearch:
@@ -93,13 +117,24 @@ class PrecisionSearch:
                 kept.append(candidate)
                 if not self.ctx.target.auto_times_candidates:
                     break
+        if not kept and self.named:
+            t = trials[-1]
+            raise CompileError(
+                f"precision {t.precision} refused: {t.reason} on "
+                f"{len(self.reference.accuracy_rows)} texts. Use a higher precision, or "
+                f"lower `{self.floor_field}` explicitly if that accuracy is acceptable for "
+                "your use."
+            )
         if not kept:
             raise CompileError(
                 "no precision met the accuracy floor: "
-                + "; ".join(f"{t.precision}: {t.reason}" for t in trials)
+                + "; ".join(f"{t.precision} ({t.module_format}): {t.reason}" for t in trials)
             )
         best = min(kept, key=lambda c: c.trial.batch1_ms or 0.0)
-        return Choice(best, self.reference, trials)
+        ctx = self.ctx
+        ctx.say("timing every bucket of the kept build ...")
+        costs = bucket_costs(best.build.executor(ctx), ctx.tokenizer, ctx.grid)
+        return Choice(best, self.reference, trials, bucket_ms=costs)
 
     def _described(self, precision: str) -> dict:
         ctx = self.ctx
@@ -144,22 +179,16 @@ class PrecisionSearch:
             passed=verdict.refused is None,
             reason=verdict.refused,
         )
+        name = f"{effective} ({trial.module_format})" if trial.module_format else effective
         if verdict.refused:
             shutil.rmtree(folder)
-            if self.named:
-                raise CompileError(
-                    f"precision {effective} refused: {verdict.refused} on "
-                    f"{len(self.reference.accuracy_rows)} texts. Use a higher precision, or "
-                    f"lower `{self.floor_field}` explicitly if that accuracy is acceptable for "
-                    "your use."
-                )
-            ctx.say(f"precision {effective}: refused, {verdict.refused}")
+            ctx.say(f"precision {name}: refused, {verdict.refused}")
             return trial, None
         value = verdict.accuracy.get(task.accuracy_metric)
         if len(self.precisions) > 1 and ctx.target.auto_times_candidates:
             trial.batch1_ms = batch1_ms(build.executor(ctx), ctx.tokenizer, ctx.grid)
             ctx.say(
-                f"precision {effective}: {task.accuracy_metric} {value:.5f}, batch-1 "
+                f"precision {name}: {task.accuracy_metric} {value:.5f}, batch-1 "
                 f"model time over the grid {trial.batch1_ms:.1f} ms"
             )
         return trial, Candidate(build, described, trial, verdict.validation)

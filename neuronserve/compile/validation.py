@@ -39,7 +39,7 @@ class Build:
 
 def _save(ctx: CompileContext, build: Build, key: str, compiled: Any, load: bool) -> None:
     stem = "model" if key == DYNAMIC else key
-    # an int8 CPU module is ONNX, whatever the target's usual suffix
+    # an ONNX Runtime CPU module is .onnx, whatever the target's usual suffix
     name = stem + getattr(compiled, "file_suffix", ctx.target.file_suffix)
     build.modules[key] = name
     ctx.target.save(compiled, build.folder / name)

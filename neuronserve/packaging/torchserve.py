@@ -54,7 +54,10 @@ def model_config(spec: DeploySpec, packaged: PackagedModel) -> dict:
         "minWorkers": packaged.plan.workers,
         "maxWorkers": packaged.plan.workers,
         "batchSize": spec.batch_requests or packaged.manifest.grid.max_batch,
-        "maxBatchDelay": spec.max_batch_delay_ms,
+        # 0 in model-config.yaml is read as unset (100 ms), and 0 through config.properties
+        # ends every batch at two requests (its aggregator stops once the delay is spent):
+        # 1 ms is the least delay that still batches (Model.pollBatch, ModelManager)
+        "maxBatchDelay": max(1, spec.max_batch_delay_ms),
         "responseTimeout": spec.response_timeout_s,
         # A worker that cannot start (no free core group) makes /ping say Unhealthy after
         # this long, instead of TorchServe retrying behind a Healthy /ping forever.
@@ -77,6 +80,10 @@ def store_properties(spec: DeploySpec, store: Path) -> dict[str, str]:
         "model_store": str(store),
         "load_models": "all",
         "metrics_mode": "prometheus",
+        # TorchServe's host metrics run a Python process every minute (about a second of
+        # CPU on the cores the workers serve on: a latency spike a minute); the front and
+        # the handler's own metrics say what serving needs
+        "disable_system_metrics": "true",
         "metrics_config": str(store / METRICS_FILE),
         "disable_token_authorization": str(not spec.token_auth).lower(),
         "default_response_timeout": str(spec.response_timeout_s),

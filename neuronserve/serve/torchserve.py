@@ -23,7 +23,7 @@ import psutil
 import requests
 
 from ..packaging.torchserve import CONFIG_FILE, read_properties, write_properties
-from ..resources import tool
+from ..resources import tool, torchserve_log_config
 from ..worker import FAILURE_MARKER
 from .process import (
     ServeError,
@@ -165,19 +165,15 @@ def start(
     config = run_dir / CONFIG_FILE
     write_properties(config, props)
 
-    cmd = [
-        *tool("torchserve", "ts.model_server", "start"),
-        "--start",
-        "--ncs",
-        "--model-store",
-        str(model_store),
-        "--ts-config",
-        str(config),
-    ]
     log(f"starting TorchServe (run directory {run_dir}) ...")
     with private_file(run_dir / "logs" / "launcher.log") as out:
         proc = subprocess.run(
-            cmd, cwd=run_dir, env=_env(run_dir), stdout=out, stderr=subprocess.STDOUT, timeout=120
+            _command(model_store, config),
+            cwd=run_dir,
+            env=_env(run_dir),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            timeout=120,
         )
     if proc.returncode != 0:
         raise ServeError(f"torchserve --start failed; see {run_dir / 'logs' / 'launcher.log'}")
@@ -189,6 +185,22 @@ def start(
         stop(run_dir, log=lambda *_: None)
         raise
     return instance
+
+
+def _command(model_store: Path, config: Path) -> list[str]:
+    """`torchserve --start` on the store, with the run's config.properties and our
+    log4j2.xml (the file says how it differs from TorchServe's)."""
+    return [
+        *tool("torchserve", "ts.model_server", "start"),
+        "--start",
+        "--ncs",
+        "--model-store",
+        str(model_store),
+        "--ts-config",
+        str(config),
+        "--log-config",
+        str(torchserve_log_config()),
+    ]
 
 
 def worker_counts(instance: TorchServeInstance, name: str) -> tuple[int, int, list[str]]:

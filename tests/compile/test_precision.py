@@ -75,12 +75,18 @@ def test_auto_keeps_the_fastest_precision_that_passes(tmp_path, classifier_dir):
         _spec(classifier_dir, tmp_path / "auto", task="text-classification"), progress=False
     )
     m = json.loads((out / "manifest.json").read_text())
-    trials = {t["precision"]: t for t in m["precision_trials"]}
-    assert set(trials) == {"int8", "bf16", "fp32"}
+    trials = {(t["precision"], t["module_format"]): t for t in m["precision_trials"]}
+    assert set(trials) == {
+        ("int8", "onnx"),
+        ("bf16", "torchscript"),
+        ("fp32", "torchscript"),
+        ("fp32", "onnx"),
+    }
     passed = {p: t for p, t in trials.items() if t["passed"]}
-    assert "fp32" in passed
-    assert m["precision"] == min(passed, key=lambda p: passed[p]["batch1_ms"])
-    assert m["accuracy"] == trials[m["precision"]]["accuracy"]
+    assert ("fp32", "torchscript") in passed and ("fp32", "onnx") in passed
+    kept = (m["precision"], m["compiler"]["module_format"])
+    assert kept == min(passed, key=lambda p: passed[p]["batch1_ms"])
+    assert m["accuracy"] == trials[kept]["accuracy"]
     assert m["accuracy"]["argmax_agreement"] >= 0.99
     # served labels agree with the fp32 eager model
     runner = Runner(out)
@@ -107,3 +113,21 @@ def test_precision_errors_name_what_the_target_has(tmp_path, classifier_dir):
         )
     with pytest.raises(SpecError, match="min_cosine"):
         load_spec(None, {"min_cosine": 1.5})
+
+
+def test_fp32_is_built_both_ways_and_the_faster_is_kept(tmp_path, minilm_dir):
+    out = compile_model(_spec(minilm_dir, tmp_path / "fp32", precision="fp32"), progress=False)
+    m = json.loads((out / "manifest.json").read_text())
+    trials = {t["module_format"]: t for t in m["precision_trials"]}
+    # TorchScript and ONNX Runtime (fused operators) both run fp32, both held to fp32's
+    # tolerance against eager, each timed
+    assert set(trials) == {"torchscript", "onnx"} and all(t["passed"] for t in trials.values())
+    assert all(t["precision"] == "fp32" and t["batch1_ms"] > 0 for t in trials.values())
+    kept = m["compiler"]["module_format"]
+    assert trials[kept]["batch1_ms"] == min(t["batch1_ms"] for t in trials.values())
+    assert m["modules"] == {"dynamic": "model.onnx" if kept == "onnx" else "model.pt"}
+    assert all(v["max_abs_diff"] <= m["tolerance"] for v in m["validation"])
+    # served: equal to eager at fp32's tolerance, whichever library runs it
+    runner = Runner(out)
+    got = np.array([runner.responses([runner.parse({"inputs": t})])[0] for t in TEXTS])
+    assert np.abs(got - reference_embeddings(minilm_dir, TEXTS)).max() < 1e-4

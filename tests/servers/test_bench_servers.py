@@ -17,7 +17,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 pytestmark = pytest.mark.server
 
 
-def test_bench_runs_servers_and_the_runner_and_writes_every_report(tmp_path, minilm_artifact):
+def test_bench_runs_servers_and_the_runner_and_writes_every_report(
+    tmp_path, minilm_artifact, minilm_dir
+):
     out = tmp_path / "bench"
     run_cli(
         "bench",
@@ -25,6 +27,8 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(tmp_path, min
         f"torchserve:{minilm_artifact}",
         "-e",
         f"runner:{minilm_artifact}",
+        "-e",
+        f"vanilla:{minilm_dir}",
         "-e",
         f"front:{minilm_artifact}",
         "--sequence-lengths",
@@ -64,6 +68,14 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(tmp_path, min
     # session as a whole does, and only the front's rows put work on the front process
     assert sum(p["cpu_ms_per_req_front"] * p["requests"] for p in front) > 0
     assert {(p["seq"], p["concurrency"]) for p in runner} == {(8, 1), (32, 1)}
+    # the baseline checked against a bare pipeline() loop, same process
+    vanilla = [p for p in points if p["type"] == "vanilla"]
+    assert {p["seq"] for p in vanilla} == {8, 32}
+    assert all(p["plain_loop_req_per_s"] > 0 and p["torch_threads"] >= 1 for p in vanilla)
+    for p in ts:
+        assert p["ratio_vs_vanilla"] == pytest.approx(
+            p["req_per_s"] / next(v["req_per_s"] for v in vanilla if v["seq"] == p["seq"])
+        )
     for p in points:
         assert p["errors"] == 0 and p["requests"] >= 5
         assert p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"] <= p["max_ms"]
@@ -86,6 +98,9 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(tmp_path, min
     md = (out / "results.md").read_text()
     assert "torchserve/throughput" in md and "Where the time goes" in md
     assert "The front against its engine" in md
+    assert "The baseline, checked" in md and "A lone request (concurrency 1)" in md
+    lone = md.split("A lone request (concurrency 1)")[1].split("###")[0]
+    assert "| torchserve/throughput | 8 |" in lone  # TorchServe's c=1 rows with model time
     for png in ("p95_vs_sequence_length.png", "throughput_vs_concurrency.png"):
         assert (out / png).read_bytes()[:8] == PNG
     check = data["wrk_check"]

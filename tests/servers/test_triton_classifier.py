@@ -16,6 +16,7 @@ from helpers import LABELS, run_cli, write_spec
 from tritonclient.utils import InferenceServerException
 
 from neuronserve.artifact import read_manifest, write_manifest
+from neuronserve.tasks import get_task
 from neuronserve.tasks.text_classification import softmax
 from neuronserve.tokenization import TextTokenizer
 
@@ -34,20 +35,36 @@ class FailsOnToken(torch.nn.Module):
         return self.inner(input_ids, attention_mask, token_type_ids)
 
 
-def failing_copy(artifact, out):
+def torchscript_of(artifact, manifest, model_dir):
+    """The artifact's module as TorchScript: itself when it is one, else the eager model
+    traced (an fp32 build may be an ONNX Runtime graph, which cannot be wrapped)."""
+    path = artifact / manifest.modules["dynamic"]
+    if path.suffix == ".pt":
+        return torch.jit.load(str(path))
+    task = get_task(manifest.task)
+    names = [i.name for i in manifest.inputs]
+    options = {"pooling": None, "normalize": None, "input_names": names}
+    module = task.wrap(task.load_model(model_dir), model_dir, options).module.eval()
+    example = tuple(torch.ones(1, 8, dtype=torch.long) for _ in names)
+    with torch.no_grad():
+        return torch.jit.trace(module, example, check_trace=False)
+
+
+def failing_copy(artifact, out, model_dir):
     """The classifier artifact with its module wrapped to fail on TRIGGER, re-hashed."""
     shutil.copytree(artifact, out)
     manifest = read_manifest(out)
     token = TextTokenizer(out / "tokenizer.json", 64).encode([TRIGGER], False)[0].ids[1]
-    module_file = out / manifest.modules["dynamic"]
-    wrapped = torch.jit.script(FailsOnToken(torch.jit.load(str(module_file)), token))
-    torch.jit.save(wrapped, str(module_file))
-    write_manifest(out, manifest.model_copy(update={"name": "failing"}))
+    wrapped = torch.jit.script(FailsOnToken(torchscript_of(out, manifest, model_dir), token))
+    (out / manifest.modules["dynamic"]).unlink()
+    torch.jit.save(wrapped, str(out / "model.pt"))
+    update = {"name": "failing", "modules": {"dynamic": "model.pt"}}
+    write_manifest(out, manifest.model_copy(update=update))
     return out
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory, classifier_artifact):
+def client(tmp_path_factory, classifier_artifact, classifier_dir):
     work = tmp_path_factory.mktemp("triton-classifier")
     common = {
         "triton_repository": "repo",
@@ -57,7 +74,7 @@ def client(tmp_path_factory, classifier_artifact):
     }
     spec = write_spec(work, name="classifier", artifact=classifier_artifact, **common)
     run_cli("package", "triton", "--spec", "deploy.yaml", cwd=work)
-    failing = failing_copy(classifier_artifact, work / "failing-artifact")
+    failing = failing_copy(classifier_artifact, work / "failing-artifact", classifier_dir)
     run_cli(
         "package",
         "triton",

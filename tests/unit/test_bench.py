@@ -52,6 +52,52 @@ def test_time_split_divides_window_deltas_by_requests():
     assert split["handler_ms"] == pytest.approx(600 / 50)
 
 
+def test_time_split_reads_tritons_counters_and_metric_names():
+    def scraped(served, queue_us, server_us, handled, model_ms):
+        return {
+            "cpu": {"workers": 0.0},
+            "metrics": {
+                "nv_inference_request_success": served,
+                "nv_inference_queue_duration_us": queue_us,
+                "nv_inference_request_duration_us": server_us,
+                "neuronserve_requests": handled,
+                "neuronserve_model_ms": model_ms,
+                "neuronserve_handler_ms": model_ms * 1.5,
+                "neuronserve_tokenize_ms": 0.0,
+            },
+        }
+
+    split = time_split(scraped(10, 1e3, 1e5, 10, 50.0), scraped(30, 5e3, 5e5, 30, 250.0), 20, 0.0)
+    assert split["queue_ms"] == pytest.approx(4 / 20)  # 4000 us over 20 served
+    assert split["server_ms"] == pytest.approx(400 / 20)
+    assert split["model_ms"] == pytest.approx(200 / 20)
+    assert split["handler_ms"] == pytest.approx(300 / 20)
+
+
+def test_lone_request_and_baseline_tables():
+    from neuronserve.bench.report import baseline_check, lone_request_table
+
+    points = [
+        {"endpoint": "ts", "seq": 8, "texts": 1, "concurrency": 1, "p50_ms": 9.5, "model_ms": 5.0},
+        {"endpoint": "ts", "seq": 8, "texts": 1, "concurrency": 16, "p50_ms": 40, "model_ms": 4},
+        {"endpoint": "tr", "seq": 8, "texts": 1, "concurrency": 1, "p50_ms": 7.0},
+        {
+            "endpoint": "vanilla",
+            "seq": 8,
+            "texts": 1,
+            "req_per_s": 48.0,
+            "plain_loop_req_per_s": 50.0,
+            "torch_threads": 2,
+        },
+    ]
+    lone = lone_request_table(points)
+    # concurrency 1 rows with a model time only: p50 and what it pays beyond the model
+    assert [ln for ln in lone if ln.startswith("| ts")] == ["| ts | 8 | 9.5 | 5.0 | 4.5 |"]
+    assert not [ln for ln in lone if ln.startswith("| tr")]
+    check = baseline_check(points)
+    assert "| vanilla | 8 | 1 | 2 | 48.0 | 50.0 | 0.960 |" in check
+
+
 def test_ratios_are_against_vanilla_at_the_same_length_and_texts():
     rows = [
         {"type": "vanilla", "endpoint": "v", "seq": 8, "texts": 1, "req_per_s": 40.0},
@@ -173,3 +219,37 @@ def test_load_counts_successes_and_failures_from_every_thread():
     assert counted < e.calls
     assert abs(r.errors / counted - 1 / 3) < 0.15
     assert len(e.threads) == 4 and r.wall_s > 0 and r.client_cpu_s >= 0
+
+
+def test_spread_compares_engines_run_by_run_and_derives_the_lone_request_cost():
+    from neuronserve.bench.spread import markdown
+
+    def run(ts, http, grpc, started):
+        point = {"seq": 8, "texts": 1, "concurrency": 16}
+        return {
+            "command": "neuronserve bench ...",
+            "started": started,
+            "machine": {"cpu": "cpu", "cores": 2},
+            "points": [
+                {**point, "endpoint": "ts", "type": "torchserve", "req_per_s": ts},
+                {**point, "endpoint": "tr http", "type": "triton-http", "req_per_s": http},
+                {**point, "endpoint": "tr grpc", "type": "triton-grpc", "req_per_s": grpc},
+                {
+                    **point,
+                    "concurrency": 1,
+                    "endpoint": "ts",
+                    "type": "torchserve",
+                    "req_per_s": 90.0,
+                    "p50_ms": 10.0,
+                    "model_ms": 6.0,
+                },
+            ],
+        }
+
+    # each run's TorchServe against the faster Triton protocol of that same run
+    md = markdown([run(90, 100, 80, "a"), run(60, 50, 75, "b"), run(100, 100, 100, "c")])
+    assert "| 8 | 1 | 16 | 0.90 (0.80-1.00) |" in md
+    lone = (
+        "| ts | 8 | 1 | 1 | 90.0 (90.0-90.0) | 10.0 (10.0-10.0) | 6.0 (6.0-6.0) | 4.0 (4.0-4.0) |"
+    )
+    assert lone in md

@@ -1,5 +1,7 @@
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from neuronserve.buckets import Bucket, BucketGrid, pad_batch, padding_ratio, unpad
 
@@ -57,3 +59,49 @@ def test_pad_refuses_rows_longer_than_bucket():
 def test_padding_ratio():
     assert padding_ratio(16, Bucket(1, 16)) == 0
     assert padding_ratio(8, Bucket(2, 8)) == 1.0
+
+
+def _cost_of(grid, chunks, lengths, cost):
+    return sum(cost(grid.choose(len(c), max(lengths[i] for i in c))) for c in chunks)
+
+
+def test_measured_costs_split_mixed_lengths_into_the_cheapest_runs():
+    grid = BucketGrid((1, 2, 4, 8), (8, 128))
+    # times like MiniLM's on a CPU: a long bucket costs about its tokens, plus a call
+    ms = {b.key: 1.0 + b.batch * b.seq * 0.05 for b in grid.buckets}
+    lengths = [5, 6, 7, 120, 5, 8, 100, 6]
+    chunks = list(grid.chunks(lengths, lambda b: ms[b.key]))
+    # the six short rows in one short bucket, the two long ones in a small long bucket
+    assert sorted(sorted(lengths[i] for i in c) for c in chunks) == [
+        [5, 5, 6, 6, 7, 8],
+        [100, 120],
+    ]
+    # without times: the largest batch, padded to the longest row
+    assert list(grid.chunks(lengths)) == [sorted(range(8), key=lambda i: lengths[i])]
+
+
+def test_one_call_beats_several_when_calls_cost_more_than_padding():
+    grid = BucketGrid((1, 2, 4, 8), (8, 16))
+    ms = {b.key: 10.0 + b.batch * b.seq * 0.001 for b in grid.buckets}  # a call dominates
+    lengths = [3, 4, 15, 16, 2, 9]
+    assert len(list(grid.chunks(lengths, lambda b: ms[b.key]))) == 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 128), min_size=1, max_size=40),
+    per_call=st.floats(0.0, 20.0),
+    per_token=st.floats(0.001, 1.0),
+)
+def test_measured_split_holds_every_row_once_and_never_costs_more(lengths, per_call, per_token):
+    grid = BucketGrid((1, 2, 4, 8), (16, 32, 64, 128))
+    ms = {b.key: per_call + b.batch * b.seq * per_token for b in grid.buckets}
+
+    def cost(b):
+        return ms[b.key]
+
+    chunks = list(grid.chunks(lengths, cost))
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    assert all(1 <= len(c) <= grid.max_batch for c in chunks)
+    baseline = list(grid.chunks(lengths))
+    assert _cost_of(grid, chunks, lengths, cost) <= _cost_of(grid, baseline, lengths, cost) + 1e-9

@@ -258,8 +258,9 @@ def test_the_runner_loads_the_bytes_it_verified(minilm_artifact, monkeypatch):
     assert seen and all(
         data == read_verified(minilm_artifact, manifest, name) for name, data in seen
     )
+    module = manifest.modules["dynamic"]
     with pytest.raises(ArtifactError, match="does not match its sha256"):
-        read_verified(minilm_artifact, manifest.model_copy(update={"files": {}}), "model.pt")
+        read_verified(minilm_artifact, manifest.model_copy(update={"files": {}}), module)
 
 
 def test_signed_artifacts_load_only_with_the_right_key(tmp_path, minilm_artifact, monkeypatch):

@@ -35,6 +35,13 @@ def test_wheel_ships_handler_and_only_neuronserve(tmp_path):
     assert top == {"neuronserve"}, top
     assert "neuronserve/_handlers/neuronserve_handler.py" in names
     assert "neuronserve/_triton_backend/model.py" in names
+    # every module of the source tree, and the data files beside them, are in it
+    shipped = {
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "neuronserve").rglob("*")
+        if p.suffix in (".py", ".xml") and "__pycache__" not in p.parts
+    }
+    assert not shipped - set(names), sorted(shipped - set(names))
 
     target = tmp_path / "site"
     subprocess.run(
@@ -56,7 +63,7 @@ def test_wheel_ships_handler_and_only_neuronserve(tmp_path):
     code = (
         "import neuronserve, neuronserve.resources as r; "
         "print(neuronserve.__file__); print(r.handler_file('neuronserve_handler.py')); "
-        "print(r.triton_model_file())"
+        "print(r.triton_model_file()); print(r.torchserve_log_config())"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -69,3 +76,7 @@ def test_wheel_ships_handler_and_only_neuronserve(tmp_path):
     assert all(p.startswith(str(target)) for p in out), out
     assert Path(out[1]).read_text() == (REPO / "handlers" / "neuronserve_handler.py").read_text()
     assert Path(out[2]).read_text() == (REPO / "triton_backend" / "model.py").read_text()
+    assert (
+        Path(out[3]).read_text()
+        == (REPO / "neuronserve" / "serve" / "torchserve_log4j2.xml").read_text()
+    )

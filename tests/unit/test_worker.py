@@ -134,3 +134,59 @@ def test_batch_values_from_a_report():
     assert got[("requests", ())] == 3 and got[("model_ms", ())] == 5.0
     assert got[("bucket_runs", (("batch_size", "3"), ("bucket", "b4_s16")))] == 1
     assert got[("padding_ratio", ())] == pytest.approx((64 + 64 - 70) / 70)
+
+
+def test_batch_delay_zero_means_no_wait_on_both_engines(minilm_artifact):
+    from neuronserve.packaging.model import prepare
+    from neuronserve.packaging.torchserve import model_config
+    from neuronserve.packaging.triton import model_config as triton_config
+    from neuronserve.spec import load_spec
+
+    default = load_spec(None, {})
+    assert default.max_batch_delay_ms == 0
+    packaged = prepare(minilm_artifact, default)
+    # Triton forms a batch of what is queued when an instance is free
+    assert triton_config(default, packaged).dynamic_batching.max_queue_delay_microseconds == 0
+    # TorchServe reads 0 as its 100 ms default: its least delay that still batches is 1 ms
+    assert model_config(default, packaged)["maxBatchDelay"] == 1
+    waits = load_spec(None, {"max_batch_delay_ms": 7})
+    assert model_config(waits, packaged)["maxBatchDelay"] == 7
+    assert triton_config(waits, packaged).dynamic_batching.max_queue_delay_microseconds == 7000
+
+
+def test_deferred_metrics_sum_counters_keep_the_last_gauge_and_flush_when_idle():
+    import threading
+    import time
+
+    from helpers import wait_for
+
+    emitted: list[tuple[str, float, dict]] = []
+    lock = threading.Lock()
+
+    def emit(metric, value, labels):
+        if metric is metrics.PADDING_RATIO and value < 0:
+            raise RuntimeError("a broken metrics sink")
+        with lock:
+            emitted.append((metric.name, value, labels))
+
+    deferred = metrics.DeferredMetrics(emit, interval_s=0.3)
+    t0 = time.monotonic()
+    deferred.add([(metrics.REQUESTS, 2, {}), (metrics.BATCH_REQUESTS, 2, {})])
+    deferred.add([(metrics.REQUESTS, 3, {}), (metrics.BATCH_REQUESTS, 3, {})])
+    # labels given out of order come out in the metric's own (TorchServe pairs by position)
+    runs = {"batch_size": "1", "bucket": "b1_s8"}
+    deferred.add([(metrics.BUCKET_RUNS, 1, runs), (metrics.PADDING_RATIO, -1, {})])
+    assert not emitted  # nothing is written while the batch's response is on its way
+    # flushed with no further batch: the sums, the last gauge, labels kept
+    wait_for(lambda: len(emitted) == 3, 5, 0.01, "the idle flush")
+    assert time.monotonic() - t0 >= 0.3
+    runs_labels = next(labels for name, _, labels in emitted if name == "bucket_runs")
+    assert list(runs_labels) == list(metrics.BUCKET_RUNS.labels)
+    assert sorted(emitted, key=lambda e: e[0]) == [
+        ("batch_requests", 3.0, {}),
+        ("bucket_runs", 1.0, {"bucket": "b1_s8", "batch_size": "1"}),
+        ("requests", 5.0, {}),
+    ]
+    # the sink's failure did not stop the thread: later batches are still written
+    deferred.add([(metrics.REQUESTS, 1, {})])
+    wait_for(lambda: ("requests", 1.0, {}) in emitted, 5, 0.01, "the next flush")
