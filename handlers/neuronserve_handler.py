@@ -106,7 +106,7 @@ class NeuronServeHandler(BaseHandler):
                 self.context.set_response_status(code=result.status, phrase=phrase, idx=idx)
                 out.append(orjson.dumps({"code": result.status, "error": result.message}))
             else:
-                # orjson: a 384-float vector in 0.03 ms where json took 0.3
+                # orjson: json's encoder was 0.3 ms of a lone MiniLM request (cProfile)
                 out.append(orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY))
         return out
 

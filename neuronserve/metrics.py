@@ -125,8 +125,8 @@ class DeferredMetrics:
                 # with the names it registered by position
                 order = {name: i for i, name in enumerate(metric.labels)}
                 key = (metric, tuple(sorted(labels.items(), key=lambda kv: order.get(kv[0], 99))))
-                summed = metric.kind == "counter"
-                self._pending[key] = self._pending.get(key, 0.0) * summed + float(value)
+                before = self._pending.get(key, 0.0) if metric.kind == "counter" else 0.0
+                self._pending[key] = before + float(value)
         self._wake.set()
 
     def _loop(self) -> None:

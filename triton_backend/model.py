@@ -207,8 +207,9 @@ class _Metrics:
         return self._series[key]
 
     def record(self, report, handler_ms: float) -> None:
-        """Each metric update is a message to the Triton process and back (about 0.1 ms);
-        DeferredMetrics sends them after the responses, many batches at once under load."""
+        """Each metric update is a message to the Triton process and its answer (the
+        stub's message queue); DeferredMetrics sends them after the responses, many
+        batches at once under load."""
         from neuronserve.metrics import HANDLER_MS, batch_values
 
         self.deferred.add([*batch_values(report), (HANDLER_MS, handler_ms, {})])
