@@ -194,6 +194,8 @@ class SageMakerServe:
 
         import psutil
 
+        if self.proc.poll() is not None:
+            return  # it exited by itself (watch_until_ready reports why)
         procs = [
             psutil.Process(self.proc.pid),
             *psutil.Process(self.proc.pid).children(recursive=True),

@@ -111,6 +111,13 @@ async def _bring_up(
     engines: list[Engine],
     server: dict[str, uvicorn.Server],
 ) -> None:
+    uv = server["uvicorn"]
+    # uvicorn runs the lifespan before it binds: the engine's ports are picked from the
+    # free ones only once the front's own is taken (CI once saw TorchServe given it)
+    while not uv.started and not uv.should_exit:
+        await asyncio.sleep(0.01)
+    if uv.should_exit:
+        return
     try:
         engine = make_engine()
         engines.append(engine)
@@ -128,7 +135,7 @@ async def _bring_up(
     except Exception as e:  # noqa: BLE001 - any load failure must end the process
         log.error("neuronserve: model failed to load: %s", " | ".join(str(e).splitlines()))
         serving.exit_code = 1
-        server["uvicorn"].should_exit = True
+        uv.should_exit = True
 
 
 def engine_for_source(spec: DeploySpec, source: Path, work: Path) -> Engine:
