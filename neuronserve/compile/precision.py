@@ -55,22 +55,27 @@ def batch1_ms(executor: Executor, tokenizer: TextTokenizer, grid: BucketGrid) ->
 
 
 def bucket_costs(
-    executor: Executor, tokenizer: TextTokenizer, grid: BucketGrid
+    executor: Executor, tokenizer: TextTokenizer, grid: BucketGrid, rounds: int = 3
 ) -> dict[str, float]:
-    """Each bucket's time full of real text, best of two after a warm-up call (ms): the
-    artifact keeps them so the Runner splits a batch into the bucket runs that finish
-    soonest on this kind of host."""
-    costs = {}
-    for bucket in grid.buckets:
-        row = tokenizer.encode_to_length(VALIDATION_TEXTS[0], bucket.seq).row()
-        times = []
-        for i in range(3):
+    """Each bucket's time full of real text, best of `rounds` after a warm-up round (ms):
+    the artifact keeps them so the Runner splits a batch into the bucket runs that finish
+    soonest on this kind of host.
+
+    Rounds go over every bucket in turn rather than one bucket at a time: the split
+    compares buckets with each other (four batch-1 runs against one batch-4), so a busy
+    moment on a shared host must not land on one bucket's samples only."""
+    rows = {
+        b.key: [tokenizer.encode_to_length(VALIDATION_TEXTS[0], b.seq).row()] * b.batch
+        for b in grid.buckets
+    }
+    best = dict.fromkeys(rows, float("inf"))
+    for i in range(rounds + 1):
+        for bucket in grid.buckets:
             t0 = time.perf_counter()
-            executor.run_bucket([row] * bucket.batch, bucket)
+            executor.run_bucket(rows[bucket.key], bucket)
             if i:
-                times.append((time.perf_counter() - t0) * 1e3)
-        costs[bucket.key] = round(min(times), 3)
-    return costs
+                best[bucket.key] = min(best[bucket.key], (time.perf_counter() - t0) * 1e3)
+    return {key: round(ms, 3) for key, ms in best.items()}
 
 
 @dataclass
