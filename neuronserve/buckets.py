@@ -90,6 +90,37 @@ class BucketGrid:
         yield from reversed(runs)
 
 
+# a larger batch is worth its wait only when it cuts the time per row by more than this
+BATCH_GAIN = 0.1
+
+
+def efficient_batches(
+    grid: BucketGrid, bucket_ms: Mapping[str, float], gain: float = BATCH_GAIN
+) -> dict[int, int]:
+    """For each sequence length, the smallest compiled batch whose measured time per row is
+    within `gain` of the least time per row any batch size reaches at that length.
+
+    An engine that hands a worker more requests than this makes them wait for each other
+    for almost no saving, and leaves other workers idle meanwhile (TorchServe gives one
+    worker whatever queued, up to its batchSize). Empty without times for every bucket."""
+    if not all(b.key in bucket_ms for b in grid.buckets):
+        return {}
+    out = {}
+    for seq in grid.sequence_lengths:
+        per_row = {b: bucket_ms[Bucket(b, seq).key] / b for b in grid.batch_sizes}
+        least = min(per_row.values())
+        out[seq] = next(b for b in grid.batch_sizes if per_row[b] <= least * (1 + gain))
+    return out
+
+
+def engine_batch_sizes(grid: BucketGrid, bucket_ms: Mapping[str, float]) -> list[int]:
+    """The batch sizes worth forming at some length (efficient_batches), smallest first:
+    Triton's preferred batch sizes, and the largest of them TorchServe's batchSize. The
+    whole grid when the buckets were not timed (a target whose modules run only on the
+    serving host)."""
+    return sorted(set(efficient_batches(grid, bucket_ms).values())) or list(grid.batch_sizes)
+
+
 def pad_batch(
     rows: Sequence[Mapping[str, Sequence[int]]],
     bucket: Bucket,

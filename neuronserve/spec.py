@@ -158,7 +158,7 @@ class DeploySpec(BaseModel):
         None,
         ge=1,
         description="TorchServe batchSize: requests one worker takes at once "
-        "(default: the largest compiled batch)",
+        "(default: the largest batch the artifact's bucket times say is worth forming)",
     )
     response_timeout_s: int = Field(
         120, ge=1, description="seconds a request may take before the engine gives up on it"

@@ -92,6 +92,7 @@ def markdown(results: dict[str, Any], title: str) -> str:
     lines += wrk_lines(results.get("wrk_check"))
     lines += split_table(results)
     lines += lone_request_table(points)
+    lines += floor_table(results)
     lines += baseline_check(points)
     lines += every_point_table(points)
     return "\n".join(lines) + "\n"
@@ -279,6 +280,50 @@ def lone_request_table(points: list[dict[str, Any]]) -> list[str]:
         out.append(
             f"| {r['endpoint']} | {r['seq']} | {r['p50_ms']:.1f} | {r['model_ms']:.1f} | "
             f"{beyond:.1f} |"
+        )
+    return [*out, ""]
+
+
+def floor_table(results: dict[str, Any]) -> list[str]:
+    """The model time of a lone request against the least time the machine could take for
+    its arithmetic: at the probe's int8 peak, and at the peak of the precision it runs."""
+    peaks = results.get("peak_gops") or {}
+    rows = [
+        r
+        for r in results["points"]
+        if r.get("concurrency") == 1
+        and r.get("model_ms")
+        and r.get("model_gflop")
+        and str(r.get("cores_per_worker")) in peaks
+    ]
+    if not rows:
+        return []
+    probes = ", ".join(
+        f"{t} thread(s): " + ", ".join(f"{k} {v:g}" for k, v in g.items()) for t, g in peaks.items()
+    )
+    out = [
+        "### The model against the machine's floor (concurrency 1)",
+        "",
+        "Arithmetic per request from the model's config (bench/floor.py: projections, "
+        "feed-forward, attention), over the peak matrix-multiply throughput a probe measured "
+        f"on a worker's cores after the servers stopped (GOP/s, {probes}). A model time "
+        "near its floor gets faster only with less or cheaper arithmetic.",
+        "",
+        "| endpoint | seq | precision | model ms | GOP | achieved GOP/s | "
+        "floor ms at int8 peak | model / int8 floor | floor ms at its precision | "
+        "model / that floor |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        peak = peaks[str(r["cores_per_worker"])]
+        gop, ms = r["model_gflop"], r["model_ms"]
+        int8_ms = gop / peak["int8"] * 1e3
+        own = peak.get(r.get("precision", ""))
+        own_ms = gop / own * 1e3 if own else None
+        out.append(
+            f"| {r['endpoint']} | {r['seq']} | {r.get('precision', '')} | {ms:.2f} | "
+            f"{gop:.3f} | {gop / ms * 1e3:.1f} | {int8_ms:.2f} | {ms / int8_ms:.1f} | "
+            + (f"{own_ms:.2f} | {ms / own_ms:.1f} |" if own_ms else " | |")
         )
     return [*out, ""]
 

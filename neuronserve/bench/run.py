@@ -33,6 +33,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import metrics
+from ..artifact import read_manifest
 from .endpoints import (
     Endpoint,
     HttpJsonEndpoint,
@@ -40,13 +41,16 @@ from .endpoints import (
     TritonEndpoint,
     VanillaEndpoint,
 )
+from .floor import encoder_gflop, peak_gops
 from .load import LoadResult, Window, run_load
 from .servers import FrontServer, ManagedServer, SageMakerServer, cpu_by_role, scrape
 from .stats import summarize
 from .texts import text_with_tokens
 
 MANAGED = ("torchserve", "triton", "sagemaker", "front", "front-triton")
-TYPES = (*MANAGED, "runner", "vanilla", "triton-http", "triton-grpc")
+# openai: any server's OpenAI-compatible embeddings URL (a peer such as infinity-emb or
+# text-embeddings-inference), driven with the same texts and load as ours
+TYPES = (*MANAGED, "runner", "vanilla", "triton-http", "triton-grpc", "openai")
 
 
 @dataclass
@@ -76,6 +80,9 @@ class BenchConfig:
     concurrency: list[int] = field(default_factory=lambda: [1])
     layouts: list[str] = field(default_factory=lambda: ["throughput"])
     window: Window = field(default_factory=Window)
+    # load on each started server before its first point, so a JIT-compiled frontend
+    # (TorchServe's JVM) is measured warm, as it runs after its first minute
+    server_warmup_s: float = 0.0
     max_batch_delay_ms: int | None = None
     batch_requests: int | None = None
     headers: dict[str, str] = field(default_factory=dict)
@@ -179,6 +186,13 @@ def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
             "external",
             None,
             lambda: [HttpJsonEndpoint(spec.label, spec.type, where, headers)],
+        )
+    elif spec.type == "openai":
+        yield Session(
+            spec.label,
+            "external",
+            None,
+            lambda: [HttpJsonEndpoint(spec.label, "openai", where, headers, field="input")],
         )
     elif spec.type in ("triton-http", "triton-grpc"):
         address, _, model = where.rpartition("/")
@@ -287,11 +301,18 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
     sweep = Sweep(config, bar)
     for session in sessions:
         sweep.run_session(session)
+    floor = None
+    if any("model_gflop" in r for r in sweep.rows):
+        # after every server has stopped, so the probe has the machine to itself
+        bar.set_postfix_str("probing the machine's peak matrix throughput")
+        threads = sorted({r["cores_per_worker"] for r in sweep.rows if "model_gflop" in r})
+        floor = {str(t): peak_gops(t) for t in threads}
     bar.close()
     _add_ratios(sweep.rows)
     return {
         "started": started.isoformat(timespec="seconds"),
         "machine": machine(),
+        "peak_gops": floor,
         "command": " ".join(sys.argv),
         "config": _config_dict(config),
         "points": sweep.rows,
@@ -323,6 +344,8 @@ class Sweep:
             )
         try:
             endpoints = session.make()
+            if server is not None and self.config.server_warmup_s > 0:
+                self.warm_up(endpoints)
             measured: dict[int, list[dict[str, Any]]] = {id(e): [] for e in endpoints}
             # every endpoint at one point before the next point: a route through the front
             # and its engine asked directly are measured seconds apart, not minutes, so
@@ -378,7 +401,7 @@ class Sweep:
             return {"skipped": f"wrk failed: {e}"}
         if metrics_url:
             after = settled_scrape(metrics_url, server.name)
-            name = _handled_name(after)
+            name = _scraped_name(metrics.REQUESTS, after)
             got["server_handled"] = int(after.get(name, 0) - before.get(name, 0))
         self.bar.write(
             f"wrk cross-check {endpoint.label} seq={seq} c={c}: wrk "
@@ -393,6 +416,19 @@ class Sweep:
             "ours": {k: ours[k] for k in ("req_per_s", "p50_ms", "p99_ms", "client_cores")},
             "ours_over_wrk": ours["req_per_s"] / got["req_per_s"],
         }
+
+    def warm_up(self, endpoints: list[Endpoint]) -> None:
+        """Load a freshly started server at the first point's length and the largest
+        concurrency, split over its endpoints, unmeasured. Measured with TorchServe:
+        its Java frontend's CPU per request fell from 1.6 to 0.3-0.4 ms over its first
+        25 s of load at 8 tokens, 16 clients."""
+        config = self.config
+        seq, n, c = config.sequence_lengths[0], config.texts_per_request[0], max(config.concurrency)
+        each = config.server_warmup_s / len(endpoints)
+        for endpoint in endpoints:
+            self.bar.set_postfix_str(f"{endpoint.label}: {each:.0f}s of unmeasured warm-up")
+            payload = endpoint.payload([self.texts[seq]] * n)
+            run_load(endpoint, payload, c, Window(warmup_s=0.0, duration_s=each, min_requests=1))
 
     def measure(
         self, endpoint: Endpoint, session: Session, seq: int, n: int, c: int
@@ -425,6 +461,7 @@ class Sweep:
             "errors": result.errors,
         }
         row.update(_summary(result, n))
+        row.update(_arithmetic(server, seq, n))
         if isinstance(endpoint, VanillaEndpoint) and row.get("req_per_s"):
             self.bar.set_postfix_str(f"{endpoint.label} seq={seq}: a plain pipeline() loop")
             window = self.config.window
@@ -449,6 +486,23 @@ def settled_scrape(metrics_url: str, model: str, timeout_s: float = 5.0) -> dict
             break
         last = now
     return last
+
+
+def _arithmetic(server: Any, seq: int, texts: int) -> dict[str, Any]:
+    """What the model behind a server bench started must compute per request (for the
+    compute-floor table), the precision it runs and the cores one worker holds."""
+    artifact = getattr(server, "artifact", None)
+    if artifact is None or not (artifact / "config.json").is_file():
+        return {}
+    try:
+        gflop = encoder_gflop(json.loads((artifact / "config.json").read_text()), seq, texts)
+    except (KeyError, TypeError, ValueError):
+        return {}  # not a BERT-shaped encoder config
+    return {
+        "model_gflop": gflop,
+        "precision": read_manifest(artifact, verify=False).precision,
+        "cores_per_worker": server.cores_per_worker,
+    }
 
 
 def torch_threads() -> int:
@@ -504,11 +558,10 @@ def time_split(
         if served > 0:
             out["queue_ms"] = d.get(queue_us, 0.0) / served / 1e3
             out["server_ms"] = d.get(server_us, 0.0) / served / 1e3
-    triton = metrics.REQUESTS.triton_name in end["metrics"]
-    handled = d.get(_handled_name(end["metrics"]), 0.0)
+    handled = d.get(_scraped_name(metrics.REQUESTS, end["metrics"]), 0.0)
     if handled > 0:
         for m in (metrics.HANDLER_MS, metrics.TOKENIZE_MS, metrics.MODEL_MS):
-            out[m.name] = d.get(m.triton_name if triton else m.torchserve_name, 0.0) / handled
+            out[m.name] = d.get(_scraped_name(m, end["metrics"]), 0.0) / handled
     return out
 
 
@@ -527,10 +580,11 @@ _ENGINE_COUNTERS = (
 )
 
 
-def _handled_name(scraped: dict[str, float]) -> str:
-    """The handler's request counter in whichever naming the engine's scrape uses."""
+def _scraped_name(metric: metrics.Metric, scraped: dict[str, float]) -> str:
+    """A handler metric's name in whichever naming the engine's scrape uses (Triton's
+    when the handler's request counter appears under it)."""
     triton = metrics.REQUESTS.triton_name in scraped
-    return metrics.REQUESTS.triton_name if triton else metrics.REQUESTS.torchserve_name
+    return metric.triton_name if triton else metric.torchserve_name
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:

@@ -49,7 +49,7 @@ class ManagedServer:
             Path(self.tmp.name),
             {k: v for k, v in settings.items() if v is not None},
         )
-        self.layout, self.name = layout, self.engine.name
+        self.artifact, self.layout, self.name = Path(artifact), layout, self.engine.name
         self.workers = self.engine.plan.workers
         self.cores_per_worker = self.engine.plan.cores_per_worker
         self._lease_dir: str | None = None

@@ -22,17 +22,22 @@ FIGURES = (
     ("p50_ms", "p50 ms", 1),
     ("model_ms", "model ms", 1),
     ("beyond_model_ms", "p50 beyond the model ms", 1),
+    ("over_int8_floor", "model / int8 floor", 1),
     ("vanilla_over_loop", "vanilla / plain loop", 3),
     ("cpu_ms_per_req_front", "front CPU ms/req", 2),
 )
 
 
-def derived(r: dict[str, Any]) -> dict[str, Any]:
+def derived(r: dict[str, Any], peaks: dict[str, Any] | None = None) -> dict[str, Any]:
     """A point with the figures computed from its own: what a lone request pays beyond
-    the model (concurrency 1), and the vanilla endpoint over a bare pipeline() loop."""
+    the model and the model's time over its arithmetic at the run's int8 peak
+    (concurrency 1), and the vanilla endpoint over a bare pipeline() loop."""
     out = dict(r)
     if r.get("concurrency") == 1 and r.get("model_ms") is not None:
         out["beyond_model_ms"] = r["p50_ms"] - r["model_ms"]
+        peak = (peaks or {}).get(str(r.get("cores_per_worker")), {}).get("int8")
+        if peak and r.get("model_gflop"):
+            out["over_int8_floor"] = r["model_ms"] / (r["model_gflop"] / peak * 1e3)
     if r.get("plain_loop_req_per_s"):
         out["vanilla_over_loop"] = r["req_per_s"] / r["plain_loop_req_per_s"]
     return out
@@ -83,7 +88,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
         for r in results["points"]:
             if r.get("req_per_s"):
                 key = (r["endpoint"], r["seq"], r["texts"], r["concurrency"])
-                by_point[key].append(derived(r))
+                by_point[key].append(derived(r, results.get("peak_gops")))
     shown = [f for f in FIGURES if any(f[0] in r for rows in by_point.values() for r in rows)]
     m = runs[0]["machine"]
     lines = [

@@ -24,7 +24,9 @@ def bench_cmd(
             "runner:ARTIFACT, vanilla:MODEL_DIR (transformers pipeline baseline), or a "
             "running server: torchserve:http://HOST:PORT/predictions/MODEL, "
             "sagemaker:http://HOST:PORT/invocations, triton-http:HOST:PORT/MODEL, "
-            "triton-grpc:HOST:PORT/MODEL. Prefix LABEL= to name it.",
+            "triton-grpc:HOST:PORT/MODEL, or a peer's OpenAI-style embeddings route: "
+            "openai:http://HOST:PORT/v1/embeddings (infinity-emb, text-embeddings-inference). "
+            "Prefix LABEL= to name it.",
         ),
     ],
     sequence_lengths: Annotated[
@@ -36,6 +38,14 @@ def bench_cmd(
         str, typer.Option(help="worker layouts for the servers bench starts: throughput, latency")
     ] = "throughput",
     warmup: Annotated[float, typer.Option(help="seconds of warm-up before each point")] = 2.0,
+    server_warmup: Annotated[
+        float,
+        typer.Option(
+            help="seconds of load on each server bench starts before its first point (a "
+            "JIT-compiled frontend such as TorchServe's Java one costs about 4x the CPU per "
+            "request for its first ~20 s of load); 0 to measure a cold server"
+        ),
+    ] = 30.0,
     duration: Annotated[float, typer.Option(help="seconds measured per point (at least)")] = 5.0,
     min_requests: Annotated[int, typer.Option(help="requests measured per point (at least)")] = 20,
     max_duration: Annotated[
@@ -109,6 +119,7 @@ def bench_cmd(
                 min_requests=min_requests,
                 max_duration_s=max_duration,
             ),
+            server_warmup_s=server_warmup,
             max_batch_delay_ms=max_batch_delay_ms,
             batch_requests=batch_requests,
             headers=headers,

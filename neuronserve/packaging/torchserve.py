@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from .. import metrics
+from ..buckets import engine_batch_sizes
 from ..resources import handler_file, tool
 from ..spec import DeploySpec
 from ..worker import ARTIFACT_DIR
@@ -47,13 +48,16 @@ def _metric_declarations() -> dict[str, list[dict]]:
 
 
 def model_config(spec: DeploySpec, packaged: PackagedModel) -> dict:
-    """The archive's model-config.yaml: workers = the plan, batchSize = the largest
-    compiled batch (TorchServe never forms a batch the grid cannot hold in one bucket
-    run), and the worker settings the handler reads back."""
+    """The archive's model-config.yaml: workers = the plan, batchSize = the largest batch
+    worth forming by the artifact's bucket times (never beyond the grid, so a batch of
+    one-text requests fits one bucket run), and the worker settings the handler reads
+    back."""
+    manifest = packaged.manifest
     return {
         "minWorkers": packaged.plan.workers,
         "maxWorkers": packaged.plan.workers,
-        "batchSize": spec.batch_requests or packaged.manifest.grid.max_batch,
+        "batchSize": spec.batch_requests
+        or max(engine_batch_sizes(manifest.grid, manifest.bucket_ms)),
         # 0 in model-config.yaml is read as unset (100 ms), and 0 through config.properties
         # ends every batch at two requests (its aggregator stops once the delay is spent):
         # 1 ms is the least delay that still batches (Model.pollBatch, ModelManager)

@@ -15,6 +15,7 @@ from typing import Any
 
 from google.protobuf import text_format
 
+from ..buckets import engine_batch_sizes
 from ..resources import triton_model_file
 from ..spec import DeploySpec
 from ..tasks import get_task
@@ -47,7 +48,11 @@ def model_config(spec: DeploySpec, packaged: PackagedModel) -> Any:
                 name=t.name, data_type=mc.DataType.Value(_DTYPES[t.dtype]), dims=list(t.dims)
             )
         )
-    config.dynamic_batching.preferred_batch_size.extend(grid.batch_sizes)
+    # max_batch_size stays the grid's (it also bounds the texts of one request); the
+    # batches Triton aims for are those the bucket times say are worth forming
+    config.dynamic_batching.preferred_batch_size.extend(
+        engine_batch_sizes(grid, manifest.bucket_ms)
+    )
     config.dynamic_batching.max_queue_delay_microseconds = spec.max_batch_delay_ms * 1000
     # bounded: beyond max_queued (or after queue_timeout_ms waiting) Triton refuses the
     # request (UNAVAILABLE, HTTP 503) instead of letting latency grow without bound

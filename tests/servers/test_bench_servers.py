@@ -11,10 +11,15 @@ import shutil
 import pytest
 from helpers import run_cli
 
+from neuronserve.bench.floor import encoder_gflop
+
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 pytestmark = pytest.mark.server
+
+
+MINILM_SHAPE = {"hidden_size": 384, "intermediate_size": 1536, "num_hidden_layers": 6}
 
 
 def test_bench_runs_servers_and_the_runner_and_writes_every_report(
@@ -37,6 +42,8 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(
         "1,2",
         "--warmup",
         "0.5",
+        "--server-warmup",
+        "1",
         "--duration",
         "0.5",
         "--min-requests",
@@ -92,15 +99,7 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(
     server = sum(p["server_ms"] * p["requests"] for p in ts)
     assert model <= 1.1 * handler, (model, handler)
     assert handler <= 1.1 * server, (handler, server)
-    with open(out / "results.csv") as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == len(points)
-    md = (out / "results.md").read_text()
-    assert "torchserve/throughput" in md and "Where the time goes" in md
-    assert "The front against its engine" in md
-    assert "The baseline, checked" in md and "A lone request (concurrency 1)" in md
-    lone = md.split("A lone request (concurrency 1)")[1].split("###")[0]
-    assert "| torchserve/throughput | 8 |" in lone  # TorchServe's c=1 rows with model time
+    _check_reports(out, data, ts)
     for png in ("p95_vs_sequence_length.png", "throughput_vs_concurrency.png"):
         assert (out / png).read_bytes()[:8] == PNG
     check = data["wrk_check"]
@@ -112,3 +111,24 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(
         assert check["wrk"]["server_handled"] >= check["wrk"]["requests"] - 2
     else:
         assert "not installed" in check["skipped"]
+
+
+def _check_reports(out, data, ts):
+    """results.csv and results.md hold every point and every table."""
+    with open(out / "results.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(data["points"])
+    md = (out / "results.md").read_text()
+    assert "torchserve/throughput" in md and "Where the time goes" in md
+    assert "The front against its engine" in md
+    assert "The baseline, checked" in md and "A lone request (concurrency 1)" in md
+    lone = md.split("A lone request (concurrency 1)")[1].split("###")[0]
+    assert "| torchserve/throughput | 8 |" in lone  # TorchServe's c=1 rows with model time
+    # the compute floor: the probe ran for the workers' core count, and TorchServe's lone
+    # requests carry the model's arithmetic (MiniLM: 6 layers of 384 wide, 1536 FFN)
+    (threads,) = {str(p["cores_per_worker"]) for p in ts}
+    assert set(data["peak_gops"][threads]) == {"fp32", "bf16", "int8"}
+    for p in ts:
+        assert p["model_gflop"] == pytest.approx(encoder_gflop(MINILM_SHAPE, p["seq"]))
+    floor = md.split("The model against the machine's floor")[1].split("###")[0]
+    assert "| torchserve/throughput | 32 |" in floor

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 
 import pytest
@@ -11,7 +12,7 @@ from neuronserve.bench import wrk
 from neuronserve.bench.endpoints import Endpoint, RequestFailed
 from neuronserve.bench.load import Window, run_load
 from neuronserve.bench.report import best_by_seq
-from neuronserve.bench.run import _add_ratios, parse_endpoint, time_split
+from neuronserve.bench.run import BenchConfig, _add_ratios, _sessions, parse_endpoint, time_split
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -150,6 +151,12 @@ def test_endpoint_specs_parse_and_refuse_unknown_types():
     )
     e = parse_endpoint("triton-grpc:127.0.0.1:8001/m")
     assert (e.label, e.type, e.where) == ("triton-grpc", "triton-grpc", "127.0.0.1:8001/m")
+    # a peer's OpenAI-style route gets OpenAI's body: {"input": ...}
+    e = parse_endpoint("infinity=openai:http://127.0.0.1:7997/embeddings")
+    (session,) = _sessions(e, BenchConfig(endpoints=[e], sequence_lengths=[8]))
+    (endpoint,) = session.make()
+    assert (endpoint.type, endpoint.url) == ("openai", "http://127.0.0.1:7997/embeddings")
+    assert json.loads(endpoint.payload(["a text"])) == {"input": "a text"}
     with pytest.raises(ValueError, match="unknown type"):
         parse_endpoint("tgi:http://x")
     with pytest.raises(ValueError, match="TYPE:WHERE"):
@@ -230,6 +237,7 @@ def test_spread_compares_engines_run_by_run_and_derives_the_lone_request_cost():
             "command": "neuronserve bench ...",
             "started": started,
             "machine": {"cpu": "cpu", "cores": 2},
+            "peak_gops": {"1": {"fp32": 50.0, "int8": 100.0}},
             "points": [
                 {**point, "endpoint": "ts", "type": "torchserve", "req_per_s": ts},
                 {**point, "endpoint": "tr http", "type": "triton-http", "req_per_s": http},
@@ -242,6 +250,8 @@ def test_spread_compares_engines_run_by_run_and_derives_the_lone_request_cost():
                     "req_per_s": 90.0,
                     "p50_ms": 10.0,
                     "model_ms": 6.0,
+                    "model_gflop": 0.3,
+                    "cores_per_worker": 1,
                 },
             ],
         }
@@ -249,7 +259,106 @@ def test_spread_compares_engines_run_by_run_and_derives_the_lone_request_cost():
     # each run's TorchServe against the faster Triton protocol of that same run
     md = markdown([run(90, 100, 80, "a"), run(60, 50, 75, "b"), run(100, 100, 100, "c")])
     assert "| 8 | 1 | 16 | 0.90 (0.80-1.00) |" in md
+    # 0.3 GOP at the int8 peak of 100 GOP/s is 3 ms: the model's 6 ms is twice its floor
     lone = (
-        "| ts | 8 | 1 | 1 | 90.0 (90.0-90.0) | 10.0 (10.0-10.0) | 6.0 (6.0-6.0) | 4.0 (4.0-4.0) |"
+        "| ts | 8 | 1 | 1 | 90.0 (90.0-90.0) | 10.0 (10.0-10.0) | 6.0 (6.0-6.0) | 4.0 (4.0-4.0) "
+        "| 2.0 (2.0-2.0) |"
     )
     assert lone in md
+
+
+def test_encoder_arithmetic_equals_torchs_flop_count_of_the_model():
+    """bench/floor.py's formula against torch's own count of the matmuls a BERT runs
+    (FlopCounterMode, attention included), on a small random model at two lengths."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from transformers import BertConfig, BertModel
+
+    from neuronserve.bench.floor import encoder_gflop
+
+    config = BertConfig(
+        vocab_size=500,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=256,
+        add_pooling_layer=False,
+    )
+    # eager attention: its two matmuls are counted like the others
+    config._attn_implementation = "eager"
+    model = BertModel(config, add_pooling_layer=False).eval()
+    for seq in (16, 96):
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(torch.ones(2, seq, dtype=torch.long))
+        counted = counter.get_total_flops() / 1e9
+        assert encoder_gflop(config.to_dict(), seq, batch=2) == pytest.approx(counted, rel=1e-6)
+    # DistilBERT names the same sizes differently
+    distil = {"dim": 64, "hidden_dim": 256, "n_layers": 3}
+    assert encoder_gflop(distil, 16) == encoder_gflop(config.to_dict(), 16)
+
+
+def test_peak_probe_measures_every_precision_and_leaves_torchs_threads_alone():
+    import torch
+
+    from neuronserve.bench.floor import peak_gops
+
+    before = torch.get_num_threads()
+    peaks = peak_gops(1, repeats=1)
+    assert set(peaks) == {"fp32", "bf16", "int8"} and all(v > 0 for v in peaks.values())
+    assert torch.get_num_threads() == before
+
+
+def test_floor_table_sets_model_time_against_the_probe():
+    from neuronserve.bench.report import floor_table
+
+    point = {
+        "endpoint": "torchserve",
+        "seq": 128,
+        "concurrency": 1,
+        "texts": 1,
+        "model_ms": 20.0,
+        "model_gflop": 2.0,
+        "precision": "fp32",
+        "cores_per_worker": 1,
+    }
+    results = {
+        "points": [point, {**point, "concurrency": 16}],
+        "peak_gops": {"1": {"fp32": 100.0, "bf16": 1.0, "int8": 200.0}},
+    }
+    table = floor_table(results)
+    (row,) = [line for line in table if line.startswith("| torchserve")]
+    # 2 GOP at 200 GOP/s int8 is 10 ms (model 2.0x that); at fp32's 100 GOP/s 20 ms (1.0x)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells == [
+        "torchserve",
+        "128",
+        "fp32",
+        "20.00",
+        "2.000",
+        "100.0",
+        "10.00",
+        "2.0",
+        "20.00",
+        "1.0",
+    ]
+    assert floor_table({"points": [point], "peak_gops": None}) == []
+
+
+def test_a_lone_in_process_client_runs_on_the_calling_thread():
+    """The vanilla baseline is timed on the thread a user's own loop would use (torch is
+    slower from a second thread); its counts follow the same window rules."""
+    e = CountingEndpoint()
+    e.in_process = True
+    window = Window(warmup_s=0.05, duration_s=0.1, min_requests=30, max_duration_s=30)
+    r = run_load(e, ["x"], concurrency=1, window=window, probe=lambda: e.calls)
+    assert e.threads == {threading.get_ident()}
+    counted = len(r.latencies_ms) + r.errors
+    assert counted >= 30 and counted < e.calls  # warm-up calls are not counted
+    assert abs(r.errors / counted - 1 / 3) < 0.15
+    # the probe saw the window open after the warm-up and close after the last call
+    assert r.probe_start < r.probe_end == e.calls
+    # at more than one client, every client has a thread of its own
+    e2 = CountingEndpoint()
+    e2.in_process = True
+    run_load(e2, ["x"], concurrency=2, window=window)
+    assert len(e2.threads) == 2 and threading.get_ident() not in e2.threads

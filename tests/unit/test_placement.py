@@ -53,6 +53,7 @@ def test_more_workers_than_groups_is_a_warning_or_capped():
 
 
 def test_packagers_write_the_plan(tmp_path, minilm_artifact):
+    from neuronserve.buckets import engine_batch_sizes
     from neuronserve.packaging.model import prepare
     from neuronserve.packaging.torchserve import model_config
     from neuronserve.packaging.triton import package_triton, read_config
@@ -66,7 +67,10 @@ def test_packagers_write_the_plan(tmp_path, minilm_artifact):
     packaged = prepare(minilm_artifact, throughput)
     cfg = model_config(throughput, packaged)
     assert (cfg["minWorkers"], cfg["neuronserve"]["cores_per_worker"]) == (n, 1)
-    assert cfg["batchSize"] == packaged.manifest.grid.max_batch
+    # the largest batch the artifact's bucket times say is worth forming
+    m = packaged.manifest
+    assert cfg["batchSize"] == max(engine_batch_sizes(m.grid, m.bucket_ms))
+    assert cfg["batchSize"] in m.grid.batch_sizes
     # Triton: one instance holding every core
     spec = load_spec(None, {"layout": "latency", "triton_repository": tmp_path / "repo"})
     config = read_config(package_triton(minilm_artifact, spec) / "config.pbtxt")
