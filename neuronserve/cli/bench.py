@@ -42,8 +42,8 @@ def bench_cmd(
         float,
         typer.Option(
             help="seconds of load on each server bench starts before its first point (a "
-            "JIT-compiled frontend such as TorchServe's Java one costs about 4x the CPU per "
-            "request for its first ~20 s of load); 0 to measure a cold server"
+            "JIT-compiled frontend such as TorchServe's Java one costs more CPU per request "
+            "in its first tens of seconds of load); 0 to measure a cold server"
         ),
     ] = 30.0,
     duration: Annotated[float, typer.Option(help="seconds measured per point (at least)")] = 5.0,
