@@ -103,6 +103,17 @@ def encoder_gflop(config: Mapping[str, Any], seq: int, batch: int = 1) -> float:
     return batch * layers * per_layer / 1e9
 
 
+def floor_ms(gop: float, gops: float) -> float:
+    """The least time (ms) for `gop` of arithmetic at a peak of `gops` GOP/s."""
+    return gop / gops * 1e3
+
+
+def point_peaks(point: Mapping[str, Any], peaks: Mapping[str, Any] | None) -> dict[str, float]:
+    """The probe's peaks (by precision) for the cores one worker of `point` holds: a bench
+    run's `peak_gops` is keyed by that core count. Empty when it was not probed."""
+    return dict((peaks or {}).get(str(point.get("cores_per_worker")), {}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--threads", type=int, default=1, help="threads per probe (default 1)")

@@ -34,6 +34,11 @@ class Window:
     min_requests: int = 20
     max_duration_s: float = 60.0
 
+    def over(self, elapsed_s: float, done: int) -> bool:
+        """Whether a window open for `elapsed_s` with `done` requests completed is over."""
+        enough = elapsed_s >= self.duration_s and done >= self.min_requests
+        return enough or elapsed_s >= self.max_duration_s
+
 
 @dataclass
 class LoadResult:
@@ -168,9 +173,7 @@ def run_load(
     while True:
         time.sleep(0.05)
         elapsed = time.perf_counter() - t_start
-        if (
-            elapsed >= window.duration_s and load.done() >= window.min_requests
-        ) or elapsed >= window.max_duration_s:
+        if window.over(elapsed, load.done()):
             break
     # the window closes now; requests still in flight are not counted
     with load.lock:
@@ -212,10 +215,7 @@ def _run_on_this_thread(
             latencies.append((last_end - t0) * 1e3)
         except RequestFailed as e:
             errors.append(str(e))
-        elapsed = time.perf_counter() - t_start
-        if (
-            elapsed >= window.duration_s and len(latencies) + len(errors) >= window.min_requests
-        ) or elapsed >= window.max_duration_s:
+        if window.over(time.perf_counter() - t_start, len(latencies) + len(errors)):
             break
     cpu = time.process_time() - cpu0
     probe_end = probe() if probe else None

@@ -8,6 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from .floor import floor_ms, point_peaks
+
 COLUMNS = [
     "endpoint",
     "type",
@@ -294,7 +296,7 @@ def floor_table(results: dict[str, Any]) -> list[str]:
         if r.get("concurrency") == 1
         and r.get("model_ms")
         and r.get("model_gflop")
-        and str(r.get("cores_per_worker")) in peaks
+        and point_peaks(r, peaks)
     ]
     if not rows:
         return []
@@ -315,11 +317,11 @@ def floor_table(results: dict[str, Any]) -> list[str]:
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        peak = peaks[str(r["cores_per_worker"])]
+        peak = point_peaks(r, peaks)
         gop, ms = r["model_gflop"], r["model_ms"]
-        int8_ms = gop / peak["int8"] * 1e3
+        int8_ms = floor_ms(gop, peak["int8"])
         own = peak.get(r.get("precision", ""))
-        own_ms = gop / own * 1e3 if own else None
+        own_ms = floor_ms(gop, own) if own else None
         out.append(
             f"| {r['endpoint']} | {r['seq']} | {r.get('precision', '')} | {ms:.2f} | "
             f"{gop:.3f} | {gop / ms * 1e3:.1f} | {int8_ms:.2f} | {ms / int8_ms:.1f} | "

@@ -20,6 +20,7 @@ Endpoint specs (`--endpoint`, repeatable), `TYPE:WHERE`, optionally `LABEL=TYPE:
 
 from __future__ import annotations
 
+import functools
 import json
 import platform
 import sys
@@ -492,17 +493,25 @@ def _arithmetic(server: Any, seq: int, texts: int) -> dict[str, Any]:
     """What the model behind a server bench started must compute per request (for the
     compute-floor table), the precision it runs and the cores one worker holds."""
     artifact = getattr(server, "artifact", None)
-    if artifact is None or not (artifact / "config.json").is_file():
+    model = _artifact_model(artifact) if artifact is not None else None
+    if model is None:
         return {}
+    config, precision = model
     try:
-        gflop = encoder_gflop(json.loads((artifact / "config.json").read_text()), seq, texts)
+        gflop = encoder_gflop(config, seq, texts)
     except (KeyError, TypeError, ValueError):
         return {}  # not a BERT-shaped encoder config
-    return {
-        "model_gflop": gflop,
-        "precision": read_manifest(artifact, verify=False).precision,
-        "cores_per_worker": server.cores_per_worker,
-    }
+    cores = server.cores_per_worker
+    return {"model_gflop": gflop, "precision": precision, "cores_per_worker": cores}
+
+
+@functools.cache
+def _artifact_model(artifact: Path) -> tuple[dict[str, Any], str] | None:
+    """An artifact's model config and precision, read once per process, not per point."""
+    if not (artifact / "config.json").is_file():
+        return None
+    config = json.loads((artifact / "config.json").read_text())
+    return config, read_manifest(artifact, verify=False).precision
 
 
 def torch_threads() -> int:

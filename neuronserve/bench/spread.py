@@ -15,6 +15,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from .floor import floor_ms, point_peaks
+
 FIGURES = (
     ("req_per_s", "req/s", 1),
     ("ratio_vs_engine", "x engine direct", 2),
@@ -35,9 +37,9 @@ def derived(r: dict[str, Any], peaks: dict[str, Any] | None = None) -> dict[str,
     out = dict(r)
     if r.get("concurrency") == 1 and r.get("model_ms") is not None:
         out["beyond_model_ms"] = r["p50_ms"] - r["model_ms"]
-        peak = (peaks or {}).get(str(r.get("cores_per_worker")), {}).get("int8")
+        peak = point_peaks(r, peaks).get("int8")
         if peak and r.get("model_gflop"):
-            out["over_int8_floor"] = r["model_ms"] / (r["model_gflop"] / peak * 1e3)
+            out["over_int8_floor"] = r["model_ms"] / floor_ms(r["model_gflop"], peak)
     if r.get("plain_loop_req_per_s"):
         out["vanilla_over_loop"] = r["req_per_s"] / r["plain_loop_req_per_s"]
     return out
