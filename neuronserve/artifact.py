@@ -42,6 +42,11 @@ class TokenizerSettings(BaseModel):
     truncation: bool = True
     pad_token_id: int = 0
     supports_pairs: bool = True
+    # what the token-level tasks decode with, as transformers' tokenizer had them
+    mask_token_id: int | None = None
+    unk_token_id: int | None = None
+    # transformers' clean_up_tokenization_spaces, as its decode applies it to this tokenizer
+    clean_up_spaces: bool = False
 
 
 class BucketValidation(BaseModel):
@@ -83,6 +88,9 @@ class Manifest(BaseModel):
     labels: list[str] | None = None
     pooling: str | None = None
     normalize: bool | None = None
+    # what a task's answers need beyond the labels (fill-mask: the predictions kept per
+    # token; rerank: the label scored)
+    task_settings: dict[str, Any] = Field(default_factory=dict)
     tokenizer: TokenizerSettings
     versions: dict[str, str] = Field(default_factory=dict)
     compiler: dict[str, Any] = Field(default_factory=dict)
@@ -118,6 +126,18 @@ class Manifest(BaseModel):
     def opened_files(self) -> list[str]:
         """Every file the loaders open: each must be listed, and so hashed."""
         return sorted({*self.modules.values(), self.tokenizer.file})
+
+    def task_info(self) -> dict[str, Any]:
+        """What a task's respond and finish read (labels, task settings, tokenizer facts):
+        the same wherever it runs, worker or front."""
+        t = self.tokenizer
+        return {
+            "labels": self.labels,
+            **self.task_settings,
+            "mask_token_id": t.mask_token_id,
+            "unk_token_id": t.unk_token_id,
+            "clean_up_spaces": t.clean_up_spaces,
+        }
 
     @property
     def grid(self) -> BucketGrid:

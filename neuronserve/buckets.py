@@ -144,9 +144,14 @@ def pad_batch(
     return out
 
 
-def unpad(output: np.ndarray, n_rows: int) -> np.ndarray:
-    """Drop the padding rows a bucket added."""
-    return output[:n_rows]
+def unpad(
+    output: np.ndarray, n_rows: int, lengths: Sequence[int] | None = None
+) -> np.ndarray | list[np.ndarray]:
+    """Drop the padding rows a bucket added; with `lengths` (an output per token), also
+    each row's padding tokens: one (length, ...) array per row."""
+    if lengths is None:
+        return output[:n_rows]
+    return [output[i, :n] for i, n in enumerate(lengths[:n_rows])]
 
 
 def padding_ratio(real_tokens: int, bucket: Bucket) -> float:

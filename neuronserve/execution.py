@@ -1,5 +1,8 @@
 """The pad-run-unpad path: token rows -> bucket by length -> pad -> run -> unpad.
 
+Outputs are per row (an embedding, logits: unpadded along the batch axis) or per token
+(a task's `per_token`: each row's tokens cut back to its own length as well).
+
 The Runner serves with it and `compile` validates and measures accuracy with it, so
 what was validated is what is served. Only shapes are known here; decoding requests,
 tokenizing and turning outputs into responses belong to the Runner and the tasks.
@@ -20,6 +23,8 @@ from .buckets import Bucket, BucketGrid, pad_batch, padding_ratio, unpad
 
 Row = Mapping[str, Sequence[int]]
 Module = Callable[..., torch.Tensor]
+# per-row outputs stacked (rows, dim), or per-token outputs one (tokens, dim) per row
+RowOutputs = np.ndarray | list[np.ndarray]
 
 
 @dataclass
@@ -58,11 +63,12 @@ class RunReport:
 
 @dataclass(frozen=True)
 class InputLayout:
-    """How token rows become the module's tensors: input names in call order and the
-    value each pads with."""
+    """How token rows become the module's tensors (input names in call order and the
+    value each pads with), and whether the module answers per token."""
 
     names: tuple[str, ...]
     pad_values: dict[str, int]
+    per_token: bool = False
 
 
 @dataclass
@@ -88,15 +94,17 @@ class Executor:
         rows: Sequence[Row],
         bucket: Bucket,
         module_for: Callable[[Bucket], Module] | None = None,
-    ) -> np.ndarray:
-        """Pad `rows` to `bucket`, run its module, drop the padding rows."""
+    ) -> RowOutputs:
+        """Pad `rows` to `bucket`, run its module, drop the padding (rows, and tokens
+        when the module answers per token)."""
         arrays = pad_batch(rows, bucket, self.layout.names, self.layout.pad_values)
         module = (module_for or self.module_for)(bucket)
         with torch.inference_mode():
             out = module(*(torch.from_numpy(arrays[n]) for n in self.layout.names))
-        return unpad(out.float().numpy(), len(rows))
+        lengths = [len(r["input_ids"]) for r in rows] if self.layout.per_token else None
+        return unpad(out.float().numpy(), len(rows), lengths)
 
-    def run(self, rows: Sequence[Row], report: RunReport | None = None) -> np.ndarray:
+    def run(self, rows: Sequence[Row], report: RunReport | None = None) -> RowOutputs:
         """Outputs for `rows` in their order: rows grouped by length into the smallest
         buckets that hold them, batches beyond the largest bucket split."""
         lengths = [len(r["input_ids"]) for r in rows]
@@ -107,23 +115,37 @@ class Executor:
             chunks = _spread(chunks, 1 + len(self.copies))
         buckets = [self.grid.choose(len(c), max(lengths[i] for i in c)) for c in chunks]
         timed = self._run_chunks(rows, chunks, buckets)
-        out: np.ndarray | None = None
+        out: RowOutputs | None = None
         for chunk, bucket, (got, ms) in zip(chunks, buckets, timed, strict=True):
-            if out is None:
-                out = np.empty((len(rows), *got.shape[1:]), dtype=np.float32)
-            out[chunk] = got
+            if isinstance(got, list):
+                rows_out: list[np.ndarray] = (
+                    out if isinstance(out, list) else [np.empty(0)] * len(rows)
+                )
+                for i, row in zip(chunk, got, strict=True):
+                    rows_out[i] = row
+                out = rows_out
+            else:
+                stacked = (
+                    out
+                    if isinstance(out, np.ndarray)
+                    else np.empty((len(rows), *got.shape[1:]), dtype=np.float32)
+                )
+                stacked[chunk] = got
+                out = stacked
             if report is not None:
                 report.runs.append(
                     BucketRun(bucket, len(chunk), sum(lengths[i] for i in chunk), ms)
                 )
-        return out if out is not None else np.empty((0, 0), dtype=np.float32)
+        if out is None:
+            return [] if self.layout.per_token else np.empty((0, 0), dtype=np.float32)
+        return out
 
     def _run_chunks(
         self, rows: Sequence[Row], chunks: list[list[int]], buckets: list[Bucket]
-    ) -> list[tuple[np.ndarray, float]]:
+    ) -> list[tuple[RowOutputs, float]]:
         def one(
             chunk: list[int], bucket: Bucket, module_for: Callable[[Bucket], Module]
-        ) -> tuple[np.ndarray, float]:
+        ) -> tuple[RowOutputs, float]:
             t0 = time.perf_counter()
             got = self.run_bucket([rows[i] for i in chunk], bucket, module_for)
             return got, (time.perf_counter() - t0) * 1e3
@@ -135,7 +157,7 @@ class Executor:
         for module_for in (self.module_for, *self.copies):
             free.put(module_for)
 
-        def on_a_free_copy(chunk: list[int], bucket: Bucket) -> tuple[np.ndarray, float]:
+        def on_a_free_copy(chunk: list[int], bucket: Bucket) -> tuple[RowOutputs, float]:
             module_for = free.get()
             try:
                 return one(chunk, bucket, module_for)

@@ -16,12 +16,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
 
 from .artifact import ArtifactError, Manifest, read_manifest, read_verified
 from .buckets import Bucket
 from .compile.targets import get_target
-from .execution import Executor, InputLayout, Module, Row, RunReport
+from .compile.validate import layout_of
+from .execution import Executor, Module, Row, RunReport
 from .tasks import RequestError, TaskRequest, decode_payload, get_task
 from .tasks.base import RequestLimits, Text, internal_error
 from .tokenization import Encoded, TextTokenizer
@@ -29,7 +29,7 @@ from .tokenization import Encoded, TextTokenizer
 log = logging.getLogger(__name__)
 
 Response = Any  # a JSON-able response, or a RequestError for that request alone
-Outputs = np.ndarray | RequestError  # one request's model output rows, or its error
+Outputs = Any  # one request's results (Task.finish), or its RequestError
 
 
 class Runner:
@@ -78,11 +78,11 @@ class Runner:
         self.executor = Executor(
             self._module_of(0),
             self.grid,
-            InputLayout(tuple(i.name for i in m.inputs), {i.name: i.pad_value for i in m.inputs}),
+            layout_of(m),
             [self._module_of(k) for k in range(1, copies)],
             m.bucket_ms,
         )
-        self.info = {"labels": m.labels}
+        self.info = {**m.task_info(), "tokenizer": self.tokenizer}
         if warmup:
             self.warmup()
 
@@ -121,7 +121,9 @@ class Runner:
 
     def parse(self, body: Any, content_type: str | None = None) -> TaskRequest:
         """Decode one request body into the task's request (raises RequestError)."""
-        inputs, parameters = decode_payload(body, content_type, self.limits.json_depth)
+        inputs, parameters = decode_payload(
+            body, content_type, self.limits.json_depth, self.task.body_fields
+        )
         return self.task.parse(inputs, parameters)
 
     def responses_for_bodies(
@@ -152,9 +154,10 @@ class Runner:
     def outputs(
         self, requests: Sequence[TaskRequest | RequestError], report: RunReport | None = None
     ) -> list[Outputs]:
-        """Model output rows (one per text) for each request of one batch; errors in place.
+        """Each request's results (`Task.finish`: model output rows for the per-row tasks,
+        JSON-able results for the others), one per text, for one batch; errors in place.
 
-        Tensor-based servers (Triton) turn these rows into their output tensors with
+        Tensor-based servers (Triton) turn these into their output tensors with
         `task.tensors`; JSON servers use `responses`.
         """
         report = report if report is not None else RunReport()
@@ -169,59 +172,96 @@ class Runner:
         report.requests, report.texts = len(requests), sum(len(r.texts) for _, r in live)
 
         t0 = time.perf_counter()
-        encoded = self._encode([r for _, r in live])
+        encoded = self._encode(live, results)
         report.tokenize_ms = (time.perf_counter() - t0) * 1e3
 
         rows: list[Row] = []
-        owners: list[tuple[int, int]] = []  # (request index, its rows), in row order
-        pos = 0
+        owners: list[tuple[int, list[list[Encoded]]]] = []  # (request, its texts' rows)
         for i, request in live:
-            mine = encoded[pos : pos + len(request.texts)]
-            pos += len(mine)
-            results[i] = self._too_long(mine)
+            mine = encoded.get(i)
+            if mine is None:
+                continue  # refused while tokenizing
+            results[i] = self._too_long(mine) or self.task.check_encoded(mine, request, self.info)
             if results[i] is None:
-                rows.extend(e.row() for e in mine)
-                owners.append((i, len(mine)))
+                rows.extend(e.row() for windows in mine for e in windows)
+                owners.append((i, mine))
 
-        out: Outputs
         try:
-            out = self.executor.run(rows, report)
+            out: Any = self.executor.run(rows, report)
         except Exception:  # noqa: BLE001 - the batch fails, the worker must not (logged)
             out = internal_error("running the model")
         pos = 0
-        for i, n in owners:
-            results[i] = out if isinstance(out, RequestError) else out[pos : pos + n]
+        for i, mine in owners:
+            n = sum(len(windows) for windows in mine)
+            results[i] = (
+                out
+                if isinstance(out, RequestError)
+                else self._finish(out[pos : pos + n], mine, cast(TaskRequest, requests[i]))
+            )
             pos += n
-        # every slot is filled now: refused at parse, refused here, or given its rows
+        # every slot is filled now: refused at parse, refused here, or given its results
         return cast(list[Outputs], results)
 
-    def _encode(self, requests: Sequence[TaskRequest]) -> list[Encoded]:
-        """Every text of `requests` in order, tokenized in one call per way of
-        truncating (almost always one): the deployment's, unless a request chose."""
+    def _finish(self, rows: Any, encoded: list[list[Encoded]], request: TaskRequest) -> Outputs:
+        try:
+            return self.task.finish(rows, encoded, request, self.info)
+        except RequestError as e:
+            return e
+        except Exception:  # noqa: BLE001 - this request fails, its neighbours do not
+            return internal_error("building the answer")
+
+    def _encode(
+        self, live: Sequence[tuple[int, TaskRequest]], results: list[Outputs | None]
+    ) -> dict[int, list[list[Encoded]]]:
+        """Each live request's texts as token rows (one per text; a text's windows for a
+        windowed task), tokenized in one call per way of truncating (almost always one):
+        the deployment's, unless a request chose. A request that cannot be tokenized
+        gets its error in `results`."""
+        if self.task.windowed:
+            return self._encode_windows(live, results)
         modes: dict[tuple[bool, str], list[int]] = {}
         texts: list[Text] = []
-        for r in requests:
+        for _, r in live:
             truncate = self.truncation if r.truncate is None else r.truncate
             mode = (truncate, r.truncation_direction if truncate else "right")
             modes.setdefault(mode, []).extend(range(len(texts), len(texts) + len(r.texts)))
             texts.extend(r.texts)
-        if len(modes) == 1:
-            (truncate, direction), _ = modes.popitem()
-            return self.tokenizer.encode(texts, truncate, direction)
         encoded: list[Encoded | None] = [None] * len(texts)
         for (truncate, direction), idx in modes.items():
-            for i, e in zip(
+            for k, e in zip(
                 idx,
-                self.tokenizer.encode([texts[i] for i in idx], truncate, direction),
+                self.tokenizer.encode([texts[k] for k in idx], truncate, direction),
                 strict=True,
             ):
-                encoded[i] = e
-        return cast(list[Encoded], encoded)
+                encoded[k] = e
+        out, pos = {}, 0
+        for i, r in live:
+            out[i] = [[cast(Encoded, e)] for e in encoded[pos : pos + len(r.texts)]]
+            pos += len(r.texts)
+        return out
 
-    def _too_long(self, encoded: Sequence[Encoded]) -> RequestError | None:
+    def _encode_windows(
+        self, live: Sequence[tuple[int, TaskRequest]], results: list[Outputs | None]
+    ) -> dict[int, list[list[Encoded]]]:
+        out = {}
+        for i, r in live:
+            stride = r.parameters.get("doc_stride") or default_stride(self.max_sequence_length)
+            try:
+                out[i] = [self.tokenizer.windows(cast(tuple[str, str], t), stride) for t in r.texts]
+            except ValueError as e:
+                results[i] = RequestError(
+                    f"the question and doc_stride {stride} leave no room for the context in "
+                    f"the largest compiled length ({self.max_sequence_length} tokens): send a "
+                    f"shorter question or a smaller doc_stride ({e})",
+                    status=413,
+                )
+        return out
+
+    def _too_long(self, encoded: Sequence[Sequence[Encoded]]) -> RequestError | None:
         """The 413 for a request holding a text over the largest compiled length, which
         is left whole only when truncation is off."""
-        for k, e in enumerate(encoded):
+        for k, windows in enumerate(encoded):
+            e = windows[0]
             if len(e.ids) > self.max_sequence_length:
                 return RequestError(
                     f"inputs[{k}] is {e.full_length} tokens long; this model was compiled "
@@ -232,6 +272,11 @@ class Runner:
                     status=413,
                 )
         return None
+
+
+def default_stride(max_length: int) -> int:
+    """The question-answering pipeline's doc_stride (128), at most half a window."""
+    return min(128, max_length // 2)
 
 
 def _check_validated(manifest: Manifest, artifact_dir: Path) -> None:

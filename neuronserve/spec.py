@@ -22,7 +22,14 @@ from pydantic import (
 
 from .names import safe_name
 
-Task = Literal["feature-extraction", "text-classification"]
+Task = Literal[
+    "feature-extraction",
+    "text-classification",
+    "rerank",
+    "token-classification",
+    "question-answering",
+    "fill-mask",
+]
 Target = Literal["cpu", "neuronx", "neuron"]
 Pooling = Literal["auto", "mean", "cls"]
 Precision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
@@ -49,7 +56,11 @@ class DeploySpec(BaseModel):
         None,
         description="model name on the servers (default: the artifact's, i.e. its directory name)",
     )
-    task: Task = Field("feature-extraction", description="feature-extraction | text-classification")
+    task: Task = Field(
+        "feature-extraction",
+        description="feature-extraction | text-classification | rerank (a cross-encoder) | "
+        "token-classification (NER) | question-answering (extractive) | fill-mask",
+    )
     allow_pickle_weights: bool = Field(
         False,
         description="load a model whose weights are only in .bin (Python pickle) files; "
@@ -100,8 +111,41 @@ class DeploySpec(BaseModel):
         0.99,
         gt=0,
         le=1,
-        description="text-classification accuracy floor: share of texts "
-        "whose top label must match the fp32 eager model's",
+        description="text-classification and token-classification accuracy floor: share "
+        "of texts (tokens) whose top label must match the fp32 eager model's",
+    )
+    min_spearman: float = Field(
+        0.99,
+        gt=-1,
+        le=1,
+        description="rerank accuracy floor: Spearman rank correlation of the scores with "
+        "the fp32 eager model's",
+    )
+    min_span_agreement: float = Field(
+        0.99,
+        gt=0,
+        le=1,
+        description="question-answering accuracy floor: share of texts whose best answer "
+        "span must equal the fp32 eager model's",
+    )
+    min_top1_agreement: float = Field(
+        0.99,
+        gt=0,
+        le=1,
+        description="fill-mask accuracy floor: share of tokens whose most likely "
+        "replacement must equal the fp32 eager model's",
+    )
+    max_top_k: int = Field(
+        10,
+        ge=1,
+        le=100,
+        description="fill-mask: the most predictions per mask a request may ask for "
+        "(top_k); the compiled module returns this many per token",
+    )
+    relevance_label: str | None = Field(
+        None,
+        description="rerank with a model of several labels: the label whose probability is "
+        "the relevance score (one label: its sigmoid)",
     )
 
     # Neuron compiler options (targets neuronx and neuron)

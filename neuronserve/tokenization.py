@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 
@@ -23,6 +24,9 @@ class Encoded:
     type_ids: list[int]
     # tokens before any truncation: tells whether truncation dropped text
     full_length: int
+    # the `tokenizers` Encoding: character offsets into the text sent, word ids, special
+    # tokens (token-level tasks answer with them)
+    source: Any = None
 
     def row(self) -> dict[str, list[int]]:
         return {
@@ -30,6 +34,21 @@ class Encoded:
             "attention_mask": self.attention_mask,
             "token_type_ids": self.type_ids,
         }
+
+
+# transformers' clean_up_tokenization (tokenization_utils_base.py), in its order
+CLEAN_UP = (
+    (" .", "."),
+    (" ?", "?"),
+    (" !", "!"),
+    (" ,", ","),
+    (" ' ", "'"),
+    (" n't", "n't"),
+    (" 'm", "'m"),
+    (" 's", "'s"),
+    (" 've", "'ve"),
+    (" 're", "'re"),
+)
 
 
 class TextTokenizer:
@@ -65,14 +84,56 @@ class TextTokenizer:
         if not texts:
             return []
         batch = self._full.encode_batch(list(texts))
-        out = [Encoded(e.ids, e.attention_mask, e.type_ids, len(e.ids)) for e in batch]
+        out = [Encoded(e.ids, e.attention_mask, e.type_ids, len(e.ids), e) for e in batch]
         if truncate:
             long_idx = [i for i, e in enumerate(out) if e.full_length > self.max_length]
             if long_idx:
                 again = self._cutting(direction).encode_batch([texts[i] for i in long_idx])
                 for i, e in zip(long_idx, again, strict=True):
-                    out[i] = Encoded(e.ids, e.attention_mask, e.type_ids, out[i].full_length)
+                    out[i] = Encoded(e.ids, e.attention_mask, e.type_ids, out[i].full_length, e)
         return out
+
+    def windows(self, pair: tuple[str, str], stride: int) -> list[Encoded]:
+        """(question, context) as windows of at most `max_length` tokens, each holding the
+        whole question and a part of the context, consecutive parts overlapping by
+        `stride` tokens: the transformers question-answering pipeline's split
+        (truncation="only_second", return_overflowing_tokens). Raises ValueError when the
+        question leaves no room for context."""
+        key = f"windows-{stride}"
+        if key not in self._truncating:
+            tok = Tokenizer.from_str(self._json)
+            tok.no_padding()
+            tok.enable_truncation(self.max_length, stride=stride, strategy="only_second")
+            self._truncating[key] = tok
+        try:
+            first = self._truncating[key].encode(*pair)
+        except Exception as e:  # noqa: BLE001 - the Rust error says why (no room for context)
+            raise ValueError(str(e)) from None
+        return [
+            Encoded(e.ids, e.attention_mask, e.type_ids, len(e.ids), e)
+            for e in (first, *first.overflowing)
+        ]
+
+    def id_to_token(self, token_id: int) -> str:
+        return self._full.id_to_token(token_id) or ""
+
+    def tokens_to_string(self, tokens: Sequence[str]) -> str:
+        """What transformers' `convert_tokens_to_string` gives for a fast tokenizer."""
+        decoder = self._full.decoder
+        return decoder.decode(list(tokens)) if decoder is not None else " ".join(tokens)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool, clean_up: bool) -> str:
+        """What transformers' `decode` gives (clean_up: its clean_up_tokenization_spaces,
+        as the artifact recorded it for this tokenizer)."""
+        text = self._full.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        if clean_up:
+            for a, b in CLEAN_UP:
+                text = text.replace(a, b)
+        return text
+
+    @property
+    def continuing_subword_prefix(self) -> str | None:
+        return getattr(self._full.model, "continuing_subword_prefix", None)
 
     def tokens(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[dict]]:
         """Each text's tokens as text-embeddings-inference's /tokenize lists them: id, the

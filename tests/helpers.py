@@ -5,6 +5,7 @@ transformers (for the unit tests that check the Runner), and small process helpe
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 import socket
 import subprocess
@@ -412,3 +413,154 @@ def tiny_bert_classifier(out: Path, minilm_dir: Path, seed: int, **config) -> Pa
     BertForSequenceClassification(bert).eval().save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+# tiny configs of every architecture the text tasks are tested on (random weights)
+TINY = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+}
+ARCHITECTURES = {
+    "bert": ("BertConfig", TINY),
+    "roberta": ("RobertaConfig", {**TINY, "type_vocab_size": 2, "pad_token_id": 0}),
+    "xlm-roberta": ("XLMRobertaConfig", {**TINY, "type_vocab_size": 2, "pad_token_id": 0}),
+    "distilbert": ("DistilBertConfig", {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64}),
+    "albert": ("AlbertConfig", {**TINY, "embedding_size": 16}),
+    "electra": ("ElectraConfig", {**TINY, "embedding_size": 16}),
+    "mpnet": ("MPNetConfig", TINY),
+    "deberta-v2": ("DebertaV2Config", TINY),
+}
+AUTO_CLASSES = {
+    "feature-extraction": "AutoModel",
+    "text-classification": "AutoModelForSequenceClassification",
+    "rerank": "AutoModelForSequenceClassification",
+    "token-classification": "AutoModelForTokenClassification",
+    "question-answering": "AutoModelForQuestionAnswering",
+    "fill-mask": "AutoModelForMaskedLM",
+}
+NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "MISC"]
+
+
+def tiny_model(
+    out: Path, tokenizer_dir: Path, task: str, arch: str = "bert", seed: int = 0, **config
+) -> Path:
+    """A tiny `arch` model with random weights (`seed`) and the head `task` needs, with
+    the tokenizer from `tokenizer_dir`. Token classification gets NER_LABELS."""
+    import transformers
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config_class, sizes = ARCHITECTURES[arch]
+    if task == "token-classification":
+        config.setdefault("id2label", dict(enumerate(NER_LABELS)))
+        config.setdefault("label2id", {v: k for k, v in enumerate(NER_LABELS)})
+    if task == "rerank":
+        config.setdefault("num_labels", 1)
+    cfg = getattr(transformers, config_class)(
+        vocab_size=len(tok), max_position_embeddings=160, **{**sizes, **config}
+    )
+    torch.manual_seed(seed)
+    model = getattr(transformers, AUTO_CLASSES[task]).from_config(cfg).eval()
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def compile_artifact(out: Path, model_dir: Path, task: str, **fields) -> Path:
+    """`model_dir` compiled for the CPU at fp32 over a small grid (batch 1 and 4, 16 and
+    32 tokens, so long texts and large requests cross buckets), truncation off."""
+    from neuronserve.compile import compile_model
+    from neuronserve.spec import load_spec
+
+    spec = {
+        "artifact": out,
+        "model": model_dir,
+        "task": task,
+        "batch_sizes": [1, 4],
+        "sequence_lengths": [16, 32],
+        "precision": "fp32",
+        "truncation": False,
+        **fields,
+    }
+    return compile_model(load_spec(None, spec), progress=False)
+
+
+def qa_reference(model_dir: Path, question: str, context: str, max_length: int, **p) -> object:
+    """The transformers 4.x question-answering pipeline's answer (the pipeline is gone
+    from transformers 5), computed its own way: the transformers tokenizer's overflowing
+    windows, the eager model on each, its postprocess written out."""
+    from transformers import AutoModelForQuestionAnswering, AutoTokenizer
+
+    top_k, max_len = p.get("top_k", 1), p.get("max_answer_len", 15)
+    impossible = p.get("handle_impossible_answer", False)
+    stride = p.get("doc_stride") or min(128, max_length // 2)
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForQuestionAnswering.from_pretrained(model_dir).eval()
+    enc = tok(
+        question,
+        context,
+        truncation="only_second",
+        max_length=max_length,
+        stride=stride,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+    )
+    answers, null = [], 1.0
+    for w in range(len(enc["input_ids"])):
+        ids = torch.tensor([enc["input_ids"][w]])
+        kwargs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if (
+            "token_type_ids" in enc
+            and "token_type_ids" in inspect.signature(model.forward).parameters
+        ):
+            kwargs["token_type_ids"] = torch.tensor([enc["token_type_ids"][w]])
+        with torch.no_grad():
+            out = model(**kwargs)
+        seq_ids = enc.sequence_ids(w)
+        context_tokens = np.array([s == 1 for s in seq_ids])
+        context_tokens[0] = True
+        probs = []
+        for logits in (out.start_logits[0].numpy(), out.end_logits[0].numpy()):
+            x = np.where(context_tokens, logits, -10000.0)
+            x = np.exp(x - x.max())
+            probs.append(x / x.sum())
+        start, end = probs
+        null = min(null, float(start[0] * end[0]))
+        start[0] = end[0] = 0.0
+        scores = np.tril(np.triu(np.outer(start, end)), max_len - 1)
+        spans = sorted(
+            ((scores[s, e], s, e) for s in range(len(start)) for e in range(len(end))),
+            key=lambda x: -x[0],
+        )[:top_k]
+        e_w = enc.encodings[w]
+        for score, s, e in spans:
+            if not (context_tokens[s] and context_tokens[e]):
+                continue
+            a = e_w.word_to_chars(e_w.token_to_word(s), 1)[0]
+            b = e_w.word_to_chars(e_w.token_to_word(e), 1)[1]
+            answers.append({"score": float(score), "start": a, "end": b, "answer": context[a:b]})
+    if impossible:
+        answers.append({"score": null, "start": 0, "end": 0, "answer": ""})
+    answers = sorted(answers, key=lambda a: -a["score"])[:top_k]
+    return answers[0] if len(answers) == 1 else answers
+
+
+def same_answers(got, want, atol: float = 1e-4) -> bool:
+    """Equal JSON answers, floats (scores) within `atol`."""
+    if isinstance(want, dict):
+        return (
+            isinstance(got, dict)
+            and got.keys() == want.keys()
+            and all(same_answers(got[k], want[k], atol) for k in want)
+        )
+    if isinstance(want, list):
+        return (
+            isinstance(got, list)
+            and len(got) == len(want)
+            and all(same_answers(g, w, atol) for g, w in zip(got, want, strict=True))
+        )
+    if isinstance(want, (float, np.floating)) and not isinstance(want, bool):
+        return isinstance(got, (int, float)) and abs(float(got) - float(want)) <= atol
+    return got == want or (isinstance(want, np.integer) and got == int(want))

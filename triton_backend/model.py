@@ -11,10 +11,12 @@ execute:    every request of the batch Triton formed goes through one Runner cal
     front answers with it.
 finalize:   release the lease.
 
-Inputs: TEXT (BYTES, [n, 1]) and, for tasks taking pairs, optional TEXT_PAIR of the
-same shape; request parameters `truncate` (bool) and `truncation_direction` ("right",
-"left") decide that request's over-long texts. Outputs: the task's tensors
-(`Task.output_tensors`).
+Inputs: TEXT (BYTES, [n, 1]) and, for tasks taking pairs, TEXT_PAIR of the same shape
+(rerank: the query in every TEXT row, a document per TEXT_PAIR row; question-answering:
+the question and its context; required for those two); request parameters `truncate`
+(bool) and `truncation_direction` ("right", "left") decide that request's over-long
+texts, and the task's own parameters (aggregation_strategy, top_k, doc_stride, ...) shape
+its per-text results. Outputs: the task's tensors (`Task.output_tensors`).
 """
 
 from __future__ import annotations
@@ -120,9 +122,12 @@ class TritonPythonModel:
         from neuronserve.tasks import RequestError, TaskRequest
         from neuronserve.tasks.base import truncation_parameters
 
+        task = self.runner.task
         texts = _texts(pb_utils.get_input_tensor_by_name(request, "TEXT"), "TEXT")
         if self.pairs:
             pair = pb_utils.get_input_tensor_by_name(request, "TEXT_PAIR")
+            if pair is None and task.pairs_required:
+                raise RequestError(f"task {task.name} needs TEXT_PAIR as well as TEXT")
             if pair is not None:
                 seconds = _texts(pair, "TEXT_PAIR")
                 if len(seconds) != len(texts):
@@ -131,9 +136,14 @@ class TritonPythonModel:
                         f"{len(seconds)}: send one pair text per text"
                     )
                 texts = list(zip(texts, seconds, strict=True))
-        truncate, direction = truncation_parameters(_parameters(request))
+        params = {k: v for k, v in _parameters(request).items() if k not in TRITON_RESERVED}
+        truncate, direction = truncation_parameters(params)
         return TaskRequest(
-            texts=texts, single=False, truncate=truncate, truncation_direction=direction
+            texts=texts,
+            single=False,
+            parameters=task.own_parameters(params),
+            truncate=truncate,
+            truncation_direction=direction,
         )
 
     def finalize(self):
@@ -142,11 +152,26 @@ class TritonPythonModel:
             worker.stop()
 
 
+# request parameters Triton's clients set themselves (tritonclient: binary_data_output when
+# no output is named; KServe v2 sequence and scheduling fields), never a task's
+TRITON_RESERVED = frozenset(
+    {
+        "binary_data_output",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "priority",
+        "timeout",
+        "headers",
+    }
+)
+
+
 def _parameters(request) -> dict:
     """The request's parameters (KServe v2 `parameters`; the stub hands them over as
-    JSON). Only `truncate` and `truncation_direction` mean something here: the Runner
-    tokenizes in this process, while task parameters such as top_k shape a JSON answer,
-    which neuronserve's front builds from the output tensors."""
+    JSON): truncation, and the task's own, which shape per-text results built here
+    (entities, answers); a per-row task's (top_k of a classifier) shape the JSON answer
+    neuronserve's front builds from the output tensors, and are checked here only."""
     from neuronserve.tasks import RequestError
 
     raw = request.parameters() if hasattr(request, "parameters") else None

@@ -50,6 +50,7 @@ class CompileContext:
             **self.options,
             "precision": precision,
             "input_names": list(self.layout.names),
+            "per_token": self.layout.per_token,
             "compiler_workdir": workdir,
         }
 

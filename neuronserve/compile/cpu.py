@@ -60,7 +60,13 @@ class CpuTarget:
             raise ValueError(f"target cpu has no precision {precision!r}; choose {PRECISIONS}")
         if CANDIDATES[precision][1] == "onnx":
             return OrtModule(
-                export_onnx(module, example, options["input_names"], int8=precision == "int8")
+                export_onnx(
+                    module,
+                    example,
+                    options["input_names"],
+                    int8=precision == "int8",
+                    per_token=bool(options.get("per_token")),
+                )
             )
         if precision == "bf16":
             module = copy.deepcopy(module).to(torch.bfloat16)

@@ -22,7 +22,7 @@ from ..artifact import InputSpec, Manifest, TokenizerSettings, write_manifest
 from ..buckets import BucketGrid
 from ..execution import InputLayout
 from ..spec import TRUNCATION_AT_COMPILE, DeploySpec
-from ..tasks import WrappedModel, get_task
+from ..tasks import Task, WrappedModel, get_task
 from ..tokenization import TextTokenizer
 from .base import CompileError
 from .context import CompileContext
@@ -66,9 +66,10 @@ def _check_model_dir(model_dir: Path) -> None:
         raise CompileError(f"{model_dir} has no weights (*.safetensors or pytorch_model*.bin)")
 
 
-def _save_tokenizer(model_dir: Path, out: Path) -> int:
+def _save_tokenizer(model_dir: Path, out: Path) -> dict[str, Any]:
     """Write the fast tokenizer as tokenizer.json with padding and truncation off
-    (the grid decides both at serve time); return the pad token id."""
+    (the grid decides both at serve time); return what the manifest's tokenizer settings
+    record of it (pad, mask and unknown token ids, how transformers cleans decoded text)."""
     from transformers import AutoTokenizer
 
     try:
@@ -84,12 +85,35 @@ def _save_tokenizer(model_dir: Path, out: Path) -> int:
     backend.no_padding()
     backend.no_truncation()
     backend.save(str(out / "tokenizer.json"))
-    return int(tok.pad_token_id if tok.pad_token_id is not None else 0)
+    # transformers' decode skips its clean-up for BPE models unless told otherwise
+    bpe = type(backend.model).__name__ == "BPE" and not getattr(
+        tok, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False
+    )
+    return {
+        "pad_token_id": int(tok.pad_token_id if tok.pad_token_id is not None else 0),
+        "mask_token_id": tok.mask_token_id,
+        "unk_token_id": tok.unk_token_id,
+        "clean_up_spaces": bool(getattr(tok, "clean_up_tokenization_spaces", False)) and not bpe,
+    }
 
 
 def _input_names(model: torch.nn.Module) -> tuple[str, ...]:
     params = inspect.signature(model.forward).parameters
     return tuple(n for n in INPUT_ORDER if n in params)
+
+
+def load_for_task(task: Task, model_dir: Path) -> torch.nn.Module:
+    """The task's Hugging Face model, or a CompileError naming the architecture and task
+    when transformers has no head for that combination."""
+    try:
+        return task.load_model(model_dir)
+    except (ValueError, KeyError, OSError) as e:
+        config = json.loads((model_dir / "config.json").read_text())
+        raise CompileError(
+            f"{config.get('model_type', '?')} ({', '.join(config.get('architectures') or [])}) "
+            f"cannot be compiled for {task.name}: transformers has no model for that "
+            f"combination ({e})"
+        ) from None
 
 
 def refuse_pickle_weights(model_dir: Path, allowed: bool) -> None:
@@ -110,10 +134,11 @@ def refuse_pickle_weights(model_dir: Path, allowed: bool) -> None:
 def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) -> Manifest:
     grid = BucketGrid(tuple(spec.batch_sizes), tuple(spec.sequence_lengths))
     task, target = get_task(spec.task), get_target(spec.target)
-    pad_id = _save_tokenizer(model_dir, out)
+    tokenizer_facts = _save_tokenizer(model_dir, out)
+    pad_id = tokenizer_facts["pad_token_id"]
     shutil.copy2(model_dir / "config.json", out / "config.json")
     refuse_pickle_weights(model_dir, spec.allow_pickle_weights)
-    model = task.load_model(model_dir)
+    model = load_for_task(task, model_dir)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if max_pos is not None and grid.max_seq > max_pos:
         raise CompileError(
@@ -124,7 +149,14 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
     wrapped = task.wrap(
         model,
         model_dir,
-        {"pooling": spec.pooling, "normalize": spec.normalize, "input_names": list(names)},
+        {
+            "pooling": spec.pooling,
+            "normalize": spec.normalize,
+            "input_names": list(names),
+            "max_top_k": spec.max_top_k,
+            "relevance_label": spec.relevance_label,
+            **tokenizer_facts,
+        },
     )
     ctx = CompileContext(
         spec=spec,
@@ -133,7 +165,7 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
         eager=wrapped.module,
         tokenizer=TextTokenizer(out / "tokenizer.json", grid.max_seq),
         grid=grid,
-        layout=InputLayout(names, {"input_ids": pad_id}),
+        layout=InputLayout(names, {"input_ids": pad_id}, per_token=task.per_token),
         options=spec.compiler_options(),
         progress=progress,
     )
@@ -145,10 +177,16 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
         f.rename(out / f.name)
     shutil.rmtree(out / CANDIDATES)
     choice.reference.save(out / REFERENCE_FILE)
-    return _manifest(ctx, wrapped, choice, out)
+    return _manifest(ctx, wrapped, choice, out, tokenizer_facts)
 
 
-def _manifest(ctx: CompileContext, wrapped: WrappedModel, choice: Choice, out: Path) -> Manifest:
+def _manifest(
+    ctx: CompileContext,
+    wrapped: WrappedModel,
+    choice: Choice,
+    out: Path,
+    tokenizer_facts: dict[str, Any],
+) -> Manifest:
     import tokenizers
     import transformers
 
@@ -174,7 +212,7 @@ def _manifest(ctx: CompileContext, wrapped: WrappedModel, choice: Choice, out: P
         tokenizer=TokenizerSettings(
             max_length=grid.max_seq,
             truncation=TRUNCATION_AT_COMPILE if spec.truncation is None else spec.truncation,
-            pad_token_id=ctx.layout.pad_values["input_ids"],
+            **tokenizer_facts,
         ),
         versions={
             "neuronserve": __version__,

@@ -28,6 +28,9 @@ MAX_IR_VERSION = 10
 OPSET = 17
 
 
+INPUT_ORDER_KEY = "neuronserve_input_order"
+
+
 class OrtModule:
     """An ONNX Runtime session called like the TorchScript modules: int64 tensors in
     the manifest's input order, one float tensor out."""
@@ -50,12 +53,18 @@ class OrtModule:
         self.session = ort.InferenceSession(
             model_bytes, options, providers=["CPUExecutionProvider"]
         )
-        self.input_names = [i.name for i in self.session.get_inputs()]
+        # The export drops an input the graph never reads (DeBERTa-v2 without token
+        # types): the call still gets every input in the manifest's order, recorded at export
+        taken = [i.name for i in self.session.get_inputs()]
+        order = self.session.get_modelmeta().custom_metadata_map.get(INPUT_ORDER_KEY)
+        self.input_names = order.split(",") if order else taken
+        self._taken = set(taken)
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
         feed = {
             n: np.ascontiguousarray(t.numpy(), dtype=np.int64)
             for n, t in zip(self.input_names, tensors, strict=True)
+            if n in self._taken
         }
         return torch.from_numpy(self.session.run(None, feed)[0])
 
@@ -75,10 +84,11 @@ def export_onnx(
     example: tuple[torch.Tensor, ...],
     input_names: list[str],
     int8: bool,
+    per_token: bool = False,
 ) -> bytes:
     """Export to ONNX with eager attention and fuse with ONNX Runtime's transformer
     optimizer; with `int8`, quantise the linear layers' weights to int8 (activations
-    dynamically)."""
+    dynamically). `per_token`: the output has a sequence axis as well."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
@@ -89,7 +99,7 @@ def export_onnx(
     config = hf.config
     names = input_names[: len(example)]
     axes = {n: {0: "batch", 1: "sequence"} for n in names}
-    axes["output"] = {0: "batch"}
+    axes["output"] = {0: "batch", 1: "sequence"} if per_token else {0: "batch"}
     with tempfile.TemporaryDirectory(prefix="neuronserve-onnx-") as tmp_name:
         tmp = Path(tmp_name)
         with torch.no_grad(), warnings.catch_warnings():
@@ -113,7 +123,7 @@ def export_onnx(
         )
         fused.save_model_to_file(str(tmp / "fused.onnx"))
         if not int8:
-            return _serialized(onnx.load(str(tmp / "fused.onnx")))
+            return _serialized(onnx.load(str(tmp / "fused.onnx")), names)
         # its advice to run a pre-processing pass is for static (calibrated) quantisation
         logging.disable(logging.WARNING)
         try:
@@ -127,11 +137,13 @@ def export_onnx(
             )
         finally:
             logging.disable(logging.NOTSET)
-        return _serialized(onnx.load(str(tmp / "int8.onnx")))
+        return _serialized(onnx.load(str(tmp / "int8.onnx")), names)
 
 
-def _serialized(model: Any) -> bytes:
+def _serialized(model: Any, input_order: list[str]) -> bytes:
     model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    entry = model.metadata_props.add()
+    entry.key, entry.value = INPUT_ORDER_KEY, ",".join(input_order)
     return model.SerializeToString()
 
 

@@ -22,7 +22,7 @@ import torch
 
 from ..artifact import BucketValidation
 from ..buckets import Bucket, BucketGrid, pad_batch
-from ..execution import Executor, InputLayout, Module, Row
+from ..execution import Executor, InputLayout, Module, Row, RowOutputs
 from ..tasks import Task
 from ..tokenization import TextTokenizer
 from .base import CompileError
@@ -59,12 +59,13 @@ class Reference:
     inputs: dict[str, list[dict[str, np.ndarray]]]
     outputs: dict[str, list[np.ndarray]]
     # the accuracy texts' token rows (up to the largest sequence) and eager's outputs
+    # (one array per row for a per-token task)
     accuracy_rows: list[dict[str, list[int]]]
-    accuracy_outputs: np.ndarray
+    accuracy_outputs: RowOutputs
 
     @property
     def output_dim(self) -> int:
-        return int(self.accuracy_outputs.shape[-1])
+        return int(self.accuracy_outputs[0].shape[-1])
 
     @classmethod
     def compute(cls, ctx: CompileContext) -> Reference:
@@ -92,7 +93,12 @@ class Reference:
         return tensors(self.inputs[bucket.key][0], layout)
 
     def save(self, path: Path) -> None:
-        arrays: dict[str, np.ndarray] = {"accuracy/output": self.accuracy_outputs}
+        out = self.accuracy_outputs
+        arrays: dict[str, np.ndarray] = (
+            {"accuracy/output_per_token": np.concatenate(out)}
+            if isinstance(out, list)
+            else {"accuracy/output": out}
+        )
         for key, sets in self.inputs.items():
             for i, (a, out) in enumerate(zip(sets, self.outputs[key], strict=True)):
                 arrays[f"bucket/{key}/{i}/output"] = out
@@ -126,12 +132,21 @@ class Reference:
                 while len(outs) <= i:
                     outs.append(np.empty(0))
                 outs[i] = arrays[k]
-        ends = np.cumsum(arrays["accuracy/lengths"])
+        lengths = arrays["accuracy/lengths"]
+        ends = np.cumsum(lengths)
         names = [k.split("/")[-1] for k in arrays if k.startswith("accuracy/rows/")]
         rows = [
             {n: arrays[f"accuracy/rows/{n}"][e - n_ : e].tolist() for n in names}
-            for e, n_ in zip(ends, arrays["accuracy/lengths"], strict=True)
+            for e, n_ in zip(ends, lengths, strict=True)
         ]
+        if "accuracy/output_per_token" in arrays:
+            per_token = arrays["accuracy/output_per_token"]
+            return cls(
+                inputs,
+                outputs,
+                rows,
+                [per_token[e - n : e] for e, n in zip(ends, lengths, strict=True)],
+            )
         return cls(inputs, outputs, rows, arrays["accuracy/output"])
 
 
@@ -195,6 +210,10 @@ def check_bucket(
                 f"bucket {bucket.key}: compiled output shape {got.shape} "
                 f"differs from eager {want.shape}"
             )
+        if layout.per_token:  # the padding tokens' outputs are dropped when serving
+            real = arrays["attention_mask"].astype(bool)
+            got, want = got[real], want[real]
+        got, want = judge.task.compared(got), judge.task.compared(want)
         d = float(np.max(np.abs(got - want)))
         if not np.all(np.isfinite(got)) or math.isnan(d):
             raise CompileError(f"bucket {bucket.key}: the compiled module produced NaN or inf")

@@ -23,8 +23,11 @@ from .targets import get_target
 
 
 def layout_of(manifest: Manifest) -> InputLayout:
+    """How an artifact's modules take their rows and answer (the Runner's and validate's)."""
     return InputLayout(
-        tuple(i.name for i in manifest.inputs), {i.name: i.pad_value for i in manifest.inputs}
+        tuple(i.name for i in manifest.inputs),
+        {i.name: i.pad_value for i in manifest.inputs},
+        per_token=get_task(manifest.task).per_token,
     )
 
 

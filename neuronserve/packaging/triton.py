@@ -36,11 +36,17 @@ def model_config(spec: DeploySpec, packaged: PackagedModel) -> Any:
     grid = manifest.grid
     config = mc.ModelConfig(name=packaged.name, backend="python", max_batch_size=grid.max_batch)
     # One text per batch row: Triton's batch dimension counts texts, so its dynamic
-    # batcher fills exactly the compiled batch sizes.
+    # batcher fills exactly the compiled batch sizes. TEXT_PAIR: the document of a rerank
+    # row, the context of a question (required there), a classifier's optional pair.
     config.input.append(mc.ModelInput(name="TEXT", data_type=mc.TYPE_STRING, dims=[1]))
     if task.accepts_pairs:
         config.input.append(
-            mc.ModelInput(name="TEXT_PAIR", data_type=mc.TYPE_STRING, dims=[1], optional=True)
+            mc.ModelInput(
+                name="TEXT_PAIR",
+                data_type=mc.TYPE_STRING,
+                dims=[1],
+                optional=not task.pairs_required,
+            )
         )
     for t in task.output_tensors(manifest.output_dim, manifest.labels):
         config.output.append(

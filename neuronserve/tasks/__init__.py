@@ -4,9 +4,23 @@ from __future__ import annotations
 
 from .base import RequestError, Task, TaskRequest, WrappedModel, decode_payload
 from .feature_extraction import FeatureExtraction
+from .fill_mask import FillMask
+from .question_answering import QuestionAnswering
+from .rerank import Rerank
 from .text_classification import TextClassification
+from .token_classification import TokenClassification
 
-TASKS: dict[str, type[Task]] = {t.name: t for t in (FeatureExtraction, TextClassification)}
+TASKS: dict[str, type[Task]] = {
+    t.name: t
+    for t in (
+        FeatureExtraction,
+        TextClassification,
+        Rerank,
+        TokenClassification,
+        QuestionAnswering,
+        FillMask,
+    )
+}
 
 
 def get_task(name: str) -> Task:

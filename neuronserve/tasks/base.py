@@ -1,20 +1,35 @@
 """What every task shares: request payload decoding and the per-request error type.
 
-A task turns one request's decoded payload into texts (or text pairs), and one
-request's slice of model outputs into its JSON response. Anything a user sent that
-cannot be served raises `RequestError`, which fails that request alone.
+A task's stages, in the order the Runner calls them (infinity's encode_pre, encode_core,
+encode_post, with the model run between them):
+
+    parse          request payload -> texts (or text pairs) and checked parameters
+    check_encoded  each text's token rows (windows, for question answering) -> a 4xx or None
+    finish         one request's output rows and token rows -> its results, one per text
+                   (computed where the tokens are: in the worker)
+    respond        results -> the JSON answer (in the worker, or in the front for Triton)
+    tensors        results -> Triton's output tensors; results_from turns the first of
+                   them back into results for the front
+
+Anything a user sent that cannot be served raises `RequestError`, which fails that
+request alone.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from ..execution import RowOutputs
+    from ..tokenization import Encoded
 
 Text = str | tuple[str, str]
 
@@ -129,14 +144,19 @@ def truncation_parameters(parameters: dict[str, Any]) -> tuple[bool | None, str]
 
 
 def decode_payload(
-    body: Any, content_type: str | None = None, max_depth: int = 32
+    body: Any,
+    content_type: str | None = None,
+    max_depth: int = 32,
+    fields: tuple[str, ...] = (),
 ) -> tuple[Any, dict[str, Any]]:
     """Turn a request body into (inputs, parameters).
 
     Accepts a parsed JSON object (servers often decode JSON for us), raw bytes or a
     string holding JSON (`{"inputs": ..., "parameters": {...}}`), or plain text, which
-    is one input. Bytes that are not UTF-8, and JSON that does not parse, are errors:
-    guessing would silently serve something other than what was sent.
+    is one input. `fields`: a task's own top-level fields that may stand in for
+    "inputs" (rerank's query and documents); inputs is then the object of them. Bytes
+    that are not UTF-8, and JSON that does not parse, are errors: guessing would
+    silently serve something other than what was sent.
     """
     content_type = (content_type or "").split(";")[0].strip().lower()
     if isinstance(body, (bytes, bytearray)):
@@ -163,27 +183,32 @@ def decode_payload(
         )
     if isinstance(body, list):
         return body, {}
-    return _fields(body)
+    return _fields(body, fields)
 
 
-def _fields(body: Any) -> tuple[Any, dict[str, Any]]:
+def _fields(body: Any, fields: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any]]:
     """(inputs, parameters) of a decoded JSON request object."""
     if not isinstance(body, dict):
         raise RequestError(
             f'request JSON must be an object like {{"inputs": ...}}, got {type(body).__name__}'
         )
-    if "inputs" not in body:
+    own = {k: body[k] for k in fields if k in body}
+    if "inputs" not in body and not own:
+        shape = ", ".join(f'"{f}": ...' for f in fields) or '"inputs": "text"'
         raise RequestError(
-            'request JSON has no "inputs" field: send {"inputs": "text"} or '
-            '{"inputs": ["text", ...]}'
+            f'request JSON has no "inputs" field: send {{{shape}}}'
+            + ("" if fields else ' or {"inputs": ["text", ...]}')
         )
-    unknown = set(body) - {"inputs", "parameters"}
+    if "inputs" in body and own:
+        raise RequestError(f'send either "inputs" or {sorted(own)}, not both')
+    unknown = set(body) - {"inputs", "parameters", *fields}
     if unknown:
-        raise RequestError(f"unknown request fields {sorted(unknown)}: expected inputs, parameters")
+        expected = ", ".join(["inputs", *fields, "parameters"])
+        raise RequestError(f"unknown request fields {sorted(unknown)}: expected {expected}")
     params = body.get("parameters") or {}
     if not isinstance(params, dict):
         raise RequestError('"parameters" must be a JSON object')
-    return body["inputs"], params
+    return body.get("inputs", own), params
 
 
 def _check_text(value: Any, where: str) -> str:
@@ -196,20 +221,23 @@ COMMON_PARAMETERS = frozenset({"truncate", "truncation_direction"})
 
 
 class Task:
-    """Base class of the per-task adapters (see feature_extraction, text_classification)."""
+    """Base class of the per-task adapters (feature_extraction, text_classification,
+    rerank, token_classification, question_answering, fill_mask)."""
 
     name: str
     accepts_pairs = False
     parameters: frozenset[str] = frozenset()
+    # the module answers per token (unpadded along the sequence too), not per text
+    per_token = False
+    # a text is split into overlapping windows of the largest bucket (question answering)
+    windowed = False
+    # top-level request fields that stand in for "inputs" (decode_payload)
+    body_fields: tuple[str, ...] = ()
+    # what a Triton client sends: TEXT, with TEXT_PAIR when pairs are taken
+    pairs_required = False
 
     def parse(self, inputs: Any, parameters: dict[str, Any]) -> TaskRequest:
-        own = {k: v for k, v in parameters.items() if k not in COMMON_PARAMETERS}
-        unknown = set(own) - self.parameters
-        if unknown:
-            allowed = sorted(self.parameters | COMMON_PARAMETERS)
-            raise RequestError(
-                f"unknown parameters {sorted(unknown)} for task {self.name} (allowed: {allowed})"
-            )
+        own = self.own_parameters(parameters)
         truncate, direction = truncation_parameters(parameters)
         single = not isinstance(inputs, list)
         items = [inputs] if single else inputs
@@ -219,10 +247,21 @@ class Task:
         return TaskRequest(
             texts=texts,
             single=single,
-            parameters=self.check_parameters(own),
+            parameters=own,
             truncate=truncate,
             truncation_direction=direction,
         )
+
+    def own_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        """The task's own parameters of a request, checked (`check_parameters`)."""
+        own = {k: v for k, v in parameters.items() if k not in COMMON_PARAMETERS}
+        unknown = set(own) - self.parameters
+        if unknown:
+            allowed = sorted(self.parameters | COMMON_PARAMETERS)
+            raise RequestError(
+                f"unknown parameters {sorted(unknown)} for task {self.name} (allowed: {allowed})"
+            )
+        return self.check_parameters(own)
 
     def _parse_item(self, item: Any, where: str) -> Text:
         if isinstance(item, dict) and self.accepts_pairs:
@@ -254,22 +293,99 @@ class Task:
     accuracy_metric = "max_abs_diff"
     accuracy_floor_field: str | None = None
 
-    def accuracy(self, got: np.ndarray, want: np.ndarray) -> dict[str, float]:
-        """How close compiled outputs `got` are to fp32 eager outputs `want` (rows of texts)."""
-        return {"max_abs_diff": float(np.max(np.abs(got - want)))}
+    def accuracy(self, got: RowOutputs, want: RowOutputs) -> dict[str, float]:
+        """How close compiled outputs `got` are to fp32 eager outputs `want` (rows of
+        texts; a per-token task's token rows, one array per text)."""
+        g, w = self.compared(stacked(got)), self.compared(stacked(want))
+        return {"max_abs_diff": float(np.max(np.abs(g - w)))}
+
+    def compared(self, outputs: np.ndarray) -> np.ndarray:
+        """The part of a module's output compared numerically with eager's at compile
+        (all of it, but for fill-mask's token ids)."""
+        return outputs
 
     # serve time
-    def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
-        """JSON response for one request from its rows of model output."""
+    def check_encoded(
+        self, encoded: Sequence[Sequence[Encoded]], request: TaskRequest, info: dict[str, Any]
+    ) -> RequestError | None:
+        """A 4xx for a request whose tokens cannot be served (fill-mask without a mask),
+        before anything runs; `encoded`: each text's token rows."""
+        return None
+
+    def finish(
+        self,
+        outputs: RowOutputs,
+        encoded: Sequence[Sequence[Encoded]],
+        request: TaskRequest,
+        info: dict[str, Any],
+    ) -> Any:
+        """One request's results, one per text, from its output rows (in the order of
+        `encoded`'s rows). Per-row tasks keep the rows as they are."""
+        return outputs
+
+    def respond(self, results: Any, request: TaskRequest, info: dict[str, Any]) -> Any:
+        """JSON response for one request from its results (`finish`)."""
         raise NotImplementedError
 
     def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
-        """Named output tensors (per text) for tensor-based servers such as Triton."""
+        """Named output tensors (per text) for tensor-based servers such as Triton; the
+        first one carries what `results_from` needs."""
         raise NotImplementedError
 
-    def tensors(self, outputs: np.ndarray, info: dict[str, Any]) -> dict[str, np.ndarray]:
-        """Output tensors for one request's rows, named as in `output_tensors`."""
+    def tensors(self, results: Any, info: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Output tensors for one request's results, named as in `output_tensors`."""
         raise NotImplementedError
+
+    def results_from(self, first_tensor: np.ndarray) -> Any:
+        """A request's results back from its first output tensor (the front, for Triton)."""
+        return first_tensor
+
+
+class JsonResultsTask(Task):
+    """A task whose result per text is JSON built in the worker (entities, answers,
+    predictions): Triton carries it as one BYTES element per text."""
+
+    result_tensor = "RESULT"
+
+    def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
+        return [TensorSpec(self.result_tensor, "bytes", (1,))]
+
+    def tensors(self, results: Any, info: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {
+            self.result_tensor: np.array(
+                [[json.dumps(r, ensure_ascii=False).encode()] for r in results], dtype=object
+            )
+        }
+
+    def results_from(self, first_tensor: np.ndarray) -> Any:
+        return [
+            json.loads(v.decode() if isinstance(v, bytes) else v) for v in first_tensor.reshape(-1)
+        ]
+
+    def respond(self, results: Any, request: TaskRequest, info: dict[str, Any]) -> Any:
+        return results[0] if request.single else list(results)
+
+
+def stacked(outputs: RowOutputs) -> np.ndarray:
+    """Per-token outputs (one array per text) as one (tokens, dim) array; rows as they are."""
+    return np.concatenate(outputs) if isinstance(outputs, list) else outputs
+
+
+def positive_int(parameters: dict[str, Any], name: str, default: int | None) -> int | None:
+    """parameters[name] checked to be a positive integer (or absent: `default`)."""
+    value = parameters.get(name, default)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise RequestError(f'"{name}" must be a positive integer, got {value!r}')
+    return value
+
+
+def boolean(parameters: dict[str, Any], name: str, default: bool) -> bool:
+    value = parameters.get(name, default)
+    if not isinstance(value, bool):
+        raise RequestError(f'"{name}" must be true or false, got {value!r}')
+    return value
 
 
 @dataclass(frozen=True)

@@ -97,7 +97,7 @@ class FeatureExtraction(Task):
     accuracy_metric = "min_cosine"
     accuracy_floor_field = "min_cosine"
 
-    def accuracy(self, got: np.ndarray, want: np.ndarray) -> dict[str, float]:
+    def accuracy(self, got: Any, want: Any) -> dict[str, float]:
         norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
         cos = np.sum(got * want, axis=1) / np.maximum(norms, 1e-12)
         return {

@@ -85,7 +85,7 @@ class TextClassification(Task):
     accuracy_metric = "argmax_agreement"
     accuracy_floor_field = "min_argmax_agreement"
 
-    def accuracy(self, got: np.ndarray, want: np.ndarray) -> dict[str, float]:
+    def accuracy(self, got: Any, want: Any) -> dict[str, float]:
         agree = np.argmax(got, axis=1) == np.argmax(want, axis=1)
         return {
             **super().accuracy(got, want),

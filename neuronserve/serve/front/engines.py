@@ -177,6 +177,7 @@ class TritonClient(EngineClient):
         import tritonclient.http.aio as triton_aio
 
         inst, manifest, task = engine.instance, engine.manifest, engine.task
+        self._fields = task.body_fields
         self._client = triton_aio.InferenceServerClient(
             inst.http_url.split("://", 1)[-1], conn_limit=connections, conn_timeout=24 * 3600.0
         )
@@ -185,7 +186,7 @@ class TritonClient(EngineClient):
         self._model, self._instances, self._task = engine.name, engine.plan.workers, task
         self._counts = inst.instances
         self._limits = RequestLimits(chars=engine.spec.max_text_chars)
-        self._info = {"labels": manifest.labels}
+        self._info = manifest.task_info()
         self._max_batch = manifest.grid.max_batch
         # the first tensor of a task holds the model's raw output rows
         self._output = task.output_tensors(manifest.output_dim, manifest.labels)[0].name
@@ -200,13 +201,19 @@ class TritonClient(EngineClient):
         rows = await self._rows(request)
         return Prediction(value=self._task.respond(rows, request, self._info))
 
-    async def _rows(self, request: TaskRequest) -> np.ndarray:
-        params: dict[str, Any] = {}
+    async def _rows(self, request: TaskRequest) -> Any:
+        """The request's results (`Task.finish`) from Triton: the task's parameters go
+        along as Triton request parameters, since the instances build per-text results
+        with them (entities, answers, predictions)."""
+        # Triton's parameters are scalars: a list of names travels comma-joined
+        params: dict[str, Any] = {
+            k: ",".join(v) if isinstance(v, list) else v
+            for k, v in request.parameters.items()
+            if isinstance(v, (bool, int, str, list))
+        }
         if request.truncate is not None:
-            params = {
-                "truncate": request.truncate,
-                "truncation_direction": request.truncation_direction,
-            }
+            params["truncate"] = request.truncate
+            params["truncation_direction"] = request.truncation_direction
         # TEXT_PAIR covers a whole call, so pairs and single texts go in calls of their
         # own; Triton refuses a batch over max_batch_size, and pieces sent at once spread
         # over the instances
@@ -219,13 +226,13 @@ class TritonClient(EngineClient):
             *(self._infer([texts[i] for i in piece], params) for piece in pieces),
             return_exceptions=True,
         )
-        rows: list[np.ndarray] = [np.empty(0)] * len(texts)
+        results: list[Any] = [None] * len(texts)
         for piece, part in zip(pieces, parts, strict=True):
             if isinstance(part, BaseException):
                 raise part
-            for i, row in zip(piece, part, strict=True):
-                rows[i] = row
-        return np.stack(rows)
+            for i, result in zip(piece, self._task.results_from(part), strict=True):
+                results[i] = result
+        return np.stack(results) if isinstance(results[0], np.ndarray) else results
 
     async def _infer(self, texts: list, params: dict[str, Any]) -> np.ndarray:
         from tritonclient.http import InferInput, InferRequestedOutput
@@ -258,7 +265,7 @@ class TritonClient(EngineClient):
 
     async def invoke(self, body: bytes, content_type: str) -> tuple[int, bytes]:
         try:
-            inputs, parameters = decode_payload(body, content_type)
+            inputs, parameters = decode_payload(body, content_type, fields=self._fields)
             prediction = await self.predict(inputs, parameters)
         except RequestError as e:
             return e.status, orjson.dumps({"code": e.status, "error": e.message})

@@ -1,0 +1,320 @@
+"""The encoder tasks beyond embeddings and classification, served through the Runner (the
+one pad-run-unpad path every server uses) on tiny random-weight models compiled for the
+CPU, against the transformers pipelines on the eager model (question answering against
+the 4.x pipeline's algorithm written out, since transformers 5 removed it)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from helpers import (
+    ARCHITECTURES,
+    compile_artifact,
+    qa_reference,
+    same_answers,
+    tiny_model,
+)
+
+from neuronserve.execution import RunReport
+from neuronserve.runtime import Runner
+from neuronserve.tasks import RequestError
+
+# unicode, emoji, one character, accents, a long text (more than the 32-token bucket)
+TEXTS = [
+    "Ana met Bob in Paris last week",
+    "naïve café 🎉 in Zürich, said Ana.",
+    "a",
+    "東京 and Москва are far from São Paulo!",
+    "The quick brown fox jumps over the lazy dog near New York and then runs back home",
+]
+
+
+def _model(tmp_path_factory, minilm_dir, task: str, arch: str = "bert", **config):
+    root = tmp_path_factory.mktemp(f"{task}-{arch}")
+    model = tiny_model(
+        root / "model", minilm_dir, task, arch, seed=3, initializer_range=0.5, **config
+    )
+    return model, compile_artifact(root / "artifact", model, task)
+
+
+def _answer(runner: Runner, body: dict):
+    out = runner.responses_for_bodies([(json.dumps(body), "application/json")])[0]
+    if isinstance(out, RequestError):
+        raise out
+    return out
+
+
+@pytest.fixture(scope="module")
+def ner(tmp_path_factory, minilm_dir):
+    model, artifact = _model(tmp_path_factory, minilm_dir, "token-classification")
+    return model, Runner(artifact)
+
+
+@pytest.fixture(scope="module")
+def qa(tmp_path_factory, minilm_dir):
+    model, artifact = _model(tmp_path_factory, minilm_dir, "question-answering")
+    return model, Runner(artifact)
+
+
+@pytest.fixture(scope="module")
+def fill(tmp_path_factory, minilm_dir):
+    model, artifact = _model(tmp_path_factory, minilm_dir, "fill-mask")
+    return model, Runner(artifact)
+
+
+@pytest.fixture(scope="module")
+def rerank(tmp_path_factory, minilm_dir):
+    model, artifact = _model(tmp_path_factory, minilm_dir, "rerank")
+    return model, Runner(artifact)
+
+
+@pytest.mark.parametrize("strategy", ["none", "simple", "first", "average", "max"])
+def test_entities_equal_the_pipeline(ner, strategy):
+    from transformers import pipeline
+
+    model, runner = ner
+    short = TEXTS[:4]  # the pipeline would keep the long one whole; truncation off here
+    got = _answer(runner, {"inputs": short, "parameters": {"aggregation_strategy": strategy}})
+    want = pipeline("token-classification", model=str(model))(short, aggregation_strategy=strategy)
+    assert any(got), "the random model found no entity: the comparison would be empty"
+    assert same_answers(got, want)
+    # one text in, one list of entities out
+    one = _answer(runner, {"inputs": short[1], "parameters": {"aggregation_strategy": strategy}})
+    assert same_answers(one, want[1])
+
+
+def test_entities_of_cut_text_keep_offsets_into_the_text_sent(ner):
+    from transformers import pipeline
+
+    model, runner = ner
+    text = "Ünïcode 🎉 " + TEXTS[4] + " " + TEXTS[3]  # 49 tokens: cut to 32 on request
+    assert len(runner.tokenizer.encode([text], False)[0].ids) > 32
+    pipe = pipeline("token-classification", model=str(model))
+    pipe.tokenizer.model_max_length = 32  # the pipeline truncates at this length
+    for strategy in ("none", "first"):
+        params = {"aggregation_strategy": strategy, "truncate": True}
+        got = _answer(runner, {"inputs": text, "parameters": params})
+        assert same_answers(got, pipe(text, aggregation_strategy=strategy))
+        assert max(e["end"] for e in got) < text.index("Paulo")  # the cut dropped the end
+    with pytest.raises(RequestError) as refused:  # not asked to cut: refused, not cut
+        _answer(runner, {"inputs": text})
+    assert refused.value.status == 413
+
+
+@pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) - {"bert"}))
+def test_every_architecture_serves_the_token_tasks(tmp_path_factory, minilm_dir, arch):
+    """Each architecture compiles for token classification and question answering, and
+    its answers equal the reference's (the pipeline; the QA algorithm written out)."""
+    from transformers import pipeline
+
+    model, artifact = _model(tmp_path_factory, minilm_dir, "token-classification", arch)
+    got = _answer(
+        Runner(artifact), {"inputs": TEXTS[:4], "parameters": {"aggregation_strategy": "simple"}}
+    )
+    want = pipeline("token-classification", model=str(model))(
+        TEXTS[:4], aggregation_strategy="simple"
+    )
+    assert same_answers(got, want)
+    model, artifact = _model(tmp_path_factory, minilm_dir, "question-answering", arch)
+    question, context = "Who went to Paris?", " ".join(TEXTS)
+    got = _answer(
+        Runner(artifact), {"question": question, "context": context, "parameters": {"top_k": 2}}
+    )
+    assert same_answers(got, qa_reference(model, question, context, 32, top_k=2))
+
+
+def test_answers_equal_the_qa_pipelines_across_windows(qa):
+    model, runner = qa
+    context = " ".join(TEXTS) + " " + " ".join(TEXTS[::-1])  # about 90 tokens: 5+ windows
+    cases = [
+        ("Where did Ana meet Bob?", {}),
+        ("Who?", {"top_k": 3, "max_answer_len": 4}),
+        ("Is it far?", {"handle_impossible_answer": True, "top_k": 2}),
+        ("Is it far?", {"doc_stride": 4}),
+    ]
+    for question, params in cases:
+        got = _answer(runner, {"question": question, "context": context, "parameters": params})
+        assert same_answers(got, qa_reference(model, question, context, 32, **params)), params
+    # a batch of questions, the HF inference API's shape; a one-character context
+    items = [{"question": "Who?", "context": TEXTS[1]}, {"question": "What?", "context": "a"}]
+    got = _answer(runner, {"inputs": items})
+    assert same_answers(got, [qa_reference(model, i["question"], i["context"], 32) for i in items])
+
+
+def test_a_long_context_runs_as_windows_across_buckets(qa):
+    _, runner = qa
+    from neuronserve.tasks import get_task
+
+    request = get_task("question-answering").parse(
+        {"question": "Who?", "context": " ".join(TEXTS * 3)}, {}
+    )
+    report = RunReport()
+    runner.outputs([request], report)
+    assert sum(r.rows for r in report.runs) >= 6  # one row per window
+    assert len(report.runs) >= 2  # more windows than the largest batch: several runs
+
+
+def test_fill_mask_equals_the_pipeline(fill):
+    from transformers import pipeline
+
+    model, runner = fill
+    pipe = pipeline("fill-mask", model=str(model))
+    for inputs, params in (
+        ("Ana met [MASK] in Paris.", {}),
+        (["naïve café 🎉 [MASK]!", "[MASK]"], {"top_k": 3}),
+        ("Two masks: [MASK] and [MASK] 東京.", {"top_k": 10}),  # a list per mask
+    ):
+        got = _answer(runner, {"inputs": inputs, "parameters": params})
+        assert same_answers(got, pipe(inputs, **params)), inputs
+
+
+def test_fill_mask_refusals_fail_alone(fill):
+    _, runner = fill
+    bodies = [
+        {"inputs": "Ana met [MASK]."},
+        {"inputs": "no mask here"},
+        {"inputs": "[MASK] again", "parameters": {"top_k": 11}},  # compiled for 10
+        {"inputs": "[MASK]", "parameters": {"top_k": "five"}},
+        {"inputs": "and [MASK] here"},
+    ]
+    out = runner.responses_for_bodies([(json.dumps(b), None) for b in bodies])
+    assert isinstance(out[1], RequestError) and "no mask token" in out[1].message
+    assert isinstance(out[2], RequestError) and "max_top_k" in out[2].message
+    assert isinstance(out[3], RequestError) and "top_k" in out[3].message
+    assert all(e.status == 400 for e in out[1:4])
+    for i in (0, 4):
+        assert out[i] == runner.responses_for_bodies([(json.dumps(bodies[i]), None)])[0]
+
+
+def _eager_pair_scores(model_dir, query, documents):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    scores = []
+    for d in documents:
+        with torch.no_grad():
+            logits = model(**tok(query, d, return_tensors="pt")).logits[0]
+        scores.append(float(torch.sigmoid(logits[0])))
+    return scores
+
+
+def test_rerank_sorts_every_document_by_the_eager_score(rerank):
+    model, runner = rerank
+    query, documents = "where is Paris?", TEXTS[:4] * 3  # 12 pairs: three full buckets
+    want = _eager_pair_scores(model, query, documents)
+    report = RunReport()
+    request = runner.parse({"query": query, "documents": documents})
+    got = runner.task.respond(runner.outputs([request], report)[0], request, runner.info)
+    assert [g["index"] for g in got] == sorted(range(12), key=lambda i: -want[i])
+    assert all(abs(g["score"] - want[g["index"]]) < 1e-4 for g in got)
+    assert sum(r.rows for r in report.runs) == 12 and len(report.runs) >= 3
+    top = _answer(
+        runner,
+        {
+            "query": query,
+            "documents": documents,
+            "parameters": {"top_n": 2, "return_documents": True},
+        },
+    )
+    assert [t["index"] for t in top] == [g["index"] for g in got[:2]]
+    assert [t["document"] for t in top] == [documents[t["index"]] for t in top]
+
+
+def test_rerank_refusals(rerank):
+    _, runner = rerank
+    for body, words in (
+        ({"query": "q", "documents": []}, "empty"),
+        ({"query": "q"}, "documents"),
+        ({"query": "q", "documents": "one"}, "list"),
+        ({"query": 3, "documents": ["a"]}, "query"),
+        ({"query": "q", "documents": ["a", 7]}, "documents[1]"),
+        ({"query": "q", "documents": ["a"], "parameters": {"top_n": 0}}, "top_n"),
+    ):
+        out = runner.responses_for_bodies([(json.dumps(body), None)])[0]
+        assert isinstance(out, RequestError) and out.status == 400 and words in out.message, body
+
+
+def test_rerank_with_several_labels_scores_the_named_one(tmp_path_factory, minilm_dir):
+    from neuronserve.compile import CompileError
+
+    root = tmp_path_factory.mktemp("rerank-labels")
+    labels = {0: "irrelevant", 1: "relevant"}
+    model = tiny_model(root / "model", minilm_dir, "rerank", num_labels=2, id2label=labels)
+    with pytest.raises((CompileError, ValueError), match="relevance_label"):
+        compile_artifact(root / "unnamed", model, "rerank")
+    runner = Runner(compile_artifact(root / "art", model, "rerank", relevance_label="relevant"))
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    eager = AutoModelForSequenceClassification.from_pretrained(model).eval()
+    with torch.no_grad():
+        probs = eager(
+            **tok(["q"] * 2, TEXTS[:2], return_tensors="pt", padding=True)
+        ).logits.softmax(-1)
+    got = _answer(runner, {"query": "q", "documents": TEXTS[:2]})
+    assert {g["index"]: g["score"] for g in got} == pytest.approx(
+        {i: float(probs[i, 1]) for i in range(2)}, abs=1e-4
+    )
+
+
+@pytest.mark.parametrize("which", ["ner", "qa", "fill", "rerank"])
+def test_triton_tensors_carry_the_same_answers(request, which):
+    """What a Triton instance sends (task.tensors) and the front rebuilds
+    (task.results_from, then respond) is the answer the Runner gives in process."""
+    _, runner = request.getfixturevalue(which)
+    task = runner.task
+    body = {
+        "ner": {"inputs": TEXTS[:3], "parameters": {"aggregation_strategy": "average"}},
+        "qa": {"inputs": [{"question": "Who?", "context": t} for t in TEXTS[:3]]},
+        "fill": {"inputs": ["[MASK] and [MASK]", "a [MASK]"], "parameters": {"top_k": 2}},
+        "rerank": {"query": "q", "documents": TEXTS},
+    }[which]
+    parsed = runner.parse(json.dumps(body))
+    results = runner.outputs([parsed])[0]
+    tensors = task.tensors(results, runner.info)
+    specs = task.output_tensors(runner.manifest.output_dim, runner.manifest.labels)
+    assert [s.name for s in specs] == list(tensors)
+    rebuilt = task.respond(
+        task.results_from(tensors[specs[0].name]), parsed, runner.manifest.task_info()
+    )
+    assert same_answers(rebuilt, runner.responses([parsed])[0], atol=1e-6)
+
+
+def test_bad_requests_fail_alone_in_a_mixed_batch(qa):
+    _, runner = qa
+    good = {"question": "Who?", "context": TEXTS[0]}
+    bodies = [
+        good,
+        {"question": "Who?"},  # no context
+        {"inputs": [{"question": "Who?", "context": 5}]},  # wrong type
+        {"question": "Who?", "context": "  "},
+        {"question": "Who?", "context": TEXTS[1], "parameters": {"top_k": "2"}},
+        {"question": " ".join(["why"] * 40), "context": "a"},  # no room for the context
+        good,
+    ]
+    out = runner.responses_for_bodies([(json.dumps(b), None) for b in bodies])
+    for i in range(1, 6):
+        assert isinstance(out[i], RequestError) and out[i].status in (400, 413), bodies[i]
+    assert out[5].status == 413
+    assert out[0] == out[6] and not isinstance(out[0], RequestError)
+
+
+def test_auto_precision_is_judged_by_the_tasks_measure(tmp_path_factory, minilm_dir):
+    from neuronserve.artifact import read_manifest
+
+    root = tmp_path_factory.mktemp("ner-auto")
+    model = tiny_model(root / "model", minilm_dir, "token-classification", seed=5)
+    manifest = read_manifest(
+        compile_artifact(root / "art", model, "token-classification", precision="auto")
+    )
+    assert manifest.accuracy_floor == {"min_argmax_agreement": 0.99}
+    assert "token_argmax_agreement" in manifest.accuracy
+    assert {t.precision for t in manifest.precision_trials} >= {"fp32", "int8"}
+    assert all("token_argmax_agreement" in t.accuracy for t in manifest.precision_trials)
+    for t in manifest.precision_trials:  # refused exactly when under the floor
+        assert t.passed == (t.precision == "fp32" or t.accuracy["token_argmax_agreement"] >= 0.99)
+    assert np.isfinite(manifest.accuracy["token_argmax_agreement"])
