@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-
 from .artifact import ArtifactError, Manifest, read_manifest, read_verified
 from .buckets import Bucket
 from .compile.targets import get_target

@@ -176,7 +176,9 @@ class Api:
 
     async def rerank(self, request: Request) -> Response:
         body: s.RerankRequest = s.parse_body(await request.body(), s.RerankRequest)
-        model = self.serving.require_task("/rerank", "text-classification")
+        model = self.serving.require_task("/rerank", "rerank", "text-classification")
+        if model.task == "rerank":
+            return await self._rerank_task(body)
         if len(model.manifest.labels or []) != 1:
             raise RequestError(
                 f"/rerank needs a cross-encoder (a classifier with one label); {model.name} "
@@ -201,6 +203,29 @@ class Api:
                 rank["text"] = body.texts[i]
             ranks.append(rank)
         return json_response(ranks)
+
+    async def _rerank_task(self, body: s.RerankRequest) -> Response:
+        """/rerank on a rerank model: the task ranks, the route renames its answer."""
+        if not body.texts:
+            raise RequestError("texts is an empty list: send at least one document")
+        params = {
+            "top_n": body.top_n,
+            "return_documents": body.return_text,
+            "raw_scores": body.raw_scores,
+            **body.parameters(),
+        }
+        inputs = {"query": body.query, "documents": body.texts}
+        ranked = (await self.serving.predict_whole(inputs, len(body.texts), params)).value
+        return json_response(
+            [
+                {
+                    "index": r["index"],
+                    "score": r["score"],
+                    **({"text": r["document"]} if "document" in r else {}),
+                }
+                for r in ranked
+            ]
+        )
 
     async def tokenize(self, request: Request) -> Response:
         body: s.TokenizeRequest = s.parse_body(await request.body(), s.TokenizeRequest)

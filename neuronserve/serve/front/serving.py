@@ -123,11 +123,7 @@ class Serving:
         if len(inputs) <= limit:
             return await client.predict(inputs, parameters)
         if not self.config.split_client_batches:
-            raise RequestError(
-                f"{len(inputs)} inputs in one request; this server takes at most {limit} "
-                "(max_client_batch): send fewer per request",
-                status=413,
-            )
+            raise self._too_many(len(inputs))
         parts = await asyncio.gather(
             *(
                 client.predict(inputs[i : i + limit], parameters)
@@ -135,6 +131,23 @@ class Serving:
             )
         )
         return Prediction(value=[row for part in parts for row in part.value])
+
+    async def predict_whole(
+        self, inputs: Any, count: int, parameters: dict[str, Any]
+    ) -> Prediction:
+        """The engine's answer for one request of `count` texts that cannot be split
+        (a rerank's documents are ranked against each other)."""
+        _, client = self.ready()
+        if count > self.config.max_client_batch:
+            raise self._too_many(count)
+        return await client.predict(inputs, parameters)
+
+    def _too_many(self, count: int) -> RequestError:
+        return RequestError(
+            f"{count} inputs in one request; this server takes at most "
+            f"{self.config.max_client_batch} (max_client_batch): send fewer per request",
+            status=413,
+        )
 
     async def health(self) -> Health:
         if self.client is None:

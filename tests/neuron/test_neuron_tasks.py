@@ -1,0 +1,52 @@
+"""The new encoder tasks on the Neuron targets through the SDK stand-in: a module per
+bucket traced the XLA way (static shapes, padded examples), answers per token unpadded
+like on the CPU. Served answers equal those of the same model compiled for the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import compile_artifact, same_answers, standin_process, tiny_model
+
+from neuronserve.artifact import read_manifest
+from neuronserve.runtime import Runner
+
+BODIES = {
+    "token-classification": {
+        "inputs": ["Ana met Bob in Paris", "naïve café 🎉 in Zürich", "a"],
+        "parameters": {"aggregation_strategy": "first"},
+    },
+    "question-answering": {
+        "question": "Who met Bob?",
+        "context": "Ana met Bob in Paris last week, then they took a train to Zürich and "
+        "walked by the lake for an hour before dinner at a small café 🎉 near the station",
+        "parameters": {"top_k": 2},
+    },
+    "fill-mask": {"inputs": ["Ana met [MASK] in Paris", "[MASK] and [MASK]"]},
+    "rerank": {"query": "where?", "documents": ["Paris", "a lake in Zürich", "x", "y", "z"]},
+}
+
+
+@pytest.mark.parametrize("task", sorted(BODIES))
+def test_neuronx_answers_equal_the_cpu_build(tmp_path, minilm_dir, task):
+    model = tiny_model(tmp_path / "model", minilm_dir, task, seed=7, initializer_range=0.5)
+    cpu = Runner(compile_artifact(tmp_path / "cpu", model, task))
+    with standin_process(4):
+        artifact = compile_artifact(tmp_path / "neuronx", model, task, target="neuronx")
+        manifest = read_manifest(artifact)
+        assert sorted(manifest.modules) == ["b1_s16", "b1_s32", "b4_s16", "b4_s32"]
+        got = Runner(artifact).responses_for_bodies([(json.dumps(BODIES[task]), None)])[0]
+    want = cpu.responses_for_bodies([(json.dumps(BODIES[task]), None)])[0]
+    assert same_answers(got, want), task
+
+
+def test_inf1_compiles_a_token_task_and_leaves_its_check_to_the_host(tmp_path, minilm_dir):
+    model = tiny_model(tmp_path / "model", minilm_dir, "token-classification", seed=7)
+    with standin_process(0):
+        artifact = compile_artifact(
+            tmp_path / "inf1", model, "token-classification", target="neuron", precision="auto"
+        )
+    manifest = read_manifest(artifact)
+    assert manifest.validation_status == "pending" and manifest.precision == "bf16"
+    assert manifest.accuracy_floor == {"min_argmax_agreement": 0.99}

@@ -1,0 +1,103 @@
+"""Fill-mask and rerank models in one TorchServe model store, asked as a curl user asks
+(`/predictions/<model>`, and SageMaker's `/invocations?model_name=`): answers equal the
+Runner's in process, and bad requests are 400s with their neighbours answered."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+from helpers import compile_artifact, run_cli, same_answers, tiny_model, write_spec
+
+from neuronserve.runtime import Runner
+
+pytestmark = pytest.mark.server
+
+DOCS = ["Paris is in France.", "naïve café 🎉", "x", "Zürich has a lake.", "東京", "a b c"]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, minilm_dir):
+    root = tmp_path_factory.mktemp("torchserve-tasks")
+    out = {}
+    for name, task in (("fill", "fill-mask"), ("rerank", "rerank")):
+        model = tiny_model(root / name, minilm_dir, task, seed=13, initializer_range=0.5)
+        out[name] = compile_artifact(root / f"{name}-artifact", model, task)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, models):
+    work = tmp_path_factory.mktemp("torchserve-tasks-serve")
+    common = {"model_store": "store", "run_dir": "run", "workers": 1, "token_auth": False}
+    spec = write_spec(work, name="fill", artifact=models["fill"], **common)
+    run_cli("package", "torchserve", "--spec", "deploy.yaml", cwd=work)
+    run_cli(
+        "package",
+        "torchserve",
+        models["rerank"],
+        "--model-store",
+        "store",
+        "--name",
+        "rerank",
+        "--workers",
+        "1",
+        "--no-token-auth",
+        cwd=work,
+    )
+    run_cli("serve", "torchserve", "--spec", "deploy.yaml", cwd=work)
+    yield f"http://127.0.0.1:{spec['inference_port']}"
+    run_cli("serve", "torchserve", "--spec", "deploy.yaml", "--stop", cwd=work)
+
+
+def test_fill_mask_answers_equal_the_runners(server, models):
+    runner = Runner(models["fill"])
+    for body in (
+        {"inputs": "Ana met [MASK] in Paris."},
+        {"inputs": ["naïve [MASK] 🎉", "[MASK] and [MASK]"], "parameters": {"top_k": 3}},
+    ):
+        r = requests.post(f"{server}/predictions/fill", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert same_answers(r.json(), runner.responses_for_bodies([(body, None)])[0], atol=1e-6)
+
+
+def test_rerank_through_predictions_and_invocations(server, models):
+    runner = Runner(models["rerank"])
+    body = {
+        "query": "where is Paris?",
+        "documents": DOCS,
+        "parameters": {"top_n": 4, "return_documents": True},
+    }
+    want = runner.responses_for_bodies([(body, None)])[0]
+    for url in (f"{server}/predictions/rerank", f"{server}/invocations?model_name=rerank"):
+        r = requests.post(url, json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        assert same_answers(r.json(), want, atol=1e-6) and len(r.json()) == 4
+
+
+def test_bad_requests_are_400s_and_their_neighbours_are_answered(server, models):
+    fill = Runner(models["fill"])
+    good = {"inputs": "Bob met [MASK]."}
+    bad = [
+        {"inputs": "no mask at all"},
+        {"inputs": "[MASK]", "parameters": {"top_k": 99}},
+        {"inputs": 5},
+    ]
+    bodies = [good, *bad, good]
+    with ThreadPoolExecutor(len(bodies)) as pool:  # sent at once: TorchServe may batch them
+        answers = list(
+            pool.map(
+                lambda b: requests.post(f"{server}/predictions/fill", json=b, timeout=60), bodies
+            )
+        )
+    assert [a.status_code for a in answers] == [200, 400, 400, 400, 200]
+    assert "no mask token" in answers[1].json()["error"]
+    want = fill.responses_for_bodies([(good, None)])[0]
+    assert same_answers(answers[0].json(), want, atol=1e-6) and same_answers(
+        answers[4].json(), want, atol=1e-6
+    )
+    r = requests.post(
+        f"{server}/predictions/rerank", json={"query": "q", "documents": []}, timeout=60
+    )
+    assert r.status_code == 400 and "at least one document" in r.json()["error"]

@@ -1,0 +1,121 @@
+"""Token classification and question answering behind a real tritonserver, asked with
+tritonclient the way a Triton user asks (TEXT, TEXT_PAIR, request parameters): the JSON
+per text in ENTITIES / ANSWERS equals the Runner's in process, and a bad request sent
+together with good ones fails alone."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from helpers import compile_artifact, run_cli, same_answers, tiny_model, write_spec
+from tritonclient.utils import InferenceServerException
+
+from neuronserve.runtime import Runner
+
+pytestmark = pytest.mark.server
+
+TEXTS = ["Ana met Bob in Paris", "naïve café 🎉 in Zürich, said Ana.", "a", "東京 and São Paulo"]
+CONTEXT = (
+    "Ana met Bob in Paris last week. They took a train to Zürich, walked by the lake 🎉 "
+    "and had dinner at a small café near the station before Bob flew home to São Paulo."
+)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, minilm_dir):
+    root = tmp_path_factory.mktemp("triton-tasks")
+    out = {}
+    for name, task in (("ner", "token-classification"), ("qa", "question-answering")):
+        model = tiny_model(root / name, minilm_dir, task, seed=11, initializer_range=0.5)
+        out[name] = compile_artifact(root / f"{name}-artifact", model, task)
+    return out
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, models):
+    work = tmp_path_factory.mktemp("triton-tasks-serve")
+    common = {"triton_repository": "repo", "triton_run_dir": "run", "workers": 1}
+    spec = write_spec(work, name="ner", artifact=models["ner"], **common)
+    run_cli("package", "triton", "--spec", "deploy.yaml", cwd=work)
+    run_cli(
+        "package",
+        "triton",
+        models["qa"],
+        "--repository",
+        "repo",
+        "--name",
+        "qa",
+        "--instances",
+        "1",
+        cwd=work,
+    )
+    config = (work / "repo" / "qa" / "config.pbtxt").read_text()
+    assert 'name: "ANSWERS"' in config and "optional: true" not in config  # context required
+    run_cli("serve", "triton", "--spec", "deploy.yaml", cwd=work)
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{spec['http_port']}", concurrency=4)
+    yield client
+    client.close()
+    run_cli("serve", "triton", "--spec", "deploy.yaml", "--stop", cwd=work)
+
+
+def _inputs(texts, pairs=None):
+    out = []
+    for name, values in (("TEXT", texts), ("TEXT_PAIR", pairs)):
+        if values is not None:
+            t = httpclient.InferInput(name, [len(values), 1], "BYTES")
+            t.set_data_from_numpy(np.array([[v.encode()] for v in values], dtype=object))
+            out.append(t)
+    return out
+
+
+def _json(result, name):
+    return [json.loads(v[0]) for v in result.as_numpy(name)]
+
+
+def test_entities_equal_the_runners(client, models):
+    runner = Runner(models["ner"])
+    for params in (
+        {"aggregation_strategy": "simple"},
+        {"aggregation_strategy": "max", "ignore_labels": "O,MISC"},
+    ):
+        got = _json(client.infer("ner", _inputs(TEXTS), parameters=params), "ENTITIES")
+        native = {**params, "ignore_labels": params.get("ignore_labels", "O").split(",")}
+        want = runner.responses_for_bodies([({"inputs": TEXTS, "parameters": native}, None)])[0]
+        assert any(want) and same_answers(got, want, atol=1e-6)
+
+
+def test_answers_equal_the_runners_and_a_bad_request_fails_alone(client, models):
+    runner = Runner(models["qa"])
+    questions = ["Who met Bob?", "Where is the café?"]
+    params = {"top_k": 2, "max_answer_len": 6}
+    want = runner.responses_for_bodies(
+        [
+            (
+                {
+                    "inputs": [{"question": q, "context": CONTEXT} for q in questions],
+                    "parameters": params,
+                },
+                None,
+            )
+        ]
+    )[0]
+    pending = [
+        client.async_infer("qa", _inputs(questions, [CONTEXT] * 2), parameters=params),
+        client.async_infer("qa", _inputs(questions)),  # no context: Triton refuses it itself
+        client.async_infer("qa", _inputs(questions[:1], [CONTEXT]), parameters={"top_k": 0}),
+        client.async_infer("qa", _inputs(questions, [CONTEXT] * 2), parameters=params),
+    ]
+    results = []
+    for p in pending:
+        try:
+            results.append(p.get_result())
+        except InferenceServerException as e:
+            results.append(e)
+    for bad, needle in ((results[1], "TEXT_PAIR"), (results[2], "top_k")):
+        assert isinstance(bad, InferenceServerException) and bad.status() == "400"
+        assert needle in bad.message(), bad.message()
+    for good in (results[0], results[3]):
+        assert same_answers(_json(good, "ANSWERS"), want, atol=1e-6)
