@@ -123,13 +123,16 @@ class NeuronServeHandler(BaseHandler):
 
 
 def _body(row):
-    """(field name, body) of one TorchServe request row: a JSON/plain body arrives as
-    `body`, a multipart upload as the field `data`."""
+    """(field name, body) of one TorchServe request row: a JSON/plain body (or a raw
+    image) arrives as `body`, a multipart upload as its fields (`data`, or several: an
+    image model takes each file field as an image, and a `parameters` field)."""
     for name in ("body", "data"):
         if name in row and row[name] is not None:
             return name, row[name]
     if len(row) == 1:
         return next(iter(row.items()))
+    if row:
+        return None, dict(row)
     return None, None
 
 

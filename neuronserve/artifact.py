@@ -49,6 +49,14 @@ class TokenizerSettings(BaseModel):
     clean_up_spaces: bool = False
 
 
+class ImageSettings(BaseModel):
+    """An image model's preprocessing: the transformers image processor saved in the
+    artifact, and the (channels, height, width) it makes every image."""
+
+    file: str = "preprocessor_config.json"
+    shape: tuple[int, int, int]
+
+
 class BucketValidation(BaseModel):
     batch: int
     seq: int
@@ -91,7 +99,9 @@ class Manifest(BaseModel):
     # what a task's answers need beyond the labels (fill-mask: the predictions kept per
     # token; rerank: the label scored)
     task_settings: dict[str, Any] = Field(default_factory=dict)
-    tokenizer: TokenizerSettings
+    # a text model's tokenizer, or an image model's processor
+    tokenizer: TokenizerSettings | None = None
+    image: ImageSettings | None = None
     versions: dict[str, str] = Field(default_factory=dict)
     compiler: dict[str, Any] = Field(default_factory=dict)
     tolerance: float
@@ -125,7 +135,13 @@ class Manifest(BaseModel):
 
     def opened_files(self) -> list[str]:
         """Every file the loaders open: each must be listed, and so hashed."""
-        return sorted({*self.modules.values(), self.tokenizer.file})
+        preprocessing = self.tokenizer or self.image
+        return sorted({*self.modules.values(), *([preprocessing.file] if preprocessing else [])})
+
+    @property
+    def truncation(self) -> bool:
+        """Whether compile recorded cutting over-long text (never, for images)."""
+        return self.tokenizer.truncation if self.tokenizer else False
 
     def task_info(self) -> dict[str, Any]:
         """What a task's respond and finish read (labels, task settings, tokenizer facts):
@@ -134,9 +150,9 @@ class Manifest(BaseModel):
         return {
             "labels": self.labels,
             **self.task_settings,
-            "mask_token_id": t.mask_token_id,
-            "unk_token_id": t.unk_token_id,
-            "clean_up_spaces": t.clean_up_spaces,
+            "mask_token_id": t.mask_token_id if t else None,
+            "unk_token_id": t.unk_token_id if t else None,
+            "clean_up_spaces": t.clean_up_spaces if t else False,
         }
 
     @property

@@ -122,19 +122,28 @@ def engine_batch_sizes(grid: BucketGrid, bucket_ms: Mapping[str, float]) -> list
 
 
 def pad_batch(
-    rows: Sequence[Mapping[str, Sequence[int]]],
+    rows: Sequence[Mapping[str, Sequence[int] | np.ndarray]],
     bucket: Bucket,
     input_names: Sequence[str],
     pad_values: dict[str, int],
 ) -> dict[str, np.ndarray]:
-    """Pad token rows into int64 arrays of exactly the bucket's shape.
+    """Pad token rows into int64 arrays of exactly the bucket's shape (image rows into
+    float32 arrays of the bucket's batch).
 
     Padding rows (when the batch is smaller than the bucket) are all padding with an
-    all-zero mask; their outputs are dropped by `unpad`.
+    all-zero mask (black images); their outputs are dropped by `unpad`.
     """
     out = {}
     for name in input_names:
-        arr = np.full((bucket.batch, bucket.seq), pad_values.get(name, 0), dtype=np.int64)
+        first = rows[0][name] if rows else None
+        if isinstance(first, np.ndarray) and first.ndim > 1:
+            out[name] = np.zeros((bucket.batch, *first.shape), dtype=np.float32)
+            for i, row in enumerate(rows):
+                out[name][i] = row[name]
+            continue
+        arr: np.ndarray = np.full(
+            (bucket.batch, bucket.seq), pad_values.get(name, 0), dtype=np.int64
+        )
         for i, row in enumerate(rows):
             values = row[name]
             if len(values) > bucket.seq:

@@ -21,7 +21,8 @@ import torch
 
 from .buckets import Bucket, BucketGrid, pad_batch, padding_ratio, unpad
 
-Row = Mapping[str, Sequence[int]]
+# a text's token ids per input name, or an image's pixels (pixel_values)
+Row = Mapping[str, Sequence[int] | np.ndarray]
 Module = Callable[..., torch.Tensor]
 # per-row outputs stacked (rows, dim), or per-token outputs one (tokens, dim) per row
 RowOutputs = np.ndarray | list[np.ndarray]
@@ -63,12 +64,26 @@ class RunReport:
 
 @dataclass(frozen=True)
 class InputLayout:
-    """How token rows become the module's tensors (input names in call order and the
-    value each pads with), and whether the module answers per token."""
+    """How rows become the module's tensors (input names in call order and the value
+    each pads with), and whether the module answers per token. An image model's rows are
+    (channels, height, width) pixels: its buckets' "sequence length" is the image height,
+    the one size its modules take."""
 
     names: tuple[str, ...]
     pad_values: dict[str, int]
     per_token: bool = False
+    image_shape: tuple[int, int, int] | None = None
+
+    def length(self, row: Row) -> int:
+        """The row's length along the bucket's sequence axis."""
+        return self.image_shape[1] if self.image_shape else len(row["input_ids"])
+
+    def blank_row(self, seq: int) -> Row:
+        """A row filling `seq` (warming up a bucket): padding tokens, or a black image."""
+        if self.image_shape:
+            return {self.names[0]: np.zeros(self.image_shape, dtype=np.float32)}
+        pad = self.pad_values.get("input_ids", 0)
+        return {"input_ids": [pad] * seq, "attention_mask": [1] * seq, "token_type_ids": [0] * seq}
 
 
 @dataclass
@@ -101,13 +116,13 @@ class Executor:
         module = (module_for or self.module_for)(bucket)
         with torch.inference_mode():
             out = module(*(torch.from_numpy(arrays[n]) for n in self.layout.names))
-        lengths = [len(r["input_ids"]) for r in rows] if self.layout.per_token else None
+        lengths = [self.layout.length(r) for r in rows] if self.layout.per_token else None
         return unpad(out.float().numpy(), len(rows), lengths)
 
     def run(self, rows: Sequence[Row], report: RunReport | None = None) -> RowOutputs:
         """Outputs for `rows` in their order: rows grouped by length into the smallest
         buckets that hold them, batches beyond the largest bucket split."""
-        lengths = [len(r["input_ids"]) for r in rows]
+        lengths = [self.layout.length(r) for r in rows]
         costs = self.bucket_ms
         measured = costs and all(b.key in costs for b in self.grid.buckets)
         chunks = list(self.grid.chunks(lengths, (lambda b: costs[b.key]) if measured else None))

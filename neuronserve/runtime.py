@@ -21,7 +21,8 @@ from .buckets import Bucket
 from .compile.targets import get_target
 from .compile.validate import layout_of
 from .execution import Executor, Module, Row, RunReport
-from .tasks import RequestError, TaskRequest, decode_payload, get_task
+from .images import ImagePreprocessor, PixelRow
+from .tasks import RequestError, TaskRequest, get_task
 from .tasks.base import RequestLimits, Text, internal_error
 from .tokenization import Encoded, TextTokenizer
 
@@ -51,14 +52,20 @@ class Runner:
         self.task = get_task(m.task)
         self.target = get_target(m.target)
         self.grid = m.grid
-        self.truncation = m.tokenizer.truncation if truncation is None else truncation
+        self.truncation = m.truncation if truncation is None else truncation
         self.limits = limits or RequestLimits()
         # files are read once, checked against the manifest, and loaded from those bytes
-        self.tokenizer = TextTokenizer(
-            self.artifact_dir / m.tokenizer.file,
-            m.tokenizer.max_length,
-            read_verified(self.artifact_dir, m, m.tokenizer.file).decode(),
-        )
+        self.tokenizer: TextTokenizer | None = None
+        self.preprocessor: ImagePreprocessor | None = None
+        if m.tokenizer is not None:
+            self.tokenizer = TextTokenizer(
+                self.artifact_dir / m.tokenizer.file,
+                m.tokenizer.max_length,
+                read_verified(self.artifact_dir, m, m.tokenizer.file).decode(),
+            )
+        elif m.image is not None:  # checked, then loaded by transformers from the folder
+            read_verified(self.artifact_dir, m, m.image.file)
+            self.preprocessor = ImagePreprocessor(self.artifact_dir)
         per_module = int(m.compiler.get("cores_per_module", 1))
         copies = self.target.replicas(cores, per_module)
         # one load per file and copy: a dynamic-shape target's buckets share one module;
@@ -103,16 +110,9 @@ class Runner:
         runs the smallest bucket `rounds` + 1 times and every other bucket once: a
         restarted worker is ready in a fraction of the time (8x256 alone took a second a
         call on a busy core)."""
-        pad = self.executor.layout.pad_values.get("input_ids", 0)
         shared = len(set(self.manifest.modules.values())) == 1
         for k, bucket in enumerate(self.grid.buckets):
-            rows: list[Row] = [
-                {
-                    "input_ids": [pad] * bucket.seq,
-                    "attention_mask": [1] * bucket.seq,
-                    "token_type_ids": [0] * bucket.seq,
-                }
-            ]
+            rows: list[Row] = [self.executor.layout.blank_row(bucket.seq)]
             times = rounds if not shared else (rounds + 1 if k == 0 else 1)
             for module_for in (self.executor.module_for, *self.executor.copies):
                 for _ in range(times):
@@ -120,9 +120,7 @@ class Runner:
 
     def parse(self, body: Any, content_type: str | None = None) -> TaskRequest:
         """Decode one request body into the task's request (raises RequestError)."""
-        inputs, parameters = decode_payload(
-            body, content_type, self.limits.json_depth, self.task.body_fields
-        )
+        inputs, parameters = self.task.decode(body, content_type, self.limits.json_depth)
         return self.task.parse(inputs, parameters)
 
     def responses_for_bodies(
@@ -216,8 +214,11 @@ class Runner:
         windowed task), tokenized in one call per way of truncating (almost always one):
         the deployment's, unless a request chose. A request that cannot be tokenized
         gets its error in `results`."""
+        if self.preprocessor is not None:
+            return self._encode_images(live, results)
         if self.task.windowed:
             return self._encode_windows(live, results)
+        tokenizer = cast(TextTokenizer, self.tokenizer)
         modes: dict[tuple[bool, str], list[int]] = {}
         texts: list[Text] = []
         for _, r in live:
@@ -229,7 +230,7 @@ class Runner:
         for (truncate, direction), idx in modes.items():
             for k, e in zip(
                 idx,
-                self.tokenizer.encode([texts[k] for k in idx], truncate, direction),
+                tokenizer.encode([texts[k] for k in idx], truncate, direction),
                 strict=True,
             ):
                 encoded[k] = e
@@ -239,14 +240,36 @@ class Runner:
             pos += len(r.texts)
         return out
 
+    def _encode_images(
+        self, live: Sequence[tuple[int, TaskRequest]], results: list[Outputs | None]
+    ) -> dict[int, list[list[Any]]]:
+        """Every image opened (a request with one that is not an image fails alone), then
+        the whole batch through the image processor at once."""
+        from .images import open_image
+
+        opened: dict[int, list[Any]] = {}
+        for i, r in live:
+            try:
+                opened[i] = [open_image(cast(bytes, b), k) for k, b in enumerate(r.texts)]
+            except RequestError as e:
+                results[i] = e
+        images = [image for i in opened for image in opened[i]]
+        pixels: Any = cast(ImagePreprocessor, self.preprocessor).pixels(images) if images else []
+        out, pos = {}, 0
+        for i, mine in opened.items():
+            out[i] = [[PixelRow(p)] for p in pixels[pos : pos + len(mine)]]
+            pos += len(mine)
+        return out
+
     def _encode_windows(
         self, live: Sequence[tuple[int, TaskRequest]], results: list[Outputs | None]
     ) -> dict[int, list[list[Encoded]]]:
+        tokenizer = cast(TextTokenizer, self.tokenizer)
         out = {}
         for i, r in live:
             stride = r.parameters.get("doc_stride") or default_stride(self.max_sequence_length)
             try:
-                out[i] = [self.tokenizer.windows(cast(tuple[str, str], t), stride) for t in r.texts]
+                out[i] = [tokenizer.windows(cast(tuple[str, str], t), stride) for t in r.texts]
             except ValueError as e:
                 results[i] = RequestError(
                     f"the question and doc_stride {stride} leave no room for the context in "
@@ -256,9 +279,11 @@ class Runner:
                 )
         return out
 
-    def _too_long(self, encoded: Sequence[Sequence[Encoded]]) -> RequestError | None:
+    def _too_long(self, encoded: Sequence[Sequence[Any]]) -> RequestError | None:
         """The 413 for a request holding a text over the largest compiled length, which
         is left whole only when truncation is off."""
+        if self.preprocessor is not None:
+            return None  # every image is made the compiled size
         for k, windows in enumerate(encoded):
             e = windows[0]
             if len(e.ids) > self.max_sequence_length:

@@ -29,6 +29,8 @@ Task = Literal[
     "token-classification",
     "question-answering",
     "fill-mask",
+    "image-classification",
+    "image-feature-extraction",
 ]
 Target = Literal["cpu", "neuronx", "neuron"]
 Pooling = Literal["auto", "mean", "cls"]
@@ -59,7 +61,8 @@ class DeploySpec(BaseModel):
     task: Task = Field(
         "feature-extraction",
         description="feature-extraction | text-classification | rerank (a cross-encoder) | "
-        "token-classification (NER) | question-answering (extractive) | fill-mask",
+        "token-classification (NER) | question-answering (extractive) | fill-mask | "
+        "image-classification | image-feature-extraction (ViT)",
     )
     allow_pickle_weights: bool = Field(
         False,
@@ -104,7 +107,7 @@ class DeploySpec(BaseModel):
         0.999,
         gt=0,
         le=1,
-        description="feature-extraction accuracy floor: lowest cosine to "
+        description="feature-extraction (text and image) accuracy floor: lowest cosine to "
         "the fp32 eager embedding a non-fp32 precision may reach",
     )
     min_argmax_agreement: float = Field(
@@ -132,8 +135,8 @@ class DeploySpec(BaseModel):
         0.99,
         gt=0,
         le=1,
-        description="fill-mask accuracy floor: share of tokens whose most likely "
-        "replacement must equal the fp32 eager model's",
+        description="fill-mask and image-classification accuracy floor: share of tokens "
+        "(images) whose most likely token (label) must equal the fp32 eager model's",
     )
     max_top_k: int = Field(
         10,

@@ -564,3 +564,27 @@ def same_answers(got, want, atol: float = 1e-4) -> bool:
     if isinstance(want, (float, np.floating)) and not isinstance(want, bool):
         return isinstance(got, (int, float)) and abs(float(got) - float(want)) <= atol
     return got == want or (isinstance(want, np.integer) and got == int(want))
+
+
+VIT_LABELS = {0: "cat", 1: "dog", 2: "car", 3: "tree", 4: "lake"}
+
+
+def tiny_vit(out: Path, task: str, seed: int = 0, image_size: int = 32, **config) -> Path:
+    """A tiny ViT with random weights and the ViT image processor at `image_size`:
+    a classifier (VIT_LABELS) for image-classification, the bare model otherwise."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor, ViTModel
+
+    cfg = ViTConfig(
+        image_size=image_size,
+        patch_size=8,
+        **TINY,
+        num_labels=len(VIT_LABELS),
+        id2label=VIT_LABELS,
+        label2id={v: k for k, v in VIT_LABELS.items()},
+        **config,
+    )
+    torch.manual_seed(seed)
+    kind = ViTForImageClassification if task == "image-classification" else ViTModel
+    kind(cfg).eval().save_pretrained(out)
+    ViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(out)
+    return out

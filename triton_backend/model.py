@@ -11,7 +11,8 @@ execute:    every request of the batch Triton formed goes through one Runner cal
     front answers with it.
 finalize:   release the lease.
 
-Inputs: TEXT (BYTES, [n, 1]) and, for tasks taking pairs, TEXT_PAIR of the same shape
+Inputs: IMAGE (BYTES, [n, 1]: encoded JPEG/PNG/WebP images) for image tasks; else
+TEXT (BYTES, [n, 1]) and, for tasks taking pairs, TEXT_PAIR of the same shape
 (rerank: the query in every TEXT row, a document per TEXT_PAIR row; question-answering:
 the question and its context; required for those two); request parameters `truncate`
 (bool) and `truncation_direction` ("right", "left") decide that request's over-long
@@ -123,6 +124,12 @@ class TritonPythonModel:
         from neuronserve.tasks.base import truncation_parameters
 
         task = self.runner.task
+        if task.images:
+            return TaskRequest(
+                texts=_images(pb_utils.get_input_tensor_by_name(request, "IMAGE")),
+                single=False,
+                parameters=task.own_parameters(_parameters(request)),
+            )
         texts = _texts(pb_utils.get_input_tensor_by_name(request, "TEXT"), "TEXT")
         if self.pairs:
             pair = pb_utils.get_input_tensor_by_name(request, "TEXT_PAIR")
@@ -136,7 +143,7 @@ class TritonPythonModel:
                         f"{len(seconds)}: send one pair text per text"
                     )
                 texts = list(zip(texts, seconds, strict=True))
-        params = {k: v for k, v in _parameters(request).items() if k not in TRITON_RESERVED}
+        params = _parameters(request)
         truncate, direction = truncation_parameters(params)
         return TaskRequest(
             texts=texts,
@@ -179,7 +186,19 @@ def _parameters(request) -> dict:
         params = json.loads(raw) if raw else {}
     except ValueError:
         raise RequestError("request parameters are not valid JSON") from None
-    return params if isinstance(params, dict) else {}
+    params = params if isinstance(params, dict) else {}
+    return {k: v for k, v in params.items() if k not in TRITON_RESERVED}
+
+
+def _images(tensor) -> list[bytes]:
+    from neuronserve.tasks import RequestError
+
+    if tensor is None:
+        raise RequestError("input IMAGE is missing")
+    values = tensor.as_numpy().reshape(-1)
+    if values.size == 0:
+        raise RequestError("input IMAGE is empty: send at least one image")
+    return [v if isinstance(v, bytes) else bytes(v) for v in values]
 
 
 def _texts(tensor, name: str) -> list[str]:

@@ -14,8 +14,8 @@ from ..buckets import Bucket, BucketGrid
 from ..execution import Executor, InputLayout, Module
 from ..spec import DeploySpec
 from ..tasks import Task
-from ..tokenization import TextTokenizer
 from .base import Target
+from .examples import Examples
 
 
 @dataclass
@@ -25,7 +25,8 @@ class CompileContext:
     task: Task
     # the task's module around the Hugging Face model, fp32 eager: the reference
     eager: torch.nn.Module
-    tokenizer: TextTokenizer
+    # the inputs it is checked and timed on (text or images)
+    examples: Examples
     grid: BucketGrid
     layout: InputLayout
     # the spec's compiler options (see DeploySpec.compiler_options)

@@ -12,20 +12,23 @@ import inspect
 import json
 import platform
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .. import __version__
-from ..artifact import InputSpec, Manifest, TokenizerSettings, write_manifest
+from ..artifact import ImageSettings, InputSpec, Manifest, TokenizerSettings, write_manifest
 from ..buckets import BucketGrid
 from ..execution import InputLayout
+from ..images import PROCESSOR_FILE, ImagePreprocessor
 from ..spec import TRUNCATION_AT_COMPILE, DeploySpec
 from ..tasks import Task, WrappedModel, get_task
 from ..tokenization import TextTokenizer
 from .base import CompileError
 from .context import CompileContext
+from .examples import Examples, ImageExamples, TextExamples
 from .precision import Choice, PrecisionSearch
 from .reference import REFERENCE_FILE
 from .targets import get_target
@@ -131,21 +134,65 @@ def refuse_pickle_weights(model_dir: Path, allowed: bool) -> None:
         )
 
 
-def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) -> Manifest:
+@dataclass
+class Inputs:
+    """What a model reads, prepared in the artifact: a tokenizer, or an image processor
+    (whose image size is then the grid's one "sequence length")."""
+
+    grid: BucketGrid
+    examples: Examples
+    pad_values: dict[str, int]
+    tokenizer: TokenizerSettings | None = None
+    image: ImageSettings | None = None
+    # what task.wrap may need of them (mask token, ...)
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def _text_inputs(spec: DeploySpec, model_dir: Path, out: Path) -> Inputs:
     grid = BucketGrid(tuple(spec.batch_sizes), tuple(spec.sequence_lengths))
+    facts = _save_tokenizer(model_dir, out)
+    return Inputs(
+        grid=grid,
+        examples=TextExamples(TextTokenizer(out / "tokenizer.json", grid.max_seq)),
+        pad_values={"input_ids": facts["pad_token_id"]},
+        tokenizer=TokenizerSettings(
+            max_length=grid.max_seq,
+            truncation=TRUNCATION_AT_COMPILE if spec.truncation is None else spec.truncation,
+            **facts,
+        ),
+        facts=facts,
+    )
+
+
+def _image_inputs(spec: DeploySpec, model_dir: Path, out: Path) -> Inputs:
+    try:
+        preprocessor = ImagePreprocessor(model_dir)
+        preprocessor.processor.save_pretrained(out)
+    except (OSError, ValueError) as e:
+        raise CompileError(f"cannot load an image processor from {model_dir}: {e}") from None
+    shape = preprocessor.shape
+    return Inputs(
+        grid=BucketGrid(tuple(spec.batch_sizes), (shape[1],)),
+        examples=ImageExamples(preprocessor),
+        pad_values={},
+        image=ImageSettings(file=PROCESSOR_FILE, shape=shape),
+    )
+
+
+def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) -> Manifest:
     task, target = get_task(spec.task), get_target(spec.target)
-    tokenizer_facts = _save_tokenizer(model_dir, out)
-    pad_id = tokenizer_facts["pad_token_id"]
+    inputs = (_image_inputs if task.images else _text_inputs)(spec, model_dir, out)
+    grid = inputs.grid
     shutil.copy2(model_dir / "config.json", out / "config.json")
     refuse_pickle_weights(model_dir, spec.allow_pickle_weights)
     model = load_for_task(task, model_dir)
     max_pos = getattr(model.config, "max_position_embeddings", None)
-    if max_pos is not None and grid.max_seq > max_pos:
+    if not task.images and max_pos is not None and grid.max_seq > max_pos:
         raise CompileError(
             f"sequence length {grid.max_seq} exceeds the model's max_position_embeddings "
             f"({max_pos}); lower --sequence-lengths"
         )
-    names = _input_names(model)
+    names = ("pixel_values",) if task.images else _input_names(model)
     wrapped = task.wrap(
         model,
         model_dir,
@@ -155,7 +202,7 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
             "input_names": list(names),
             "max_top_k": spec.max_top_k,
             "relevance_label": spec.relevance_label,
-            **tokenizer_facts,
+            **inputs.facts,
         },
     )
     ctx = CompileContext(
@@ -163,9 +210,14 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
         target=target,
         task=task,
         eager=wrapped.module,
-        tokenizer=TextTokenizer(out / "tokenizer.json", grid.max_seq),
+        examples=inputs.examples,
         grid=grid,
-        layout=InputLayout(names, {"input_ids": pad_id}, per_token=task.per_token),
+        layout=InputLayout(
+            names,
+            inputs.pad_values,
+            per_token=task.per_token,
+            image_shape=inputs.image.shape if inputs.image else None,
+        ),
         options=spec.compiler_options(),
         progress=progress,
     )
@@ -177,7 +229,7 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
         f.rename(out / f.name)
     shutil.rmtree(out / CANDIDATES)
     choice.reference.save(out / REFERENCE_FILE)
-    return _manifest(ctx, wrapped, choice, out, tokenizer_facts)
+    return _manifest(ctx, wrapped, choice, out, inputs)
 
 
 def _manifest(
@@ -185,7 +237,7 @@ def _manifest(
     wrapped: WrappedModel,
     choice: Choice,
     out: Path,
-    tokenizer_facts: dict[str, Any],
+    inputs: Inputs,
 ) -> Manifest:
     import tokenizers
     import transformers
@@ -209,11 +261,8 @@ def _manifest(
         output_name=wrapped.output_name,
         output_dim=choice.reference.output_dim,
         modules=kept.build.modules,
-        tokenizer=TokenizerSettings(
-            max_length=grid.max_seq,
-            truncation=TRUNCATION_AT_COMPILE if spec.truncation is None else spec.truncation,
-            **tokenizer_facts,
-        ),
+        tokenizer=inputs.tokenizer,
+        image=inputs.image,
         versions={
             "neuronserve": __version__,
             "torch": torch.__version__,

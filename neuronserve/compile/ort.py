@@ -32,8 +32,8 @@ INPUT_ORDER_KEY = "neuronserve_input_order"
 
 
 class OrtModule:
-    """An ONNX Runtime session called like the TorchScript modules: int64 tensors in
-    the manifest's input order, one float tensor out."""
+    """An ONNX Runtime session called like the TorchScript modules: tensors (int64 tokens
+    or float pixels) in the manifest's input order, one float tensor out."""
 
     file_suffix = ".onnx"
 
@@ -62,7 +62,7 @@ class OrtModule:
 
     def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
         feed = {
-            n: np.ascontiguousarray(t.numpy(), dtype=np.int64)
+            n: np.ascontiguousarray(t.numpy())
             for n, t in zip(self.input_names, tensors, strict=True)
             if n in self._taken
         }
@@ -98,7 +98,8 @@ def export_onnx(
     hf.set_attn_implementation("eager")
     config = hf.config
     names = input_names[: len(example)]
-    axes = {n: {0: "batch", 1: "sequence"} for n in names}
+    # token inputs vary in batch and length; an image's pixels only in batch
+    axes = {n: {0: "batch"} if n == "pixel_values" else {0: "batch", 1: "sequence"} for n in names}
     axes["output"] = {0: "batch", 1: "sequence"} if per_token else {0: "batch"}
     with tempfile.TemporaryDirectory(prefix="neuronserve-onnx-") as tmp_name:
         tmp = Path(tmp_name)
@@ -116,7 +117,7 @@ def export_onnx(
             )
         fused = optimizer.optimize_model(
             str(tmp / "fp32.onnx"),
-            model_type="bert",
+            model_type="vit" if config.model_type == "vit" else "bert",
             opt_level=1,
             num_heads=int(config.num_attention_heads),
             hidden_size=int(config.hidden_size),

@@ -19,11 +19,10 @@ from ..artifact import BucketValidation, PrecisionTrial
 from ..buckets import BucketGrid
 from ..execution import Executor
 from ..spec import DeploySpec
-from ..tokenization import TextTokenizer
 from .base import CompileError, Target
 from .context import CompileContext
+from .examples import Examples
 from .reference import Judge, Reference, check
-from .texts import VALIDATION_TEXTS
 from .validation import Build, build_precision
 
 
@@ -37,13 +36,13 @@ def candidates(spec: DeploySpec, target: Target) -> tuple[tuple[str, ...], bool]
     return tuple(getattr(target, "auto_precisions", ("fp32",))), False
 
 
-def batch1_ms(executor: Executor, tokenizer: TextTokenizer, grid: BucketGrid) -> float:
+def batch1_ms(executor: Executor, examples: Examples, grid: BucketGrid) -> float:
     """Sum over the grid's sequence lengths of the best of three batch-1 runs: what
     `precision: auto` ranks candidates by. Two warm-up calls per shape first (TorchScript
     specialises on the second)."""
     total = 0.0
     for seq in grid.sequence_lengths:
-        rows = [tokenizer.encode_to_length(VALIDATION_TEXTS[0], seq).row()]
+        rows = [examples.full_row(seq)]
         times = []
         for i in range(5):
             t0 = time.perf_counter()
@@ -55,7 +54,7 @@ def batch1_ms(executor: Executor, tokenizer: TextTokenizer, grid: BucketGrid) ->
 
 
 def bucket_costs(
-    executor: Executor, tokenizer: TextTokenizer, grid: BucketGrid, rounds: int = 3
+    executor: Executor, examples: Examples, grid: BucketGrid, rounds: int = 3
 ) -> dict[str, float]:
     """Each bucket's time full of real text, best of `rounds` after a warm-up round (ms):
     the artifact keeps them so the Runner splits a batch into the bucket runs that finish
@@ -64,10 +63,7 @@ def bucket_costs(
     Rounds go over every bucket in turn rather than one bucket at a time: the split
     compares buckets with each other (four batch-1 runs against one batch-4), so a busy
     moment on a shared host must not land on one bucket's samples only."""
-    rows = {
-        b.key: [tokenizer.encode_to_length(VALIDATION_TEXTS[0], b.seq).row()] * b.batch
-        for b in grid.buckets
-    }
+    rows = {b.key: [examples.full_row(b.seq)] * b.batch for b in grid.buckets}
     best = dict.fromkeys(rows, float("inf"))
     for i in range(rounds + 1):
         for bucket in grid.buckets:
@@ -138,7 +134,7 @@ class PrecisionSearch:
         best = min(kept, key=lambda c: c.trial.batch1_ms or 0.0)
         ctx = self.ctx
         ctx.say("timing every bucket of the kept build ...")
-        costs = bucket_costs(best.build.executor(ctx), ctx.tokenizer, ctx.grid)
+        costs = bucket_costs(best.build.executor(ctx), ctx.examples, ctx.grid)
         return Choice(best, self.reference, trials, bucket_ms=costs)
 
     def _described(self, precision: str) -> dict:
@@ -191,7 +187,7 @@ class PrecisionSearch:
             return trial, None
         value = verdict.accuracy.get(task.accuracy_metric)
         if len(self.precisions) > 1 and ctx.target.auto_times_candidates:
-            trial.batch1_ms = batch1_ms(build.executor(ctx), ctx.tokenizer, ctx.grid)
+            trial.batch1_ms = batch1_ms(build.executor(ctx), ctx.examples, ctx.grid)
             ctx.say(
                 f"precision {name}: {task.accuracy_metric} {value:.5f}, batch-1 "
                 f"model time over the grid {trial.batch1_ms:.1f} ms"

@@ -24,29 +24,12 @@ from ..artifact import BucketValidation
 from ..buckets import Bucket, BucketGrid, pad_batch
 from ..execution import Executor, InputLayout, Module, Row, RowOutputs
 from ..tasks import Task
-from ..tokenization import TextTokenizer
 from .base import CompileError
-from .texts import VALIDATION_TEXTS, accuracy_texts
 
 if TYPE_CHECKING:
     from .context import CompileContext
 
 REFERENCE_FILE = "reference.npz"
-
-
-def bucket_row_sets(tokenizer: TextTokenizer, bucket: Bucket) -> list[list[Row]]:
-    """The batches of real text a bucket is checked on; the first is also the example a
-    static-shape target compiles the bucket with, and always holds padding."""
-    if bucket.batch == 1:
-        padded = max(3, bucket.seq - max(1, bucket.seq // 4))
-        return [[_row(tokenizer, 0, padded)], [_row(tokenizer, 0, bucket.seq)]]
-    # the first row fills the bucket, the others are shorter: masking and padding both
-    step = max(1, bucket.seq // (2 * bucket.batch))
-    return [[_row(tokenizer, j, max(3, bucket.seq - j * step)) for j in range(bucket.batch)]]
-
-
-def _row(tokenizer: TextTokenizer, j: int, length: int) -> Row:
-    return tokenizer.encode_to_length(VALIDATION_TEXTS[j % len(VALIDATION_TEXTS)], length).row()
 
 
 def tensors(arrays: dict[str, np.ndarray], layout: InputLayout) -> tuple[torch.Tensor, ...]:
@@ -60,7 +43,7 @@ class Reference:
     outputs: dict[str, list[np.ndarray]]
     # the accuracy texts' token rows (up to the largest sequence) and eager's outputs
     # (one array per row for a per-token task)
-    accuracy_rows: list[dict[str, list[int]]]
+    accuracy_rows: list[Row]
     accuracy_outputs: RowOutputs
 
     @property
@@ -75,18 +58,14 @@ class Reference:
         for bucket in ctx.grid.buckets:
             sets = [
                 pad_batch(rows, bucket, ctx.layout.names, ctx.layout.pad_values)
-                for rows in bucket_row_sets(ctx.tokenizer, bucket)
+                for rows in ctx.examples.bucket_sets(bucket)
             ]
             inputs[bucket.key] = sets
             with torch.no_grad():
                 outputs[bucket.key] = [
                     ctx.eager(*tensors(a, ctx.layout)).float().numpy() for a in sets
                 ]
-        rows = [
-            e.row()
-            for e in ctx.tokenizer.encode(accuracy_texts(), truncate=True)
-            if len(e.ids) <= ctx.grid.max_seq
-        ]
+        rows = ctx.examples.accuracy_rows(ctx.grid.max_seq)
         return cls(inputs, outputs, rows, eager.run(rows))
 
     def example(self, bucket: Bucket, layout: InputLayout) -> tuple[torch.Tensor, ...]:
@@ -103,11 +82,17 @@ class Reference:
             for i, (a, out) in enumerate(zip(sets, self.outputs[key], strict=True)):
                 arrays[f"bucket/{key}/{i}/output"] = out
                 arrays.update({f"bucket/{key}/{i}/input/{n}": v for n, v in a.items()})
-        for name in self.accuracy_rows[0] if self.accuracy_rows else []:
-            arrays[f"accuracy/rows/{name}"] = np.concatenate(
-                [np.asarray(r[name], dtype=np.int64) for r in self.accuracy_rows]
-            )
-        arrays["accuracy/lengths"] = np.array([len(r["input_ids"]) for r in self.accuracy_rows])
+        rows = self.accuracy_rows
+        for name in rows[0] if rows else []:
+            if isinstance(rows[0][name], np.ndarray) and np.ndim(rows[0][name]) > 1:
+                arrays[f"accuracy/images/{name}"] = np.stack([r[name] for r in rows])
+            else:
+                arrays[f"accuracy/rows/{name}"] = np.concatenate(
+                    [np.asarray(r[name], dtype=np.int64) for r in rows]
+                )
+        arrays["accuracy/lengths"] = np.array(
+            [len(r["input_ids"]) if "input_ids" in r else 1 for r in rows]
+        )
         with open(path, "wb") as f:
             np.savez(f, **arrays)
 
@@ -135,10 +120,15 @@ class Reference:
         lengths = arrays["accuracy/lengths"]
         ends = np.cumsum(lengths)
         names = [k.split("/")[-1] for k in arrays if k.startswith("accuracy/rows/")]
-        rows = [
-            {n: arrays[f"accuracy/rows/{n}"][e - n_ : e].tolist() for n in names}
-            for e, n_ in zip(ends, lengths, strict=True)
-        ]
+        images = [k.split("/")[-1] for k in arrays if k.startswith("accuracy/images/")]
+        rows: list[Row] = (
+            [{n: arrays[f"accuracy/images/{n}"][i] for n in images} for i in range(len(lengths))]
+            if images
+            else [
+                {n: arrays[f"accuracy/rows/{n}"][e - n_ : e].tolist() for n in names}
+                for e, n_ in zip(ends, lengths, strict=True)
+            ]
+        )
         if "accuracy/output_per_token" in arrays:
             per_token = arrays["accuracy/output_per_token"]
             return cls(

@@ -28,6 +28,7 @@ def layout_of(manifest: Manifest) -> InputLayout:
         tuple(i.name for i in manifest.inputs),
         {i.name: i.pad_value for i in manifest.inputs},
         per_token=get_task(manifest.task).per_token,
+        image_shape=manifest.image.shape if manifest.image else None,
     )
 
 

@@ -38,7 +38,8 @@ def model_config(spec: DeploySpec, packaged: PackagedModel) -> Any:
     # One text per batch row: Triton's batch dimension counts texts, so its dynamic
     # batcher fills exactly the compiled batch sizes. TEXT_PAIR: the document of a rerank
     # row, the context of a question (required there), a classifier's optional pair.
-    config.input.append(mc.ModelInput(name="TEXT", data_type=mc.TYPE_STRING, dims=[1]))
+    # (an image task's rows are IMAGE: one encoded image, JPEG/PNG/WebP bytes, per row)
+    config.input.append(mc.ModelInput(name=task.input_tensor, data_type=mc.TYPE_STRING, dims=[1]))
     if task.accepts_pairs:
         config.input.append(
             mc.ModelInput(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .base import RequestError, Task, TaskRequest, WrappedModel, decode_payload
 from .feature_extraction import FeatureExtraction
 from .fill_mask import FillMask
+from .image import ImageClassification, ImageFeatureExtraction
 from .question_answering import QuestionAnswering
 from .rerank import Rerank
 from .text_classification import TextClassification
@@ -19,6 +20,8 @@ TASKS: dict[str, type[Task]] = {
         TokenClassification,
         QuestionAnswering,
         FillMask,
+        ImageClassification,
+        ImageFeatureExtraction,
     )
 }
 

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from ..execution import RowOutputs
     from ..tokenization import Encoded
 
-Text = str | tuple[str, str]
+# a text, a text pair, or an encoded image
+Text = str | tuple[str, str] | bytes
 
 
 class RequestError(ValueError):
@@ -95,6 +96,8 @@ class RequestLimits:
             )
         if self.chars is not None:
             for i, text in enumerate(request.texts):
+                if isinstance(text, bytes):
+                    continue  # an image: the body size limit bounds it
                 n = max(len(part) for part in ((text,) if isinstance(text, str) else text))
                 if n > self.chars:
                     return RequestError(
@@ -233,8 +236,18 @@ class Task:
     windowed = False
     # top-level request fields that stand in for "inputs" (decode_payload)
     body_fields: tuple[str, ...] = ()
-    # what a Triton client sends: TEXT, with TEXT_PAIR when pairs are taken
+    # what a Triton client sends: TEXT, with TEXT_PAIR when pairs are taken (and then
+    # required or not); an image task's requests hold encoded images (IMAGE)
     pairs_required = False
+    images = False
+    input_tensor = "TEXT"
+
+    def decode(
+        self, body: Any, content_type: str | None, max_depth: int = 32
+    ) -> tuple[Any, dict[str, Any]]:
+        """(inputs, parameters) of a request body (decode_payload with this task's fields;
+        image tasks take image bodies)."""
+        return decode_payload(body, content_type, max_depth, self.body_fields)
 
     def parse(self, inputs: Any, parameters: dict[str, Any]) -> TaskRequest:
         own = self.own_parameters(parameters)

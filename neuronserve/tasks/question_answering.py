@@ -109,7 +109,7 @@ class QuestionAnswering(JsonResultsTask):
         p = request.parameters
         results, pos = [], 0
         for text, windows in zip(request.texts, encoded, strict=True):
-            context = text[1]
+            context = str(text[1])
             rows = outputs[pos : pos + len(windows)]
             pos += len(windows)
             answers: list[dict[str, Any]] = []

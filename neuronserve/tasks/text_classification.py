@@ -40,10 +40,14 @@ def sigmoid(logits: np.ndarray) -> np.ndarray:
 FUNCTIONS = {"softmax": softmax, "sigmoid": sigmoid, "none": lambda x: x.astype(np.float64)}
 
 
-def default_function(labels: list[str]) -> str:
-    """What the `transformers` text-classification pipeline applies: sigmoid for a model
-    with one label (a cross-encoder's relevance score), softmax otherwise."""
-    return "sigmoid" if len(labels) == 1 else "softmax"
+def default_function(labels: list[str], multi: bool = False) -> str:
+    """What the `transformers` classification pipelines apply: sigmoid for a model with
+    one label (a cross-encoder's relevance score) or trained multi-label, else softmax."""
+    return "sigmoid" if len(labels) == 1 or multi else "softmax"
+
+
+def multi_label(config: Any) -> bool:
+    return getattr(config, "problem_type", None) == "multi_label_classification"
 
 
 class TextClassification(Task):
@@ -79,7 +83,12 @@ class TextClassification(Task):
         return WrappedModel(
             module=LogitsClassifier(model, options["input_names"]).eval(),
             output_name="logits",
-            manifest_fields={"labels": labels, "pooling": None, "normalize": None},
+            manifest_fields={
+                "labels": labels,
+                "pooling": None,
+                "normalize": None,
+                "task_settings": {"multi_label": multi_label(config)},
+            },
         )
 
     accuracy_metric = "argmax_agreement"
@@ -96,7 +105,9 @@ class TextClassification(Task):
     def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
         labels = info["labels"]
         top_k = request.parameters.get("top_k") or len(labels)
-        function = request.parameters.get("function_to_apply") or default_function(labels)
+        function = request.parameters.get("function_to_apply") or default_function(
+            labels, bool(info.get("multi_label"))
+        )
         scores = FUNCTIONS[function](outputs)
         results = []
         for row in scores:
@@ -116,6 +127,8 @@ class TextClassification(Task):
         best = np.argmax(outputs, axis=-1)
         return {
             "LOGITS": outputs.astype(np.float32),
-            "SCORES": FUNCTIONS[default_function(labels)](outputs).astype(np.float32),
+            "SCORES": FUNCTIONS[default_function(labels, bool(info.get("multi_label")))](
+                outputs
+            ).astype(np.float32),
             "LABEL": np.array([[labels[i].encode()] for i in best], dtype=object),
         }

@@ -50,3 +50,22 @@ def test_inf1_compiles_a_token_task_and_leaves_its_check_to_the_host(tmp_path, m
     manifest = read_manifest(artifact)
     assert manifest.validation_status == "pending" and manifest.precision == "bf16"
     assert manifest.accuracy_floor == {"min_argmax_agreement": 0.99}
+
+
+def test_neuronx_compiles_a_module_per_batch_at_the_image_size(tmp_path):
+    import base64
+
+    from helpers import tiny_vit
+
+    from neuronserve.images import sample_images
+
+    model = tiny_vit(tmp_path / "model", "image-classification", seed=7)
+    cpu = Runner(compile_artifact(tmp_path / "cpu", model, "image-classification"))
+    body = json.dumps({"inputs": [base64.b64encode(b).decode() for b in sample_images(5)]})
+    with standin_process(4):
+        artifact = compile_artifact(
+            tmp_path / "neuronx", model, "image-classification", target="neuronx"
+        )
+        assert sorted(read_manifest(artifact).modules) == ["b1_s32", "b4_s32"]
+        got = Runner(artifact).responses_for_bodies([(body, None)])[0]
+    assert same_answers(got, cpu.responses_for_bodies([(body, None)])[0])

@@ -205,9 +205,15 @@ class NeuronModel(torch.nn.Module):
         self.handle = 0
 
     def forward(
-        self, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor | None = None
+        self, a: torch.Tensor, b: torch.Tensor | None = None, c: torch.Tensor | None = None
     ) -> torch.Tensor:
-        inputs = [a, b] if c is None else [a, b, c]
+        # a traced model takes the inputs it was traced with: one (an image model's
+        # pixels) to three (token ids, mask, token types)
+        inputs = [a]
+        if b is not None:
+            inputs.append(b)
+        if c is not None:
+            inputs.append(c)
         return torch.ops.neuron_standin.execute(self.handle, inputs, self.host_weight_bytes)
 
     @torch.jit.export

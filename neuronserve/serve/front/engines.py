@@ -24,7 +24,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from ...tasks import RequestError, decode_payload
+from ...tasks import RequestError
 from ...tasks.base import RequestLimits
 
 if TYPE_CHECKING:
@@ -177,7 +177,6 @@ class TritonClient(EngineClient):
         import tritonclient.http.aio as triton_aio
 
         inst, manifest, task = engine.instance, engine.manifest, engine.task
-        self._fields = task.body_fields
         self._client = triton_aio.InferenceServerClient(
             inst.http_url.split("://", 1)[-1], conn_limit=connections, conn_timeout=24 * 3600.0
         )
@@ -238,13 +237,14 @@ class TritonClient(EngineClient):
         from tritonclient.http import InferInput, InferRequestedOutput
         from tritonclient.utils import InferenceServerException
 
-        columns = {"TEXT": [t[0] if isinstance(t, tuple) else t for t in texts]}
+        columns = {self._task.input_tensor: [t[0] if isinstance(t, tuple) else t for t in texts]}
         if isinstance(texts[0], tuple):
             columns["TEXT_PAIR"] = [t[1] for t in texts]
         tensors = []
         for name, values in columns.items():
             tensor = InferInput(name, [len(values), 1], "BYTES")
-            tensor.set_data_from_numpy(np.array([[v.encode()] for v in values], dtype=object))
+            raw = [v if isinstance(v, bytes) else v.encode() for v in values]
+            tensor.set_data_from_numpy(np.array([[v] for v in raw], dtype=object))
             tensors.append(tensor)
         try:
             result = await self._client.infer(
@@ -265,7 +265,7 @@ class TritonClient(EngineClient):
 
     async def invoke(self, body: bytes, content_type: str) -> tuple[int, bytes]:
         try:
-            inputs, parameters = decode_payload(body, content_type, fields=self._fields)
+            inputs, parameters = self._task.decode(body, content_type)
             prediction = await self.predict(inputs, parameters)
         except RequestError as e:
             return e.status, orjson.dumps({"code": e.status, "error": e.message})

@@ -20,7 +20,7 @@ from prometheus_client import generate_latest
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from ...tasks import RequestError
+from ...tasks import RequestError, get_task
 from . import schemas as s
 from .engines import EngineUnavailable, Prediction
 from .errors import Family, error_response
@@ -33,6 +33,8 @@ Handler = Callable[[Request], Awaitable[Response]]
 # where the guard leaves each request's id in its ASGI scope
 REQUEST_ID = "neuronserve.request_id"
 JSON = "application/json"
+# what an image model's /invocations takes besides JSON and image/* bodies
+IMAGE_BODIES = ("multipart/form-data", "application/octet-stream", "application/x-image")
 # how long a client should wait before retrying while the model loads or is replaced
 RETRY_AFTER_S = "5"
 
@@ -231,6 +233,9 @@ class Api:
         body: s.TokenizeRequest = s.parse_body(await request.body(), s.TokenizeRequest)
         model, _ = self.serving.ready()
         _no_prompt(body.prompt_name)
+        tokenizer = model.tokenizer
+        if tokenizer is None:
+            raise RequestError(f"/tokenize needs a text model; {model.name} is {model.task}", 404)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         if len(texts) > self.serving.config.max_client_batch:
             raise RequestError(
@@ -239,7 +244,7 @@ class Api:
                 status=413,
             )
         tokens = await off_loop(
-            lambda: model.tokenizer.tokens(texts, body.add_special_tokens),
+            lambda: tokenizer.tokens(texts, body.add_special_tokens),
             sum(len(t) for t in texts),
         )
         return json_response(tokens)
@@ -271,9 +276,17 @@ class Api:
         return json_response({"status": "ready" if status == 200 else body["status"]}, status)
 
     async def invocations(self, request: Request) -> Response:
-        _, client = self.serving.ready()
+        model, client = self.serving.ready()
         content_type = request.headers.get("content-type") or JSON
-        if content_type.split(";")[0].strip().lower() not in (JSON, "text/plain"):
+        kind = content_type.split(";")[0].strip().lower()
+        if get_task(model.task).images:
+            if kind != JSON and not kind.startswith("image/") and kind not in IMAGE_BODIES:
+                raise RequestError(
+                    f"unsupported Content-Type {content_type}: send the image (image/jpeg, "
+                    "image/png, ...), a multipart/form-data upload or application/json",
+                    status=415,
+                )
+        elif kind not in (JSON, "text/plain"):
             raise RequestError(
                 f"unsupported Content-Type {content_type}: send application/json or text/plain",
                 status=415,

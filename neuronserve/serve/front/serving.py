@@ -43,7 +43,7 @@ class Model:
     manifest: Manifest
     engine: str
     truncation: bool
-    tokenizer: TextTokenizer
+    tokenizer: TextTokenizer | None  # None for an image model
 
     @classmethod
     def of(cls, engine: Engine) -> Model:
@@ -52,10 +52,12 @@ class Model:
             name=engine.name,
             manifest=m,
             engine=engine.engine_name,
-            truncation=recorded_unless_given(engine.spec.truncation, m.tokenizer.truncation),
+            truncation=recorded_unless_given(engine.spec.truncation, m.truncation),
             tokenizer=TextTokenizer(
                 Path(engine.artifact) / m.tokenizer.file, m.tokenizer.max_length
-            ),
+            )
+            if m.tokenizer
+            else None,
         )
 
     @property
@@ -161,10 +163,13 @@ class Serving:
         """Tokens the model reads for `texts` (what OpenAI's usage reports)."""
         model, _ = self.ready()
         cut = model.truncation if truncate is None else truncate
+        tokenizer = model.tokenizer
+        if tokenizer is None:
+            return 0  # an image model reads no tokens
 
         def count() -> int:
-            encoded = model.tokenizer.encode(texts, cut)
-            return sum(min(len(e.ids), model.tokenizer.max_length) for e in encoded)
+            encoded = tokenizer.encode(texts, cut)
+            return sum(min(len(e.ids), tokenizer.max_length) for e in encoded)
 
         return await off_loop(count, sum(len(t) for t in texts if isinstance(t, str)))
 

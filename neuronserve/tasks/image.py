@@ -1,0 +1,137 @@
+"""Image tasks (ViT and the architectures that trace the same way): image-classification
+(labels and scores like the transformers pipeline, top 5 by default) and
+image-feature-extraction (one vector per image: the CLS token or the mean of all tokens).
+
+A request holds encoded images (bytes); the Runner opens them and runs the model's image
+processor over the whole batch (images.py), and the one execution path runs the pixel
+rows in buckets of batch sizes at the model's image size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .base import RequestError, Task, TaskRequest, TensorSpec, WrappedModel
+from .feature_extraction import cosines
+from .text_classification import TextClassification, multi_label
+
+
+class ImageTask(Task):
+    images = True
+    input_tensor = "IMAGE"
+
+    def decode(
+        self, body: Any, content_type: str | None, max_depth: int = 32
+    ) -> tuple[Any, dict[str, Any]]:
+        from ..images import decode_images
+
+        return decode_images(body, content_type, max_depth)
+
+    def parse(self, inputs: Any, parameters: dict[str, Any]) -> TaskRequest:
+        single = not isinstance(inputs, list)
+        items = [inputs] if single else inputs
+        if not items:
+            raise RequestError("no image in the request: send at least one")
+        for i, item in enumerate(items):
+            if not isinstance(item, (bytes, bytearray)):
+                raise RequestError(
+                    f"image {i} must be encoded image bytes, got {type(item).__name__}"
+                )
+        return TaskRequest(
+            texts=[bytes(x) for x in items],
+            single=single,
+            parameters=self.own_parameters(parameters),
+        )
+
+
+class PixelModule(torch.nn.Module):
+    """The Hugging Face vision model called with pixel_values, as compiled."""
+
+    def __init__(self, model: torch.nn.Module, head: str):
+        super().__init__()
+        self.model, self.head = model, head
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        out = self.model(pixel_values=pixel_values)
+        if self.head == "logits":
+            return out.logits.float()
+        hidden = out.last_hidden_state
+        pooled = hidden[:, 0] if self.head == "cls" else hidden.mean(dim=1)
+        return pooled.float()
+
+
+class ImageClassification(ImageTask, TextClassification):
+    name = "image-classification"
+    accepts_pairs = False
+
+    def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        # the image-classification pipeline answers the 5 best labels unless told
+        return super().check_parameters({"top_k": 5, **parameters})
+
+    def load_model(self, model_dir: Path) -> torch.nn.Module:
+        from transformers import AutoModelForImageClassification
+
+        return AutoModelForImageClassification.from_pretrained(model_dir).eval()
+
+    def wrap(
+        self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
+    ) -> WrappedModel:
+        config: Any = model.config
+        labels = [str(config.id2label[i]) for i in range(config.num_labels)]
+        return WrappedModel(
+            module=PixelModule(model, "logits").eval(),
+            output_name="logits",
+            manifest_fields={
+                "labels": labels,
+                "pooling": None,
+                "normalize": None,
+                "task_settings": {"multi_label": multi_label(config)},
+            },
+        )
+
+    accuracy_metric = "top1_agreement"
+    accuracy_floor_field = "min_top1_agreement"
+
+    def accuracy(self, got: Any, want: Any) -> dict[str, float]:
+        out = super().accuracy(got, want)
+        return {**out, "top1_agreement": out["argmax_agreement"]}
+
+
+class ImageFeatureExtraction(ImageTask):
+    name = "image-feature-extraction"
+
+    def load_model(self, model_dir: Path) -> torch.nn.Module:
+        from transformers import AutoModel
+
+        return AutoModel.from_pretrained(model_dir).eval()
+
+    def wrap(
+        self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
+    ) -> WrappedModel:
+        pooling = options.get("pooling", "auto")
+        pooling = "cls" if pooling == "auto" else pooling
+        return WrappedModel(
+            module=PixelModule(model, pooling).eval(),
+            output_name="embedding",
+            manifest_fields={"pooling": pooling, "normalize": False, "labels": None},
+        )
+
+    accuracy_metric = "min_cosine"
+    accuracy_floor_field = "min_cosine"
+
+    def accuracy(self, got: Any, want: Any) -> dict[str, float]:
+        return {**super().accuracy(got, want), **cosines(got, want)}
+
+    def respond(self, results: Any, request: TaskRequest, info: dict[str, Any]) -> Any:
+        vectors = np.asarray(results, dtype=np.float32).tolist()
+        return vectors[0] if request.single else vectors
+
+    def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
+        return [TensorSpec("EMBEDDING", "float32", (output_dim,))]
+
+    def tensors(self, results: Any, info: dict[str, Any]) -> dict[str, np.ndarray]:
+        return {"EMBEDDING": np.asarray(results, dtype=np.float32)}
