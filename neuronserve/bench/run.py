@@ -47,6 +47,7 @@ from .load import LoadResult, Window, run_load
 from .servers import FrontServer, ManagedServer, SageMakerServer, cpu_by_role, scrape
 from .stats import summarize
 from .texts import text_with_tokens
+from .work import Work, mask_token
 
 MANAGED = ("torchserve", "triton", "sagemaker", "front", "front-triton")
 # openai: any server's OpenAI-compatible embeddings URL (a peer such as infinity-emb or
@@ -120,8 +121,7 @@ def _task(config: BenchConfig) -> str:
         if manifest.is_file():
             return json.loads(manifest.read_text())["task"]
     raise ValueError(
-        "pass --task (feature-extraction or text-classification) for the vanilla "
-        "pipeline: no artifact among the endpoints says which"
+        "pass --task for the vanilla pipeline: no artifact among the endpoints says which"
     )
 
 
@@ -327,8 +327,14 @@ class Sweep:
 
     def __init__(self, config: BenchConfig, bar: Any):
         self.config, self.bar = config, bar
-        tokenizer = _tokenizer_file(config)
-        self.texts = {s: text_with_tokens(tokenizer, s) for s in config.sequence_lengths}
+        task = _task(config)
+        texts: dict[int, str] = {}
+        mask = None
+        if not task.startswith("image-"):
+            tokenizer = _tokenizer_file(config)
+            texts = {s: text_with_tokens(tokenizer, s) for s in config.sequence_lengths}
+            mask = mask_token(tokenizer) if task == "fill-mask" else None
+        self.work = Work(task, texts, mask)
         self.rows: list[dict[str, Any]] = []
         self.wrk_check: dict[str, Any] | None = None
 
@@ -393,7 +399,7 @@ class Sweep:
         try:
             got = wrk.run_wrk(
                 endpoint.url,
-                endpoint.payload([self.texts[seq]]),
+                endpoint.payload(self.work.batch(seq, 1)),
                 endpoint.headers,
                 c,
                 max(config.window.duration_s, 5),
@@ -428,7 +434,7 @@ class Sweep:
         each = config.server_warmup_s / len(endpoints)
         for endpoint in endpoints:
             self.bar.set_postfix_str(f"{endpoint.label}: {each:.0f}s of unmeasured warm-up")
-            payload = endpoint.payload([self.texts[seq]] * n)
+            payload = endpoint.payload(self.work.batch(seq, n))
             run_load(endpoint, payload, c, Window(warmup_s=0.0, duration_s=each, min_requests=1))
 
     def measure(
@@ -448,7 +454,7 @@ class Sweep:
             }
 
         self.bar.set_postfix_str(f"{endpoint.label} seq={seq} texts={n} c={c}")
-        payload = endpoint.payload([self.texts[seq]] * n)
+        payload = endpoint.payload(self.work.batch(seq, n))
         result = run_load(endpoint, payload, c, self.config.window, probe)
         row: dict[str, Any] = {
             "endpoint": endpoint.label,

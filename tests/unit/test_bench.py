@@ -13,6 +13,7 @@ from neuronserve.bench.endpoints import Endpoint, RequestFailed
 from neuronserve.bench.load import Window, run_load
 from neuronserve.bench.report import best_by_seq
 from neuronserve.bench.run import BenchConfig, _add_ratios, _sessions, parse_endpoint, time_split
+from neuronserve.bench.work import Batch
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -156,7 +157,9 @@ def test_endpoint_specs_parse_and_refuse_unknown_types():
     (session,) = _sessions(e, BenchConfig(endpoints=[e], sequence_lengths=[8]))
     (endpoint,) = session.make()
     assert (endpoint.type, endpoint.url) == ("openai", "http://127.0.0.1:7997/embeddings")
-    assert json.loads(endpoint.payload(["a text"])) == {"input": "a text"}
+    assert json.loads(endpoint.payload(Batch("feature-extraction", ("a text",)))) == {
+        "input": "a text"
+    }
     with pytest.raises(ValueError, match="unknown type"):
         parse_endpoint("tgi:http://x")
     with pytest.raises(ValueError, match="TYPE:WHERE"):
@@ -362,3 +365,33 @@ def test_a_lone_in_process_client_runs_on_the_calling_thread():
     e2.in_process = True
     run_load(e2, ["x"], concurrency=2, window=window)
     assert len(e2.threads) == 2 and threading.get_ident() not in e2.threads
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        "feature-extraction",
+        "text-classification",
+        "token-classification",
+        "fill-mask",
+        "rerank",
+        "question-answering",
+        "image-classification",
+    ],
+)
+def test_every_tasks_bench_request_is_one_its_server_takes(task):
+    """The body bench sends natively parses as the task's request with one item per
+    text asked for, and its Triton columns are the task's inputs."""
+    from neuronserve.bench.work import Work
+    from neuronserve.tasks import get_task
+
+    work = Work(task, {16: "the river bank was quiet that morning"}, mask="[MASK]")
+    batch = work.batch(16, 3)
+    t = get_task(task)
+    request = t.parse(*t.decode(batch.native, "application/json"))
+    assert len(request.texts) == 3 and not request.single
+    if task == "fill-mask":
+        assert all("[MASK]" in x for x in request.texts)
+    expected = {t.input_tensor} | ({"TEXT_PAIR"} if t.pairs_required else set())
+    assert set(batch.columns) == expected
+    assert all(c.shape == (3, 1) for c in batch.columns.values())
