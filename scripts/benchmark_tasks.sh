@@ -5,7 +5,8 @@
 # for the CPU (precision auto), behind TorchServe and Triton, next to the vanilla
 # baseline (bench/work.py: the task's pipeline; for question answering, which
 # transformers 5 no longer has a pipeline for, its tokenizer's windows and the eager
-# model). A lone request (1 client) and throughput (16 clients), RUNS runs for the spread.
+# model). A lone request (1 client) and throughput (16 clients), RUNS runs for the spread;
+# one text, question or image per request, and a rerank of 8 documents per query.
 # Results go to benchmarks/tasks-$TASK/ (run*/ and summary.md).
 #
 #   scripts/benchmark_tasks.sh                       # every task (about 70 minutes, 2 cores)
@@ -20,7 +21,9 @@ TASKS=${TASKS:-rerank token-classification question-answering fill-mask image-cl
 mkdir -p "$WORK/art"
 for TASK in $TASKS; do
   OUT=${OUT_ROOT:-benchmarks}/tasks-$TASK
+  PER_REQUEST=1
   case "$TASK" in
+    rerank) ARCH=distilbert-base; GRID=(--batch-sizes 1,2,4,8 --sequence-lengths 16,32,64,128); SEQS=16,128; PER_REQUEST=8 ;;
     image-classification) ARCH=vit-base; GRID=(--batch-sizes 1,2,4); SEQS=224 ;;
     question-answering) ARCH=distilbert-base; GRID=(--batch-sizes 1,2,4,8 --sequence-lengths 64,128,256); SEQS=64,256,512 ;;
     *) ARCH=distilbert-base; GRID=(--batch-sizes 1,2,4,8 --sequence-lengths 16,32,64,128); SEQS=16,128 ;;
@@ -39,7 +42,7 @@ print(describe(sys.argv[1]))" "$ART" > "$OUT/precision.txt"
     $NS bench --title "$TASK ($ARCH, random weights): TorchServe and Triton against the transformers baseline, run $i" \
       -e "torchserve=torchserve:$ART" -e "triton=triton:$ART" -e "vanilla=vanilla:$MODEL_DIR" \
       --task "$TASK" \
-      --sequence-lengths "$SEQS" --concurrency 1,16 --server-warmup 15 \
+      --sequence-lengths "$SEQS" --texts-per-request "$PER_REQUEST" --concurrency 1,16 --server-warmup 15 \
       --warmup 2 --duration 4 --min-requests 10 --out "$OUT/run$i"
   done
   .venv/bin/python -m neuronserve.bench.spread "$OUT"/run* > "$OUT/summary.md"

@@ -181,11 +181,12 @@ def _image_inputs(spec: DeploySpec, model_dir: Path, out: Path) -> Inputs:
 
 def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) -> Manifest:
     task, target = get_task(spec.task), get_target(spec.target)
+    refuse_pickle_weights(model_dir, spec.allow_pickle_weights)
+    # the model first: a task its architecture has no head for is the error to name
+    model = load_for_task(task, model_dir)
     inputs = (_image_inputs if task.images else _text_inputs)(spec, model_dir, out)
     grid = inputs.grid
     shutil.copy2(model_dir / "config.json", out / "config.json")
-    refuse_pickle_weights(model_dir, spec.allow_pickle_weights)
-    model = load_for_task(task, model_dir)
     max_pos = getattr(model.config, "max_position_embeddings", None)
     if not task.images and max_pos is not None and grid.max_seq > max_pos:
         raise CompileError(

@@ -105,9 +105,10 @@ def test_entities_of_cut_text_keep_offsets_into_the_text_sent(ner):
 
 
 @pytest.mark.parametrize("arch", sorted(set(ARCHITECTURES) - {"bert"}))
-def test_every_architecture_serves_the_token_tasks(tmp_path_factory, minilm_dir, arch):
-    """Each architecture compiles for token classification and question answering, and
-    its answers equal the reference's (the pipeline; the QA algorithm written out)."""
+def test_every_architecture_serves_every_text_task(tmp_path_factory, minilm_dir, arch):
+    """Each architecture compiles for token classification, question answering, fill-mask
+    and rerank, and its answers equal the reference's (the pipelines; the QA algorithm
+    written out; the eager cross-encoder's scores)."""
     from transformers import pipeline
 
     model, artifact = _model(tmp_path_factory, minilm_dir, "token-classification", arch)
@@ -124,6 +125,51 @@ def test_every_architecture_serves_the_token_tasks(tmp_path_factory, minilm_dir,
         Runner(artifact), {"question": question, "context": context, "parameters": {"top_k": 2}}
     )
     assert same_answers(got, qa_reference(model, question, context, 32, top_k=2))
+    model, artifact = _model(tmp_path_factory, minilm_dir, "fill-mask", arch)
+    masked = ["Ana met [MASK] in Paris.", "naïve [MASK] 🎉 and [MASK]"]
+    got = _answer(Runner(artifact), {"inputs": masked, "parameters": {"top_k": 3}})
+    assert same_answers(got, pipeline("fill-mask", model=str(model))(masked, top_k=3))
+    model, artifact = _model(tmp_path_factory, minilm_dir, "rerank", arch)
+    want = _eager_pair_scores(model, "where?", TEXTS)
+    got = _answer(Runner(artifact), {"query": "where?", "documents": TEXTS})
+    assert [g["index"] for g in got] == sorted(range(len(TEXTS)), key=lambda i: -want[i])
+    assert all(abs(g["score"] - want[g["index"]]) < 1e-4 for g in got)
+
+
+@pytest.mark.parametrize(
+    "arch,task",
+    [("bert", "image-classification"), ("vit", "token-classification"), ("vit", "fill-mask")],
+)
+def test_a_combination_without_a_head_fails_at_compile_naming_it(tmp_path, minilm_dir, arch, task):
+    from helpers import tiny_vit
+
+    from neuronserve.compile import CompileError
+
+    model = (
+        tiny_vit(tmp_path / "m", "image-feature-extraction")
+        if arch == "vit"
+        else tiny_model(tmp_path / "m", minilm_dir, "feature-extraction")
+    )
+    with pytest.raises(CompileError) as e:
+        compile_artifact(tmp_path / "art", model, task)
+    assert arch in str(e.value) and task in str(e.value) and "cannot be compiled" in str(e.value)
+    assert not (tmp_path / "art").exists()
+
+
+@pytest.mark.parametrize(
+    "which,metric,floor",
+    [
+        ("ner", "token_argmax_agreement", "min_argmax_agreement"),
+        ("qa", "span_agreement", "min_span_agreement"),
+        ("fill", "top1_agreement", "min_top1_agreement"),
+        ("rerank", "spearman", "min_spearman"),
+    ],
+)
+def test_each_task_records_its_own_accuracy_measure(request, which, metric, floor):
+    manifest = request.getfixturevalue(which)[1].manifest
+    assert manifest.accuracy[metric] == 1.0  # fp32 against fp32 eager
+    assert list(manifest.accuracy_floor) == [floor]
+    assert manifest.precision_trials[0].accuracy[metric] == 1.0
 
 
 def test_answers_equal_the_qa_pipelines_across_windows(qa):
