@@ -588,3 +588,25 @@ def tiny_vit(out: Path, task: str, seed: int = 0, image_size: int = 32, **config
     kind(cfg).eval().save_pretrained(out)
     ViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(out)
     return out
+
+
+@contextlib.contextmanager
+def serving_models(work: Path, engine: str, artifacts: dict[str, Path]):
+    """`artifacts` (name -> artifact) packaged into one TorchServe model store or Triton
+    repository, one worker each (token auth off), and served; yields the spec's fields."""
+    if engine == "torchserve":
+        common = {"model_store": "store", "run_dir": "run", "token_auth": False}
+        flags = ["--model-store", "store", "--workers", "1", "--no-token-auth"]
+    else:
+        common = {"triton_repository": "repo", "triton_run_dir": "run"}
+        flags = ["--repository", "repo", "--instances", "1"]
+    (first, artifact), *rest = artifacts.items()
+    spec = write_spec(work, name=first, artifact=artifact, workers=1, **common)
+    run_cli("package", engine, "--spec", "deploy.yaml", cwd=work)
+    for name, other in rest:
+        run_cli("package", engine, other, *flags, "--name", name, cwd=work)
+    run_cli("serve", engine, "--spec", "deploy.yaml", cwd=work)
+    try:
+        yield spec
+    finally:
+        run_cli("serve", engine, "--spec", "deploy.yaml", "--stop", cwd=work)

@@ -46,9 +46,8 @@ def random_model(
     arch: str,
     out: Path,
     tokenizer_dir: Path | None = None,
-    labels: int | None = None,
-    seed: int = 0,
     task: str = "text-classification",
+    seed: int = 0,
 ) -> Path:
     """A random-weight `arch` with `task`'s head, saved with its tokenizer (the bundled
     MiniLM one, bert-base-uncased's vocabulary) or, for ViT, the ViT image processor."""
@@ -57,8 +56,8 @@ def random_model(
 
     if arch not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {arch!r}; choose from {sorted(ARCHITECTURES)}")
-    head, default_labels = HEADS[task]
-    fields: dict[str, Any] = {**ARCHITECTURES[arch], "num_labels": labels or default_labels}
+    head, default_labels = HEADS[task]  # labels of the task's usual models
+    fields: dict[str, Any] = {**ARCHITECTURES[arch], "num_labels": default_labels}
     out = Path(out)
     if arch.startswith("vit"):
         config: Any = transformers.ViTConfig(**fields)

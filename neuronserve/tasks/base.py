@@ -293,8 +293,13 @@ class Task:
         return dict(parameters)
 
     # compile time
+    # the transformers Auto class that loads the model with this task's head
+    auto_class = "AutoModel"
+
     def load_model(self, model_dir: Path) -> torch.nn.Module:
-        raise NotImplementedError
+        import transformers
+
+        return getattr(transformers, self.auto_class).from_pretrained(model_dir).eval()
 
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
@@ -410,26 +415,35 @@ class TensorSpec:
 
 class EncoderModule(torch.nn.Module):
     """Base of the per-task modules that get compiled: plain int64 tensors in, the
-    Hugging Face model called with the inputs it takes."""
+    Hugging Face model called with the inputs it takes, and the task's `head` turning its
+    output into the one float tensor the execution path unpads."""
 
     def __init__(self, model: torch.nn.Module, input_names: list[str]):
         super().__init__()
         self.model = model
         self.uses_token_types = "token_type_ids" in input_names
 
-    def encode(
+    def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None,
-    ):
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         kwargs: dict[str, torch.Tensor | None] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
         }
         if self.uses_token_types:
             kwargs["token_type_ids"] = token_type_ids
-        return self.model(**kwargs)
+        return self.head(self.model(**kwargs), attention_mask)
+
+    def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def labels_of(config: Any) -> list[str]:
+    """The model's labels in id order."""
+    return [str(config.id2label[i]) for i in range(config.num_labels)]
 
 
 @dataclass

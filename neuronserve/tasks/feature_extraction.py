@@ -24,13 +24,8 @@ class PooledEncoder(EncoderModule):
         self.cls_pooling = pooling == "cls"
         self.normalize = normalize
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        hidden = self.encode(input_ids, attention_mask, token_type_ids).last_hidden_state
+    def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = out.last_hidden_state
         if self.cls_pooling:
             pooled = hidden[:, 0]
         else:
@@ -75,14 +70,10 @@ def cosines(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
 
 
 class FeatureExtraction(Task):
+    auto_class = "AutoModel"
     name = "feature-extraction"
     accepts_pairs = False
     parameters = frozenset()
-
-    def load_model(self, model_dir: Path) -> torch.nn.Module:
-        from transformers import AutoModel
-
-        return AutoModel.from_pretrained(model_dir).eval()
 
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]

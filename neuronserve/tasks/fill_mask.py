@@ -32,19 +32,14 @@ class TopTokens(EncoderModule):
         super().__init__(model, input_names)
         self.k = k
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        logits = self.encode(input_ids, attention_mask, token_type_ids).logits.float()
-        values, ids = logits.softmax(dim=-1).topk(self.k, dim=-1)
+    def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
+        values, ids = out.logits.float().softmax(dim=-1).topk(self.k, dim=-1)
         # token ids are exact in float32 below 2**24: any vocabulary
         return torch.cat((values, ids.float()), dim=-1)
 
 
 class FillMask(JsonResultsTask):
+    auto_class = "AutoModelForMaskedLM"
     name = "fill-mask"
     per_token = True
     parameters = frozenset({"top_k"})
@@ -52,11 +47,6 @@ class FillMask(JsonResultsTask):
 
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         return {"top_k": positive_int(parameters, "top_k", 5)}
-
-    def load_model(self, model_dir: Path) -> torch.nn.Module:
-        from transformers import AutoModelForMaskedLM
-
-        return AutoModelForMaskedLM.from_pretrained(model_dir).eval()
 
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]

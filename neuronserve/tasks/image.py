@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .base import RequestError, Task, TaskRequest, TensorSpec, WrappedModel
+from .base import RequestError, Task, TaskRequest, TensorSpec, WrappedModel, labels_of
 from .feature_extraction import cosines
 from .text_classification import TextClassification, multi_label
 
@@ -65,6 +65,7 @@ class PixelModule(torch.nn.Module):
 
 
 class ImageClassification(ImageTask, TextClassification):
+    auto_class = "AutoModelForImageClassification"
     name = "image-classification"
     accepts_pairs = False
 
@@ -72,16 +73,11 @@ class ImageClassification(ImageTask, TextClassification):
         # the image-classification pipeline answers the 5 best labels unless told
         return super().check_parameters({"top_k": 5, **parameters})
 
-    def load_model(self, model_dir: Path) -> torch.nn.Module:
-        from transformers import AutoModelForImageClassification
-
-        return AutoModelForImageClassification.from_pretrained(model_dir).eval()
-
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
         config: Any = model.config
-        labels = [str(config.id2label[i]) for i in range(config.num_labels)]
+        labels = labels_of(config)
         return WrappedModel(
             module=PixelModule(model, "logits").eval(),
             output_name="logits",
@@ -102,12 +98,8 @@ class ImageClassification(ImageTask, TextClassification):
 
 
 class ImageFeatureExtraction(ImageTask):
+    auto_class = "AutoModel"
     name = "image-feature-extraction"
-
-    def load_model(self, model_dir: Path) -> torch.nn.Module:
-        from transformers import AutoModel
-
-        return AutoModel.from_pretrained(model_dir).eval()
 
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]

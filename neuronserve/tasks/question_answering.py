@@ -33,17 +33,12 @@ from .base import (
 
 
 class SpanLogits(EncoderModule):
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        out = self.encode(input_ids, attention_mask, token_type_ids)
+    def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
         return torch.stack((out.start_logits, out.end_logits), dim=-1).float()
 
 
 class QuestionAnswering(JsonResultsTask):
+    auto_class = "AutoModelForQuestionAnswering"
     name = "question-answering"
     accepts_pairs = True
     pairs_required = True
@@ -81,11 +76,6 @@ class QuestionAnswering(JsonResultsTask):
             "doc_stride": positive_int(parameters, "doc_stride", None),
             "align_to_words": boolean(parameters, "align_to_words", True),
         }
-
-    def load_model(self, model_dir: Path) -> torch.nn.Module:
-        from transformers import AutoModelForQuestionAnswering
-
-        return AutoModelForQuestionAnswering.from_pretrained(model_dir).eval()
 
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]

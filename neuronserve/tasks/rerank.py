@@ -22,6 +22,7 @@ from .base import (
     TensorSpec,
     WrappedModel,
     boolean,
+    labels_of,
     positive_int,
     truncation_parameters,
 )
@@ -29,6 +30,7 @@ from .text_classification import LogitsClassifier, sigmoid, softmax
 
 
 class Rerank(Task):
+    auto_class = "AutoModelForSequenceClassification"
     name = "rerank"
     accepts_pairs = True
     pairs_required = True
@@ -69,16 +71,11 @@ class Rerank(Task):
             "raw_scores": boolean(parameters, "raw_scores", False),
         }
 
-    def load_model(self, model_dir: Path) -> torch.nn.Module:
-        from transformers import AutoModelForSequenceClassification
-
-        return AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
-
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
         config: Any = model.config
-        labels = [str(config.id2label[i]) for i in range(config.num_labels)]
+        labels = labels_of(config)
         chosen = options.get("relevance_label")
         if chosen is None and len(labels) > 1:
             raise ValueError(

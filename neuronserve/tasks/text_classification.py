@@ -13,17 +13,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from .base import EncoderModule, RequestError, Task, TaskRequest, TensorSpec, WrappedModel
+from .base import (
+    EncoderModule,
+    RequestError,
+    Task,
+    TaskRequest,
+    TensorSpec,
+    WrappedModel,
+    labels_of,
+)
 
 
 class LogitsClassifier(EncoderModule):
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.encode(input_ids, attention_mask, token_type_ids).logits.float()
+    def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
+        return out.logits.float()
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -51,6 +54,7 @@ def multi_label(config: Any) -> bool:
 
 
 class TextClassification(Task):
+    auto_class = "AutoModelForSequenceClassification"
     name = "text-classification"
     accepts_pairs = True
     parameters = frozenset({"top_k", "function_to_apply"})
@@ -70,16 +74,11 @@ class TextClassification(Task):
             )
         return {"top_k": top_k, "function_to_apply": function}
 
-    def load_model(self, model_dir: Path) -> torch.nn.Module:
-        from transformers import AutoModelForSequenceClassification
-
-        return AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
-
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
         config: Any = model.config
-        labels = [str(config.id2label[i]) for i in range(config.num_labels)]
+        labels = labels_of(config)
         return WrappedModel(
             module=LogitsClassifier(model, options["input_names"]).eval(),
             output_name="logits",

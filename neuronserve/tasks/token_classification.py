@@ -18,28 +18,20 @@ import numpy as np
 import torch
 
 from .base import (
-    EncoderModule,
     JsonResultsTask,
     RequestError,
     TaskRequest,
     WrappedModel,
+    labels_of,
     stacked,
 )
+from .text_classification import LogitsClassifier
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 
 
-class TokenLogits(EncoderModule):
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        return self.encode(input_ids, attention_mask, token_type_ids).logits.float()
-
-
 class TokenClassification(JsonResultsTask):
+    auto_class = "AutoModelForTokenClassification"
     name = "token-classification"
     per_token = True
     parameters = frozenset({"aggregation_strategy", "ignore_labels"})
@@ -60,18 +52,13 @@ class TokenClassification(JsonResultsTask):
             raise RequestError('"ignore_labels" must be a list of label names')
         return {"aggregation_strategy": strategy, "ignore_labels": ignore}
 
-    def load_model(self, model_dir: Path) -> torch.nn.Module:
-        from transformers import AutoModelForTokenClassification
-
-        return AutoModelForTokenClassification.from_pretrained(model_dir).eval()
-
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
         config: Any = model.config
-        labels = [str(config.id2label[i]) for i in range(config.num_labels)]
+        labels = labels_of(config)
         return WrappedModel(
-            module=TokenLogits(model, options["input_names"]).eval(),
+            module=LogitsClassifier(model, options["input_names"]).eval(),
             output_name="logits",
             manifest_fields={"labels": labels, "pooling": None, "normalize": None},
         )

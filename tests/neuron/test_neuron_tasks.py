@@ -69,3 +69,36 @@ def test_neuronx_compiles_a_module_per_batch_at_the_image_size(tmp_path):
         assert sorted(read_manifest(artifact).modules) == ["b1_s32", "b4_s32"]
         got = Runner(artifact).responses_for_bodies([(body, None)])[0]
     assert same_answers(got, cpu.responses_for_bodies([(body, None)])[0])
+
+
+@pytest.mark.parametrize("task", ["question-answering", "image-classification"])
+def test_inf1_builds_are_checked_on_a_host_and_serve(tmp_path, minilm_dir, task):
+    """Inf1 runs bf16 (its fast math): each build is judged by the task's own measure on
+    a host with NeuronCores, and serves the task's answers."""
+    import base64
+
+    from helpers import tiny_vit
+
+    from neuronserve.images import sample_images
+
+    if task == "image-classification":
+        model = tiny_vit(tmp_path / "model", task, seed=7)
+        body = {"inputs": [base64.b64encode(b).decode() for b in sample_images(3)]}
+        metric = "top1_agreement"
+    else:
+        model = tiny_model(tmp_path / "model", minilm_dir, task, seed=7)
+        body = {"question": "Who met Bob?", "context": BODIES[task]["context"]}
+        metric = "span_agreement"
+    with standin_process(4):
+        artifact = compile_artifact(
+            tmp_path / "inf1", model, task, target="neuron", precision="auto"
+        )
+        manifest = read_manifest(artifact)
+        assert manifest.validation_status == "passed" and manifest.precision == "bf16"
+        assert 0.0 <= manifest.accuracy[metric] <= 1.0
+        answer = Runner(artifact).responses_for_bodies([(json.dumps(body), None)])[0]
+    if task == "image-classification":
+        assert [len(a) for a in answer] == [5, 5, 5] and {"label", "score"} <= set(answer[0][0])
+    else:
+        assert set(answer) == {"score", "start", "end", "answer"}
+        assert BODIES[task]["context"][answer["start"] : answer["end"]] == answer["answer"]

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from helpers import compile_artifact, run_cli, same_answers, tiny_vit, write_spec
+from helpers import compile_artifact, same_answers, serving_models, tiny_vit
 
 from neuronserve.images import sample_images
 from neuronserve.runtime import Runner
@@ -36,16 +36,8 @@ def artifacts(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, artifacts):
     work = tmp_path_factory.mktemp("torchserve-images-serve")
-    common = {"model_store": "store", "run_dir": "run", "workers": 1, "token_auth": False}
-    spec = write_spec(work, name="labels", artifact=artifacts["labels"], **common)
-    run_cli("package", "torchserve", "--spec", "deploy.yaml", cwd=work)
-    run_cli(
-        "package", "torchserve", artifacts["features"], "--model-store", "store", "--name",
-        "features", "--workers", "1", "--no-token-auth", cwd=work,
-    )  # fmt: skip
-    run_cli("serve", "torchserve", "--spec", "deploy.yaml", cwd=work)
-    yield f"http://127.0.0.1:{spec['inference_port']}"
-    run_cli("serve", "torchserve", "--spec", "deploy.yaml", "--stop", cwd=work)
+    with serving_models(work, "torchserve", artifacts) as spec:
+        yield f"http://127.0.0.1:{spec['inference_port']}"
 
 
 def test_every_body_answers_like_the_runner(server, artifacts):

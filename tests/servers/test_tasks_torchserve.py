@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from helpers import compile_artifact, run_cli, same_answers, tiny_model, write_spec
+from helpers import compile_artifact, same_answers, serving_models, tiny_model
 
 from neuronserve.runtime import Runner
 
@@ -29,29 +29,16 @@ def models(tmp_path_factory, minilm_dir):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, models):
-    work = tmp_path_factory.mktemp("torchserve-tasks-serve")
-    common = {"model_store": "store", "run_dir": "run", "workers": 1, "token_auth": False}
-    spec = write_spec(work, name="fill", artifact=models["fill"], **common)
-    run_cli("package", "torchserve", "--spec", "deploy.yaml", cwd=work)
-    run_cli(
-        "package",
-        "torchserve",
-        models["rerank"],
-        "--model-store",
-        "store",
-        "--name",
-        "rerank",
-        "--workers",
-        "1",
-        "--no-token-auth",
-        cwd=work,
-    )
-    run_cli("serve", "torchserve", "--spec", "deploy.yaml", cwd=work)
-    yield f"http://127.0.0.1:{spec['inference_port']}"
-    run_cli("serve", "torchserve", "--spec", "deploy.yaml", "--stop", cwd=work)
+    with serving_models(
+        tmp_path_factory.mktemp("torchserve-tasks-serve"), "torchserve", models
+    ) as spec:
+        yield f"http://127.0.0.1:{spec['inference_port']}"
 
 
-def test_fill_mask_answers_equal_the_runners(server, models):
+def test_fill_mask_answers_equal_the_runners_and_the_pipelines(server, models):
+    from transformers import pipeline
+
+    pipe = pipeline("fill-mask", model=str(models["fill"].parent / "fill"))
     runner = Runner(models["fill"])
     for body in (
         {"inputs": "Ana met [MASK] in Paris."},
@@ -60,6 +47,7 @@ def test_fill_mask_answers_equal_the_runners(server, models):
         r = requests.post(f"{server}/predictions/fill", json=body, timeout=60)
         assert r.status_code == 200, r.text
         assert same_answers(r.json(), runner.responses_for_bodies([(body, None)])[0], atol=1e-6)
+        assert same_answers(r.json(), pipe(body["inputs"], **body.get("parameters", {})))
 
 
 def test_rerank_through_predictions_and_invocations(server, models):

@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from helpers import compile_artifact, run_cli, same_answers, tiny_model, write_spec
+from helpers import compile_artifact, qa_reference, same_answers, serving_models, tiny_model
 from tritonclient.utils import InferenceServerException
 
 from neuronserve.runtime import Runner
@@ -37,28 +37,12 @@ def models(tmp_path_factory, minilm_dir):
 @pytest.fixture(scope="module")
 def client(tmp_path_factory, models):
     work = tmp_path_factory.mktemp("triton-tasks-serve")
-    common = {"triton_repository": "repo", "triton_run_dir": "run", "workers": 1}
-    spec = write_spec(work, name="ner", artifact=models["ner"], **common)
-    run_cli("package", "triton", "--spec", "deploy.yaml", cwd=work)
-    run_cli(
-        "package",
-        "triton",
-        models["qa"],
-        "--repository",
-        "repo",
-        "--name",
-        "qa",
-        "--instances",
-        "1",
-        cwd=work,
-    )
-    config = (work / "repo" / "qa" / "config.pbtxt").read_text()
-    assert 'name: "ANSWERS"' in config and "optional: true" not in config  # context required
-    run_cli("serve", "triton", "--spec", "deploy.yaml", cwd=work)
-    client = httpclient.InferenceServerClient(f"127.0.0.1:{spec['http_port']}", concurrency=4)
-    yield client
-    client.close()
-    run_cli("serve", "triton", "--spec", "deploy.yaml", "--stop", cwd=work)
+    with serving_models(work, "triton", models) as spec:
+        config = (work / "repo" / "qa" / "config.pbtxt").read_text()
+        assert 'name: "ANSWERS"' in config and "optional: true" not in config  # required
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{spec['http_port']}", concurrency=4)
+        yield client
+        client.close()  # tritonserver waits for open connections before it stops
 
 
 def _inputs(texts, pairs=None):
@@ -75,7 +59,10 @@ def _json(result, name):
     return [json.loads(v[0]) for v in result.as_numpy(name)]
 
 
-def test_entities_equal_the_runners(client, models):
+def test_entities_equal_the_runners_and_the_pipelines(client, models):
+    from transformers import pipeline
+
+    pipe = pipeline("token-classification", model=str(models["ner"].parent / "ner"))
     runner = Runner(models["ner"])
     for params in (
         {"aggregation_strategy": "simple"},
@@ -85,6 +72,11 @@ def test_entities_equal_the_runners(client, models):
         native = {**params, "ignore_labels": params.get("ignore_labels", "O").split(",")}
         want = runner.responses_for_bodies([({"inputs": TEXTS, "parameters": native}, None)])[0]
         assert any(want) and same_answers(got, want, atol=1e-6)
+        by_pipeline = pipe(TEXTS, aggregation_strategy=params["aggregation_strategy"])
+        ignored = set(native["ignore_labels"])
+        assert same_answers(
+            got, [[e for e in t if e["entity_group"] not in ignored] for t in by_pipeline]
+        )
 
 
 def test_answers_equal_the_runners_and_a_bad_request_fails_alone(client, models):
@@ -102,6 +94,10 @@ def test_answers_equal_the_runners_and_a_bad_request_fails_alone(client, models)
             )
         ]
     )[0]
+    model_dir = models["qa"].parent / "qa"
+    assert same_answers(
+        want, [qa_reference(model_dir, q, CONTEXT, 32, **params) for q in questions]
+    )
     pending = [
         client.async_infer("qa", _inputs(questions, [CONTEXT] * 2), parameters=params),
         client.async_infer("qa", _inputs(questions)),  # no context: Triton refuses it itself
