@@ -130,30 +130,27 @@ class Executor:
             chunks = _spread(chunks, 1 + len(self.copies))
         buckets = [self.grid.choose(len(c), max(lengths[i] for i in c)) for c in chunks]
         timed = self._run_chunks(rows, chunks, buckets)
-        out: RowOutputs | None = None
-        for chunk, bucket, (got, ms) in zip(chunks, buckets, timed, strict=True):
-            if isinstance(got, list):
-                rows_out: list[np.ndarray] = (
-                    out if isinstance(out, list) else [np.empty(0)] * len(rows)
-                )
-                for i, row in zip(chunk, got, strict=True):
-                    rows_out[i] = row
-                out = rows_out
-            else:
-                stacked = (
-                    out
-                    if isinstance(out, np.ndarray)
-                    else np.empty((len(rows), *got.shape[1:]), dtype=np.float32)
-                )
-                stacked[chunk] = got
-                out = stacked
-            if report is not None:
+        if report is not None:
+            for chunk, bucket, (_, ms) in zip(chunks, buckets, timed, strict=True):
                 report.runs.append(
                     BucketRun(bucket, len(chunk), sum(lengths[i] for i in chunk), ms)
                 )
-        if out is None:
-            return [] if self.layout.per_token else np.empty((0, 0), dtype=np.float32)
-        return out
+        return self._in_row_order(chunks, [got for got, _ in timed], len(rows))
+
+    def _in_row_order(self, chunks: list[list[int]], outs: list[RowOutputs], n: int) -> RowOutputs:
+        """The chunks' outputs put back in the rows' order."""
+        if self.layout.per_token:
+            per_row: list[np.ndarray] = [np.empty(0)] * n
+            for chunk, got in zip(chunks, outs, strict=True):
+                for i, row in zip(chunk, got, strict=True):
+                    per_row[i] = row
+            return per_row
+        if not outs:
+            return np.empty((0, 0), dtype=np.float32)
+        stacked = np.empty((n, *outs[0][0].shape), dtype=np.float32)
+        for chunk, got in zip(chunks, outs, strict=True):
+            stacked[chunk] = got
+        return stacked
 
     def _run_chunks(
         self, rows: Sequence[Row], chunks: list[list[int]], buckets: list[Bucket]

@@ -226,14 +226,19 @@ class Runner:
             mode = (truncate, r.truncation_direction if truncate else "right")
             modes.setdefault(mode, []).extend(range(len(texts), len(texts) + len(r.texts)))
             texts.extend(r.texts)
-        encoded: list[Encoded | None] = [None] * len(texts)
-        for (truncate, direction), idx in modes.items():
-            for k, e in zip(
-                idx,
-                tokenizer.encode([texts[k] for k in idx], truncate, direction),
-                strict=True,
-            ):
-                encoded[k] = e
+        encoded: list[Encoded | None]
+        if len(modes) == 1:  # the usual batch: one call, no reordering
+            (truncate, direction), _ = modes.popitem()
+            encoded = list(tokenizer.encode(texts, truncate, direction))
+        else:
+            encoded = [None] * len(texts)
+            for (truncate, direction), idx in modes.items():
+                for k, e in zip(
+                    idx,
+                    tokenizer.encode([texts[k] for k in idx], truncate, direction),
+                    strict=True,
+                ):
+                    encoded[k] = e
         out, pos = {}, 0
         for i, r in live:
             out[i] = [[cast(Encoded, e)] for e in encoded[pos : pos + len(r.texts)]]

@@ -59,10 +59,7 @@ class Batch:
     @cached_property
     def columns(self) -> dict[str, np.ndarray]:
         """Triton's input tensors (BYTES, [n, 1])."""
-
-        def column(values: list[Any]) -> np.ndarray:
-            raw = [v if isinstance(v, bytes) else str(v).encode() for v in values]
-            return np.array([[v] for v in raw], dtype=object)
+        from ..tasks.base import bytes_rows as column
 
         items = list(self.items)
         if self.task in ("rerank", "question-answering"):

@@ -370,9 +370,7 @@ class JsonResultsTask(Task):
 
     def tensors(self, results: Any, info: dict[str, Any]) -> dict[str, np.ndarray]:
         return {
-            self.result_tensor: np.array(
-                [[json.dumps(r, ensure_ascii=False).encode()] for r in results], dtype=object
-            )
+            self.result_tensor: bytes_rows([json.dumps(r, ensure_ascii=False) for r in results])
         }
 
     def results_from(self, first_tensor: np.ndarray) -> Any:
@@ -404,6 +402,12 @@ def boolean(parameters: dict[str, Any], name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise RequestError(f'"{name}" must be true or false, got {value!r}')
     return value
+
+
+def bytes_rows(values: Sequence[str | bytes]) -> np.ndarray:
+    """A BYTES tensor of one element per row ([n, 1]) as Triton takes and gives them:
+    text as UTF-8, bytes (an encoded image) as they are."""
+    return np.array([[v if isinstance(v, bytes) else v.encode()] for v in values], dtype=object)
 
 
 @dataclass(frozen=True)
@@ -444,6 +448,21 @@ class EncoderModule(torch.nn.Module):
 def labels_of(config: Any) -> list[str]:
     """The model's labels in id order."""
     return [str(config.id2label[i]) for i in range(config.num_labels)]
+
+
+def logits_over_labels(module: torch.nn.Module, config: Any, **task_settings: Any) -> WrappedModel:
+    """A module answering logits over the model's labels, with what the manifest records
+    of it (the labels; `task_settings` for how a task scores them)."""
+    return WrappedModel(
+        module=module.eval(),
+        output_name="logits",
+        manifest_fields={
+            "labels": labels_of(config),
+            "pooling": None,
+            "normalize": None,
+            "task_settings": task_settings,
+        },
+    )
 
 
 @dataclass

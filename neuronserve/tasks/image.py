@@ -12,11 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from .base import RequestError, Task, TaskRequest, TensorSpec, WrappedModel, labels_of
-from .feature_extraction import cosines
+from .base import RequestError, Task, TaskRequest, WrappedModel, logits_over_labels
+from .feature_extraction import FeatureExtraction
 from .text_classification import TextClassification, multi_label
 
 
@@ -77,16 +76,8 @@ class ImageClassification(ImageTask, TextClassification):
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
         config: Any = model.config
-        labels = labels_of(config)
-        return WrappedModel(
-            module=PixelModule(model, "logits").eval(),
-            output_name="logits",
-            manifest_fields={
-                "labels": labels,
-                "pooling": None,
-                "normalize": None,
-                "task_settings": {"multi_label": multi_label(config)},
-            },
+        return logits_over_labels(
+            PixelModule(model, "logits"), config, multi_label=multi_label(config)
         )
 
     accuracy_metric = "top1_agreement"
@@ -97,9 +88,11 @@ class ImageClassification(ImageTask, TextClassification):
         return {**out, "top1_agreement": out["argmax_agreement"]}
 
 
-class ImageFeatureExtraction(ImageTask):
-    auto_class = "AutoModel"
+class ImageFeatureExtraction(ImageTask, FeatureExtraction):
+    """An embedding per image: answered, measured and sent to Triton as text embeddings."""
+
     name = "image-feature-extraction"
+    auto_class = "AutoModel"
 
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
@@ -111,19 +104,3 @@ class ImageFeatureExtraction(ImageTask):
             output_name="embedding",
             manifest_fields={"pooling": pooling, "normalize": False, "labels": None},
         )
-
-    accuracy_metric = "min_cosine"
-    accuracy_floor_field = "min_cosine"
-
-    def accuracy(self, got: Any, want: Any) -> dict[str, float]:
-        return {**super().accuracy(got, want), **cosines(got, want)}
-
-    def respond(self, results: Any, request: TaskRequest, info: dict[str, Any]) -> Any:
-        vectors = np.asarray(results, dtype=np.float32).tolist()
-        return vectors[0] if request.single else vectors
-
-    def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
-        return [TensorSpec("EMBEDDING", "float32", (output_dim,))]
-
-    def tensors(self, results: Any, info: dict[str, Any]) -> dict[str, np.ndarray]:
-        return {"EMBEDDING": np.asarray(results, dtype=np.float32)}

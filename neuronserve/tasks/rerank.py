@@ -23,6 +23,7 @@ from .base import (
     WrappedModel,
     boolean,
     labels_of,
+    logits_over_labels,
     positive_int,
     truncation_parameters,
 )
@@ -84,15 +85,10 @@ class Rerank(Task):
             )
         if chosen is not None and chosen not in labels:
             raise ValueError(f"relevance_label {chosen!r} is not one of the model's {labels}")
-        return WrappedModel(
-            module=LogitsClassifier(model, options["input_names"]).eval(),
-            output_name="logits",
-            manifest_fields={
-                "labels": labels,
-                "pooling": None,
-                "normalize": None,
-                "task_settings": {"relevance_index": labels.index(chosen) if chosen else 0},
-            },
+        return logits_over_labels(
+            LogitsClassifier(model, options["input_names"]),
+            config,
+            relevance_index=labels.index(chosen) if chosen else 0,
         )
 
     accuracy_metric = "spearman"

@@ -20,7 +20,8 @@ from .base import (
     TaskRequest,
     TensorSpec,
     WrappedModel,
-    labels_of,
+    bytes_rows,
+    logits_over_labels,
 )
 
 
@@ -78,17 +79,8 @@ class TextClassification(Task):
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
         config: Any = model.config
-        labels = labels_of(config)
-        return WrappedModel(
-            module=LogitsClassifier(model, options["input_names"]).eval(),
-            output_name="logits",
-            manifest_fields={
-                "labels": labels,
-                "pooling": None,
-                "normalize": None,
-                "task_settings": {"multi_label": multi_label(config)},
-            },
-        )
+        module = LogitsClassifier(model, options["input_names"])
+        return logits_over_labels(module, config, multi_label=multi_label(config))
 
     accuracy_metric = "argmax_agreement"
     accuracy_floor_field = "min_argmax_agreement"
@@ -129,5 +121,5 @@ class TextClassification(Task):
             "SCORES": FUNCTIONS[default_function(labels, bool(info.get("multi_label")))](
                 outputs
             ).astype(np.float32),
-            "LABEL": np.array([[labels[i].encode()] for i in best], dtype=object),
+            "LABEL": bytes_rows([labels[i] for i in best]),
         }

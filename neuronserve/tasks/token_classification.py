@@ -22,7 +22,7 @@ from .base import (
     RequestError,
     TaskRequest,
     WrappedModel,
-    labels_of,
+    logits_over_labels,
     stacked,
 )
 from .text_classification import LogitsClassifier
@@ -55,13 +55,7 @@ class TokenClassification(JsonResultsTask):
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
-        config: Any = model.config
-        labels = labels_of(config)
-        return WrappedModel(
-            module=LogitsClassifier(model, options["input_names"]).eval(),
-            output_name="logits",
-            manifest_fields={"labels": labels, "pooling": None, "normalize": None},
-        )
+        return logits_over_labels(LogitsClassifier(model, options["input_names"]), model.config)
 
     accuracy_metric = "token_argmax_agreement"
     accuracy_floor_field = "min_argmax_agreement"

@@ -207,8 +207,10 @@ class NeuronModel(torch.nn.Module):
     def forward(
         self, a: torch.Tensor, b: torch.Tensor | None = None, c: torch.Tensor | None = None
     ) -> torch.Tensor:
-        # a traced model takes the inputs it was traced with: one (an image model's
-        # pixels) to three (token ids, mask, token types)
+        # a traced model is called with the example inputs' tensors it was traced with
+        # (torch_neuronx.trace's `example_inputs`: "a tuple of tensors"; api-torch-neuronx-
+        # trace.html above): one for an image model's pixels, up to three for token ids,
+        # mask and token types
         inputs = [a]
         if b is not None:
             inputs.append(b)

@@ -25,7 +25,7 @@ import numpy as np
 import orjson
 
 from ...tasks import RequestError
-from ...tasks.base import RequestLimits
+from ...tasks.base import RequestLimits, bytes_rows
 
 if TYPE_CHECKING:
     from ...tasks import TaskRequest
@@ -243,8 +243,7 @@ class TritonClient(EngineClient):
         tensors = []
         for name, values in columns.items():
             tensor = InferInput(name, [len(values), 1], "BYTES")
-            raw = [v if isinstance(v, bytes) else v.encode() for v in values]
-            tensor.set_data_from_numpy(np.array([[v] for v in raw], dtype=object))
+            tensor.set_data_from_numpy(bytes_rows(values))
             tensors.append(tensor)
         try:
             result = await self._client.infer(
