@@ -44,10 +44,12 @@ def test_fill_mask_answers_equal_the_runners_and_the_pipelines(server, models):
         {"inputs": "Ana met [MASK] in Paris."},
         {"inputs": ["naïve [MASK] 🎉", "[MASK] and [MASK]"], "parameters": {"top_k": 3}},
     ):
-        r = requests.post(f"{server}/predictions/fill", json=body, timeout=60)
-        assert r.status_code == 200, r.text
-        assert same_answers(r.json(), runner.responses_for_bodies([(body, None)])[0], atol=1e-6)
-        assert same_answers(r.json(), pipe(body["inputs"], **body.get("parameters", {})))
+        for url in (f"{server}/predictions/fill", f"{server}/invocations?model_name=fill"):
+            r = requests.post(url, json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            want = runner.responses_for_bodies([(body, None)])[0]
+            assert same_answers(r.json(), want, atol=1e-6)
+            assert same_answers(r.json(), pipe(body["inputs"], **body.get("parameters", {})))
 
 
 def test_rerank_through_predictions_and_invocations(server, models):
