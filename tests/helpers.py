@@ -34,6 +34,12 @@ SENTENCES = [
     " ".join(["alpha beta gamma delta"] * 50),  # 200 words
 ]
 LABELS = ["negative", "neutral", "positive"]  # the tiny classifier's
+# A question-answering context of about 50 tokens: several windows of the tests' 32-token
+# bucket, with accents, an emoji and a name of two words
+QA_CONTEXT = (
+    "Ana met Bob in Paris last week. They took a train to Zürich, walked by the lake 🎉 "
+    "and had dinner at a small café near the station before Bob flew home to São Paulo."
+)
 
 
 def reference_embeddings(model_dir: Path, texts: list[str]) -> np.ndarray:
@@ -610,3 +616,28 @@ def serving_models(work: Path, engine: str, artifacts: dict[str, Path]):
         yield spec
     finally:
         run_cli("serve", engine, "--spec", "deploy.yaml", "--stop", cwd=work)
+
+
+def triton_rows(name: str, values: list) -> object:
+    """A tritonclient BYTES input of one row per value (text or encoded bytes), as a
+    Triton user builds TEXT, TEXT_PAIR and IMAGE."""
+    import tritonclient.http as httpclient
+
+    t = httpclient.InferInput(name, [len(values), 1], "BYTES")
+    raw = [v if isinstance(v, bytes) else v.encode() for v in values]
+    t.set_data_from_numpy(np.array([[v] for v in raw], dtype=object))
+    return t
+
+
+def settled(pending: list) -> list:
+    """The results of tritonclient async requests sent together, each an InferResult or
+    the InferenceServerException its request got."""
+    from tritonclient.utils import InferenceServerException
+
+    out = []
+    for p in pending:
+        try:
+            out.append(p.get_result())
+        except InferenceServerException as e:
+            out.append(e)
+    return out

@@ -9,16 +9,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from helpers import compile_artifact, same_answers, start_sagemaker, tiny_model
+from helpers import QA_CONTEXT, compile_artifact, same_answers, start_sagemaker, tiny_model
 
 from neuronserve.runtime import Runner
 
 pytestmark = pytest.mark.server
-
-CONTEXT = (
-    "Ana met Bob in Paris last week. They took a train to Zürich, walked by the lake 🎉 "
-    "and had dinner at a small café near the station before Bob flew home to São Paulo."
-)
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +35,13 @@ def serve(tmp_path_factory, qa):
 def test_invocations_answer_like_the_runner(serve, qa):
     runner = Runner(qa)
     bodies = [
-        {"question": "Who met Bob?", "context": CONTEXT},
+        {"question": "Who met Bob?", "context": QA_CONTEXT},
         {
             "question": "Where?",
-            "context": CONTEXT,
+            "context": QA_CONTEXT,
             "parameters": {"top_k": 3, "handle_impossible_answer": True},
         },
-        {"inputs": [{"question": "Who?", "context": c} for c in (CONTEXT, "a", "東京 🎉")]},
+        {"inputs": [{"question": "Who?", "context": c} for c in (QA_CONTEXT, "a", "東京 🎉")]},
     ]
     for body in bodies:
         r = requests.post(f"{serve.url}/invocations", json=body, timeout=60)
@@ -55,13 +50,13 @@ def test_invocations_answer_like_the_runner(serve, qa):
 
 
 def test_bad_requests_fail_alone(serve):
-    good = {"question": "Who met Bob?", "context": CONTEXT}
+    good = {"question": "Who met Bob?", "context": QA_CONTEXT}
     bodies = [
         good,
         {"question": "Who?"},
         {"question": "Who?", "context": ["not", "a", "string"]},
-        {"question": "Who?", "context": CONTEXT, "parameters": {"doc_stride": -1}},
-        {"question": " ".join(["why"] * 40), "context": CONTEXT},
+        {"question": "Who?", "context": QA_CONTEXT, "parameters": {"doc_stride": -1}},
+        {"question": " ".join(["why"] * 40), "context": QA_CONTEXT},
         good,
     ]
     with ThreadPoolExecutor(len(bodies)) as pool:

@@ -11,7 +11,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from helpers import compile_artifact, qa_reference, same_answers, serving_models, tiny_model
+from helpers import (
+    QA_CONTEXT,
+    compile_artifact,
+    qa_reference,
+    same_answers,
+    serving_models,
+    tiny_model,
+)
 
 pytestmark = pytest.mark.server
 
@@ -19,10 +26,6 @@ TEXTS = ["Ana met Bob in Paris", "naïve café 🎉 in Zürich, said Ana.", "a",
 LONG = (
     "Ünïcode 🎉 the quick brown fox jumps over the lazy dog near New York, then runs back "
     "home past Ana and Bob in Paris, Zürich and 東京 before it rests in São Paulo"
-)
-CONTEXT = (
-    "Ana met Bob in Paris last week. They took a train to Zürich, walked by the lake 🎉 "
-    "and had dinner at a small café near the station before Bob flew home to São Paulo."
 )
 
 
@@ -80,15 +83,15 @@ def test_answers_equal_the_qa_pipelines_across_windows(server, models):
     model_dir = models["qa"].parent / "qa"
     questions = ["Who met Bob?", "Where is the café? 🎉", "x"]
     params = {"top_k": 2, "max_answer_len": 6}
-    body = {"inputs": [{"question": q, "context": CONTEXT} for q in questions]}
+    body = {"inputs": [{"question": q, "context": QA_CONTEXT} for q in questions]}
     r = _post(server, "predictions/qa", body | {"parameters": params})
     assert r.status_code == 200, r.text
-    want = [qa_reference(model_dir, q, CONTEXT, 32, **params) for q in questions]
+    want = [qa_reference(model_dir, q, QA_CONTEXT, 32, **params) for q in questions]
     assert same_answers(r.json(), want)
-    one = {"question": "Who flew home?", "context": CONTEXT}  # ~50 tokens: several windows
+    one = {"question": "Who flew home?", "context": QA_CONTEXT}  # ~50 tokens: several windows
     r = _post(server, "invocations?model_name=qa", one)
     assert r.status_code == 200, r.text
-    assert same_answers(r.json(), qa_reference(model_dir, one["question"], CONTEXT, 32))
+    assert same_answers(r.json(), qa_reference(model_dir, one["question"], QA_CONTEXT, 32))
     tiny = {"question": "Who?", "context": "東京", "parameters": {"handle_impossible_answer": True}}
     r = _post(server, "predictions/qa", tiny)
     assert r.status_code == 200, r.text
@@ -99,7 +102,7 @@ def test_answers_equal_the_qa_pipelines_across_windows(server, models):
 
 def test_bad_requests_fail_alone(server):
     good_ner = {"inputs": TEXTS[0], "parameters": {"aggregation_strategy": "first"}}
-    good_qa = {"question": "Who met Bob?", "context": CONTEXT}
+    good_qa = {"question": "Who met Bob?", "context": QA_CONTEXT}
     sent = [
         ("ner", good_ner, 200, None),
         ("ner", {"inputs": 5}, 400, "inputs"),

@@ -7,10 +7,18 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from helpers import compile_artifact, qa_reference, same_answers, serving_models, tiny_model
+from helpers import (
+    QA_CONTEXT,
+    compile_artifact,
+    qa_reference,
+    same_answers,
+    serving_models,
+    settled,
+    tiny_model,
+    triton_rows,
+)
 from tritonclient.utils import InferenceServerException
 
 from neuronserve.runtime import Runner
@@ -18,10 +26,6 @@ from neuronserve.runtime import Runner
 pytestmark = pytest.mark.server
 
 TEXTS = ["Ana met Bob in Paris", "naïve café 🎉 in Zürich, said Ana.", "a", "東京 and São Paulo"]
-CONTEXT = (
-    "Ana met Bob in Paris last week. They took a train to Zürich, walked by the lake 🎉 "
-    "and had dinner at a small café near the station before Bob flew home to São Paulo."
-)
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +50,7 @@ def client(tmp_path_factory, models):
 
 
 def _inputs(texts, pairs=None):
-    out = []
-    for name, values in (("TEXT", texts), ("TEXT_PAIR", pairs)):
-        if values is not None:
-            t = httpclient.InferInput(name, [len(values), 1], "BYTES")
-            t.set_data_from_numpy(np.array([[v.encode()] for v in values], dtype=object))
-            out.append(t)
-    return out
+    return [triton_rows("TEXT", texts)] + ([triton_rows("TEXT_PAIR", pairs)] if pairs else [])
 
 
 def _json(result, name):
@@ -87,7 +85,7 @@ def test_answers_equal_the_runners_and_a_bad_request_fails_alone(client, models)
         [
             (
                 {
-                    "inputs": [{"question": q, "context": CONTEXT} for q in questions],
+                    "inputs": [{"question": q, "context": QA_CONTEXT} for q in questions],
                     "parameters": params,
                 },
                 None,
@@ -96,20 +94,15 @@ def test_answers_equal_the_runners_and_a_bad_request_fails_alone(client, models)
     )[0]
     model_dir = models["qa"].parent / "qa"
     assert same_answers(
-        want, [qa_reference(model_dir, q, CONTEXT, 32, **params) for q in questions]
+        want, [qa_reference(model_dir, q, QA_CONTEXT, 32, **params) for q in questions]
     )
     pending = [
-        client.async_infer("qa", _inputs(questions, [CONTEXT] * 2), parameters=params),
+        client.async_infer("qa", _inputs(questions, [QA_CONTEXT] * 2), parameters=params),
         client.async_infer("qa", _inputs(questions)),  # no context: Triton refuses it itself
-        client.async_infer("qa", _inputs(questions[:1], [CONTEXT]), parameters={"top_k": 0}),
-        client.async_infer("qa", _inputs(questions, [CONTEXT] * 2), parameters=params),
+        client.async_infer("qa", _inputs(questions[:1], [QA_CONTEXT]), parameters={"top_k": 0}),
+        client.async_infer("qa", _inputs(questions, [QA_CONTEXT] * 2), parameters=params),
     ]
-    results = []
-    for p in pending:
-        try:
-            results.append(p.get_result())
-        except InferenceServerException as e:
-            results.append(e)
+    results = settled(pending)
     for bad, needle in ((results[1], "TEXT_PAIR"), (results[2], "top_k")):
         assert isinstance(bad, InferenceServerException) and bad.status() == "400"
         assert needle in bad.message(), bad.message()

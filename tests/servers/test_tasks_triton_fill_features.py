@@ -13,7 +13,15 @@ import json
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from helpers import compile_artifact, same_answers, serving_models, tiny_model, tiny_vit
+from helpers import (
+    compile_artifact,
+    same_answers,
+    serving_models,
+    settled,
+    tiny_model,
+    tiny_vit,
+    triton_rows,
+)
 from tritonclient.utils import InferenceServerException
 
 pytestmark = pytest.mark.server
@@ -64,19 +72,12 @@ def client(tmp_path_factory, models):
         client.close()  # tritonserver waits for open connections before it stops
 
 
-def _rows(name, values):
-    t = httpclient.InferInput(name, [len(values), 1], "BYTES")
-    raw = [v if isinstance(v, bytes) else v.encode() for v in values]
-    t.set_data_from_numpy(np.array([[v] for v in raw], dtype=object))
-    return t
-
-
 def test_predictions_equal_the_fill_mask_pipelines(client, models):
     from transformers import pipeline
 
     pipe = pipeline("fill-mask", model=str(models["fill"][0]))
     for params in ({}, {"top_k": 3}):
-        result = client.infer("fill", [_rows("TEXT", TEXTS)], parameters=params or None)
+        result = client.infer("fill", [triton_rows("TEXT", TEXTS)], parameters=params or None)
         got = [json.loads(v[0]) for v in result.as_numpy("PREDICTIONS")]
         assert same_answers(got, pipe(TEXTS, **params))
 
@@ -87,24 +88,19 @@ def test_embeddings_equal_the_feature_extraction_pipelines(client, models):
 
     pipe = pipeline("image-feature-extraction", model=str(models["features"][0]))
     want = [np.asarray(pipe(Image.open(io.BytesIO(b)))[0]).mean(axis=0) for b in IMAGES]
-    got = client.infer("features", [_rows("IMAGE", IMAGES)]).as_numpy("EMBEDDING")
+    got = client.infer("features", [triton_rows("IMAGE", IMAGES)]).as_numpy("EMBEDDING")
     assert got.shape == (len(IMAGES), len(want[0]))
     assert np.allclose(got, np.array(want), atol=1e-4)
 
 
 def test_a_text_without_a_mask_fails_alone(client):
     pending = [
-        client.async_infer("fill", [_rows("TEXT", TEXTS[:2])]),
-        client.async_infer("fill", [_rows("TEXT", [TEXTS[0], "no mask here"])]),
-        client.async_infer("fill", [_rows("TEXT", TEXTS[:1])], parameters={"top_k": "two"}),
-        client.async_infer("fill", [_rows("TEXT", TEXTS[:2])]),
+        client.async_infer("fill", [triton_rows("TEXT", TEXTS[:2])]),
+        client.async_infer("fill", [triton_rows("TEXT", [TEXTS[0], "no mask here"])]),
+        client.async_infer("fill", [triton_rows("TEXT", TEXTS[:1])], parameters={"top_k": "two"}),
+        client.async_infer("fill", [triton_rows("TEXT", TEXTS[:2])]),
     ]
-    results = []
-    for p in pending:
-        try:
-            results.append(p.get_result())
-        except InferenceServerException as e:
-            results.append(e)
+    results = settled(pending)
     for bad, needle in ((results[1], "no mask token"), (results[2], "top_k")):
         assert isinstance(bad, InferenceServerException) and bad.status() == "400"
         assert needle in bad.message(), bad.message()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 import tritonclient.http as httpclient
-from helpers import compile_artifact, serving_models, tiny_model, tiny_vit
+from helpers import compile_artifact, serving_models, settled, tiny_model, tiny_vit, triton_rows
 from tritonclient.utils import InferenceServerException
 
 from neuronserve.images import sample_images
@@ -46,19 +46,12 @@ def client(tmp_path_factory, models):
         client.close()
 
 
-def _rows(name, values):
-    t = httpclient.InferInput(name, [len(values), 1], "BYTES")
-    raw = [v if isinstance(v, bytes) else v.encode() for v in values]
-    t.set_data_from_numpy(np.array([[v] for v in raw], dtype=object))
-    return t
-
-
 def test_image_labels_equal_the_pipelines(client, models):
     from PIL import Image
     from transformers import pipeline
 
     pipe = pipeline("image-classification", model=str(models["labels"][0]), top_k=None)
-    result = client.infer("labels", [_rows("IMAGE", IMAGES[:4])])  # at most max_batch
+    result = client.infer("labels", [triton_rows("IMAGE", IMAGES[:4])])  # at most max_batch
     scores = softmax(result.as_numpy("LOGITS"))
     for got, image in zip(scores, IMAGES[:4], strict=True):
         want = {w["label"]: w["score"] for w in pipe(Image.open(io.BytesIO(image)))}
@@ -76,22 +69,19 @@ def test_rerank_scores_equal_the_eager_cross_encoders(client, models):
     with torch.no_grad():
         enc = tok([QUERY] * 4, DOCS[:4], return_tensors="pt", padding=True)
         want = torch.sigmoid(eager(**enc).logits[:, 0]).numpy()
-    got = client.infer("ranker", [_rows("TEXT", [QUERY] * 4), _rows("TEXT_PAIR", DOCS[:4])])
+    got = client.infer(
+        "ranker", [triton_rows("TEXT", [QUERY] * 4), triton_rows("TEXT_PAIR", DOCS[:4])]
+    )
     assert np.allclose(got.as_numpy("SCORE")[:, 0], want, atol=1e-4)
 
 
 def test_a_bad_image_fails_alone(client):
     pending = [
-        client.async_infer("labels", [_rows("IMAGE", IMAGES[:2])]),
-        client.async_infer("labels", [_rows("IMAGE", [IMAGES[2], b"not an image"])]),
-        client.async_infer("labels", [_rows("IMAGE", IMAGES[3:5])]),
+        client.async_infer("labels", [triton_rows("IMAGE", IMAGES[:2])]),
+        client.async_infer("labels", [triton_rows("IMAGE", [IMAGES[2], b"not an image"])]),
+        client.async_infer("labels", [triton_rows("IMAGE", IMAGES[3:5])]),
     ]
-    results = []
-    for p in pending:
-        try:
-            results.append(p.get_result())
-        except InferenceServerException as e:
-            results.append(e)
+    results = settled(pending)
     assert isinstance(results[1], InferenceServerException) and results[1].status() == "400"
     assert "image 1 is not an image" in results[1].message()
     assert results[0].as_numpy("LOGITS").shape == results[2].as_numpy("LOGITS").shape == (2, 5)
