@@ -35,6 +35,7 @@ Task = Literal[
 Target = Literal["cpu", "neuronx", "neuron"]
 Pooling = Literal["auto", "mean", "cls"]
 Precision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
+ModuleFormat = Literal["auto", "torchscript", "onnx", "openvino"]
 Layout = Literal["throughput", "latency"]
 
 
@@ -102,6 +103,13 @@ class DeploySpec(BaseModel):
         "fastest that meets the accuracy floor); neuronx: fp32 | bf16 | fp16 | auto (bf16 if "
         "it meets the floor, else fp32); neuron (Inf1): bf16 | fp16 | auto (bf16). Each "
         "candidate's accuracy is recorded in the manifest",
+    )
+    module_format: ModuleFormat = Field(
+        "auto",
+        description="cpu: which library's build of the precision to make: torchscript "
+        "(torch.jit), onnx (ONNX Runtime, fused operators), openvino (OpenVINO; int8 "
+        "calibrated by NNCF) or auto (every build the precision has; the fastest that meets "
+        "the accuracy floor is kept)",
     )
     min_cosine: float = Field(
         0.999,
@@ -366,6 +374,11 @@ class DeploySpec(BaseModel):
             raise ValueError(
                 f"{', '.join(given)} apply to the Neuron targets (neuronx, neuron), "
                 "not to target cpu"
+            )
+        if self.target != "cpu" and self.module_format != "auto":
+            raise ValueError(
+                f"module_format {self.module_format} applies to target cpu; target "
+                f"{self.target} builds one kind of module (leave module_format auto)"
             )
         return self
 

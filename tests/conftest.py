@@ -37,14 +37,16 @@ def _compile(out: Path, **fields) -> Path:
 @pytest.fixture(scope="session")
 def minilm_artifact(tmp_path_factory, minilm_dir) -> Path:
     # fp32: answers are checked against eager embeddings to 1e-4; the precision choice
-    # has its own tests (compile/test_precision.py). Truncation off: over-long text is a
-    # 413 wherever packaging does not turn truncation on again.
+    # has its own tests (compile/test_precision.py). OpenVINO's build, so the server tests
+    # read its threads' cores from the workers (the classifier is TorchScript's). Truncation
+    # off: over-long text is a 413 wherever packaging does not turn truncation on again.
     return _compile(
         tmp_path_factory.mktemp("artifacts") / "minilm",
         model=minilm_dir,
         batch_sizes=[1, 4, 8],
         sequence_lengths=[16, 64, 256],
         precision="fp32",
+        module_format="openvino",
         truncation=False,
     )
 
@@ -71,6 +73,7 @@ def classifier_artifact(tmp_path_factory, classifier_dir) -> Path:
         batch_sizes=[1, 4],
         sequence_lengths=[16, 64],
         precision="fp32",
+        module_format="torchscript",
         truncation=False,
     )
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..buckets import Bucket, BucketGrid
+from ..buckets import Bucket, BucketGrid, pad_batch
 from ..execution import Executor, InputLayout, Module
 from ..spec import DeploySpec
 from ..tasks import Task
@@ -41,9 +41,20 @@ class CompileContext:
         eager: Module = self.eager
         return self.executor(lambda _bucket: eager)
 
+    def calibration(self) -> list[tuple[torch.Tensor, ...]]:
+        """The calibration rows one at a time, each padded into the smallest bucket that
+        holds it, as the server would run it: what static int8 measures ranges on."""
+        out = []
+        for row in self.examples.calibration_rows(self.grid.max_seq):
+            bucket = self.grid.choose(1, self.layout.length(row))
+            arrays = pad_batch([row], bucket, self.layout.names, self.layout.pad_values)
+            out.append(tuple(torch.from_numpy(arrays[n]) for n in self.layout.names))
+        return out
+
     def target_options(self, precision: str, bucket: Bucket | None = None) -> dict[str, Any]:
-        """Options for one `target.compile` call: the precision, the input names, and a
-        compiler workdir of the bucket's own when one was asked for."""
+        """Options for one `target.compile` call: the precision, the input names, a
+        compiler workdir of the bucket's own when one was asked for, and how to get
+        calibration inputs (a callable: only static quantisation asks)."""
         workdir = self.options.get("compiler_workdir")
         if workdir and bucket is not None:
             workdir = Path(workdir) / bucket.key
@@ -53,6 +64,7 @@ class CompileContext:
             "input_names": list(self.layout.names),
             "per_token": self.layout.per_token,
             "compiler_workdir": workdir,
+            "calibration": self.calibration,
         }
 
     def say(self, message: str) -> None:

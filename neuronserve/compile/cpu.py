@@ -9,6 +9,10 @@
   native AVX512-BF16, slower than fp32 on one without (auto measures which this is).
 - int8: ONNX Runtime with fused transformer operators and dynamically quantised linear
   layers (see ort.py), the fastest path measured here at short and medium sequences.
+- OpenVINO builds of each precision (openvino.py): fp32, bf16 (the CPU plugin's bf16,
+  1.4-2x TorchScript bf16 on MiniLM) and static int8 calibrated by NNCF. Where OpenVINO
+  cannot build one here (not installed; bf16 on a CPU without it) that candidate is
+  refused with the reason, and the others are still tried.
 
 The traced graph accepts any (batch, sequence); the bucket grid only bounds padding
 so the module sees the shapes that were validated and warmed up. One file holds the
@@ -26,6 +30,8 @@ from typing import Any
 
 import torch
 
+from . import openvino
+from .openvino import OvModule, export_openvino
 from .ort import OrtModule, export_onnx
 
 # what a spec may name
@@ -36,7 +42,15 @@ CANDIDATES = {
     "fp32-onnx": ("fp32", "onnx"),
     "bf16": ("bf16", "torchscript"),
     "int8": ("int8", "onnx"),
+    "fp32-openvino": ("fp32", "openvino"),
+    "bf16-openvino": ("bf16", "openvino"),
+    "int8-openvino": ("int8", "openvino"),
 }
+# a built module of each library
+Compiled = torch.nn.Module | OrtModule | OvModule
+# the package (of the cpu extra) that runs each module format besides torch: what an image
+# serving CPU artifacts installs
+RUNTIME_PACKAGES = {"onnx": "onnxruntime", "openvino": "openvino"}
 
 
 class CpuTarget:
@@ -45,20 +59,40 @@ class CpuTarget:
     core_kind = "cpu"
     file_suffix = ".pt"
     # what `precision: auto` tries; the driver times each that passes and keeps the fastest
-    auto_precisions = ("int8", "bf16", "fp32", "fp32-onnx")
+    auto_precisions = (
+        "int8",
+        "int8-openvino",
+        "bf16",
+        "bf16-openvino",
+        "fp32",
+        "fp32-onnx",
+        "fp32-openvino",
+    )
     auto_times_candidates = True
 
     def variants(self, precision: str) -> tuple[str, ...]:
         """The builds a named precision may get, timed against each other like auto."""
         return tuple(c for c, (p, _) in CANDIDATES.items() if p == precision) or (precision,)
 
+    def module_format_of(self, precision: str) -> str:
+        """Which library's module the candidate build `precision` is."""
+        return CANDIDATES[precision][1]
+
+    def unavailable(self, precision: str) -> str | None:
+        """Why the candidate build `precision` cannot be made on this host, or None."""
+        runs, module_format = CANDIDATES[precision]
+        return openvino.unavailable(runs) if module_format == "openvino" else None
+
     def compile(
         self, module: torch.nn.Module, example: tuple[torch.Tensor, ...], options: dict[str, Any]
-    ) -> torch.nn.Module | OrtModule:
+    ) -> Compiled:
         precision = options.get("precision") or "fp32"
         if precision not in CANDIDATES:
             raise ValueError(f"target cpu has no precision {precision!r}; choose {PRECISIONS}")
-        if CANDIDATES[precision][1] == "onnx":
+        runs, module_format = CANDIDATES[precision]
+        if module_format == "openvino":
+            return OvModule(export_openvino(module, example, runs, options))
+        if module_format == "onnx":
             return OrtModule(
                 export_onnx(
                     module,
@@ -78,24 +112,29 @@ class CpuTarget:
             traced = torch.jit.trace(module.eval(), example, check_trace=False)
             return torch.jit.freeze(traced)
 
-    def save(self, compiled: torch.nn.Module | OrtModule, path: Path) -> None:
+    def save(self, compiled: Compiled, path: Path) -> None:
         if isinstance(compiled, OrtModule):
             path.write_bytes(compiled.model_bytes)
+        elif isinstance(compiled, OvModule):
+            path.write_bytes(compiled.file_bytes)
         else:
             torch.jit.save(compiled, str(path))
 
-    def load(
-        self, path: Path, core: int | None = None, data: bytes | None = None
-    ) -> torch.nn.Module | OrtModule:
-        if path.suffix == OrtModule.file_suffix:
-            return OrtModule(data if data is not None else path.read_bytes())
+    def load(self, path: Path, core: int | None = None, data: bytes | None = None) -> Compiled:
+        for library in (OrtModule, OvModule):
+            if path.suffix == library.file_suffix:
+                return library(data if data is not None else path.read_bytes())
         source = io.BytesIO(data) if data is not None else str(path)
         return torch.jit.load(source, map_location="cpu").eval()
 
     def versions(self) -> dict[str, str]:
-        from .ort import versions
+        from . import ort
 
-        return {"compiler": f"torch.jit {torch.__version__}", **versions()}
+        return {
+            "compiler": f"torch.jit {torch.__version__}",
+            **ort.versions(),
+            **openvino.versions(),
+        }
 
     def describe(self, options: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
         precision = options.get("precision") or "fp32"

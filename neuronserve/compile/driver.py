@@ -305,9 +305,12 @@ def describe(path: Path) -> str:
             else ("passed" if t["passed"] else "refused")
         )
         speed = f", batch-1 grid time {t['batch1_ms']:.1f} ms" if t.get("batch1_ms") else ""
+        head = f"  {t['precision']:<5} ({t.get('module_format') or '-'}) {verdict}"
+        if not t["accuracy"]:  # not built or not checked here: the reason says why
+            lines.append(f"{head}: {t.get('reason')}")
+            continue
         lines.append(
-            f"  {t['precision']:<5} ({t.get('module_format') or '-'}) {verdict}: {acc} "
-            f"on {int(t['accuracy'].get('texts', 0))} texts vs fp32 eager{speed}"
+            f"{head}: {acc} on {int(t['accuracy'].get('texts', 0))} texts vs fp32 eager{speed}"
         )
     for v in data["validation"]:
         lines.append(

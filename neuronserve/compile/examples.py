@@ -11,7 +11,7 @@ from ..buckets import Bucket
 from ..execution import Row
 from ..images import ImagePreprocessor, sample_images
 from ..tokenization import TextTokenizer
-from .texts import VALIDATION_TEXTS, accuracy_texts
+from .texts import VALIDATION_TEXTS, accuracy_texts, calibration_texts
 
 
 class Examples(Protocol):
@@ -24,6 +24,9 @@ class Examples(Protocol):
 
     def accuracy_rows(self, max_seq: int) -> list[Row]:
         """The rows a lower precision's accuracy is measured on."""
+
+    def calibration_rows(self, max_seq: int) -> list[Row]:
+        """Rows, none of them an accuracy row, that static int8 calibrates on."""
 
 
 class TextExamples:
@@ -49,10 +52,14 @@ class TextExamples:
         return self._row(0, seq)
 
     def accuracy_rows(self, max_seq: int) -> list[Row]:
+        return self._rows(accuracy_texts(), max_seq)
+
+    def calibration_rows(self, max_seq: int) -> list[Row]:
+        return self._rows(calibration_texts(), max_seq)
+
+    def _rows(self, texts: list[str], max_seq: int) -> list[Row]:
         return [
-            e.row()
-            for e in self.tokenizer.encode(accuracy_texts(), truncate=True)
-            if len(e.ids) <= max_seq
+            e.row() for e in self.tokenizer.encode(texts, truncate=True) if len(e.ids) <= max_seq
         ]
 
 
@@ -61,7 +68,11 @@ class ImageExamples:
     model's own image processor."""
 
     def __init__(self, preprocessor: ImagePreprocessor, count: int = 32):
-        self.rows: list[Row] = [p.row() for p in preprocessor.rows(sample_images(count))]
+        self.preprocessor, self.count = preprocessor, count
+        self.rows: list[Row] = self._rows(seed=0)
+
+    def _rows(self, seed: int) -> list[Row]:
+        return [p.row() for p in self.preprocessor.rows(sample_images(self.count, seed))]
 
     def bucket_sets(self, bucket: Bucket) -> list[list[Row]]:
         full: list[Row] = [self.rows[j % len(self.rows)] for j in range(bucket.batch)]
@@ -73,3 +84,6 @@ class ImageExamples:
 
     def accuracy_rows(self, max_seq: int) -> list[Row]:
         return list(self.rows)
+
+    def calibration_rows(self, max_seq: int) -> list[Row]:
+        return self._rows(seed=1)  # other noise over the same sizes and modes

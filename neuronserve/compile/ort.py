@@ -7,25 +7,24 @@ through TorchServe on an AVX2 host (BENCHMARKS.md): the fused graph 5.5 / 49.2 m
 request at 8 / 128 tokens against TorchScript's 11.7 / 54.9, within 3e-7 of eager: at
 short sequences a small model is mostly per-operator overhead, which fusion removes.
 Attention is only fused into one operator when the model is exported with eager
-attention, hence the switch before export.
+attention (onnx_export.py).
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import tempfile
-import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from .onnx_export import export_eager_attention
+
 # onnxruntime 1.2x refuses ONNX IR versions above its own maximum
 MAX_IR_VERSION = 10
-OPSET = 17
 
 
 INPUT_ORDER_KEY = "neuronserve_input_order"
@@ -72,13 +71,6 @@ class OrtModule:
         return self
 
 
-def _hf_config(module: torch.nn.Module):
-    for sub in module.modules():
-        if hasattr(sub, "config") and hasattr(sub, "set_attn_implementation"):
-            return sub
-    raise ValueError("no Hugging Face model inside the module to export")
-
-
 def export_onnx(
     module: torch.nn.Module,
     example: tuple[torch.Tensor, ...],
@@ -93,28 +85,10 @@ def export_onnx(
     from onnxruntime.quantization import QuantType, quantize_dynamic
     from onnxruntime.transformers import optimizer
 
-    module = copy.deepcopy(module).eval()
-    hf = _hf_config(module)
-    hf.set_attn_implementation("eager")
-    config = hf.config
     names = input_names[: len(example)]
-    # token inputs vary in batch and length; an image's pixels only in batch
-    axes = {n: {0: "batch"} if n == "pixel_values" else {0: "batch", 1: "sequence"} for n in names}
-    axes["output"] = {0: "batch", 1: "sequence"} if per_token else {0: "batch"}
     with tempfile.TemporaryDirectory(prefix="neuronserve-onnx-") as tmp_name:
         tmp = Path(tmp_name)
-        with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # tracer warnings from transformers' masking code
-            torch.onnx.export(
-                module,
-                example,
-                str(tmp / "fp32.onnx"),
-                input_names=names,
-                output_names=["output"],
-                dynamic_axes=axes,
-                opset_version=OPSET,
-                dynamo=False,
-            )
+        config = export_eager_attention(module, example, names, tmp / "fp32.onnx", per_token)
         fused = optimizer.optimize_model(
             str(tmp / "fp32.onnx"),
             model_type="vit" if config.model_type == "vit" else "bert",

@@ -28,12 +28,24 @@ from .validation import Build, build_precision
 
 def candidates(spec: DeploySpec, target: Target) -> tuple[tuple[str, ...], bool]:
     """(candidate builds to try, whether the user named the precision). A named precision
-    may have several builds on a target (CPU fp32: TorchScript and ONNX Runtime); they are
-    timed against each other as auto's candidates are."""
+    may have several builds on a target (CPU fp32: TorchScript, ONNX Runtime, OpenVINO);
+    they are timed against each other as auto's candidates are. A named module format
+    keeps only its own builds."""
     if spec.precision != "auto":
         variants = getattr(target, "variants", None)
-        return (variants(spec.precision) if variants else (spec.precision,)), True
-    return tuple(getattr(target, "auto_precisions", ("fp32",))), False
+        builds = variants(spec.precision) if variants else (spec.precision,)
+    else:
+        builds = tuple(getattr(target, "auto_precisions", ("fp32",)))
+    if spec.module_format == "auto":
+        return builds, spec.precision != "auto"
+    format_of = target.module_format_of  # type: ignore[attr-defined] # the spec checked: cpu
+    mine = tuple(b for b in builds if format_of(b) == spec.module_format)
+    if not mine:
+        raise CompileError(
+            f"module_format {spec.module_format} has no {spec.precision} build on target "
+            f"{target.name}; its builds: " + ", ".join(sorted({format_of(b) for b in builds}))
+        )
+    return mine, spec.precision != "auto"
 
 
 def batch1_ms(executor: Executor, examples: Examples, grid: BucketGrid) -> float:
@@ -119,9 +131,14 @@ class PrecisionSearch:
                 if not self.ctx.target.auto_times_candidates:
                     break
         if not kept and self.named:
-            t = trials[-1]
+            why = "; ".join(
+                f"{t.reason} ({t.module_format})" if len(trials) > 1 else str(t.reason)
+                for t in trials
+            )
+            if not any(t.accuracy for t in trials):  # none could even be built here
+                raise CompileError(f"precision {trials[0].precision} cannot be built here: {why}")
             raise CompileError(
-                f"precision {t.precision} refused: {t.reason} on "
+                f"precision {trials[0].precision} refused: {why}, on "
                 f"{len(self.reference.accuracy_rows)} texts. Use a higher precision, or "
                 f"lower `{self.floor_field}` explicitly if that accuracy is acceptable for "
                 "your use."
@@ -168,6 +185,17 @@ class PrecisionSearch:
         ctx, task = self.ctx, self.ctx.task
         described = self._described(precision)
         effective = described["precision"]
+        unavailable = getattr(ctx.target, "unavailable", None)
+        why = unavailable(precision) if unavailable else None
+        if why:
+            ctx.say(f"precision {effective} ({described.get('module_format')}): not built, {why}")
+            trial = PrecisionTrial(
+                precision=effective,
+                module_format=described.get("module_format"),
+                passed=False,
+                reason=why,
+            )
+            return trial, None
         folder = self.folder / precision
         folder.mkdir(parents=True)
         build = build_precision(ctx, precision, folder, self.reference)

@@ -16,7 +16,10 @@ VALIDATION_TEXTS = [
 ]
 
 
-def accuracy_texts(n: int = 96) -> list[str]:
+ACCURACY_TEXTS = 96
+
+
+def accuracy_texts(n: int = ACCURACY_TEXTS) -> list[str]:
     """`n` distinct texts of varied length built from the validation sentences: the set on
     which a lower precision's accuracy against fp32 eager is measured. Length varies from
     a few words to several sentences so short and long buckets both count."""
@@ -31,3 +34,10 @@ def accuracy_texts(n: int = 96) -> list[str]:
             texts.append(text)
         i += 1
     return texts
+
+
+def calibration_texts(n: int = 64) -> list[str]:
+    """`n` texts made as the accuracy texts are, none of them one of those: static int8
+    calibrates its activation ranges on these, so the accuracy it is judged on is
+    measured on texts it was not calibrated on (the same sentences' words, other cuts)."""
+    return accuracy_texts(ACCURACY_TEXTS + n)[ACCURACY_TEXTS:]

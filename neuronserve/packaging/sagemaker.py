@@ -37,15 +37,21 @@ def _files() -> Path:
     return Path(str(resources.files("neuronserve.packaging.sagemaker_files")))
 
 
-def requirements(engine: str) -> list[str]:
+def requirements(engine: str, target: str) -> list[str]:
     """neuronserve's own requirements plus the engine's, without torch (the Dockerfile
-    installs the build of torch its target needs)."""
+    installs the build of torch its target needs); an image that runs CPU artifacts also
+    gets every library a CPU module format needs (ONNX Runtime, OpenVINO), since `serve`
+    may be handed another artifact than the one packaged."""
     from packaging.requirements import Requirement
+
+    from ..compile.cpu import RUNTIME_PACKAGES
 
     out = []
     for line in metadata.requires("neuronserve") or []:
         req = Requirement(line)
         wanted = req.marker is None or req.marker.evaluate({"extra": ENGINE_EXTRA[engine]})
+        if "cpu" in RUNS[target] and req.name in RUNTIME_PACKAGES.values():
+            wanted = wanted or bool(req.marker and req.marker.evaluate({"extra": "cpu"}))
         if wanted and req.name != "torch":
             req.marker = None
             out.append(str(req))
@@ -95,7 +101,7 @@ def package_sagemaker(
     shutil.copy2(files / "serve", out / "serve")
     (out / "serve").chmod(0o755)
     _copy_package(out / "python" / "neuronserve")
-    (out / "requirements.txt").write_text("\n".join(requirements(engine)) + "\n")
+    (out / "requirements.txt").write_text("\n".join(requirements(engine, target)) + "\n")
 
     # `serve` re-plans workers for the host it runs on; one is enough to build with.
     model_spec = spec.model_copy(update={"workers": spec.workers or 1, "token_auth": False})

@@ -1,0 +1,55 @@
+"""The one ONNX export both CPU runtimes start from (ONNX Runtime fuses it, OpenVINO reads
+it): the task's module with eager attention, dynamic batch (and sequence) axes, inputs
+in the manifest's order. Attention is only recognised as one pattern (ONNX Runtime's
+Attention fusion, OpenVINO's SDPA) when the model is exported with eager attention: the
+default sdpa export hides it behind masking code, hence the switch before export."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+OPSET = 17
+
+
+def hf_model(module: torch.nn.Module) -> Any:
+    """The Hugging Face model inside a task's module (it holds the config)."""
+    for sub in module.modules():
+        if hasattr(sub, "config") and hasattr(sub, "set_attn_implementation"):
+            return sub
+    raise ValueError("no Hugging Face model inside the module to export")
+
+
+def export_eager_attention(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    input_names: list[str],
+    path: Path,
+    per_token: bool = False,
+) -> Any:
+    """Write `module` as ONNX to `path`, with eager attention, and return the model's
+    config. `per_token`: the output has a sequence axis as well."""
+    module = copy.deepcopy(module).eval()
+    hf = hf_model(module)
+    hf.set_attn_implementation("eager")
+    names = input_names[: len(example)]
+    # token inputs vary in batch and length; an image's pixels only in batch
+    axes = {n: {0: "batch"} if n == "pixel_values" else {0: "batch", 1: "sequence"} for n in names}
+    axes["output"] = {0: "batch", 1: "sequence"} if per_token else {0: "batch"}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings from transformers' masking code
+        torch.onnx.export(
+            module,
+            example,
+            str(path),
+            input_names=names,
+            output_names=["output"],
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+        )
+    return hf.config

@@ -1,0 +1,194 @@
+"""OpenVINO for the CPU target: fp32, bf16 and static int8 builds of the same ONNX export.
+
+- fp32 and bf16 are one graph compiled with a different inference precision
+  (`INFERENCE_PRECISION_HINT`): bf16 runs matrix products in bfloat16 on a CPU with
+  AVX512-BF16 or AMX, and is then also the CPU plugin's default, so fp32 must be asked
+  for explicitly or it silently runs bf16 (checked here: the plugin reports bfloat16 as
+  its default on this AVX512-BF16 host). CPU device and precision control:
+  https://docs.openvino.ai/2024/openvino-workflow/running-inference/inference-devices-and-modes/cpu-device.html
+  https://docs.openvino.ai/2024/openvino-workflow/running-inference/optimize-inference/precision-control.html
+- int8 is NNCF's post-training quantisation (static: activation ranges calibrated on
+  the compile's own calibration texts, weights per channel, SmoothQuant for
+  transformers), the rest of the graph in bf16 where the CPU has it:
+  https://docs.openvino.ai/2024/openvino-workflow/model-optimization-guide/quantizing-models-post-training/basic-quantization-flow.html
+
+Measured on all-MiniLM-L6-v2 (batch 1, one thread, model only, AVX-512 BF16/VNNI host,
+scripts/precision_variants.py): bf16 1.5 / 9.1 ms at 8 / 128 tokens against TorchScript
+bf16's 3.2 / 12.6, at a min cosine of 0.99998 to fp32 eager.
+
+The module file is one zip holding the OpenVINO IR (model.xml, model.bin), so an
+artifact keeps one file per module. Neither OpenVINO nor NNCF is let report usage to
+Intel: models are read with `Core.read_model` (convert_model's front end sends
+telemetry) and NNCF is imported with its own switch off (NNCF_CI, nncf/telemetry).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import sys
+import tempfile
+import threading
+import zipfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .onnx_export import export_eager_attention
+
+log = logging.getLogger(__name__)
+
+# what the artifact's precision asks of the CPU plugin (int8: what runs between the
+# quantised operators)
+HINTS = {"fp32": "f32", "bf16": "bf16", "int8": "bf16"}
+# rt_info keys: the precision hint and the manifest's input order travel in model.xml
+HINT_KEY = "neuronserve_precision_hint"
+INPUT_ORDER_KEY = "neuronserve_input_order"
+
+
+def unavailable(precision: str) -> str | None:
+    """Why OpenVINO cannot build `precision` on this host, or None."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return "OpenVINO is not installed (pip install 'neuronserve[cpu]')"
+    if precision == "int8":
+        try:
+            import nncf  # noqa: F401 - only whether it imports
+        except ImportError:
+            return "NNCF is not installed (pip install 'neuronserve[cpu]')"
+    if precision == "bf16" and "BF16" not in ov.Core().get_property(
+        "CPU", "OPTIMIZATION_CAPABILITIES"
+    ):
+        # the plugin would quietly run f32 under a bf16 name
+        return "this CPU has no native bf16 (AVX512-BF16 or AMX), so OpenVINO would run f32"
+    return None
+
+
+class OvModule:
+    """An OpenVINO compiled model called like the TorchScript modules: tensors in the
+    manifest's input order, one float tensor out."""
+
+    file_suffix = ".openvino"
+
+    def __init__(self, file_bytes: bytes, threads: int | None = None):
+        import openvino as ov
+
+        self.file_bytes = file_bytes
+        with zipfile.ZipFile(io.BytesIO(file_bytes)) as z:
+            xml, weights = z.read("model.xml"), z.read("model.bin")
+        core = ov.Core()
+        model = core.read_model(xml, ov.Tensor(np.frombuffer(weights, dtype=np.uint8)))
+        hint = model.get_rt_info(HINT_KEY).astype(str)
+        self.input_names = model.get_rt_info(INPUT_ORDER_KEY).astype(str).split(",")
+        # The worker's core lease sized torch's pool (pin_cpu); the plugin's own threads
+        # follow it. One stream: a worker runs one batch at a time.
+        self.compiled = core.compile_model(
+            model,
+            "CPU",
+            {
+                "INFERENCE_NUM_THREADS": threads or torch.get_num_threads(),
+                "NUM_STREAMS": 1,
+                "PERFORMANCE_HINT": "LATENCY",
+                "INFERENCE_PRECISION_HINT": hint,
+            },
+        )
+        got = self.compiled.get_property("INFERENCE_PRECISION_HINT")
+        if got.to_string() != hint:
+            log.warning(
+                "OpenVINO runs this model in %s, not the %s it was compiled and checked "
+                "for: this CPU lacks it. Its answers differ from what compile measured.",
+                got,
+                hint,
+            )
+        # An infer request's output memory is reused by its next call: one request,
+        # one call at a time, and each output copied out.
+        self._request = self.compiled.create_infer_request()
+        self._output = self.compiled.output(0)
+        self._taken = {i.get_any_name() for i in self.compiled.inputs}
+        self._lock = threading.Lock()
+
+    def __call__(self, *tensors: torch.Tensor) -> torch.Tensor:
+        feed = {
+            n: np.ascontiguousarray(t.numpy())
+            for n, t in zip(self.input_names, tensors, strict=True)
+            if n in self._taken
+        }
+        with self._lock:
+            out = self._request.infer(feed)[self._output]
+            return torch.from_numpy(np.array(out, dtype=np.float32, copy=True))
+
+    def eval(self) -> OvModule:
+        return self
+
+
+def export_openvino(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    precision: str,
+    options: dict[str, Any],
+) -> bytes:
+    """The module as an OpenVINO IR zip for `precision`: fp32, bf16, or int8 quantised
+    with NNCF on `options["calibration"]()`'s inputs (real text, padded as served).
+    `options`: the compile's target options (input names, per_token)."""
+    import openvino as ov
+
+    names = options["input_names"][: len(example)]
+    with tempfile.TemporaryDirectory(prefix="neuronserve-openvino-") as tmp_name:
+        tmp = Path(tmp_name)
+        export_eager_attention(
+            module, example, names, tmp / "model.onnx", bool(options.get("per_token"))
+        )
+        model = ov.Core().read_model(str(tmp / "model.onnx"))
+        if precision == "int8":
+            calibration: Callable[[], Sequence[tuple[torch.Tensor, ...]]] | None = options.get(
+                "calibration"
+            )
+            if calibration is None:
+                raise ValueError("int8 through OpenVINO needs calibration inputs")
+            model = _quantized(model, names, calibration())
+        model.set_rt_info(HINTS[precision], HINT_KEY)
+        model.set_rt_info(",".join(names), INPUT_ORDER_KEY)
+        # fp32 weights stay fp32: save_model halves them to fp16 unless told not to
+        ov.save_model(model, str(tmp / "model.xml"), compress_to_fp16=False)
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
+            z.write(tmp / "model.xml", "model.xml")
+            z.write(tmp / "model.bin", "model.bin")
+        return out.getvalue()
+
+
+def _quantized(model: Any, names: list[str], batches: Sequence[tuple[torch.Tensor, ...]]) -> Any:
+    os.environ.setdefault("NNCF_CI", "1")  # NNCF's only switch for its telemetry
+    import nncf
+
+    taken = {i.get_any_name() for i in model.inputs}
+    feeds = [
+        {n: t.numpy() for n, t in zip(names, batch, strict=False) if n in taken}
+        for batch in batches
+    ]
+    nncf.set_log_level(logging.ERROR)
+    # its progress bars go where compile's own progress goes, not into stdout
+    with contextlib.redirect_stdout(sys.stderr):
+        return nncf.quantize(
+            model,
+            nncf.Dataset(feeds),
+            model_type=nncf.ModelType.TRANSFORMER,
+            subset_size=len(feeds),
+        )
+
+
+def versions() -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    try:
+        import openvino
+
+        out["openvino"] = openvino.__version__
+    except ImportError:
+        pass
+    return out
