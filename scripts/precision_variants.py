@@ -1,22 +1,22 @@
 """Which faster CPU builds of all-MiniLM-L6-v2 keep its embeddings: every int8 recipe
-tried, and OpenVINO when it is importable, against fp32 eager on compile's accuracy texts
+tried (ONNX Runtime dynamic and static, OpenVINO/NNCF static with sensitive layers kept
+in bf16) and OpenVINO's fp32 and bf16, against fp32 eager on compile's accuracy texts
 (min and mean cosine; the embedding floor is 0.999) with batch-1 model time at 8 and 128
-tokens (median of 30 calls, 2 threads).
+tokens (median of 30 calls, one thread: what each single-core worker runs). Static
+recipes calibrate on compile's calibration texts, none of which is an accuracy text.
 
     .venv/bin/python scripts/precision_variants.py > benchmarks/precision-variants-minilm.md
-
-OpenVINO is not a dependency: put its wheel on PYTHONPATH to include it, for example
-`pip install --target /tmp/ovpkgs openvino` and `PYTHONPATH=/tmp/ovpkgs`.
 """
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import logging
+import os
 import platform
+import sys
 import tempfile
 import time
-import warnings
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -35,13 +35,15 @@ from onnxruntime.quantization import (
 )
 
 from neuronserve.bench.run import machine
+from neuronserve.compile import openvino as ns_ov
 from neuronserve.compile import ort as ns_ort
 from neuronserve.compile.driver import _input_names, _save_tokenizer
-from neuronserve.compile.texts import VALIDATION_TEXTS, accuracy_texts
+from neuronserve.compile.onnx_export import export_eager_attention
+from neuronserve.compile.texts import VALIDATION_TEXTS, accuracy_texts, calibration_texts
 from neuronserve.tasks import get_task
 from neuronserve.tokenization import TextTokenizer
 
-THREADS = 2
+THREADS = int(os.environ.get("THREADS", "1"))
 MAX_SEQ = 128
 
 
@@ -55,14 +57,14 @@ class Setup:
         options = {"pooling": "mean", "normalize": True, "input_names": self.names}
         self.eager = task.wrap(model, model_dir, options).module.eval()
         self.tok = TextTokenizer(tmp / "tokenizer.json", MAX_SEQ)
-        self.rows = [
-            e.row()
-            for e in self.tok.encode(accuracy_texts(), truncate=True)
-            if len(e.ids) <= MAX_SEQ
-        ]
+        self.rows = self.encoded(accuracy_texts())
+        self.calibration_rows = self.encoded(calibration_texts())
         with torch.no_grad():
             self.ref = np.concatenate([self.eager(*self.tensors([r])).numpy() for r in self.rows])
         self.tmp = tmp
+
+    def encoded(self, texts: list[str]) -> list[dict]:
+        return [e.row() for e in self.tok.encode(texts, truncate=True) if len(e.ids) <= MAX_SEQ]
 
     def arrays(self, rows: list[dict]) -> dict[str, np.ndarray]:
         n = max(len(r["input_ids"]) for r in rows)
@@ -111,7 +113,7 @@ def ort_runner(path: Path) -> Any:
 
 class Calibration(CalibrationDataReader):
     def __init__(self, setup: Setup):
-        self.feeds = iter([setup.arrays([r]) for r in setup.rows[::3]])
+        self.feeds = iter([setup.arrays([r]) for r in setup.calibration_rows])
 
     def get_next(self) -> dict | None:
         return next(self.feeds, None)
@@ -121,9 +123,7 @@ def ort_variants(setup: Setup) -> list[str]:
     tmp = setup.tmp
     example = setup.tensors(setup.rows[:2])
     (tmp / "fused.onnx").write_bytes(ns_ort.export_onnx(setup.eager, example, setup.names, False))
-    lines = [
-        setup.judge("fp32, ONNX Runtime fused (what `auto` keeps)", ort_runner(tmp / "fused.onnx"))
-    ]
+    lines = [setup.judge("fp32, ONNX Runtime fused", ort_runner(tmp / "fused.onnx"))]
     matmuls = [
         n.name for n in onnx.load(str(tmp / "fused.onnx")).graph.node if n.op_type == "MatMul"
     ]
@@ -166,45 +166,113 @@ def ort_variants(setup: Setup) -> list[str]:
     )  # fmt: skip
     lines.append(
         setup.judge(
-            "int8 static QDQ, per channel, min-max calibrated on a third of the texts",
+            "int8 static QDQ, per channel, min-max calibrated",
             ort_runner(path),
         )
     )
     return lines
 
 
+def torchscript_bf16(setup: Setup) -> list[str]:
+    """neuronserve's TorchScript bf16 build: what auto kept before OpenVINO."""
+    from neuronserve.compile.cpu import CpuTarget
+
+    module = CpuTarget().compile(setup.eager, setup.tensors(setup.rows[:2]), {"precision": "bf16"})
+
+    def run(feed: dict[str, np.ndarray]) -> np.ndarray:
+        with torch.inference_mode():
+            return module(*(torch.from_numpy(feed[k]) for k in setup.names)).float().numpy()
+
+    return [setup.judge("bf16, TorchScript", run)]
+
+
 def openvino_variants(setup: Setup) -> list[str]:
-    try:
-        import openvino as ov
-    except ImportError:
-        return ["| OpenVINO: not importable here (see the docstring) | | | | | |"]
-    module = copy.deepcopy(setup.eager).eval()
-    ns_ort._hf_config(module).set_attn_implementation("eager")
-    path = setup.tmp / "plain.onnx"
-    axes = {**{n: {0: "batch", 1: "sequence"} for n in setup.names}, "output": {0: "batch"}}
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module, setup.tensors(setup.rows[:2]), str(path), input_names=setup.names,
-            output_names=["output"], dynamic_axes=axes, opset_version=17, dynamo=False,
-        )  # fmt: skip
-    core = ov.Core()
+    example = setup.tensors(setup.rows[:2])
+    calibration = [setup.tensors([r]) for r in setup.calibration_rows]
+    options = {"input_names": setup.names, "calibration": lambda: calibration}
     lines = []
-    for hint in ("f32", "bf16"):
-        compiled = core.compile_model(
-            str(path), "CPU",
-            {"INFERENCE_NUM_THREADS": THREADS, "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": hint},
-        )  # fmt: skip
-        request = compiled.create_infer_request()
-        output = compiled.output(0)
+    for precision in ("fp32", "bf16", "int8"):
+        module = ns_ov.OvModule(
+            ns_ov.export_openvino(setup.eager, example, precision, options), threads=THREADS
+        )
+        label = {"int8": "int8 static, NNCF (SmoothQuant), rest bf16: what `auto` tries"}
         lines.append(
             setup.judge(
-                f"OpenVINO {ov.__version__}, precision hint {hint}",
-                lambda feed, r=request, o=output: r.infer(feed)[o],
+                f"OpenVINO {label.get(precision, precision)}",
+                lambda feed, m=module: (
+                    m(*(torch.from_numpy(feed[k]) for k in setup.names)).float().numpy()
+                ),
+            )
+        )
+    return lines + nncf_recipes(setup)
+
+
+def nncf_recipes(setup: Setup) -> list[str]:
+    """The same static int8 without SmoothQuant, and with the layers int8 hurts most
+    kept in bf16."""
+    os.environ.setdefault("NNCF_CI", "1")  # NNCF's only switch for its telemetry
+    import nncf
+    import openvino as ov
+    from nncf.quantization.advanced_parameters import (
+        AdvancedQuantizationParameters,
+        AdvancedSmoothQuantParameters,
+    )
+
+    example = setup.tensors(setup.rows[:2])
+    lines = []
+    path = setup.tmp / "plain.onnx"
+    export_eager_attention(setup.eager, example, setup.names, path)
+    core = ov.Core()
+    plain = core.read_model(str(path))
+    matmuls = [
+        o.get_friendly_name() for o in plain.get_ordered_ops() if o.get_type_name() == "MatMul"
+    ]
+    ffn_down = [n for n in matmuls if n.endswith("/output/dense/MatMul") and "attention" not in n]
+    scores = [n for n in matmuls if n.endswith("/self/MatMul") or n.endswith("/self/MatMul_1")]
+    ffn_up = [n for n in matmuls if n.endswith("/intermediate/dense/MatMul")]
+    no_sq = AdvancedQuantizationParameters(
+        smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1)
+    )
+    feeds = [setup.arrays([r]) for r in setup.calibration_rows]
+    recipes: list[tuple[str, dict]] = [
+        ("no SmoothQuant", {"advanced_parameters": no_sq}),
+        ("FFN output projections kept bf16", {"ignored_scope": nncf.IgnoredScope(names=ffn_down)}),
+        (
+            "FFN output projections and attention score products kept bf16",
+            {"ignored_scope": nncf.IgnoredScope(names=ffn_down + scores)},
+        ),
+        (
+            "only the FFN input projections int8",
+            {"ignored_scope": nncf.IgnoredScope(names=[n for n in matmuls if n not in ffn_up])},
+        ),
+    ]
+    for label, kwargs in recipes:
+        with contextlib.redirect_stdout(sys.stderr):  # its progress bars
+            quantized = nncf.quantize(
+                plain,
+                nncf.Dataset(feeds),
+                model_type=nncf.ModelType.TRANSFORMER,
+                subset_size=len(feeds),
+                **kwargs,
+            )
+        compiled = core.compile_model(
+            quantized,
+            "CPU",
+            {
+                "INFERENCE_NUM_THREADS": THREADS,
+                "NUM_STREAMS": 1,
+                "INFERENCE_PRECISION_HINT": "bf16",
+            },
+        )
+        request, output = compiled.create_infer_request(), compiled.output(0)
+        lines.append(
+            setup.judge(
+                f"OpenVINO int8 static, NNCF, {label}",
+                lambda feed, r=request, o=output: r.infer(feed)[o].copy(),
             )
         )
     lines.append(
-        "\nOpenVINO's CPU capabilities here: "
+        f"\nOpenVINO {ov.__version__}, NNCF {nncf.__version__}; CPU capabilities here: "
         + str(core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"))
     )
     return lines
@@ -216,7 +284,7 @@ def main() -> None:
     m = machine()
     with tempfile.TemporaryDirectory() as tmp_name:
         setup = Setup(Path(tmp_name))
-        lines = ort_variants(setup) + openvino_variants(setup)
+        lines = ort_variants(setup) + torchscript_bf16(setup) + openvino_variants(setup)
     print(f"- date (UTC): {datetime.now(timezone.utc).isoformat(timespec='seconds')}")
     print(
         f"- machine: {m['cpu']}, {m['cores']} cores (flags {' '.join(m['cpu_flags'])}); "
@@ -225,7 +293,8 @@ def main() -> None:
     )
     print("- command: `.venv/bin/python scripts/precision_variants.py`")
     print(
-        f"- {len(setup.rows)} accuracy texts; model time batch 1, {THREADS} threads, median of 30"
+        f"- {len(setup.rows)} accuracy texts, {len(setup.calibration_rows)} other texts for "
+        f"calibration; model time batch 1, {THREADS} thread(s), median of 30"
     )
     print()
     print("| build | min cosine | mean cosine | 0.999 floor | ms at 8 tokens | ms at 128 tokens |")
