@@ -18,9 +18,10 @@ task: feature-extraction
 target: cpu
 batch_sizes: [1, 4, 8]
 sequence_lengths: [16, 32, 64, 128]
-# auto: the fastest of int8, bf16 and fp32 (TorchScript, or fused ONNX Runtime) whose
-# cosine to fp32 eager stays >= min_cosine
+# auto: the fastest of int8, bf16 and fp32, each built by every library that has it
+# (TorchScript, ONNX Runtime, OpenVINO), whose cosine to fp32 eager stays >= min_cosine
 precision: auto
+module_format: auto
 min_cosine: 0.999
 artifact: artifacts/minilm
 model_store: model_store
