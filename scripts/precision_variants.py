@@ -207,23 +207,15 @@ def openvino_variants(setup: Setup) -> list[str]:
     return lines + nncf_recipes(setup)
 
 
-def nncf_recipes(setup: Setup) -> list[str]:
-    """The same static int8 without SmoothQuant, and with the layers int8 hurts most
-    kept in bf16."""
-    os.environ.setdefault("NNCF_CI", "1")  # NNCF's only switch for its telemetry
+def nncf_recipe_scopes(plain: Any) -> list[tuple[str, dict]]:
+    """NNCF's static int8 without SmoothQuant, and with the layers int8 hurts most kept
+    in bf16 (by the ONNX export's MatMul names)."""
     import nncf
-    import openvino as ov
     from nncf.quantization.advanced_parameters import (
         AdvancedQuantizationParameters,
         AdvancedSmoothQuantParameters,
     )
 
-    example = setup.tensors(setup.rows[:2])
-    lines = []
-    path = setup.tmp / "plain.onnx"
-    export_eager_attention(setup.eager, example, setup.names, path)
-    core = ov.Core()
-    plain = core.read_model(str(path))
     matmuls = [
         o.get_friendly_name() for o in plain.get_ordered_ops() if o.get_type_name() == "MatMul"
     ]
@@ -233,8 +225,7 @@ def nncf_recipes(setup: Setup) -> list[str]:
     no_sq = AdvancedQuantizationParameters(
         smooth_quant_alphas=AdvancedSmoothQuantParameters(matmul=-1)
     )
-    feeds = [setup.arrays([r]) for r in setup.calibration_rows]
-    recipes: list[tuple[str, dict]] = [
+    return [
         ("no SmoothQuant", {"advanced_parameters": no_sq}),
         ("FFN output projections kept bf16", {"ignored_scope": nncf.IgnoredScope(names=ffn_down)}),
         (
@@ -246,7 +237,25 @@ def nncf_recipes(setup: Setup) -> list[str]:
             {"ignored_scope": nncf.IgnoredScope(names=[n for n in matmuls if n not in ffn_up])},
         ),
     ]
-    for label, kwargs in recipes:
+
+
+def nncf_recipes(setup: Setup) -> list[str]:
+    os.environ.setdefault("NNCF_CI", "1")  # NNCF's only switch for its telemetry
+    import nncf
+    import openvino as ov
+
+    lines = []
+    path = setup.tmp / "plain.onnx"
+    export_eager_attention(setup.eager, setup.tensors(setup.rows[:2]), setup.names, path)
+    core = ov.Core()
+    plain = core.read_model(str(path))
+    feeds = [setup.arrays([r]) for r in setup.calibration_rows]
+    settings = {
+        "INFERENCE_NUM_THREADS": THREADS,
+        "NUM_STREAMS": 1,
+        "INFERENCE_PRECISION_HINT": "bf16",
+    }
+    for label, kwargs in nncf_recipe_scopes(plain):
         with contextlib.redirect_stdout(sys.stderr):  # its progress bars
             quantized = nncf.quantize(
                 plain,
@@ -255,15 +264,7 @@ def nncf_recipes(setup: Setup) -> list[str]:
                 subset_size=len(feeds),
                 **kwargs,
             )
-        compiled = core.compile_model(
-            quantized,
-            "CPU",
-            {
-                "INFERENCE_NUM_THREADS": THREADS,
-                "NUM_STREAMS": 1,
-                "INFERENCE_PRECISION_HINT": "bf16",
-            },
-        )
+        compiled = core.compile_model(quantized, "CPU", settings)
         request, output = compiled.create_infer_request(), compiled.output(0)
         lines.append(
             setup.judge(
