@@ -8,11 +8,13 @@
 - bf16: the same trace with bfloat16 weights and activations: about 2x fp32 on a CPU with
   native AVX512-BF16, slower than fp32 on one without (auto measures which this is).
 - int8: ONNX Runtime with fused transformer operators and dynamically quantised linear
-  layers (see ort.py), the fastest path measured here at short and medium sequences.
-- OpenVINO builds of each precision (openvino.py): fp32, bf16 (the CPU plugin's bf16,
-  1.4-2x TorchScript bf16 on MiniLM) and static int8 calibrated by NNCF. Where OpenVINO
-  cannot build one here (not installed; bf16 on a CPU without it) that candidate is
-  refused with the reason, and the others are still tried.
+  layers (see ort.py), faster than torch's own dynamic int8.
+- OpenVINO builds of each precision (openvino.py): fp32, bf16 (the CPU plugin's bf16:
+  MiniLM 1.7x / 1.25x TorchScript bf16 at 8 / 128 tokens, one thread,
+  benchmarks/precision-variants-minilm-openvino.md) and static int8 calibrated by NNCF
+  (DistilBERT: 23.0 ms over the grid against ONNX Runtime int8's 39.4, BENCHMARKS.md).
+  Where OpenVINO cannot build one here (not installed; bf16 on a CPU without it) that
+  candidate is refused with the reason, and the others are still tried.
 
 The traced graph accepts any (batch, sequence); the bucket grid only bounds padding
 so the module sees the shapes that were validated and warmed up. One file holds the

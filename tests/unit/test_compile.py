@@ -125,3 +125,14 @@ def test_unlisted_and_missing_files_are_refused(tmp_path, minilm_artifact):
         read_manifest(copy)
     assert "config.json is missing" in str(e.value)
     assert "extra.bin is not listed" in str(e.value)
+
+
+def test_openvino_asks_the_precision_each_build_was_checked_in():
+    from neuronserve.compile.openvino import inference_precision
+
+    # fp32 must be asked for: on a bf16 CPU the plugin's default is bf16
+    assert inference_precision("fp32", bf16_here=True) == "f32"
+    assert inference_precision("bf16", bf16_here=True) == "bf16"
+    # int8 runs what lies between its quantised operators in bf16 only where the CPU has it
+    assert inference_precision("int8", bf16_here=True) == "bf16"
+    assert inference_precision("int8", bf16_here=False) == "f32"
