@@ -10,7 +10,7 @@
 - int8: ONNX Runtime with fused transformer operators and dynamically quantised linear
   layers (see ort.py), faster than torch's own dynamic int8.
 - OpenVINO builds of each precision (openvino.py): fp32, bf16 (the CPU plugin's bf16:
-  MiniLM 1.7x / 1.25x TorchScript bf16 at 8 / 128 tokens, one thread,
+  MiniLM 2.1x / 1.3x TorchScript bf16 at 8 / 128 tokens, one thread,
   benchmarks/precision-variants-minilm-openvino.md) and static int8 calibrated by NNCF
   (DistilBERT: 23.0 ms over the grid against ONNX Runtime int8's 39.4, BENCHMARKS.md).
   Where OpenVINO cannot build one here (not installed; bf16 on a CPU without it) that
