@@ -338,6 +338,14 @@ class DeploySpec(BaseModel):
     deadline_s: float = Field(
         60, gt=0, description="longest a request may take through the front (504 beyond)"
     )
+    keep_alive_s: float = Field(
+        75,
+        ge=10,
+        description="how long the front keeps an idle client connection open; above the "
+        "5 s it asks clients to wait in Retry-After and above the 60 s idle timeout of "
+        "ALB and ingress-nginx, so the client, not the front, closes an idle connection "
+        "(the other way round a request sent as the front closes is lost)",
+    )
 
     @field_validator("name")
     @classmethod

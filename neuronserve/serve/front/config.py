@@ -20,6 +20,7 @@ class FrontConfig:
     split_client_batches: bool
     max_in_flight: int
     deadline_s: float
+    keep_alive_s: float
     tls_cert: Path | None = None
     tls_key: Path | None = None
     metrics_auth: bool = True
@@ -38,6 +39,7 @@ class FrontConfig:
             split_client_batches=spec.split_client_batches,
             max_in_flight=spec.max_in_flight,
             deadline_s=spec.deadline_s,
+            keep_alive_s=spec.keep_alive_s,
             tls_cert=spec.tls_cert,
             tls_key=spec.tls_key,
             metrics_auth=spec.metrics_auth,

@@ -86,6 +86,9 @@ def run(config: FrontConfig, make_engine: Callable[[], Engine]) -> int:
             ssl_keyfile=str(config.tls_key) if config.tls_key else None,
             # requests in flight get this long to finish after SIGTERM
             timeout_graceful_shutdown=int(config.deadline_s) + 1,
+            # uvicorn's default 5 s equals our Retry-After: a client that waits as told
+            # and reuses its connection races the close and loses the request
+            timeout_keep_alive=int(config.keep_alive_s),
         )
     )
     server["uvicorn"] = uv
