@@ -51,6 +51,8 @@ SEQUENTIAL = 20
 RETRY_CAP_S = 5.0
 # a worker whose memory grows more than this after warm-up is leaking
 MAX_GROWTH_PCT = 10.0
+# seconds a worker started during the run has to load before its memory is sampled
+LOAD_GRACE_S = 5.0
 RECOVERY_LIMIT_S = 60.0
 # texts of every kind a client sends: short, long, unicode, emoji, one character
 TEXTS = [
@@ -410,6 +412,7 @@ class _Run:
 
     async def sample_memory(self) -> None:
         seen: dict[str, float] = {}
+        loaded: set[str] | None = None  # the workers already serving when the run began
         while True:
             now = time.monotonic()
             try:
@@ -417,11 +420,16 @@ class _Run:
             except Exception as e:  # noqa: BLE001 - a failed sample is reported, not fatal
                 self._sample(f"memory sample failed: {type(e).__name__}: {e}")
                 sampled = {}
+            if loaded is None and sampled:
+                loaded = set(sampled)
             for pid, mib in sampled.items():
                 first = seen.setdefault(pid, now)
                 if pid in self.memory:
                     self.memory[pid][3] = mib
-                elif self.warm and now - first >= 5:
+                elif self.warm and (pid in (loaded or ()) or now - first >= LOAD_GRACE_S):
+                    # a replacement worker is judged once it has had time to load: its
+                    # loading is not a leak (waiting so for every worker left a run of
+                    # 7 s with none judged)
                     self.memory[pid] = [first, now, mib, mib]
             await asyncio.sleep(1.0)
 
@@ -534,7 +542,11 @@ def format_report(r: SoakReport) -> str:
         lines.append(f"  sequential {r.sequential} right after the run")
     lines.append(
         f"  memory     first warm sample {r.memory_mb_warm} MiB, last {r.memory_mb_end} MiB"
-        + (f": largest growth {r.memory_growth_pct}%" if r.memory_growth_pct is not None else "")
+        + (
+            f": largest growth {r.memory_growth_pct}%"
+            if r.memory_growth_pct is not None
+            else ": not judged (no worker sampled over a third of the run)"
+        )
     )
     lines.append(
         f"  after stop processes {r.left_processes or 'none'}, leases held "

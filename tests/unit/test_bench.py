@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import pytest
@@ -395,3 +396,40 @@ def test_every_tasks_bench_request_is_one_its_server_takes(task):
     expected = {t.input_tensor} | ({"TEXT_PAIR"} if t.pairs_required else set())
     assert set(batch.columns) == expected
     assert all(c.shape == (3, 1) for c in batch.columns.values())
+
+
+def test_soak_judges_memory_of_workers_loaded_before_a_short_run(monkeypatch):
+    """A worker serving when the run began is sampled from warm-up on; one started during
+    the run (a replacement) only after it has had LOAD_GRACE_S to load. A 7 s run judged
+    no worker when every worker waited out the grace."""
+    import asyncio
+    import types
+
+    import psutil
+
+    from neuronserve.bench import soak
+
+    me = psutil.Process()
+    present = [me]
+
+    class Here(soak.Target):
+        def workers(self) -> list[psutil.Process]:
+            return list(present)
+
+    checker = types.SimpleNamespace(add=lambda texts: json.dumps(texts).encode())
+    target = Here("here", "http://127.0.0.1:9/")
+    run = soak._Run(soak.SoakOptions(requests=10), target, checker, 100)
+    run.warm = True
+    monkeypatch.setattr(soak, "LOAD_GRACE_S", 60.0)
+
+    async def sample() -> None:
+        task = asyncio.create_task(run.sample_memory())
+        await asyncio.sleep(0.5)
+        present.append(psutil.Process(os.getppid()))  # stands for a worker started mid-run
+        await asyncio.sleep(2.0)
+        task.cancel()
+
+    asyncio.run(sample())
+    run.memory_report(wall_s=3.0)
+    assert list(run.report.memory_mb_warm) == [str(me.pid)]
+    assert run.report.memory_growth_pct is not None
