@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -411,9 +412,11 @@ def test_soak_judges_memory_of_workers_loaded_before_a_short_run(monkeypatch):
 
     me = psutil.Process()
     present = [me]
+    samples = []
 
     class Here(soak.Target):
         def workers(self) -> list[psutil.Process]:
+            samples.append(list(present))
             return list(present)
 
     checker = types.SimpleNamespace(add=lambda texts: json.dumps(texts).encode())
@@ -422,14 +425,20 @@ def test_soak_judges_memory_of_workers_loaded_before_a_short_run(monkeypatch):
     run.warm = True
     monkeypatch.setattr(soak, "LOAD_GRACE_S", 60.0)
 
+    async def until(n: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(samples) < n and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
     async def sample() -> None:
         task = asyncio.create_task(run.sample_memory())
-        await asyncio.sleep(0.5)
+        await until(1)
         present.append(psutil.Process(os.getppid()))  # stands for a worker started mid-run
-        await asyncio.sleep(2.0)
+        await until(3)  # the newcomer seen twice, inside its grace
         task.cancel()
 
     asyncio.run(sample())
+    assert [len(s) for s in samples[:3]] == [1, 2, 2]
     run.memory_report(wall_s=3.0)
     assert list(run.report.memory_mb_warm) == [str(me.pid)]
     assert run.report.memory_growth_pct is not None
