@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 LEASE_DIR_ENV = "NEURONSERVE_LEASE_DIR"
+# the deployment a worker serves (its engine's run directory), set by `serve` for the
+# engine's processes and recorded in each lease: a worker that finds every group taken
+# says whether its own deployment or another one holds them
+DEPLOYMENT_ENV = "NEURONSERVE_DEPLOYMENT"
 CORES_ENV = "NEURONSERVE_CORES"  # restrict discovery, e.g. "0-3" or "0,2"
 NEURON_CORES_ENV = "NEURONSERVE_NEURON_CORES"  # how many NeuronCores the host has
 NEURON_SDK_MODULES = ("torch_neuronx", "torch_neuron")
@@ -346,12 +350,24 @@ def _try_lock(path: Path) -> int | None:
     return fd
 
 
-def _holder(path: Path) -> str:
+def _record(path: Path) -> dict:
     try:
         info = json.loads(path.read_text() or "{}")
     except (OSError, ValueError):
-        return "unknown"
-    return f"pid {info.get('pid', '?')} ({info.get('owner', '?')})"
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _holder(info: dict, deployment: str | None) -> str:
+    """Who holds a group, as its lease record says: process, model, and whose
+    deployment it serves."""
+    who = f"pid {info.get('pid', '?')} ({info.get('owner', '?')})"
+    theirs = info.get("deployment")
+    if not theirs:
+        return who
+    if theirs == deployment:
+        return f"{who} of this deployment"
+    return f"{who} of another deployment (run directory {theirs})"
 
 
 # how long a worker waits for a group whose holder died to be released
@@ -397,10 +413,14 @@ def acquire(
     `prefer` is the group a worker with a known index should get (Triton instance
     index); if a live process still holds it (a restart racing its predecessor's exit
     is already covered by the kernel dropping the lock), the next free group is taken.
+    The lease records this process, `owner` (engine and model) and the deployment in
+    DEPLOYMENT_ENV; when no group is free the error names the holders from the same
+    records.
     """
     # the default's private parent (neuronserve-<uid>) is checked too; a given folder alone
     given = directory is not None or bool(os.environ.get(LEASE_DIR_ENV))
     directory = Path(directory or default_lease_dir())
+    deployment = os.environ.get(DEPLOYMENT_ENV) or None
     if given:
         directory.parent.mkdir(parents=True, exist_ok=True)
     secure_dir(directory, levels=1 if given else 2)
@@ -418,24 +438,57 @@ def acquire(
         lease = _lease_one(order, kind, directory)
         if lease is not None:
             lease.note(
-                pid=os.getpid(), owner=owner, group=lease.group.index, cores=list(lease.group.cores)
+                pid=os.getpid(),
+                owner=owner,
+                group=lease.group.index,
+                cores=list(lease.group.cores),
+                deployment=deployment,
             )
             return lease
         releasing = any(not _holder_alive(_lock_path(directory, kind, g.cores[0])) for g in groups)
         if not releasing or time.monotonic() >= deadline:
             break
         time.sleep(0.1)
+    raise NoFreeCoreGroup(_none_free(groups, kind, owner, directory, deployment))
+
+
+def _none_free(
+    groups: list[CoreGroup], kind: str, owner: str, directory: Path, deployment: str | None
+) -> str:
+    """Why no group could be leased: who holds each, and what to do about it."""
+    records = [_record(_lock_path(directory, kind, g.cores[0])) for g in groups]
     held = "; ".join(
-        f"group {g.index} (cores {g.label}) held by "
-        + _holder(_lock_path(directory, kind, g.cores[0]))
-        for g in groups
+        f"group {g.index} (cores {g.label}) held by {_holder(r, deployment)}"
+        for g, r in zip(groups, records, strict=True)
     )
     cpw = len(groups[0].cores) if groups else 0
-    raise NoFreeCoreGroup(
-        f"no free {kind} core group for this worker: the plan has {len(groups)} group(s) of "
-        f"{cpw} core(s) and all are leased by live workers [{held}]. Run at most "
-        f"{len(groups)} worker(s) (spec `workers`, TorchServe minWorkers/maxWorkers, Triton "
-        "instance count) or lower `cores_per_worker`."
+    others = sorted(
+        {str(r["deployment"]) for r in records if r.get("deployment") not in (None, deployment)}
+    )
+    if others:
+        todo = (
+            f"Stop the other deployment(s) ({', '.join(others)}: `neuronserve serve ... --stop` "
+            "with that run directory), or give this one cores they do not use "
+            f"(NEURONSERVE_CORES, or {LEASE_DIR_ENV} only if the two never share a core). "
+            f"This host has {len(groups)} group(s): run at most {len(groups)} worker(s) in "
+            "all, or lower `cores_per_worker`."
+        )
+    else:
+        models = sorted({str(r.get("owner")) for r in records if r.get("owner")} | {owner} - {""})
+        todo = (
+            f"Run at most {len(groups)} worker(s) (spec `workers`, TorchServe "
+            "minWorkers/maxWorkers, Triton instance count) or lower `cores_per_worker`."
+            + (
+                f" Every model of a deployment starts its own workers ({', '.join(models)}): "
+                "serve fewer models, or fewer workers each."
+                if len(models) > 1
+                else ""
+            )
+        )
+    return (
+        f"no free {kind} core group for this worker ({owner or 'no owner given'}): the plan "
+        f"has {len(groups)} group(s) of {cpw} core(s) and all are leased by live workers "
+        f"[{held}]. {todo}"
     )
 
 

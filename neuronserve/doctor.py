@@ -29,14 +29,15 @@ import torch
 from . import cores
 from .artifact import Manifest, read_manifest
 from .compile.base import CompileError
+from .compile.check import check_modules, load_modules, runnable_target
 from .compile.reference import REFERENCE_FILE, Reference, tensors
-from .compile.targets import get_target
-from .compile.validate import check_modules, layout_of, load_modules, runnable_target
-from .execution import Module
+from .execution import InputLayout, Module
+from .placement import core_kind
 
 # host-to-device bandwidth assumed for the weight-copy estimate (PCIe Gen4 x16 order)
 HOST_TO_DEVICE_BYTES_PER_S = 16e9
-# published numbers the project grew from (../seeds): end-to-end p95, BERT-base, seq 128
+# published numbers the project grew from (AWS's and Hugging Face's blog posts): end-to-end
+# p95, BERT-base, seq 128
 SEEDS = [
     "Inf1 (AWS ML blog, 'Achieve 12x higher throughput'): BERT-base seq 128, batch 1, "
     "inf1.xlarge data parallel p95 16.5 ms (245 sentences/s), 4-core pipeline 13.8 ms; "
@@ -58,7 +59,7 @@ class Finding:
 
 def run_doctor(artifact: Path, probe_timeout_s: float = 300) -> list[Finding]:
     manifest = read_manifest(artifact)
-    if get_target(manifest.target).core_kind != "neuron":
+    if core_kind(manifest.target) != "neuron":
         return [
             Finding(
                 "target",
@@ -191,7 +192,7 @@ def timings(
 ) -> list[Finding]:
     """Per-bucket median model time; the slowest bucket's against a weight copy."""
     reference = Reference.load(artifact / REFERENCE_FILE)
-    layout = layout_of(manifest)
+    layout = InputLayout.of(manifest)
     medians = {}
     for bucket in manifest.grid.buckets:
         module = loaded[manifest.module_for(bucket)]

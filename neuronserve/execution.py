@@ -15,17 +15,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from .buckets import Bucket, BucketGrid, pad_batch, padding_ratio, unpad
+from .tasks import get_task
+from .tasks.base import RowOutputs
+
+if TYPE_CHECKING:
+    from .artifact import Manifest
 
 # a text's token ids per input name, or an image's pixels (pixel_values)
 Row = Mapping[str, Sequence[int] | np.ndarray]
 Module = Callable[..., torch.Tensor]
-# per-row outputs stacked (rows, dim), or per-token outputs one (tokens, dim) per row
-RowOutputs = np.ndarray | list[np.ndarray]
 
 
 @dataclass
@@ -73,6 +77,17 @@ class InputLayout:
     pad_values: dict[str, int]
     per_token: bool = False
     image_shape: tuple[int, int, int] | None = None
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> InputLayout:
+        """How an artifact's modules take their rows and answer (the Runner's, compile's
+        and validate's)."""
+        return cls(
+            tuple(i.name for i in manifest.inputs),
+            {i.name: i.pad_value for i in manifest.inputs},
+            per_token=get_task(manifest.task).per_token,
+            image_shape=manifest.image.shape if manifest.image else None,
+        )
 
     def length(self, row: Row) -> int:
         """The row's length along the bucket's sequence axis."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import cores
+from .compile import targets
 from .cores import CoreGroup, CoreLease, NoFreeCoreGroup
 
 if TYPE_CHECKING:
@@ -24,11 +25,9 @@ class PlacementError(RuntimeError):
 
 
 def core_kind(target: str) -> str:
-    """The kind of core a worker of `target` leases: "cpu" or "neuron"."""
-    # Imported here: workers call this module before torch may be imported (pinning).
-    from .compile.targets import get_target
-
-    return get_target(target).core_kind
+    """The kind of core a worker of `target` leases: "cpu" or "neuron" (the target
+    registry's; it imports no torch, so workers may ask before they pin)."""
+    return targets.core_kind(target)
 
 
 def groups(kind: str, cores_per_worker: int, neuron_cores: int | None = None) -> list[CoreGroup]:

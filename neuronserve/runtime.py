@@ -19,8 +19,7 @@ from typing import Any, cast
 from .artifact import ArtifactError, Manifest, read_manifest, read_verified
 from .buckets import Bucket
 from .compile.targets import get_target
-from .compile.validate import layout_of
-from .execution import Executor, Module, Row, RunReport
+from .execution import Executor, InputLayout, Module, Row, RunReport
 from .images import ImagePreprocessor, PixelRow
 from .tasks import RequestError, TaskRequest, get_task
 from .tasks.base import RequestLimits, Text, internal_error
@@ -84,7 +83,7 @@ class Runner:
         self.executor = Executor(
             self._module_of(0),
             self.grid,
-            layout_of(m),
+            InputLayout.of(m),
             [self._module_of(k) for k in range(1, copies)],
             m.bucket_ms,
         )

@@ -42,6 +42,12 @@ Layout = Literal["throughput", "latency"]
 # what `compile` records when the spec does not say (packaging then keeps the artifact's)
 TRUNCATION_AT_COMPILE = True
 
+# marks a field that shapes an engine's workers (how many, their batches, queues and
+# limits): it travels with the deployment to the engine behind the front, the SageMaker
+# container and the Kubernetes pod. The rest (ports, folders, the front's own settings)
+# belongs to where it is given.
+REACHES_WORKERS: dict[str, Any] = {"reaches_workers": True}
+
 
 class SpecError(ValueError):
     """A spec file or flag has a value neuronserve cannot use."""
@@ -92,6 +98,7 @@ class DeploySpec(BaseModel):
         description="cut texts longer than the largest compiled sequence length, or refuse "
         "them with a 413. compile: on unless --no-truncation, recorded in the artifact; "
         "package: default what the artifact recorded",
+        json_schema_extra=REACHES_WORKERS,
     )
     tolerance: float = Field(
         1e-3, gt=0, description="largest accepted |compiled - eager| per bucket at fp32"
@@ -186,6 +193,7 @@ class DeploySpec(BaseModel):
         None,
         ge=1,
         description="NeuronCores of the serving host (default: discovered where workers start)",
+        json_schema_extra=REACHES_WORKERS,
     )
 
     # how to serve it
@@ -194,13 +202,20 @@ class DeploySpec(BaseModel):
         description="throughput: one single-core worker per core (default); "
         "latency: one worker using every core (workers and "
         "cores_per_worker refine throughput)",
+        json_schema_extra=REACHES_WORKERS,
     )
     workers: int | None = Field(
         None,
         ge=1,
         description="workers (TorchServe) or model instances (Triton); default: one per core group",
+        json_schema_extra=REACHES_WORKERS,
     )
-    cores_per_worker: int = Field(1, ge=1, description="cores leased by each worker or instance")
+    cores_per_worker: int = Field(
+        1,
+        ge=1,
+        description="cores leased by each worker or instance",
+        json_schema_extra=REACHES_WORKERS,
+    )
     max_batch_delay_ms: int = Field(
         0,
         ge=0,
@@ -208,15 +223,20 @@ class DeploySpec(BaseModel):
         "never wait; a batch is whatever queued while the workers were busy, so a lone "
         "request runs at once and a loaded server still batches (TorchServe's least is "
         "1 ms: it reads 0 as its 100 ms default)",
+        json_schema_extra=REACHES_WORKERS,
     )
     batch_requests: int | None = Field(
         None,
         ge=1,
         description="TorchServe batchSize: requests one worker takes at once "
         "(default: the largest batch the artifact's bucket times say is worth forming)",
+        json_schema_extra=REACHES_WORKERS,
     )
     response_timeout_s: int = Field(
-        120, ge=1, description="seconds a request may take before the engine gives up on it"
+        120,
+        ge=1,
+        description="seconds a request may take before the engine gives up on it",
+        json_schema_extra=REACHES_WORKERS,
     )
     max_queued: int = Field(
         100,
@@ -224,18 +244,21 @@ class DeploySpec(BaseModel):
         description="requests that may wait for a worker (TorchServe's job queue, Triton's "
         "dynamic-batching queue); beyond it the engine refuses at once (503) instead of "
         "letting latency grow without bound",
+        json_schema_extra=REACHES_WORKERS,
     )
     queue_timeout_ms: int | None = Field(
         None,
         ge=1,
         description="longest a request may wait in the engine's queue before it is refused "
         "(503); default: no limit but response_timeout_s",
+        json_schema_extra=REACHES_WORKERS,
     )
     worker_retry_timeout_s: int = Field(
         60,
         ge=1,
         description="TorchServe /ping turns Unhealthy once a worker has failed to "
         "start for this long (maxRetryTimeoutInSec)",
+        json_schema_extra=REACHES_WORKERS,
     )
     model_store: Path = Field(Path("model_store"), description="TorchServe model store")
     archive_format: Literal["default", "no-archive"] = Field(
@@ -311,18 +334,26 @@ class DeploySpec(BaseModel):
         2_000_000,
         ge=1,
         description="largest request body the front and TorchServe read (413 beyond)",
+        json_schema_extra=REACHES_WORKERS,
     )
     max_client_batch: int = Field(
-        1024, ge=1, description="most inputs one request may hold (413 beyond)"
+        1024,
+        ge=1,
+        description="most inputs one request may hold (413 beyond)",
+        json_schema_extra=REACHES_WORKERS,
     )
     max_text_chars: int = Field(
         100_000,
         ge=1,
         description="most characters one text (or one side of a pair) may hold, checked "
         "before tokenizing (413 beyond)",
+        json_schema_extra=REACHES_WORKERS,
     )
     max_json_depth: int = Field(
-        32, ge=2, description="deepest nesting a JSON request body may have (413 beyond)"
+        32,
+        ge=2,
+        description="deepest nesting a JSON request body may have (413 beyond)",
+        json_schema_extra=REACHES_WORKERS,
     )
     split_client_batches: bool = Field(
         False,
@@ -404,6 +435,15 @@ class DeploySpec(BaseModel):
                 "cores_per_worker unset, or use layout throughput"
             )
         return self
+
+    @classmethod
+    def worker_fields(cls) -> tuple[str, ...]:
+        """The fields marked REACHES_WORKERS."""
+        return tuple(
+            name
+            for name, f in cls.model_fields.items()
+            if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("reaches_workers")
+        )
 
     def compiler_options(self) -> dict:
         return {

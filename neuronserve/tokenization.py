@@ -14,7 +14,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from .tasks.base import Text
+# a text, a text pair, or an encoded image
+Text = str | tuple[str, str] | bytes
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from neuronserve.serve.engine import running_instance
+from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front.server import ENGINE_DIR
 
 SENTENCES = [
@@ -71,9 +71,9 @@ def show_tei(post, url: str) -> None:
 
 
 def show_workers(run_dir: Path, model: str) -> None:
-    engine = running_instance(run_dir / ENGINE_DIR, "torchserve")
+    engine = running_engine(run_dir / ENGINE_DIR, "torchserve")
     print("\nTorchServe's workers behind the front (its management API on loopback, /proc):")
-    for w in engine.workers(model):
+    for w in engine.instance.workers(model):
         pid = int(w["pid"])
         status = Path(f"/proc/{pid}/status").read_text()
         cpus = re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)

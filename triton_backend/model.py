@@ -82,7 +82,7 @@ class TritonPythonModel:
         self.worker = start_worker(
             WorkerSettings.from_triton(config),
             version_dir,
-            owner=f"triton:{self.instance_name}",
+            owner=f"triton:{self.model_name}",
             prefer=index,
         )
         self.worker.lease.note(instance=self.instance_name, index=index)

@@ -34,7 +34,9 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import metrics
-from ..artifact import read_manifest
+from ..artifact import MANIFEST, read_manifest
+from ..serve.engine import NativeRoute
+from ..serve.engines import engine_class
 from .endpoints import (
     Endpoint,
     HttpJsonEndpoint,
@@ -117,7 +119,7 @@ def _task(config: BenchConfig) -> str:
     if config.task:
         return config.task
     for e in config.endpoints:
-        manifest = Path(e.where) / "manifest.json"
+        manifest = Path(e.where) / MANIFEST
         if manifest.is_file():
             return json.loads(manifest.read_text())["task"]
     raise ValueError(
@@ -219,28 +221,31 @@ def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
         raise ValueError(f"{spec.type} needs an artifact directory or an http:// URL")
 
 
+# the engine behind the front, by endpoint type
+FRONT_ENGINES = {"front": "torchserve", "front-triton": "triton"}
+
+
+def native_endpoint(route: NativeRoute, label: str, headers: dict[str, str]) -> Endpoint:
+    """The bench endpoint for an engine's own API at `route`."""
+    if route.protocol == "torchserve":
+        return HttpJsonEndpoint(label, "torchserve", route.url, headers)
+    return TritonEndpoint(label, route.protocol.split("-", 1)[1], route.url, route.model)
+
+
 def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Session:
     """The engine asked directly (the baseline), then the front's routes, one server."""
     label, artifact = f"{spec.label}/{layout}", Path(spec.where)
-    engine = "triton" if spec.type == "front-triton" else "torchserve"
+    engine = FRONT_ENGINES[spec.type]
     server = FrontServer(artifact, layout, engine, config.max_batch_delay_ms, config.batch_requests)
     embeds = _task(config) == "feature-extraction"
 
     def make() -> list[Endpoint]:
-        inst = server.engine_instance()
-        if engine == "torchserve":
-            direct: list[Endpoint] = [
-                HttpJsonEndpoint(
-                    f"{label} torchserve direct",
-                    "torchserve",
-                    f"{inst.inference_url}/predictions/{server.name}",
-                )
-            ]
-        else:
-            direct = [
-                TritonEndpoint(f"{label} triton-http direct", "http", inst.http_url, server.name),
-                TritonEndpoint(f"{label} triton-grpc direct", "grpc", inst.grpc_url, server.name),
-            ]
+        running = server.running_engine()
+        assert running is not None, "the front's engine is not running"
+        direct = [
+            native_endpoint(r, f"{label} {r.protocol} direct", {})
+            for r in running.native_routes(server.name)
+        ]
         direct[0].baseline = True
         routes = [HttpJsonEndpoint(f"{label} /invocations", "front", f"{server.url}/invocations")]
         if embeds:
@@ -252,13 +257,13 @@ def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Sess
             ]
         return [*direct, *routes]
 
-    count = (1 if engine == "torchserve" else 2) + (3 if embeds else 1)
+    count = len(engine_class(engine).protocols) + (3 if embeds else 1)
     return Session(label, layout, server, make, endpoints=count)
 
 
 def _managed_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Session:
     label, artifact, headers = f"{spec.label}/{layout}", Path(spec.where), config.headers
-    if spec.type in ("front", "front-triton"):
+    if spec.type in FRONT_ENGINES:
         return _front_session(spec, config, layout)
     if spec.type == "sagemaker":
         front = SageMakerServer(artifact, layout)
@@ -268,23 +273,18 @@ def _managed_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Se
     server = ManagedServer(
         spec.type, artifact, layout, config.max_batch_delay_ms, config.batch_requests
     )
-    if spec.type == "torchserve":
-        return Session(
-            label,
-            layout,
-            server,
-            lambda: [HttpJsonEndpoint(label, "torchserve", server.torchserve_url, headers)],
-        )
-    return Session(
-        label,
-        layout,
-        server,
-        lambda: [
-            TritonEndpoint(f"{label} http", "http", server.engine.instance.http_url, server.name),
-            TritonEndpoint(f"{label} grpc", "grpc", server.engine.instance.grpc_url, server.name),
-        ],
-        endpoints=2,
-    )
+    protocols = type(server.engine).protocols
+
+    def make() -> list[Endpoint]:
+        routes = server.engine.native_routes(server.name)
+        return [
+            native_endpoint(
+                r, label if len(routes) == 1 else f"{label} {r.protocol.split('-')[-1]}", headers
+            )
+            for r in routes
+        ]
+
+    return Session(label, layout, server, make, endpoints=len(protocols))
 
 
 def _points(config: BenchConfig, in_process: bool):

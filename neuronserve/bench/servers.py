@@ -1,6 +1,6 @@
 """Servers `neuronserve bench` starts itself: each one only while it is measured, so
 two servers never compete for the same cores, on free ports and with its own run
-directories. TorchServe and Triton are packaged and started by serve/engine.py, as the
+directories. TorchServe and Triton are packaged and started as a serve.deployment, as the
 front does it; the front runs as `neuronserve serve front` starts it, and the SageMaker
 entrypoint as the container runs it, each in its own process."""
 
@@ -14,15 +14,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import requests
 
 from .. import placement
 from ..artifact import read_manifest
-from ..serve.engine import Engine
+from ..serve.deployment import Deployment, running_engine
 from ..serve.process import free_ports, stop_tree
 from ..spec import load_spec
+
+if TYPE_CHECKING:
+    from ..serve.engine import Engine
 
 
 class ManagedServer:
@@ -43,15 +46,16 @@ class ManagedServer:
             "batch_requests": batch_requests,
             "response_timeout_s": 300,
         }
-        self.engine = Engine(
+        self.deployment = Deployment(
             engine,
             Path(artifact),
             Path(self.tmp.name),
             {k: v for k, v in settings.items() if v is not None},
         )
-        self.artifact, self.layout, self.name = Path(artifact), layout, self.engine.name
-        self.workers = self.engine.plan.workers
-        self.cores_per_worker = self.engine.plan.cores_per_worker
+        self.engine = self.deployment.engine
+        self.artifact, self.layout, self.name = Path(artifact), layout, self.deployment.name
+        self.workers = self.deployment.plan.workers
+        self.cores_per_worker = self.deployment.plan.cores_per_worker
         self._lease_dir: str | None = None
         self.started = False
 
@@ -61,27 +65,23 @@ class ManagedServer:
         self._lease_dir = os.environ.get("NEURONSERVE_LEASE_DIR")
         os.environ["NEURONSERVE_LEASE_DIR"] = str(Path(self.tmp.name) / "leases")
         self.started = True
-        self.engine.start()
+        self.deployment.start()
 
     def root_pids(self) -> list[int]:
-        pid = self.engine.root_pid()
+        pid = self.engine.root_pid() if self.started else None
         return [pid] if pid is not None else []
 
     front_pid: int | None = None
 
     @property
-    def torchserve_url(self) -> str:
-        return self.engine.predictions_url
-
-    @property
     def metrics_url(self) -> str | None:
-        return self.engine.metrics_url if self.engine.instance is not None else None
+        return self.engine.metrics_url if self.started else None
 
     def stop(self, cleanup: bool = True) -> None:
         """Stop the engine; with `cleanup`, remove its folder too (soak looks at what
         the stop left there first)."""
         if self.started:
-            self.engine.stop()
+            self.deployment.stop()
             self.started = False
             if self._lease_dir is None:
                 os.environ.pop("NEURONSERVE_LEASE_DIR", None)
@@ -150,15 +150,12 @@ class FrontServer:
         os.environ["NEURONSERVE_LEASE_DIR"] = str(Path(self.tmp.name) / "leases")
         self.pid = launch.start(self.spec, self.artifact, log=lambda _: None).pid
 
-    def engine_instance(self) -> Any:
-        from ..serve.engine import running_instance
-
-        return running_instance(self.engine_work, self.engine)
+    def running_engine(self) -> Engine | None:
+        return running_engine(self.engine_work, self.engine)
 
     def root_pids(self) -> list[int]:
-        from ..serve.engine import running_pid
-
-        pids = [self.pid, running_pid(self.engine_work, self.engine)]
+        engine = self.running_engine()
+        pids = [self.pid, engine.root_pid() if engine is not None else None]
         return [p for p in pids if p is not None]
 
     @property
@@ -167,8 +164,8 @@ class FrontServer:
 
     @property
     def metrics_url(self) -> str | None:
-        inst = self.engine_instance() if self.engine == "torchserve" else None
-        return inst.metrics_url if inst is not None else None
+        engine = self.running_engine()
+        return engine.metrics_url if engine is not None else None
 
     def stop(self, cleanup: bool = True) -> None:
         from ..serve.front import launch
@@ -244,12 +241,11 @@ class SageMakerServer:
         return self.proc.pid if self.proc is not None else None
 
     def root_pids(self) -> list[int]:
-        from ..serve.engine import running_pid
-
         if self.proc is None:
             return []
-        engine = running_pid(Path(self.tmp.name), self.engine)
-        return [self.proc.pid, *([engine] if engine is not None else [])]
+        engine = running_engine(self.engine_work, self.engine)
+        pid = engine.root_pid() if engine is not None else None
+        return [self.proc.pid, *([pid] if pid is not None else [])]
 
     def stop(self, cleanup: bool = True) -> None:
         proc = self.proc

@@ -43,7 +43,7 @@ import numpy as np
 import psutil
 
 from ..serve.process import alive
-from ..serve.triton_healer import STUB
+from ..serve.triton_stubs import STUB
 
 # a worker process of either engine: TorchServe's Python worker, Triton's stub
 _WORKER_MARKS = ("model_service_worker", STUB)
@@ -139,7 +139,7 @@ class SoakReport:
 
 
 @dataclass
-class Target:
+class SoakTarget:
     """Where soak sends requests, and what it knows of the processes behind it.
 
     `protocol` is "native" (`{"inputs", "parameters"}` JSON and the task's JSON answer:
@@ -218,7 +218,7 @@ class Checker:
     """The Runner's answer for each valid body, computed once in this process; a served
     answer must equal it (labels and strings exactly, numbers within `atol`)."""
 
-    def __init__(self, artifact: Path, target: Target):
+    def __init__(self, artifact: Path, target: SoakTarget):
         from ..runtime import Runner
 
         self.runner = Runner(artifact)
@@ -317,7 +317,7 @@ def temp_entries() -> set[str]:
 
 
 class _Run:
-    def __init__(self, options: SoakOptions, target: Target, checker: Checker, max_chars: int):
+    def __init__(self, options: SoakOptions, target: SoakTarget, checker: Checker, max_chars: int):
         self.o, self.target, self.checker = options, target, checker
         rng = random.Random(options.seed)
         valid = [checker.add(rng.sample(TEXTS, rng.randint(1, 3))) for _ in range(4 * len(TEXTS))]
@@ -505,7 +505,7 @@ class _Run:
 
 
 def run_soak(
-    options: SoakOptions, target: Target, artifact: Path, max_text_chars: int = 100_000
+    options: SoakOptions, target: SoakTarget, artifact: Path, max_text_chars: int = 100_000
 ) -> SoakReport:
     """Drive `target` (already serving `artifact`) with the soak mix."""
     checker = Checker(artifact, target)
@@ -561,11 +561,11 @@ VIAS = ("engine", "front", "sagemaker")
 
 def start_target(
     artifact: Path, engine: str, via: str, layout: str = "throughput"
-) -> tuple[Any, Target]:
+) -> tuple[Any, SoakTarget]:
     """Start `engine` serving `artifact`, asked directly (`via` engine), through the front
-    (`serve front`) or through the SageMaker entrypoint; return the server and its Target."""
+    (`serve front`) or through the SageMaker entrypoint; return the server and its SoakTarget."""
     from ..artifact import read_manifest
-    from ..serve.engine import running_instance, workers_ready
+    from ..serve.deployment import running_engine
     from ..tasks import get_task
     from .servers import FrontServer, ManagedServer, SageMakerServer
 
@@ -585,23 +585,26 @@ def start_target(
     server.start()
     name = manifest.name
     output = get_task(manifest.task).output_tensors(manifest.output_dim, manifest.labels)[0].name
-    if via == "engine" and engine == "torchserve":
-        url, protocol = server.torchserve_url, "native"
-    elif via == "engine":
+    running = running_engine(work, engine)
+    assert running is not None, f"{engine} is not running after its start"
+    if via == "engine":
+        # the engine's own API: the first of its protocols
+        route = running.native_routes(name)[0]
         url, protocol = (
-            f"{running_instance(work, engine).http_url}/v2/models/{name}/infer",
-            "triton",
+            (route.url, "native")
+            if route.protocol == "torchserve"
+            else (f"{route.url}/v2/models/{name}/infer", "triton")
         )
     elif via == "front":
         url, protocol = f"{server.url}/invocations", "native"
     else:
         url, protocol = server.url, "native"
-    target = Target(
+    target = SoakTarget(
         label=f"{engine} via {via}",
         url=url,
         protocol=protocol,
         roots=server.root_pids,
-        workers_ready=lambda: workers_ready(work, engine, name),
+        workers_ready=lambda: running.workers_ready(name),
         output=output,
     )
     return server, target

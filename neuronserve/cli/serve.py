@@ -22,6 +22,13 @@ Timeout = Annotated[float, typer.Option(help="seconds to wait for every worker t
 app.command("front")(front_cmd)
 
 
+def _found(models: list[str], store: Path) -> None:
+    """Name what a store the user packaged holds: all of it is served, models packaged
+    there earlier included."""
+    if models:
+        typer.echo(f"serving {len(models)} model(s) found in {store}: {', '.join(models)}")
+
+
 @app.command("torchserve")
 def torchserve_cmd(
     spec: SpecFile = None,
@@ -56,6 +63,7 @@ def torchserve_cmd(
     ):
         if flag is not None or spec is not None:
             overrides[key] = f"http://{s.bind_address}:{port}"
+    _found(ts.models_in(s.model_store), s.model_store)
     try:
         inst = ts.start(s.model_store, s.run_dir, overrides, timeout_s=timeout)
     except ts.ServeError as e:
@@ -114,20 +122,19 @@ def triton_cmd(
             "has no option to bind it elsewhere); serve /ping and /invocations through "
             "neuronserve's front instead: `neuronserve serve front REPOSITORY --engine triton`"
         )
+    _found(triton.Triton.models_in(s.triton_repository), s.triton_repository)
     try:
         listen = triton.Listen(s.http_port, s.grpc_port, s.triton_metrics_port, s.bind_address)
         inst = triton.start(s.triton_repository, s.triton_run_dir, listen, timeout_s=timeout)
     except triton.ServeError as e:
         fail(str(e), 1)
-    from ..serve import triton_healer as healer
-
     typer.echo("tritonserver is ready:")
     typer.echo(f"  HTTP     {inst.http_url}/v2/models/<model>/infer")
     typer.echo(f"  gRPC     {inst.grpc_url}")
     typer.echo(f"  metrics  {inst.metrics_url}/metrics")
     typer.echo(
-        f"  healer   reloads a model whose instance dies ({inst.run_dir / healer.LOG_FILE}, "
-        f"state in {inst.run_dir / healer.STATUS_FILE})"
+        f"  healer   reloads a model whose instance dies ({inst.run_dir / triton.HEALER_LOG}, "
+        f"state in {inst.run_dir / triton.HEALER_STATUS_FILE})"
     )
     typer.echo(
         f"  log in {inst.log}; stop with `neuronserve serve triton --stop"

@@ -138,11 +138,11 @@ def front_cmd(
 
 def _foreground(spec: Any, source: Path) -> int:
     from ..serve.front.config import FrontConfig
-    from ..serve.front.server import ENGINE_DIR, configure_logging, engine_for_source, run
+    from ..serve.front.server import ENGINE_DIR, configure_logging, deployment_for_source, run
 
     configure_logging()
     config = FrontConfig.from_spec(spec)
-    return run(config, lambda: engine_for_source(spec, source, config.run_dir / ENGINE_DIR))
+    return run(config, lambda: deployment_for_source(spec, source, config.run_dir / ENGINE_DIR))
 
 
 def _report(inst: Any, custom_run_dir: bool) -> None:

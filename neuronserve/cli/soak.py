@@ -60,7 +60,7 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
     sequential requests did not succeed within 60 s of the kill, a worker's memory grew
     over 10% after warm-up, or the stop left a process, a held lease or a temporary file."""
     from ..artifact import ArtifactError
-    from ..bench.soak import VIAS, SoakOptions, Target, format_report, run_soak, soak_started
+    from ..bench.soak import VIAS, SoakOptions, SoakTarget, format_report, run_soak, soak_started
     from ..serve.process import ServeError
 
     if engine not in ("torchserve", "triton"):
@@ -70,7 +70,7 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
     try:
         if url is not None:
             options = SoakOptions(requests, concurrency, malformed, None, seed)
-            report = run_soak(options, Target(label=url, url=url, protocol=protocol), artifact)
+            report = run_soak(options, SoakTarget(label=url, url=url, protocol=protocol), artifact)
         else:
             options = SoakOptions(
                 requests, concurrency, malformed, kill_at or None, seed, layout=layout

@@ -18,8 +18,8 @@ def validate_cmd(
     a build host (validation pending), run once on the serving host before serving."""
     from ..artifact import ArtifactError
     from ..compile import CompileError
+    from ..compile.check import validate_artifact
     from ..compile.driver import describe
-    from ..compile.validate import validate_artifact
 
     try:
         validate_artifact(artifact)

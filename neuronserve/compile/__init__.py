@@ -1,9 +1,30 @@
-"""Ahead-of-time compilation: one module per target, one driver for all of them."""
+"""Ahead-of-time compilation: one module per target, one driver for all of them.
+
+Names are imported on first use: the target registry (which core kind each target's
+workers lease) is read by processes that never compile, and must not import torch.
+"""
 
 from __future__ import annotations
 
-from .base import CompileError, Target
-from .driver import compile_model
-from .targets import get_target
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .base import CompileError, Target
+    from .driver import compile_model
+    from .targets import get_target
 
 __all__ = ["CompileError", "Target", "compile_model", "get_target"]
+
+_WHERE = {
+    "CompileError": ".base",
+    "Target": ".base",
+    "compile_model": ".driver",
+    "get_target": ".targets",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,8 +20,6 @@ class Target(Protocol):
     # True: one module serves every bucket (the grid only bounds padding).
     # False: one module per bucket, each compiled for exactly that shape.
     dynamic_shapes: bool
-    # Which cores a worker leases for this target ("cpu", "neuron", "cuda").
-    core_kind: str
     file_suffix: str
     # what `precision: auto` tries, in order (a target may also define `variants(precision)`:
     # the candidate builds a named precision may get, default just that precision; and

@@ -58,7 +58,6 @@ RUNTIME_PACKAGES = {"onnx": "onnxruntime", "openvino": "openvino"}
 class CpuTarget:
     name = "cpu"
     dynamic_shapes = True
-    core_kind = "cpu"
     file_suffix = ".pt"
     # what `precision: auto` tries; the driver times each that passes and keeps the fastest
     auto_precisions = (

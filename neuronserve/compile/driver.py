@@ -19,7 +19,14 @@ from typing import Any
 import torch
 
 from .. import __version__
-from ..artifact import ImageSettings, InputSpec, Manifest, TokenizerSettings, write_manifest
+from ..artifact import (
+    MANIFEST,
+    ImageSettings,
+    InputSpec,
+    Manifest,
+    TokenizerSettings,
+    write_manifest,
+)
 from ..buckets import BucketGrid
 from ..execution import InputLayout
 from ..images import PROCESSOR_FILE, ImagePreprocessor
@@ -45,7 +52,7 @@ def compile_model(spec: DeploySpec, progress: bool = True) -> Path:
         raise CompileError("no output directory: pass --out or set `artifact` in the spec")
     model_dir, out = Path(spec.model), Path(spec.artifact)
     _check_model_dir(model_dir)
-    if out.exists() and any(out.iterdir()) and not (out / "manifest.json").is_file():
+    if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise CompileError(f"{out} exists and is not an artifact; choose an empty directory")
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -291,7 +298,7 @@ def _manifest(
 def describe(path: Path) -> str:
     """The CLI's summary: precision and its accuracy, what else was tried, one line per
     bucket."""
-    data: dict[str, Any] = json.loads((Path(path) / "manifest.json").read_text())
+    data: dict[str, Any] = json.loads((Path(path) / MANIFEST).read_text())
     lines = [
         f"{data['name']}: {data['task']} ({data['architecture']}) for {data['target']}, "
         f"precision {data.get('precision', 'fp32')}"

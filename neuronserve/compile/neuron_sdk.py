@@ -72,7 +72,6 @@ class NeuronTargetBase:
     carries them, on disk and on the device, and nothing is copied per call."""
 
     dynamic_shapes = False
-    core_kind = "neuron"
     file_suffix = ".pt"
     sdk = ""
     # auto keeps the first precision that meets the floor: BF16 matmuls are the

@@ -20,10 +20,10 @@ from ..buckets import BucketGrid
 from ..execution import Executor
 from ..spec import DeploySpec
 from .base import CompileError, Target
+from .build import Build, build_precision
 from .context import CompileContext
 from .examples import Examples
 from .reference import Judge, Reference, check
-from .validation import Build, build_precision
 
 
 def candidates(spec: DeploySpec, target: Target) -> tuple[tuple[str, ...], bool]:

@@ -1,27 +1,39 @@
 """The target registry: a target's name -> the class that compiles, saves and loads
-for it. Modules are imported on first use, so naming a Neuron target on a machine
-without the SDK costs nothing until something is compiled or loaded for it."""
+for it, and the kind of core its workers lease. Modules are imported on first use, so
+naming a Neuron target on a machine without the SDK costs nothing until something is
+compiled or loaded for it, and asking a target's core kind imports no torch."""
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from .base import Target
+if TYPE_CHECKING:
+    from .base import Target
 
-# name -> (module under neuronserve.compile, class)
-TARGETS: dict[str, tuple[str, str]] = {
-    "cpu": ("cpu", "CpuTarget"),
-    "neuronx": ("neuronx", "NeuronxTarget"),  # Inf2, Trn1
-    "neuron": ("neuron", "NeuronTarget"),  # Inf1
+# name -> (module under neuronserve.compile, class, the kind of core a worker leases)
+TARGETS: dict[str, tuple[str, str, str]] = {
+    "cpu": ("cpu", "CpuTarget", "cpu"),
+    "neuronx": ("neuronx", "NeuronxTarget", "neuron"),  # Inf2, Trn1
+    "neuron": ("neuron", "NeuronTarget", "neuron"),  # Inf1
 }
 
 
-def get_target(name: str) -> Target:
+def _entry(name: str) -> tuple[str, str, str]:
     try:
-        module, cls = TARGETS[name]
+        return TARGETS[name]
     except KeyError:
         raise ValueError(
             f"unknown target {name!r}; choose cpu, neuronx (Inf2/Trn1) or neuron (Inf1)"
         ) from None
+
+
+def get_target(name: str) -> Target:
+    module, cls, _ = _entry(name)
     target: Target = getattr(importlib.import_module(f"{__package__}.{module}"), cls)()
     return target
+
+
+def core_kind(name: str) -> str:
+    """The kind of core a worker of target `name` leases: "cpu" or "neuron"."""
+    return _entry(name)[2]

@@ -38,14 +38,21 @@ class PackagedModel:
     settings: WorkerSettings
 
 
-def prepare(artifact: Path, spec: DeploySpec, what: str = "workers") -> PackagedModel:
-    """Refuse a broken artifact, plan workers (`what` names them in the warning printed
-    when this host has fewer core groups than asked for) and settle the settings."""
+def prepare(
+    artifact: Path,
+    spec: DeploySpec,
+    what: str = "workers",
+    plan: placement.WorkerPlan | None = None,
+) -> PackagedModel:
+    """Refuse a broken artifact, plan workers unless the caller has (`what` names them in
+    the warning printed when this host has fewer core groups than asked for) and settle
+    the settings."""
     manifest = read_manifest(artifact)
-    try:
-        plan = placement.plan(placement.PlanRequest.of(spec, manifest))
-    except placement.PlacementError as e:
-        raise PackagingError(str(e)) from None
+    if plan is None:
+        try:
+            plan = placement.plan(placement.PlanRequest.of(spec, manifest))
+        except placement.PlacementError as e:
+            raise PackagingError(str(e)) from None
     problem = placement.device_memory_problem(
         manifest.target,
         len(set(manifest.modules.values())),

@@ -19,14 +19,13 @@ from importlib import metadata, resources
 from pathlib import Path
 
 from ..artifact import read_manifest
+from ..serve.engines import ENGINES, engine_class
 from ..spec import DeploySpec
 from .model import recorded_unless_given
 
-ENGINES = ("torchserve", "triton")
 TARGETS = ("cpu", "neuronx", "cuda")
 # The artifact's compile target each image can run.
 RUNS = {"cpu": {"cpu"}, "cuda": {"cpu"}, "neuronx": {"neuronx"}}
-ENGINE_EXTRA = {"torchserve": "torchserve", "triton": "triton"}
 
 
 class ContextError(RuntimeError):
@@ -49,7 +48,7 @@ def requirements(engine: str, target: str) -> list[str]:
     out = []
     for line in metadata.requires("neuronserve") or []:
         req = Requirement(line)
-        wanted = req.marker is None or req.marker.evaluate({"extra": ENGINE_EXTRA[engine]})
+        wanted = req.marker is None or req.marker.evaluate({"extra": engine_class(engine).extra})
         if "cpu" in RUNS[target] and req.name in RUNTIME_PACKAGES.values():
             wanted = wanted or bool(req.marker and req.marker.evaluate({"extra": "cpu"}))
         if wanted and req.name != "torch":
@@ -104,15 +103,11 @@ def package_sagemaker(
     (out / "requirements.txt").write_text("\n".join(requirements(engine, target)) + "\n")
 
     # `serve` re-plans workers for the host it runs on; one is enough to build with.
-    model_spec = spec.model_copy(update={"workers": spec.workers or 1, "token_auth": False})
-    if engine == "torchserve":
-        from .torchserve import package_torchserve
-
-        package_torchserve(artifact, model_spec.model_copy(update={"model_store": out / "model"}))
-    else:
-        from .triton import package_triton
-
-        package_triton(artifact, model_spec.model_copy(update={"triton_repository": out / "model"}))
+    kind = engine_class(engine)
+    model_spec = spec.model_copy(
+        update={"workers": spec.workers or 1, "token_auth": False, kind.store_field: out / "model"}
+    )
+    kind.package(artifact, model_spec)
     name = recorded_unless_given(spec.name, manifest.name)
     (out / "neuronserve.json").write_text(
         json.dumps({"engine": engine, "target": target, "model": name}, indent=2) + "\n"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from .. import metrics
+from .. import metrics, placement
 from ..buckets import engine_batch_sizes
 from ..resources import handler_file, tool
 from ..spec import DeploySpec
@@ -136,10 +136,13 @@ def _metrics_yaml(store: Path) -> None:
     (store / METRICS_FILE).write_text(yaml.safe_dump(default, sort_keys=False))
 
 
-def package_torchserve(artifact: Path, spec: DeploySpec) -> Path:
-    """Build the archive into the spec's model store; return its path."""
+def package_torchserve(
+    artifact: Path, spec: DeploySpec, plan: placement.WorkerPlan | None = None
+) -> Path:
+    """Build the archive into the spec's model store (for `plan`, or this host's); return
+    its path."""
     artifact = Path(artifact)
-    packaged = prepare(artifact, spec)
+    packaged = prepare(artifact, spec, plan=plan)
     name = packaged.name
     store = Path(spec.model_store).resolve()
     store.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ from typing import Any
 
 from google.protobuf import text_format
 
+from .. import placement
 from ..buckets import engine_batch_sizes
 from ..resources import triton_model_file
 from ..spec import DeploySpec
@@ -86,10 +87,13 @@ def read_config(path: Path) -> Any:
     return text_format.Parse(Path(path).read_text(), mc.ModelConfig())
 
 
-def package_triton(artifact: Path, spec: DeploySpec) -> Path:
-    """Write the model into the spec's Triton repository; return the model directory."""
+def package_triton(
+    artifact: Path, spec: DeploySpec, plan: placement.WorkerPlan | None = None
+) -> Path:
+    """Write the model into the spec's Triton repository (for `plan`, or this host's);
+    return the model directory."""
     artifact = Path(artifact)
-    packaged = prepare(artifact, spec, what="instances")
+    packaged = prepare(artifact, spec, what="instances", plan=plan)
     repository = Path(spec.triton_repository)
     with staged(repository) as stage:
         model_dir = stage / packaged.name

@@ -1,194 +1,121 @@
-"""Engine control: one engine (TorchServe or Triton) serving one artifact on loopback
-ports of its own, packaged for this host's worker plan and started with truthful
-readiness. The front (serve/front/, the SageMaker entrypoint too) runs one behind it;
-bench starts one per layout it measures.
+"""The contract every engine implements. TorchServe (torchserve.py) and Triton
+(triton.py) are the two; `engines.py` names them; nothing else asks which one it talks to.
+
+An engine packages an artifact into its store (a TorchServe model store, a Triton
+repository), starts on that store from a run directory of its own (pid file, logs,
+keys) and returns only once every worker is ready, reports how many workers of a model
+are ready, where its own API takes a model's requests, and stops with every process it
+started. The front, the SageMaker and Kubernetes entrypoints, bench, soak and doctor
+use engines only through this class.
 """
 
 from __future__ import annotations
 
-import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .. import placement
-from ..artifact import read_manifest
-from ..spec import DeploySpec, load_spec
-from ..tasks import get_task
-from ..worker import WorkerSettings
-from .process import free_ports
+if TYPE_CHECKING:
+    from ..placement import WorkerPlan
+    from ..spec import DeploySpec
+    from .front.clients import EngineClient, ServedModel
 
-log = logging.getLogger(__name__)
-
-ENGINES = ("torchserve", "triton")
-_PORTS = (
-    "inference_port",
-    "management_port",
-    "metrics_port",
-    "http_port",
-    "grpc_port",
-    "triton_metrics_port",
-    "grpc_inference_port",
-    "grpc_management_port",
-)
+Log = Callable[[str], object]
 
 
-# each engine's run directory (pid file, logs) inside an Engine's work folder
-RUN_DIRS = {"torchserve": "ts", "triton": "tr"}
+@dataclass(frozen=True)
+class NativeRoute:
+    """Where a client of the engine's own API sends one model's requests.
 
-
-def running_instance(work: Path, engine: str) -> Any:
-    """The engine an Engine started in `work` (its URLs), if it is running."""
-    if engine == "torchserve":
-        from . import torchserve
-
-        return torchserve.running(Path(work) / RUN_DIRS[engine])
-    from . import triton
-
-    return triton.running(Path(work) / RUN_DIRS[engine])
-
-
-def running_pid(work: Path, engine: str) -> int | None:
-    """The main process (TorchServe's frontend, tritonserver) of the engine an Engine
-    started in `work`, if it is running."""
-    if engine == "torchserve":
-        from .torchserve import server_pid
-
-        return server_pid(Path(work) / RUN_DIRS[engine])
-    inst = running_instance(work, engine)
-    return inst.pid() if inst is not None else None
-
-
-def workers_ready(work: Path, engine: str, name: str) -> tuple[int, int]:
-    """(workers ready, workers expected) of model `name` in the engine started in `work`:
-    TorchServe's READY workers; Triton's live stubs while the model is READY."""
-    inst = running_instance(work, engine)
-    if inst is None:
-        return 0, 1
-    if engine == "torchserve":
-        import requests
-
-        from .torchserve import worker_counts
-
-        try:
-            ready, expected, _ = worker_counts(inst, name)
-        except (requests.RequestException, ValueError):
-            return 0, 1
-        return ready, expected
-    import requests
-
-    count = inst.instances().get(name)
-    expected = count.expected if count else 1
-    try:
-        r = requests.get(f"{inst.http_url}/v2/models/{name}/ready", timeout=5)
-    except requests.RequestException:
-        return 0, expected
-    return (count.alive if r.status_code == 200 and count else 0), expected
-
-
-# the spec fields that shape an engine's workers; everything else (ports, folders) is
-# the engine's own
-ENGINE_FIELDS = (
-    "layout",
-    "workers",
-    "cores_per_worker",
-    "neuron_cores",
-    "max_batch_delay_ms",
-    "batch_requests",
-    "response_timeout_s",
-    "worker_retry_timeout_s",
-    "max_queued",
-    "queue_timeout_ms",
-    "truncation",
-    "max_client_batch",
-)
-
-
-def engine_settings(spec: DeploySpec, packaged: WorkerSettings | None) -> dict[str, Any]:
-    """The engine settings a spec gives explicitly; truncation, if the spec leaves it, is
-    what the model was packaged with (a .mar's or a Triton repository's)."""
-    settings = {k: getattr(spec, k) for k in ENGINE_FIELDS if k in spec.model_fields_set}
-    if "truncation" not in settings and packaged is not None:
-        settings["truncation"] = packaged.truncation
-    return {k: v for k, v in settings.items() if v is not None}
-
-
-class Engine:
-    """`engine` serving `artifact` from its own folders under `work`.
-
-    `settings` are spec fields for this deployment (workers, cores_per_worker, layout,
-    response_timeout_s, max_batch_delay_ms, ...); ports and folders are chosen here.
+    `protocol`: "torchserve" (JSON `{"inputs", "parameters"}` posted to `url`, the task's
+    JSON back), "triton-http" or "triton-grpc" (KServe v2 tensors: `url` is the server's
+    address, `model` the model name).
     """
 
-    def __init__(self, engine: str, artifact: Path, work: Path, settings: dict[str, Any]):
-        if engine not in ENGINES:
-            raise ValueError(f"engine {engine!r}: choose {' or '.join(ENGINES)}")
-        self.engine_name, self.work, self.artifact = engine, Path(work), Path(artifact)
-        # packaging verifies the artifact's checksums when the engine starts
-        self.manifest = read_manifest(artifact, verify=False)
-        self.task = get_task(self.manifest.task)
-        self.name = self.manifest.name
-        self.spec: DeploySpec = load_spec(
-            None,
-            {
-                "name": self.name,
-                "artifact": artifact,
-                # loopback only, behind the front: no keys, and a folder instead of a
-                # zip so a start does not pack the artifact again
-                "token_auth": False,
-                "bind_address": "127.0.0.1",
-                "archive_format": "no-archive",
-                "model_store": self.work / "store",
-                "run_dir": self.work / RUN_DIRS["torchserve"],
-                "triton_repository": self.work / "repo",
-                "triton_run_dir": self.work / RUN_DIRS["triton"],
-                **dict(zip(_PORTS, free_ports(len(_PORTS)), strict=True)),
-                **settings,
-            },
-        )
-        self.plan = placement.plan(placement.PlanRequest.of(self.spec, self.manifest))
-        self.instance: Any = None
+    protocol: str
+    url: str
+    model: str
 
-    def start(self) -> None:
-        """Package for this host and start; returns once every worker is ready."""
-        s = self.spec
-        if self.engine_name == "torchserve":
-            from ..packaging.torchserve import package_torchserve
-            from . import torchserve
 
-            package_torchserve(self.artifact, s)
-            self.instance = torchserve.start(s.model_store, s.run_dir, log=self._log)
-        else:
-            from ..packaging.triton import package_triton
-            from . import triton
+class Engine(ABC):
+    """One engine, started (or to be started) from `run_dir`.
 
-            package_triton(self.artifact, s)
-            listen = triton.Listen(s.http_port, s.grpc_port, s.triton_metrics_port)
-            self.instance = triton.start(
-                s.triton_repository, s.triton_run_dir, listen, log=self._log
-            )
+    Class attributes say what a deployment must give it: the spec fields of its ports and
+    of its store, and what its worker processes are called in messages.
+    """
 
-    def _log(self, message: str) -> None:
-        log.info(message)
+    name: ClassVar[str]
+    # TorchServe's "workers", Triton's "instances"
+    worker_word: ClassVar[str]
+    # the spec fields holding the ports it listens on
+    port_fields: ClassVar[tuple[str, ...]]
+    # the spec field holding the folder `package` writes and `start` serves
+    store_field: ClassVar[str]
+    # how a worker that died is replaced (shown by `serve` and in the docs)
+    replacement: ClassVar[str]
+    # neuronserve's pip extra that installs it (an image for it gets that extra)
+    extra: ClassVar[str]
+    # the protocols of its own API, one NativeRoute each (`native_routes`)
+    protocols: ClassVar[tuple[str, ...]]
 
-    def stop(self) -> None:
-        if self.engine_name == "torchserve":
-            from . import torchserve
+    def __init__(self, run_dir: Path):
+        self.run_dir = Path(run_dir).resolve()
 
-            torchserve.stop(self.spec.run_dir, log=self._log)
-        else:
-            from . import triton
+    # packaging: no server needed
 
-            triton.stop(self.spec.triton_run_dir, log=self._log)
+    @classmethod
+    def store(cls, spec: DeploySpec) -> Path:
+        return Path(getattr(spec, cls.store_field))
 
+    @classmethod
+    @abstractmethod
+    def package(cls, artifact: Path, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
+        """Write `artifact` into the spec's store for this host's worker plan (`plan`
+        when the caller made it already); the path written."""
+
+    @classmethod
+    @abstractmethod
+    def models_in(cls, store: Path) -> list[str]:
+        """The models a store holds: what `start` will serve from it."""
+
+    # a running engine
+
+    @abstractmethod
+    def start(self, spec: DeploySpec, log: Log = print, timeout_s: float = 600) -> None:
+        """Start on the spec's store, listening where the spec says, and return once
+        every worker of every model is ready (stopping again if that fails)."""
+
+    @abstractmethod
+    def stop(self, log: Log = print) -> bool:
+        """Stop it and wait until its processes are gone; False when none was running."""
+
+    @abstractmethod
     def root_pid(self) -> int | None:
         """The engine's main process (TorchServe's frontend, tritonserver), if running."""
-        return running_pid(self.work, self.engine_name) if self.instance is not None else None
+
+    @abstractmethod
+    def workers_ready(self, model: str) -> tuple[int, int]:
+        """(workers ready, workers planned) of `model`: only workers whose process is
+        alive and has loaded the model count."""
+
+    @abstractmethod
+    def native_routes(self, model: str) -> list[NativeRoute]:
+        """Where the engine's own API takes `model`'s requests, one per protocol."""
 
     @property
+    @abstractmethod
     def metrics_url(self) -> str:
-        return str(self.instance.metrics_url)
+        """Base URL of its Prometheus endpoint (`/metrics` below it)."""
 
-    @property
-    def predictions_url(self) -> str:
-        """TorchServe's inference URL for this model."""
-        return f"{self.instance.inference_url}/predictions/{self.name}"
+    @abstractmethod
+    def client(self, model: ServedModel, workers: int, connections: int) -> EngineClient:
+        """The front's asynchronous client for `model`, with up to `connections` open."""
+
+    def running(self) -> bool:
+        return self.root_pid() is not None
+
+    def describe(self) -> dict[str, Any]:
+        """What `serve` prints: the engine, its run directory and how workers heal."""
+        return {"engine": self.name, "run_dir": str(self.run_dir), "replacement": self.replacement}

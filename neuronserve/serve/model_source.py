@@ -19,7 +19,7 @@ import yaml
 from ..artifact import MANIFEST
 from ..packaging.torchserve import MODEL_CONFIG
 from ..worker import ARTIFACT_DIR, WorkerSettings
-from .engine import ENGINES
+from .engines import ENGINES
 
 MODEL_DIR = "/opt/ml/model"
 BAKED_DIR = "/opt/neuronserve/model"
@@ -122,5 +122,5 @@ def engine_name() -> str:
         engine = json.loads(config.read_text()).get("engine")
     engine = engine or "torchserve"
     if engine not in ENGINES:
-        raise ModelSourceError(f"NEURONSERVE_ENGINE={engine!r}: use torchserve or triton")
+        raise ModelSourceError(f"NEURONSERVE_ENGINE={engine!r}: use {' or '.join(ENGINES)}")
     return engine

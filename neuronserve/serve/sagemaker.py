@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import placement
 from ..artifact import read_manifest
 from ..spec import DeploySpec, load_spec
-from .engine import Engine, engine_settings
+from .deployment import Deployment, engine_settings
 from .front.config import FrontConfig
 from .front.keys import ENV_KEY
 from .front.server import configure_logging, run
@@ -84,9 +84,10 @@ def sagemaker_spec(work: Path) -> DeploySpec:
     )
 
 
-def sagemaker_engine(spec: DeploySpec, work: Path) -> Engine:
-    """Find the model, plan workers for this host from SageMaker's settings, and make the
-    engine the front starts."""
+def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
+    """Find the model, plan workers for this host from SageMaker's settings (once: the
+    deployment packages and starts with this plan), and make the deployment the front
+    starts."""
     source = model_source()
     found = find_model(source, work)
     manifest = read_manifest(found.artifact)
@@ -112,7 +113,7 @@ def sagemaker_engine(spec: DeploySpec, work: Path) -> Engine:
         )
     settings = {**engine_settings(spec, found.packaged), "workers": plan.workers}
     log.info("serving %s (%s) from %s", manifest.name, manifest.task, source)
-    return Engine(spec.engine, found.artifact, work, settings)
+    return Deployment(spec.engine, found.artifact, work, settings, plan)
 
 
 def main() -> int:
@@ -127,7 +128,7 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - a bad setting must end the container, said why
             log.error("neuronserve: cannot start: %s", " | ".join(str(e).splitlines()))
             return 1
-        return run(config, lambda: sagemaker_engine(spec, work))
+        return run(config, lambda: sagemaker_deployment(spec, work))
     finally:
         if not given:  # a folder of our own making goes with us (engine logs, unpacked .mar)
             shutil.rmtree(work, ignore_errors=True)

@@ -18,13 +18,16 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 import requests
 
+from ..cores import DEPLOYMENT_ENV
 from ..packaging.torchserve import CONFIG_FILE, read_properties, write_properties
 from ..resources import tool, torchserve_log_config
 from ..worker import FAILURE_MARKER
+from .engine import Engine, Log, NativeRoute
 from .process import (
     ServeError,
     alive,
@@ -36,8 +39,14 @@ from .process import (
     stop_tree,
 )
 
+if TYPE_CHECKING:
+    from ..placement import WorkerPlan
+    from ..spec import DeploySpec
+    from .front.clients import EngineClient, ServedModel
+
 __all__ = [
     "ServeError",
+    "TorchServe",
     "TorchServeInstance",
     "running",
     "server_pid",
@@ -93,6 +102,9 @@ def _env(run_dir: Path) -> dict[str, str]:
             "OMP_NUM_THREADS": "1",
             "MKL_NUM_THREADS": "1",
             "TOKENIZERS_PARALLELISM": "false",
+            # workers record which deployment they serve in their core leases, so a worker
+            # that finds every core taken can say whose workers hold them
+            DEPLOYMENT_ENV: str(run_dir),
         }
     )
     return env
@@ -205,10 +217,10 @@ def _command(model_store: Path, config: Path) -> list[str]:
 
 def worker_counts(instance: TorchServeInstance, name: str) -> tuple[int, int, list[str]]:
     """(ready, expected, statuses) for one model."""
-    return counts_of(instance.model_status(name))
+    return worker_counts_of(instance.model_status(name))
 
 
-def counts_of(entries: list[dict]) -> tuple[int, int, list[str]]:
+def worker_counts_of(entries: list[dict]) -> tuple[int, int, list[str]]:
     """(ready, expected, statuses) from a model's management API answer. A worker counts
     as ready while it is READY and its process runs: one killed a moment ago is still
     listed READY until the frontend notices."""
@@ -312,3 +324,110 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
     forget_pid(_pid_file(run_dir))
     log(f"TorchServe stopped ({workers} worker process(es) with it)")
     return True
+
+
+def models_in(store: Path) -> list[str]:
+    """The models TorchServe loads from `store` (load_models=all): each .mar, and each
+    folder an archive was unpacked into (--archive-format no-archive)."""
+    store = Path(store)
+    if not store.is_dir():
+        return []
+    return sorted(
+        p.stem if p.suffix == ".mar" else p.name
+        for p in store.iterdir()
+        if (p.suffix == ".mar" and p.is_file()) or (p / "MAR-INF" / "MANIFEST.json").is_file()
+    )
+
+
+def listen_overrides(spec: DeploySpec) -> dict[str, str]:
+    """config.properties addresses for the spec's ports on its bind address."""
+    a = spec.bind_address
+    return {
+        "inference_address": f"http://{a}:{spec.inference_port}",
+        "management_address": f"http://{a}:{spec.management_port}",
+        "metrics_address": f"http://{a}:{spec.metrics_port}",
+        "grpc_inference_port": str(spec.grpc_inference_port),
+        "grpc_management_port": str(spec.grpc_management_port),
+    }
+
+
+class TorchServe(Engine):
+    """TorchServe's Java frontend with one Python worker process per core group; token
+    authorization as the store's config.properties says (off behind the front)."""
+
+    name = "torchserve"
+    extra = "torchserve"
+    protocols = ("torchserve",)
+    worker_word = "workers"
+    port_fields = (
+        "inference_port",
+        "management_port",
+        "metrics_port",
+        "grpc_inference_port",
+        "grpc_management_port",
+    )
+    store_field = "model_store"
+    replacement = (
+        "TorchServe starts a new worker when one dies; it leases the core group the dead one held"
+    )
+
+    def __init__(self, run_dir: Path):
+        super().__init__(run_dir)
+        self._instance: TorchServeInstance | None = None
+
+    @classmethod
+    def package(cls, artifact: Path, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
+        from ..packaging.torchserve import package_torchserve
+
+        return package_torchserve(artifact, spec, plan)
+
+    @classmethod
+    def models_in(cls, store: Path) -> list[str]:
+        return models_in(store)
+
+    def start(self, spec: DeploySpec, log: Log = print, timeout_s: float = 600) -> None:
+        self._instance = start(
+            self.store(spec), self.run_dir, listen_overrides(spec), timeout_s, log=log
+        )
+
+    def stop(self, log: Log = print) -> bool:
+        self._instance = None
+        return stop(self.run_dir, log=log)
+
+    def root_pid(self) -> int | None:
+        return server_pid(self.run_dir)
+
+    @property
+    def instance(self) -> TorchServeInstance:
+        if self._instance is None:
+            self._instance = running(self.run_dir)
+        if self._instance is None:
+            raise ServeError(f"no TorchServe is running from {self.run_dir}")
+        return self._instance
+
+    def workers_ready(self, model: str) -> tuple[int, int]:
+        try:
+            ready, expected, _ = worker_counts(self.instance, model)
+        except (ServeError, requests.RequestException, ValueError):
+            return 0, 1
+        return ready, expected
+
+    def native_routes(self, model: str) -> list[NativeRoute]:
+        return [
+            NativeRoute("torchserve", f"{self.instance.inference_url}/predictions/{model}", model)
+        ]
+
+    @property
+    def metrics_url(self) -> str:
+        return self.instance.metrics_url
+
+    def client(self, model: ServedModel, workers: int, connections: int) -> EngineClient:
+        from .front.clients import TorchServeClient, TorchServeUrls
+
+        inst = self.instance
+        urls = TorchServeUrls(
+            predict=f"{inst.inference_url}/predictions/{model.name}",
+            model=f"{inst.management_url}/models/{model.name}",
+            metrics=inst.metrics_url,
+        )
+        return TorchServeClient(urls, workers, connections, worker_counts_of)

@@ -22,9 +22,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import requests
 
+from ..cores import DEPLOYMENT_ENV
+from .engine import Engine, Log, NativeRoute
 from .process import (
     ServeError,
     forget_pid,
@@ -34,9 +37,7 @@ from .process import (
     record_pid,
     stop_tree,
 )
-from .triton_healer import LOG_FILE as HEALER_LOG
-from .triton_healer import PID_FILE as HEALER_PID
-from .triton_healer import (
+from .triton_stubs import (
     Count,
     instance_counts,
     live_stubs,
@@ -45,7 +46,16 @@ from .triton_healer import (
     stub_regions,
 )
 
+if TYPE_CHECKING:
+    from ..placement import WorkerPlan
+    from ..spec import DeploySpec
+    from .front.clients import EngineClient, ServedModel
+
 PID_FILE = "tritonserver.pid"
+# the healer's files in the run directory (triton_healer.py)
+HEALER_PID = "healer.pid"
+HEALER_LOG = "healer.log"
+HEALER_STATUS_FILE = "instances.json"
 # the Python backend's environment folder (one per server, at a fixed /tmp path)
 PYTHON_ENVS = "/tmp/python_env_*"
 ENDPOINTS_FILE = "endpoints.json"
@@ -155,8 +165,10 @@ def backend_directory(root: Path, run_dir: Path) -> Path:
     return backends
 
 
-def _env() -> dict[str, str]:
+def _env(run_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
+    # stubs record the deployment they serve in their core leases (worker.py)
+    env[DEPLOYMENT_ENV] = str(run_dir)
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
     # The stub finds its packages through the `python3` first on PATH (this environment's,
@@ -291,7 +303,7 @@ def start(
     models = models_in(repository)
     envs_before = set(glob.glob(PYTHON_ENVS))
     cmd = _command((binary, root), repository, run_dir, listen)
-    env = _env()
+    env = _env(run_dir)
     log(f"starting tritonserver {binary} (run directory {run_dir}) ...")
     with private_file(run_dir / LOG_FILE) as out:
         # Its own session, so the server and its stub processes outlive this command and
@@ -401,3 +413,89 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
         + (f"; removed {len(removed)} file(s) its killed processes left)" if removed else ")")
     )
     return True
+
+
+class Triton(Engine):
+    """tritonserver with one Python-backend stub process per instance (core group), its
+    restricted APIs behind an admin key, and a healer beside it."""
+
+    name = "triton"
+    extra = "triton"
+    protocols = ("triton-http", "triton-grpc")
+    worker_word = "instances"
+    port_fields = ("http_port", "grpc_port", "triton_metrics_port")
+    store_field = "triton_repository"
+    replacement = (
+        "Triton's Python backend never replaces a dead stub: the healer beside the server "
+        "reloads the model, whose new instances lease the freed core groups"
+    )
+
+    def __init__(self, run_dir: Path):
+        super().__init__(run_dir)
+        self._instance: TritonInstance | None = None
+
+    @classmethod
+    def package(cls, artifact: Path, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
+        from ..packaging.triton import package_triton
+
+        return package_triton(artifact, spec, plan)
+
+    @classmethod
+    def models_in(cls, store: Path) -> list[str]:
+        return models_in(store) if Path(store).is_dir() else []
+
+    def start(self, spec: DeploySpec, log: Log = print, timeout_s: float = 600) -> None:
+        listen = Listen(spec.http_port, spec.grpc_port, spec.triton_metrics_port, spec.bind_address)
+        self._instance = start(self.store(spec), self.run_dir, listen, timeout_s, log=log)
+
+    def stop(self, log: Log = print) -> bool:
+        self._instance = None
+        return stop(self.run_dir, log=log)
+
+    def root_pid(self) -> int | None:
+        return _pid(self.run_dir)
+
+    @property
+    def instance(self) -> TritonInstance:
+        if self._instance is None:
+            self._instance = running(self.run_dir)
+        if self._instance is None:
+            raise ServeError(f"no tritonserver is running from {self.run_dir}")
+        return self._instance
+
+    def workers_ready(self, model: str) -> tuple[int, int]:
+        """Live stubs of `model` while Triton says it is READY."""
+        try:
+            inst = self.instance
+        except ServeError:
+            return 0, 1
+        count = inst.instances().get(model)
+        expected = count.expected if count else 1
+        try:
+            r = requests.get(f"{inst.http_url}/v2/models/{model}/ready", timeout=5)
+        except requests.RequestException:
+            return 0, expected
+        return (count.alive if r.status_code == 200 and count else 0), expected
+
+    def native_routes(self, model: str) -> list[NativeRoute]:
+        inst = self.instance
+        return [
+            NativeRoute("triton-http", inst.http_url, model),
+            NativeRoute("triton-grpc", inst.grpc_url, model),
+        ]
+
+    @property
+    def metrics_url(self) -> str:
+        return self.instance.metrics_url
+
+    def client(self, model: ServedModel, workers: int, connections: int) -> EngineClient:
+        from .front.clients import TritonClient, TritonUrls
+
+        inst = self.instance
+
+        def alive() -> int:
+            count = inst.instances().get(model.name)
+            return count.alive if count else 0
+
+        urls = TritonUrls(http=inst.http_url, metrics=inst.metrics_url)
+        return TritonClient(model, urls, workers, connections, alive)

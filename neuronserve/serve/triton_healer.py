@@ -22,11 +22,9 @@ how many expected and what the healer is doing (serving, reloading, failed); rea
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -35,15 +33,21 @@ from pathlib import Path
 import psutil
 import requests
 
+from . import triton
 from .process import alive
+from .triton import HEALER_STATUS_FILE as STATUS_FILE
+from .triton_stubs import (
+    Count,
+    counts_from_stubs,
+    instance_counts,
+    live_stubs,
+    note_leftovers,
+    stub_regions,
+)
 
 log = logging.getLogger("neuronserve.healer")
 
 POLL_S = 0.5
-STATUS_FILE = "instances.json"
-PID_FILE = "healer.pid"
-LOG_FILE = "healer.log"
-STUB = "triton_python_backend_stub"
 # how long unloaded stubs may take to finish their requests and exit before they are
 # killed (their leases must be free before the reload). Under load they do not exit by
 # themselves: Triton's unload waits for the batches it had handed the dead stub (measured:
@@ -52,88 +56,6 @@ DRAIN_S = 3.0
 # a reload that failed is tried again after this long (the core may still be held by a
 # process that is slow to die)
 RETRY_S = 5.0
-
-
-def live_stubs(server_pid: int) -> dict[str, list[psutil.Process]]:
-    """The live (not zombie) Python-backend stubs of the tritonserver `server_pid`, by
-    model: a stub's first argument is its model's `<repository>/<model>/<version>/model.py`."""
-    out: dict[str, list[psutil.Process]] = {}
-    try:
-        children = psutil.Process(server_pid).children(recursive=True)
-    except psutil.Error:
-        return out
-    for p in children:
-        try:
-            cmd = p.cmdline()
-            if not cmd or not cmd[0].endswith(STUB) or p.status() == psutil.STATUS_ZOMBIE:
-                continue
-        except psutil.Error:
-            continue
-        if len(cmd) > 1:
-            out.setdefault(Path(cmd[1]).parent.parent.name, []).append(p)
-    return out
-
-
-@dataclass(frozen=True)
-class Count:
-    alive: int
-    expected: int
-
-    @property
-    def whole(self) -> bool:
-        return self.alive >= self.expected
-
-
-# what Triton's Python backend leaves behind when a stub or the server is killed: each
-# stub's shared-memory region (named in its command line) and the backend's environment
-# folder (a fixed /tmp path, so TMPDIR cannot move it)
-LEFTOVERS_FILE = "leftovers.json"
-_LEFTOVER_PREFIXES = ("/dev/shm/triton_python_backend_shm_region_", "/tmp/python_env_")
-
-
-def stub_regions(stubs: dict[str, list[psutil.Process]]) -> set[str]:
-    """The shared-memory regions of `stubs` (as live_stubs gives them)."""
-    regions = set()
-    for processes in stubs.values():
-        for p in processes:
-            with contextlib.suppress(psutil.Error, IndexError):
-                regions.add("/dev/shm/" + p.cmdline()[2])
-    return regions
-
-
-def note_leftovers(run_dir: Path, paths: set[str]) -> None:
-    """Add `paths` to what `remove_leftovers` deletes once the server is gone."""
-    path = Path(run_dir) / LEFTOVERS_FILE
-    known = set(json.loads(path.read_text())) if path.is_file() else set()
-    if not paths <= known:
-        path.write_text(json.dumps(sorted(known | paths)))
-
-
-def remove_leftovers(run_dir: Path) -> list[str]:
-    """Delete what this server's killed stubs or killed server left; returns the paths."""
-    path = Path(run_dir) / LEFTOVERS_FILE
-    removed = []
-    for p in json.loads(path.read_text()) if path.is_file() else []:
-        if not p.startswith(_LEFTOVER_PREFIXES) or not os.path.lexists(p):
-            continue
-        if os.path.isdir(p) and not os.path.islink(p):
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            with contextlib.suppress(OSError):
-                os.unlink(p)
-        removed.append(p)
-    path.unlink(missing_ok=True)
-    return removed
-
-
-def instance_counts(server_pid: int, expected: dict[str, int]) -> dict[str, Count]:
-    """Each model's live stubs of the `expected` instance count (its config's, which
-    `serve triton` read when it started the server)."""
-    return counts_of(live_stubs(server_pid), expected)
-
-
-def counts_of(stubs: dict[str, list[psutil.Process]], expected: dict[str, int]) -> dict[str, Count]:
-    return {m: Count(len(stubs.get(m, [])), n) for m, n in expected.items()}
 
 
 @dataclass
@@ -147,8 +69,6 @@ class ModelState:
 
 class Healer:
     def __init__(self, run_dir: Path):
-        from . import triton
-
         self.run_dir = Path(run_dir)
         inst = triton.running(self.run_dir)
         if inst is None:
@@ -177,7 +97,7 @@ class Healer:
             if not regions <= self.noted:
                 note_leftovers(self.run_dir, regions)
                 self.noted |= regions
-            for model, count in counts_of(stubs, self.expected).items():
+            for model, count in counts_from_stubs(stubs, self.expected).items():
                 state = self.states[model]
                 state.alive = count.alive
                 if not count.whole:

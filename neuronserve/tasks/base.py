@@ -25,14 +25,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+from ..tokenization import Text
+
+# a module's outputs for a batch, unpadded: per-row outputs stacked (rows, dim), or
+# per-token outputs one (tokens, dim) array per row
+RowOutputs = np.ndarray | list[np.ndarray]
 
 if TYPE_CHECKING:
-    from ..execution import RowOutputs
-    from ..tokenization import Encoded
+    import torch
 
-# a text, a text pair, or an encoded image
-Text = str | tuple[str, str] | bytes
+    from ..tokenization import Encoded
 
 
 class RequestError(ValueError):
@@ -415,34 +418,6 @@ class TensorSpec:
     name: str
     dtype: str  # numpy dtype name, or "bytes"
     dims: tuple[int, ...]  # per text, without the batch dimension
-
-
-class EncoderModule(torch.nn.Module):
-    """Base of the per-task modules that get compiled: plain int64 tensors in, the
-    Hugging Face model called with the inputs it takes, and the task's `head` turning its
-    output into the one float tensor the execution path unpads."""
-
-    def __init__(self, model: torch.nn.Module, input_names: list[str]):
-        super().__init__()
-        self.model = model
-        self.uses_token_types = "token_type_ids" in input_names
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        kwargs: dict[str, torch.Tensor | None] = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-        }
-        if self.uses_token_types:
-            kwargs["token_type_ids"] = token_type_ids
-        return self.head(self.model(**kwargs), attention_mask)
-
-    def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
 
 
 def labels_of(config: Any) -> list[str]:

@@ -8,32 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
-from .base import EncoderModule, Task, TaskRequest, TensorSpec, WrappedModel
+from .base import Task, TaskRequest, TensorSpec, WrappedModel
 
-
-class PooledEncoder(EncoderModule):
-    def __init__(
-        self, model: torch.nn.Module, pooling: str, normalize: bool, input_names: list[str]
-    ):
-        super().__init__(model, input_names)
-        self.cls_pooling = pooling == "cls"
-        self.normalize = normalize
-
-    def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = out.last_hidden_state
-        if self.cls_pooling:
-            pooled = hidden[:, 0]
-        else:
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        if self.normalize:
-            pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
-        return pooled.float()
+if TYPE_CHECKING:
+    import torch
 
 
 def sentence_transformers_pooling(model_dir: Path) -> tuple[str | None, bool | None]:
@@ -85,6 +67,8 @@ class FeatureExtraction(Task):
         normalize = options.get("normalize")
         if normalize is None:
             normalize = bool(st_normalize)
+        from .heads import PooledEncoder
+
         module = PooledEncoder(model, pooling, normalize, options["input_names"]).eval()
         return WrappedModel(
             module=module,

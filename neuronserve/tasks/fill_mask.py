@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from .base import (
-    EncoderModule,
     JsonResultsTask,
     RequestError,
     TaskRequest,
@@ -26,16 +24,8 @@ from .base import (
     stacked,
 )
 
-
-class TopTokens(EncoderModule):
-    def __init__(self, model: torch.nn.Module, input_names: list[str], k: int):
-        super().__init__(model, input_names)
-        self.k = k
-
-    def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
-        values, ids = out.logits.float().softmax(dim=-1).topk(self.k, dim=-1)
-        # token ids are exact in float32 below 2**24: any vocabulary
-        return torch.cat((values, ids.float()), dim=-1)
+if TYPE_CHECKING:
+    import torch
 
 
 class FillMask(JsonResultsTask):
@@ -53,6 +43,8 @@ class FillMask(JsonResultsTask):
     ) -> WrappedModel:
         if options.get("mask_token_id") is None:
             raise ValueError(f"{model_dir}'s tokenizer has no mask token: it cannot fill masks")
+        from .heads import TopTokens
+
         config: Any = model.config
         k = min(int(options["max_top_k"]), int(config.vocab_size))
         return WrappedModel(

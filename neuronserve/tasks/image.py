@@ -10,13 +10,14 @@ rows in buckets of batch sizes at the model's image size.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .base import RequestError, Task, TaskRequest, WrappedModel, logits_over_labels
 from .feature_extraction import FeatureExtraction
 from .text_classification import TextClassification, multi_label
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ImageTask(Task):
@@ -47,22 +48,6 @@ class ImageTask(Task):
         )
 
 
-class PixelModule(torch.nn.Module):
-    """The Hugging Face vision model called with pixel_values, as compiled."""
-
-    def __init__(self, model: torch.nn.Module, head: str):
-        super().__init__()
-        self.model, self.head = model, head
-
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        out = self.model(pixel_values=pixel_values)
-        if self.head == "logits":
-            return out.logits.float()
-        hidden = out.last_hidden_state
-        pooled = hidden[:, 0] if self.head == "cls" else hidden.mean(dim=1)
-        return pooled.float()
-
-
 class ImageClassification(ImageTask, TextClassification):
     auto_class = "AutoModelForImageClassification"
     name = "image-classification"
@@ -75,6 +60,8 @@ class ImageClassification(ImageTask, TextClassification):
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
+        from .heads import PixelModule
+
         config: Any = model.config
         return logits_over_labels(
             PixelModule(model, "logits"), config, multi_label=multi_label(config)
@@ -97,6 +84,8 @@ class ImageFeatureExtraction(ImageTask, FeatureExtraction):
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
+        from .heads import PixelModule
+
         pooling = options.get("pooling", "auto")
         pooling = "cls" if pooling == "auto" else pooling
         return WrappedModel(

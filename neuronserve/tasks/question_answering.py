@@ -14,13 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from .base import (
-    EncoderModule,
     JsonResultsTask,
     RequestError,
     TaskRequest,
@@ -31,10 +29,8 @@ from .base import (
     truncation_parameters,
 )
 
-
-class SpanLogits(EncoderModule):
-    def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
-        return torch.stack((out.start_logits, out.end_logits), dim=-1).float()
+if TYPE_CHECKING:
+    import torch
 
 
 class QuestionAnswering(JsonResultsTask):
@@ -80,6 +76,8 @@ class QuestionAnswering(JsonResultsTask):
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
+        from .heads import SpanLogits
+
         return WrappedModel(
             module=SpanLogits(model, options["input_names"]).eval(),
             output_name="span_logits",

@@ -10,10 +10,9 @@ or the softmax probability of the spec's `relevance_label` for a model of severa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from .base import (
     RequestError,
@@ -27,7 +26,10 @@ from .base import (
     positive_int,
     truncation_parameters,
 )
-from .text_classification import LogitsClassifier, sigmoid, softmax
+from .text_classification import sigmoid, softmax
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Rerank(Task):
@@ -75,6 +77,8 @@ class Rerank(Task):
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
+        from .heads import LogitsClassifier
+
         config: Any = model.config
         labels = labels_of(config)
         chosen = options.get("relevance_label")

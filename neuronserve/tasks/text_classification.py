@@ -8,13 +8,11 @@ in float64, so scores do not depend on the target's precision beyond the logits.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from .base import (
-    EncoderModule,
     RequestError,
     Task,
     TaskRequest,
@@ -24,10 +22,8 @@ from .base import (
     logits_over_labels,
 )
 
-
-class LogitsClassifier(EncoderModule):
-    def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
-        return out.logits.float()
+if TYPE_CHECKING:
+    import torch
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -78,6 +74,8 @@ class TextClassification(Task):
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
+        from .heads import LogitsClassifier
+
         config: Any = model.config
         module = LogitsClassifier(model, options["input_names"])
         return logits_over_labels(module, config, multi_label=multi_label(config))

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from .base import (
     JsonResultsTask,
@@ -25,7 +24,9 @@ from .base import (
     logits_over_labels,
     stacked,
 )
-from .text_classification import LogitsClassifier
+
+if TYPE_CHECKING:
+    import torch
 
 STRATEGIES = ("none", "simple", "first", "average", "max")
 
@@ -55,6 +56,8 @@ class TokenClassification(JsonResultsTask):
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
+        from .heads import LogitsClassifier
+
         return logits_over_labels(LogitsClassifier(model, options["input_names"]), model.config)
 
     accuracy_metric = "token_argmax_agreement"

@@ -148,7 +148,7 @@ def test_inf1_compiles_bf16_not_held_to_fp32_tolerance(tmp_path, classifier_dir,
 def test_compile_for_saves_unchecked_and_validate_checks_on_the_host(
     tmp_path, classifier_dir, log, caplog
 ):
-    from neuronserve.compile.validate import validate_artifact
+    from neuronserve.compile.check import validate_artifact
     from neuronserve.runtime import Runner
 
     with standin_process(0, log=log):  # a build host: no Neuron device
@@ -187,7 +187,7 @@ def test_compile_for_needs_an_sdk_with_cpu_backend(tmp_path, classifier_dir):
 
 def test_a_failed_check_is_recorded_and_refused_at_load(tmp_path, classifier_dir):
     from neuronserve.artifact import ArtifactError
-    from neuronserve.compile.validate import validate_artifact
+    from neuronserve.compile.check import validate_artifact
     from neuronserve.runtime import Runner
 
     with standin_process(0):

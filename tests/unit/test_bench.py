@@ -414,7 +414,7 @@ def test_soak_judges_memory_of_workers_loaded_before_a_short_run(monkeypatch):
     present = [me]
     samples = []
 
-    class Here(soak.Target):
+    class Here(soak.SoakTarget):
         def workers(self) -> list[psutil.Process]:
             samples.append(list(present))
             return list(present)

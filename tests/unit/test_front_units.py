@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from neuronserve.serve.engine import engine_settings
+from neuronserve.serve.deployment import engine_settings
 from neuronserve.serve.front import schemas
 from neuronserve.serve.front.config import FrontConfig
 from neuronserve.serve.front.errors import error_body, family_of

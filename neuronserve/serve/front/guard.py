@@ -26,7 +26,8 @@ from starlette.requests import Request
 from .config import FrontConfig
 from .errors import Family, error_body, family_of
 from .observe import FrontMetrics
-from .routes import REQUEST_ID, Endpoint, guarded
+from .route import Route
+from .routes import REQUEST_ID, guarded
 
 log = logging.getLogger("neuronserve.front")
 
@@ -54,7 +55,7 @@ class _Call:
     """One request as the guard handles it, and its answer as it is sent: status, whether
     it has started, the request id added to its headers."""
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint | None):
+    def __init__(self, scope: Scope, receive: Receive, send: Send, endpoint: Route | None):
         self.scope, self.receive, self._send, self.endpoint = scope, receive, send, endpoint
         self.family: Family = endpoint.family if endpoint is not None else family_of(scope["path"])
         self.headers = dict(scope["headers"])
@@ -93,7 +94,7 @@ class Guard:
     the Starlette `app` under it."""
 
     def __init__(
-        self, app: ASGIApp, config: FrontConfig, metrics: FrontMetrics, endpoints: list[Endpoint]
+        self, app: ASGIApp, config: FrontConfig, metrics: FrontMetrics, endpoints: list[Route]
     ):
         self.app, self.config, self.metrics = app, config, metrics
         self.routes = {e.path: e for e in endpoints}

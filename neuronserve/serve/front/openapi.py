@@ -14,7 +14,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from ... import __version__
-from .routes import Endpoint
+from .route import Route
 
 JSON = "application/json"
 
@@ -28,7 +28,7 @@ SWAGGER_PAGE = """<!doctype html>
 """
 
 
-def document(endpoints: list[Endpoint], keys_on: bool = True) -> dict[str, Any]:
+def document(endpoints: list[Route], keys_on: bool = True) -> dict[str, Any]:
     refs, schemas = _schemas(endpoints)
     paths: dict[str, dict[str, Any]] = {}
     for e in endpoints:
@@ -44,7 +44,7 @@ def document(endpoints: list[Endpoint], keys_on: bool = True) -> dict[str, Any]:
     }
 
 
-def _schemas(endpoints: list[Endpoint]) -> tuple[dict[Any, Any], dict[str, Any]]:
+def _schemas(endpoints: list[Route]) -> tuple[dict[Any, Any], dict[str, Any]]:
     """(reference to each (model, mode), every schema by name), written by pydantic."""
     wanted: list[tuple[Any, Any]] = []
     for e in endpoints:
@@ -57,7 +57,7 @@ def _schemas(endpoints: list[Endpoint]) -> tuple[dict[Any, Any], dict[str, Any]]
     return refs, defs.get("$defs", {})
 
 
-def _operation(e: Endpoint, refs: dict[Any, Any], keys_on: bool) -> dict[str, Any]:
+def _operation(e: Route, refs: dict[Any, Any], keys_on: bool) -> dict[str, Any]:
     def content(model: Any, mode: str) -> dict[str, Any]:
         return {JSON: {"schema": refs[(model, mode)]}}
 

@@ -1,7 +1,8 @@
 """The front's routes: each turns one API's request into a native request for the
 engine (`Serving.predict`) and the engine's answer into that API's response.
 
-The table at the bottom (`endpoints`) is the one list of routes: Starlette routes by it,
+The table at the bottom (`endpoints`, of `route.Route`s) is the one list of routes:
+Starlette routes by it,
 the guard reads which routes need a key and count against the in-flight bound, and the
 OpenAPI document is generated from the bodies it names.
 """
@@ -10,8 +11,6 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,14 +21,15 @@ from starlette.responses import HTMLResponse, Response
 
 from ...tasks import RequestError, get_task
 from . import schemas as s
-from .engines import EngineUnavailable, Prediction
+from .clients import EngineAnswer, EngineUnavailable
 from .errors import Family, error_response
 from .observe import FrontMetrics
+from .openapi import SWAGGER_PAGE, document
+from .route import Handler, Route
 from .serving import NotReady, Serving, normalized, off_loop
 
 log = logging.getLogger("neuronserve.front")
 
-Handler = Callable[[Request], Awaitable[Response]]
 # where the guard leaves each request's id in its ASGI scope
 REQUEST_ID = "neuronserve.request_id"
 JSON = "application/json"
@@ -45,23 +45,6 @@ def json_response(value: Any, status: int = 200) -> Response:
 
 def raw_json(data: bytes, status: int = 200) -> Response:
     return Response(data, status, media_type=JSON)
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    path: str
-    method: str
-    handler: Handler
-    family: Family
-    summary: str
-    tag: str
-    body: Any = None
-    answer: Any = None
-    errors: Any = None
-    # probes and documentation: no key needed
-    open: bool = False
-    # model work: counted against max_in_flight, held to the deadline and body limit
-    work: bool = False
 
 
 def guarded(family: Family, fn: Handler) -> Handler:
@@ -305,20 +288,16 @@ class Api:
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def openapi(self, request: Request) -> Response:
-        from .openapi import document
-
         config = self.serving.config
         return json_response(
             document(endpoints(self, config.metrics_auth), config.keys is not None)
         )
 
     async def docs(self, request: Request) -> Response:
-        from .openapi import SWAGGER_PAGE
-
         return HTMLResponse(SWAGGER_PAGE)
 
 
-def _vectors(prediction: Prediction) -> np.ndarray:
+def _vectors(prediction: EngineAnswer) -> np.ndarray:
     return np.asarray(prediction.value, dtype=np.float32).reshape(len(prediction.value), -1)
 
 
@@ -348,9 +327,9 @@ def predict_inputs(inputs: str | list[str | list[str]]) -> tuple[list[Any], bool
     return items, False
 
 
-def endpoints(api: Api, metrics_auth: bool = True) -> list[Endpoint]:
+def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
     """Every route of the front, in the order the documentation lists them."""
-    e = Endpoint
+    e = Route
     tei = "text-embeddings-inference"
     return [
         e("/v1/embeddings", "POST", api.openai_embeddings, "openai", "OpenAI embeddings",

@@ -26,12 +26,11 @@ from typing import Any
 import uvicorn
 
 from ...spec import DeploySpec, load_spec
-from ..engine import Engine, engine_settings
+from ..deployment import Deployment, engine_settings
 from ..model_source import find_model
 from .app import build_app
 from .config import FrontConfig
-from .engines import client_for
-from .serving import Model, Serving
+from .serving import Serving
 
 log = logging.getLogger("neuronserve.front")
 
@@ -50,24 +49,24 @@ def configure_logging() -> None:
     root.propagate = False
 
 
-def run(config: FrontConfig, make_engine: Callable[[], Engine]) -> int:
+def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
     """Serve until told to stop; the exit status (1 if the model failed to load)."""
     serving = Serving(config)
     server: dict[str, uvicorn.Server] = {}
-    engines: list[Engine] = []
+    deployments: list[Deployment] = []
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        bring_up = asyncio.create_task(_bring_up(serving, make_engine, engines, server))
+        bring_up = asyncio.create_task(_bring_up(serving, make_deployment, deployments, server))
         try:
             yield
         finally:
             bring_up.cancel()
             if serving.client is not None:
                 await serving.client.close()
-            for engine in engines:
-                log.info("stopping %s", engine.engine_name)
-                await asyncio.to_thread(engine.stop)
+            for deployment in deployments:
+                log.info("stopping %s", deployment.engine_name)
+                await asyncio.to_thread(deployment.stop)
 
     uv = uvicorn.Server(
         uvicorn.Config(
@@ -110,8 +109,8 @@ def run(config: FrontConfig, make_engine: Callable[[], Engine]) -> int:
 
 async def _bring_up(
     serving: Serving,
-    make_engine: Callable[[], Engine],
-    engines: list[Engine],
+    make_deployment: Callable[[], Deployment],
+    deployments: list[Deployment],
     server: dict[str, uvicorn.Server],
 ) -> None:
     uv = server["uvicorn"]
@@ -122,18 +121,18 @@ async def _bring_up(
     if uv.should_exit:
         return
     try:
-        engine = make_engine()
-        engines.append(engine)
+        deployment = make_deployment()
+        deployments.append(deployment)
         log.info(
             "starting %s for %s (%s, %d worker(s))",
-            engine.engine_name,
-            engine.name,
-            engine.manifest.task,
-            engine.plan.workers,
+            deployment.engine_name,
+            deployment.name,
+            deployment.manifest.task,
+            deployment.plan.workers,
         )
-        await asyncio.to_thread(engine.start)
-        model = Model.of(engine)
-        serving.attach(model, client_for(engine, serving.config.max_in_flight))
+        await asyncio.to_thread(deployment.start)
+        model = deployment.served_model()
+        serving.attach(model, deployment.client(model, serving.config.max_in_flight))
         log.info("ready: %s serves %s (%s)", serving.config.url, model.name, model.task)
     except Exception as e:  # noqa: BLE001 - any load failure must end the process
         log.error("neuronserve: model failed to load: %s", " | ".join(str(e).splitlines()))
@@ -141,11 +140,11 @@ async def _bring_up(
         uv.should_exit = True
 
 
-def engine_for_source(spec: DeploySpec, source: Path, work: Path) -> Engine:
-    """The engine serving the model in `source` (an artifact, a model store holding a
-    .mar, or a Triton repository), with the spec's settings over the packaged ones."""
+def deployment_for_source(spec: DeploySpec, source: Path, work: Path) -> Deployment:
+    """The deployment serving the model in `source` (an artifact, a model store holding
+    a .mar, or a Triton repository), with the spec's settings over the packaged ones."""
     found = find_model(source, work)
-    return Engine(spec.engine, found.artifact, work, engine_settings(spec, found.packaged))
+    return Deployment(spec.engine, found.artifact, work, engine_settings(spec, found.packaged))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = load_spec(None, saved["spec"])
     config = FrontConfig.from_spec(spec)
     work = config.run_dir / ENGINE_DIR
-    return run(config, lambda: engine_for_source(spec, Path(saved["source"]), work))
+    return run(config, lambda: deployment_for_source(spec, Path(saved["source"]), work))
 
 
 if __name__ == "__main__":

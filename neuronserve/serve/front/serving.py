@@ -7,23 +7,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ... import __version__
-from ...packaging.model import recorded_unless_given
 from ...tasks import RequestError
 from ...tasks.base import Text
-from ...tokenization import TextTokenizer
+from .clients import EngineAnswer, EngineClient, WorkerCounts
 from .config import FrontConfig
-from .engines import EngineClient, Health, Prediction
-
-if TYPE_CHECKING:
-    from ...artifact import Manifest
-    from ..engine import Engine
+from .model import ServedModel
 
 # how long one health answer from the engine is reused
 HEALTH_TTL_S = 1.0
@@ -35,80 +27,25 @@ class NotReady(Exception):
     """The engine is still loading (or failed): answered 503 with Retry-After."""
 
 
-@dataclass(frozen=True)
-class Model:
-    """The served model as the routes need it, read once from the artifact."""
-
-    name: str
-    manifest: Manifest
-    engine: str
-    truncation: bool
-    tokenizer: TextTokenizer | None  # None for an image model
-
-    @classmethod
-    def of(cls, engine: Engine) -> Model:
-        m = engine.manifest
-        return cls(
-            name=engine.name,
-            manifest=m,
-            engine=engine.engine_name,
-            truncation=recorded_unless_given(engine.spec.truncation, m.truncation),
-            tokenizer=TextTokenizer(
-                Path(engine.artifact) / m.tokenizer.file, m.tokenizer.max_length
-            )
-            if m.tokenizer
-            else None,
-        )
-
-    @property
-    def task(self) -> str:
-        return self.manifest.task
-
-    def info(self, config: FrontConfig) -> dict[str, Any]:
-        m = self.manifest
-        if m.labels:
-            model_type: dict[str, Any] = {
-                "classifier": {"id2label": {str(i): label for i, label in enumerate(m.labels)}}
-            }
-        else:
-            model_type = {"embedding": {"pooling": m.pooling, "normalize": m.normalize}}
-        return {
-            "model_id": self.name,
-            "task": m.task,
-            "target": m.target,
-            "precision": m.precision,
-            "engine": self.engine,
-            "model_type": model_type,
-            "batch_sizes": m.batch_sizes,
-            "sequence_lengths": m.sequence_lengths,
-            "max_input_length": m.grid.max_seq,
-            "max_client_batch_size": config.max_client_batch,
-            "max_concurrent_requests": config.max_in_flight,
-            "truncation": self.truncation,
-            "versions": dict(m.versions),
-            "version": __version__,
-        }
-
-
 class Serving:
     def __init__(self, config: FrontConfig):
         self.config = config
         self.client: EngineClient | None = None
-        self.model: Model | None = None
+        self.model: ServedModel | None = None
         self.info: dict[str, Any] = {}
         self.exit_code = 0
-        self._health: tuple[float, Health] | None = None
+        self._health: tuple[float, WorkerCounts] | None = None
 
-    def attach(self, model: Model, client: EngineClient) -> None:
+    def attach(self, model: ServedModel, client: EngineClient) -> None:
         self.model, self.client = model, client
         self.info = model.info(self.config)
 
-    def ready(self) -> tuple[Model, EngineClient]:
+    def ready(self) -> tuple[ServedModel, EngineClient]:
         if self.model is None or self.client is None:
             raise NotReady
         return self.model, self.client
 
-    def require_task(self, route: str, *tasks: str) -> Model:
+    def require_task(self, route: str, *tasks: str) -> ServedModel:
         model, _ = self.ready()
         if model.task not in tasks:
             raise RequestError(
@@ -117,7 +54,7 @@ class Serving:
             )
         return model
 
-    async def predict(self, inputs: list[Any], parameters: dict[str, Any]) -> Prediction:
+    async def predict(self, inputs: list[Any], parameters: dict[str, Any]) -> EngineAnswer:
         """The engine's answer for a list of inputs, within the client batch limit (or in
         pieces of it, when the spec allows)."""
         _, client = self.ready()
@@ -132,11 +69,11 @@ class Serving:
                 for i in range(0, len(inputs), limit)
             )
         )
-        return Prediction(value=[row for part in parts for row in part.value])
+        return EngineAnswer(value=[row for part in parts for row in part.value])
 
     async def predict_whole(
         self, inputs: Any, count: int, parameters: dict[str, Any]
-    ) -> Prediction:
+    ) -> EngineAnswer:
         """The engine's answer for one request of `count` texts that cannot be split
         (a rerank's documents are ranked against each other)."""
         _, client = self.ready()
@@ -151,9 +88,9 @@ class Serving:
             status=413,
         )
 
-    async def health(self) -> Health:
+    async def health(self) -> WorkerCounts:
         if self.client is None:
-            return Health(0, 0)
+            return WorkerCounts(0, 0)
         now = time.monotonic()
         if self._health is None or now - self._health[0] > HEALTH_TTL_S:
             self._health = (now, await self.client.health())

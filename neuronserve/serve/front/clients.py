@@ -1,6 +1,7 @@
-"""The engines behind the front, each behind one small interface that every engine
-implements fully (`EngineClient`): answer a native request, pass a SageMaker body
-through, say how many workers are ready, hand over its metrics.
+"""The front's clients of the engines behind it, each behind one small interface that
+every engine implements fully (`EngineClient`): answer a native request, pass a SageMaker
+body through, say how many workers are ready, hand over its metrics. An engine makes its
+own (`serve.engine.Engine.client`).
 
 A native request is what TorchServe's handler takes (`{"inputs", "parameters"}`) and
 its answer the task's JSON. TorchServe speaks it already, so its client forwards bytes
@@ -24,12 +25,14 @@ import aiohttp
 import numpy as np
 import orjson
 
-from ...tasks import RequestError
+from ...tasks import RequestError, get_task
 from ...tasks.base import RequestLimits, bytes_rows
+from .model import ServedModel
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ...tasks import TaskRequest
-    from ..engine import Engine
 
 _UNSET: Any = object()
 # health and metrics calls: an engine that takes longer than this is not healthy
@@ -50,7 +53,7 @@ class EngineUnavailable(RuntimeError):
     """The engine did not answer at all (stopped, restarting, refused the connection)."""
 
 
-class Prediction:
+class EngineAnswer:
     """An engine's JSON answer to one native request, kept in the form it came in (bytes
     from TorchServe, values from Triton) and converted only if a route needs the other."""
 
@@ -73,7 +76,9 @@ class Prediction:
 
 
 @dataclass(frozen=True)
-class Health:
+class WorkerCounts:
+    """Workers (instances) ready of those the plan has: the engine's health."""
+
     ready: int
     expected: int
 
@@ -82,11 +87,24 @@ class Health:
         return self.expected > 0 and self.ready >= self.expected
 
 
+@dataclass(frozen=True)
+class TorchServeUrls:
+    predict: str  # the model's /predictions URL
+    model: str  # the model's management URL (its workers)
+    metrics: str
+
+
+@dataclass(frozen=True)
+class TritonUrls:
+    http: str
+    metrics: str
+
+
 class EngineClient(ABC):
     kind: str
 
     @abstractmethod
-    async def predict(self, inputs: Any, parameters: dict[str, Any]) -> Prediction:
+    async def predict(self, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
         """The task's answer to `{"inputs": inputs, "parameters": parameters}`; raises
         RequestError with the engine's status for a request it refused."""
 
@@ -95,7 +113,7 @@ class EngineClient(ABC):
         """(status, JSON body) for a request body as SageMaker's /invocations takes it."""
 
     @abstractmethod
-    async def health(self) -> Health:
+    async def health(self) -> WorkerCounts:
         """How many workers (instances) are ready, of how many the plan has."""
 
     @abstractmethod
@@ -122,17 +140,23 @@ def engine_error(status: int, body: bytes) -> RequestError:
 class TorchServeClient(EngineClient):
     kind = "torchserve"
 
-    def __init__(self, engine: Engine, connections: int):
-        inst = engine.instance
+    def __init__(
+        self,
+        urls: TorchServeUrls,
+        workers: int,
+        connections: int,
+        counts: Callable[[list[dict]], tuple[int, int, list[str]]],
+    ):
+        """`counts`: (ready, expected, statuses) of the management API's answer about
+        the model (TorchServe's own rule, torchserve.worker_counts_of)."""
         # No total timeout: the front's deadline cancels a request that runs too long.
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=connections, limit_per_host=connections),
             timeout=aiohttp.ClientTimeout(total=None),
         )
-        self._predict_url = f"{inst.inference_url}/predictions/{engine.name}"
-        self._model_url = f"{inst.management_url}/models/{engine.name}"
-        self._metrics_url = f"{inst.metrics_url}/metrics"
-        self._workers = engine.plan.workers
+        self._predict_url, self._model_url = urls.predict, urls.model
+        self._metrics_url = f"{urls.metrics}/metrics"
+        self._workers, self._counts = workers, counts
 
     async def _post(self, body: bytes, content_type: str) -> tuple[int, bytes]:
         try:
@@ -143,25 +167,23 @@ class TorchServeClient(EngineClient):
         except (aiohttp.ClientError, OSError) as e:
             raise EngineUnavailable(f"TorchServe did not answer: {e}") from None
 
-    async def predict(self, inputs: Any, parameters: dict[str, Any]) -> Prediction:
+    async def predict(self, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
         request = {"inputs": inputs, "parameters": parameters} if parameters else {"inputs": inputs}
         status, data = await self._post(orjson.dumps(request), "application/json")
         if status != 200:
             raise engine_error(status, data)
-        return Prediction(raw=data)
+        return EngineAnswer(raw=data)
 
     async def invoke(self, body: bytes, content_type: str) -> tuple[int, bytes]:
         return await self._post(body, content_type)
 
-    async def health(self) -> Health:
+    async def health(self) -> WorkerCounts:
         try:
             async with self._session.get(self._model_url, timeout=_PROBE_TIMEOUT) as r:
                 entries = await r.json() if r.status == 200 else []
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
             entries = []
-        from ..torchserve import counts_of
-
-        return Health(counts_of(entries)[0], self._workers)
+        return WorkerCounts(self._counts(entries)[0], self._workers)
 
     async def metrics(self) -> str:
         return await _text(self._session, self._metrics_url)
@@ -173,24 +195,33 @@ class TorchServeClient(EngineClient):
 class TritonClient(EngineClient):
     kind = "triton"
 
-    def __init__(self, engine: Engine, connections: int):
+    def __init__(
+        self,
+        model: ServedModel,
+        urls: TritonUrls,
+        instances: int,
+        connections: int,
+        alive: Callable[[], int],
+    ):
+        """`alive`: the model's live instances (stub processes) now."""
         import tritonclient.http.aio as triton_aio
 
-        inst, manifest, task = engine.instance, engine.manifest, engine.task
+        manifest = model.manifest
+        task = get_task(manifest.task)
         self._client = triton_aio.InferenceServerClient(
-            inst.http_url.split("://", 1)[-1], conn_limit=connections, conn_timeout=24 * 3600.0
+            urls.http.split("://", 1)[-1], conn_limit=connections, conn_timeout=24 * 3600.0
         )
         self._aux = aiohttp.ClientSession(timeout=_PROBE_TIMEOUT)
-        self._metrics_url = f"{inst.metrics_url}/metrics"
-        self._model, self._instances, self._task = engine.name, engine.plan.workers, task
-        self._counts = inst.instances
-        self._limits = RequestLimits(chars=engine.spec.max_text_chars)
+        self._metrics_url = f"{urls.metrics}/metrics"
+        self._model, self._instances, self._task = model.name, instances, task
+        self._alive = alive
+        self._limits = RequestLimits(chars=model.max_text_chars)
         self._info = manifest.task_info()
         self._max_batch = manifest.grid.max_batch
         # the first tensor of a task holds the model's raw output rows
         self._output = task.output_tensors(manifest.output_dim, manifest.labels)[0].name
 
-    async def predict(self, inputs: Any, parameters: dict[str, Any]) -> Prediction:
+    async def predict(self, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
         request = self._task.parse(inputs, parameters)
         # refused here, as the instances would: an over-long text is the sender's error
         # even while an instance is being replaced
@@ -198,7 +229,7 @@ class TritonClient(EngineClient):
         if too_long is not None:
             raise too_long
         rows = await self._rows(request)
-        return Prediction(value=self._task.respond(rows, request, self._info))
+        return EngineAnswer(value=self._task.respond(rows, request, self._info))
 
     async def _rows(self, request: TaskRequest) -> Any:
         """The request's results (`Task.finish`) from Triton: the task's parameters go
@@ -270,7 +301,7 @@ class TritonClient(EngineClient):
             return e.status, orjson.dumps({"code": e.status, "error": e.message})
         return 200, prediction.raw
 
-    async def health(self) -> Health:
+    async def health(self) -> WorkerCounts:
         from tritonclient.utils import InferenceServerException
 
         try:
@@ -279,8 +310,8 @@ class TritonClient(EngineClient):
             ready = False
         # Triton says READY while a dead stub still gets every other batch: the live
         # stubs are the truth (the healer reloads the model when one is missing)
-        count = (await asyncio.to_thread(self._counts)).get(self._model) if ready else None
-        return Health(count.alive if count else 0, self._instances)
+        alive = await asyncio.to_thread(self._alive) if ready else 0
+        return WorkerCounts(alive, self._instances)
 
     async def metrics(self) -> str:
         return await _text(self._aux, self._metrics_url)
@@ -296,9 +327,3 @@ async def _text(session: aiohttp.ClientSession, url: str) -> str:
             return await r.text()
     except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
         return f"# the engine's metrics at {url} did not answer: {type(e).__name__}\n"
-
-
-def client_for(engine: Engine, connections: int) -> EngineClient:
-    """The client for a started `engine`, with up to `connections` open at once."""
-    kind = TorchServeClient if engine.engine_name == "torchserve" else TritonClient
-    return kind(engine, connections)

@@ -22,16 +22,6 @@ from .reference import REFERENCE_FILE, Judge, Reference, Verdict, check
 from .targets import get_target
 
 
-def layout_of(manifest: Manifest) -> InputLayout:
-    """How an artifact's modules take their rows and answer (the Runner's and validate's)."""
-    return InputLayout(
-        tuple(i.name for i in manifest.inputs),
-        {i.name: i.pad_value for i in manifest.inputs},
-        per_token=get_task(manifest.task).per_token,
-        image_shape=manifest.image.shape if manifest.image else None,
-    )
-
-
 def runnable_target(path: Path, manifest: Manifest) -> Target:
     target = get_target(manifest.target)
     reason = target.cannot_run_here({})
@@ -65,7 +55,7 @@ def check_modules(path: Path, manifest: Manifest, loaded: dict[str, Module]) -> 
         reference,
         judge,
         manifest.grid,
-        layout_of(manifest),
+        InputLayout.of(manifest),
     )
 
 
