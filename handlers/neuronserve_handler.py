@@ -1,13 +1,17 @@
-"""TorchServe handler shipped inside every neuronserve .mar: a thin adapter over Runner.
+"""TorchServe handler shipped inside every neuronserve .mar: a thin adapter over the
+worker's Runners (one per model the archive holds).
 
 initialize:  `neuronserve.worker.start_worker` with the settings packaging wrote into the
-             archive's model-config.yaml: lease a core group, pin, load and warm up.
-preprocess:  TorchServe request rows -> parsed requests (bad ones become errors in place).
-inference:   one Runner call for the whole batch TorchServe formed.
-postprocess: per-request JSON and HTTP status (a RequestError keeps its own: 400, 413,
-             500).
-handle:      BaseHandler's, timed; the batch's metrics (`neuronserve.metrics`) are
-             written by a thread of their own once the response has gone.
+             archive's model-config.yaml: lease a core group, pin, load and warm up every
+             model on it.
+preprocess:  TorchServe request rows -> (model, parsed request); the model is the one the
+             X-Neuronserve-Model header names (optional when the archive holds one); bad
+             requests become errors in place.
+inference:   `Worker.serve`: one Runner call per model for the batch TorchServe formed.
+postprocess: per-request JSON and HTTP status (a RequestError keeps its own: 400, 404,
+             413, 500).
+handle:      BaseHandler's, timed; the batch's metrics (`neuronserve.metrics`, labelled
+             by model) are written by a thread of their own once the response has gone.
 
 Everything else (decoding, tokenizing, bucketing, padding, running, unpadding, task
 output) is the Runner's, shared with Triton.
@@ -23,6 +27,8 @@ import orjson
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
+
+from neuronserve.worker import MODEL_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +54,6 @@ class NeuronServeHandler(BaseHandler):
             # waiting for a worker that will never be READY.
             logger.error("%s %s", FAILURE_MARKER, " | ".join(str(e).splitlines()))
             raise
-        self.runner = self.worker.runner
         from neuronserve.metrics import DeferredMetrics
 
         self.metrics = DeferredMetrics(self._add)
@@ -61,38 +66,43 @@ class NeuronServeHandler(BaseHandler):
 
         requests = []
         for idx, row in enumerate(data):
-            name, body = _body(row)
-            content_type = _content_type(self.context, idx, name, body)
+            field, body = _body(row)
+            content_type = _content_type(self.context, idx, field, body)
+            model = _header(self.context, idx, MODEL_HEADER)
             try:
                 if body is None:
                     raise RequestError(
                         'empty request: send {"inputs": ...} as JSON, plain text '
                         'or a multipart field named "data"'
                     )
-                requests.append(self.runner.parse(body, content_type))
+                requests.append((model, self.worker.runner(model).parse(body, content_type)))
             except RequestError as e:
-                requests.append(e)
+                requests.append((None, e))
             except Exception:  # noqa: BLE001 - a decoding bug fails this request, not the batch
-                requests.append(internal_error("decoding the request"))
+                requests.append((None, internal_error("decoding the request")))
         return requests
 
     def handle(self, data, context):
-        from neuronserve.metrics import HANDLER_MS, batch_values
+        from neuronserve.metrics import handler_values
 
         # Timed here, around BaseHandler's own, so the sum covers decoding and JSON encoding
-        # as well as the Runner; `neuronserve bench` divides it by the request count. The
+        # as well as the Runners; `neuronserve bench` divides it by the request count. The
         # metrics are written after the response has left (DeferredMetrics says why).
+        self.served = {}
         t0 = time.perf_counter()
         out = super().handle(data, context)
         handler_ms = (time.perf_counter() - t0) * 1e3
-        self.metrics.add([*batch_values(self.report), (HANDLER_MS, handler_ms, {})])
+        self.metrics.add(handler_values(handler_ms, self.served))
         return out
 
     def inference(self, data, *args, **kwargs):
-        from neuronserve.execution import RunReport
+        return self.worker.serve(data, self._report)
 
-        self.report = RunReport()
-        return self.runner.responses(data, self.report)
+    def _report(self, model, report) -> None:
+        from neuronserve.metrics import batch_values
+
+        self.served[model] = report.requests
+        self.metrics.add(batch_values(report, model))
 
     def postprocess(self, data):
         from neuronserve.tasks import RequestError
@@ -111,11 +121,13 @@ class NeuronServeHandler(BaseHandler):
         return out
 
     def _add(self, metric, value, labels) -> None:
-        from neuronserve.metrics import camel
+        from neuronserve.metrics import MODEL_LABEL, camel
 
         # A fresh dimension list each call: TorchServe appends default dimensions to it.
+        # In the order metrics.yaml declares them: TorchServe pairs them by position.
         dims = [Dimension("ModelName", self.context.model_name), Dimension("Level", "Model")]
-        dims += [Dimension(camel(k), str(v)) for k, v in labels.items()]
+        dims.append(Dimension(MODEL_LABEL, labels.get(MODEL_LABEL, "")))
+        dims += [Dimension(camel(k), str(labels[k])) for k in metric.labels]
         kind = MetricTypes.COUNTER if metric.kind == "counter" else MetricTypes.GAUGE
         self.context.metrics.add_metric(
             metric.torchserve_name, round(float(value), 4), metric.unit, None, dims, kind
@@ -141,10 +153,18 @@ def _content_type(context, idx, name, body):
         return "text/plain"  # TorchServe decoded a text/* body for us
     if isinstance(body, (dict, list)):
         return "application/json"
-    try:
-        header = context.get_request_header(idx, name) if name else None
-    except (KeyError, IndexError, TypeError):
-        header = None
+    header = _header(context, idx, name) if name else None
     if isinstance(header, dict):
         return header.get("content-type")
     return None
+
+
+def _header(context, idx, name):
+    """Request `idx`'s header `name` (TorchServe keeps the case it was sent in), or None."""
+    try:
+        value = context.get_request_header(idx, name)
+        if value is None:
+            value = context.get_request_header(idx, name.lower())
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return value

@@ -21,18 +21,20 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from . import cores
+from . import cores, placement
 from .artifact import Manifest, read_manifest
 from .compile.base import CompileError
 from .compile.check import check_modules, load_modules, runnable_target
 from .compile.reference import REFERENCE_FILE, Reference, tensors
 from .execution import InputLayout, Module
 from .placement import core_kind
+from .spec import DeploySpec, load_spec
 
 # host-to-device bandwidth assumed for the weight-copy estimate (PCIe Gen4 x16 order)
 HOST_TO_DEVICE_BYTES_PER_S = 16e9
@@ -57,23 +59,50 @@ class Finding:
         return f"{self.status:<4}  {self.name}: {self.detail}"
 
 
-def run_doctor(artifact: Path, probe_timeout_s: float = 300) -> list[Finding]:
+def run_doctor(
+    artifact: Path,
+    probe_timeout_s: float = 300,
+    others: Sequence[Path] = (),
+    spec: DeploySpec | None = None,
+) -> list[Finding]:
+    """The memory plan of `artifact` with `others` served beside it (every worker holds
+    them all), then, for a Neuron artifact, the checks on this host's NeuronCores."""
     manifest = read_manifest(artifact)
+    findings = [memory(spec or load_spec(None, {}), [artifact, *others])]
     if core_kind(manifest.target) != "neuron":
         return [
+            *findings,
             Finding(
                 "target",
                 "SKIP",
                 f"{artifact} is compiled for {manifest.target}; the "
                 "doctor checks Neuron artifacts on Neuron hosts",
-            )
+            ),
         ]
-    findings = [discovery()]
-    if findings[0].status != "PASS":
+    findings.append(discovery())
+    if findings[-1].status != "PASS":
         return findings
     findings.append(leased_cores_only(artifact, manifest, probe_timeout_s))
     findings.extend(on_one_core(artifact, manifest))
     return findings
+
+
+def memory(spec: DeploySpec, artifacts: list[Path]) -> Finding:
+    """Each worker's memory with every model loaded, as packaging plans it."""
+    manifests = [read_manifest(a, verify=False) for a in artifacts]
+    try:
+        plan = placement.plan(placement.PlanRequest.of(spec, manifests))
+    except (placement.PlacementError, ValueError) as e:
+        return Finding("memory plan", "SKIP", f"no worker plan on this host: {e}")
+    found = placement.memory_plan(
+        [(m.name, m, a) for m, a in zip(manifests, artifacts, strict=True)],
+        plan,
+        cores.instance_family(),
+    )
+    lines = "\n".join(found.lines())
+    if not found.fits:
+        return Finding("memory plan", "FAIL", f"over budget:\n{lines}")
+    return Finding("memory plan", "PASS", f"fits:\n{lines}")
 
 
 def discovery() -> Finding:

@@ -38,6 +38,11 @@ class Metric:
         return "neuronserve_" + self.name
 
 
+# the label every series of a model's work carries: which served model it concerns (a
+# worker holds several); named the same on both engines
+MODEL_LABEL = "model"
+
+
 def camel(name: str) -> str:
     """tokenize_ms -> TokenizeMs (TorchServe's metric and dimension style)."""
     return "".join(part.capitalize() for part in name.split("_"))
@@ -79,19 +84,29 @@ METRICS = (
 )
 
 
-def batch_values(report: RunReport) -> Iterator[tuple[Metric, float, dict[str, str]]]:
-    """(metric, value, labels) for one batch the Runner served; counters get the
+def batch_values(report: RunReport, model: str) -> Iterator[tuple[Metric, float, dict[str, str]]]:
+    """(metric, value, labels) for one batch a model's Runner served; counters get the
     batch's increment. HANDLER_MS is the adapter's to add: only it sees the whole call."""
-    yield REQUESTS, report.requests, {}
-    yield TOKENIZE_MS, report.tokenize_ms, {}
-    yield MODEL_MS, report.model_ms, {}
-    yield BATCH_REQUESTS, report.requests, {}
-    yield BATCH_TOKENIZE_MS, report.tokenize_ms, {}
+    own = {MODEL_LABEL: model}
+    yield REQUESTS, report.requests, own
+    yield TOKENIZE_MS, report.tokenize_ms, own
+    yield MODEL_MS, report.model_ms, own
+    yield BATCH_REQUESTS, report.requests, own
+    yield BATCH_TOKENIZE_MS, report.tokenize_ms, own
     if report.runs:
-        yield BATCH_MODEL_MS, report.model_ms, {}
-        yield PADDING_RATIO, report.padding_ratio, {}
+        yield BATCH_MODEL_MS, report.model_ms, own
+        yield PADDING_RATIO, report.padding_ratio, own
     for run in report.runs:
-        yield BUCKET_RUNS, 1, {"bucket": run.bucket.key, "batch_size": str(run.rows)}
+        yield BUCKET_RUNS, 1, {**own, "bucket": run.bucket.key, "batch_size": str(run.rows)}
+
+
+def handler_values(
+    handler_ms: float, requests: dict[str, int]
+) -> Iterator[tuple[Metric, float, dict[str, str]]]:
+    """HANDLER_MS of one batch, shared among its models by their requests."""
+    total = sum(requests.values()) or 1
+    for model, n in requests.items():
+        yield HANDLER_MS, handler_ms * n / total, {MODEL_LABEL: model}
 
 
 Emit = Callable[[Metric, float, dict[str, str]], None]
@@ -123,7 +138,7 @@ class DeferredMetrics:
             for metric, value, labels in values:
                 # in the metric's own label order: TorchServe pairs dimension values
                 # with the names it registered by position
-                order = {name: i for i, name in enumerate(metric.labels)}
+                order = {name: i for i, name in enumerate((MODEL_LABEL, *metric.labels))}
                 key = (metric, tuple(sorted(labels.items(), key=lambda kv: order.get(kv[0], 99))))
                 before = self._pending.get(key, 0.0) if metric.kind == "counter" else 0.0
                 self._pending[key] = before + float(value)

@@ -32,21 +32,24 @@ Outputs = Any  # one request's results (Task.finish), or its RequestError
 
 
 class Runner:
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the artifact, and how this worker serves it
         self,
         artifact_dir: Path | str,
         truncation: bool | None = None,
         warmup: bool = True,
         cores: int = 1,
         limits: RequestLimits | None = None,
+        name: str | None = None,
     ):
         """`cores`: how many cores this process holds; a target whose calls each run on
         one core (Neuron) gets a copy of every module per core. `limits`: what one request
-        may hold (413 beyond), checked before anything is tokenized."""
+        may hold (413 beyond), checked before anything is tokenized. `name`: what the
+        model is served as (default: the artifact's)."""
         self.artifact_dir = Path(artifact_dir)
         # every file checked against its sha256 before any is loaded
         self.manifest: Manifest = read_manifest(self.artifact_dir)
         m = self.manifest
+        self.name = name or m.name
         _check_validated(m, self.artifact_dir)
         self.task = get_task(m.task)
         self.target = get_target(m.target)

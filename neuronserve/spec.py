@@ -53,6 +53,27 @@ class SpecError(ValueError):
     """A spec file or flag has a value neuronserve cannot use."""
 
 
+class ModelEntry(BaseModel):
+    """One model of a deployment that serves several (the spec's `models` list)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    artifact: Path = Field(description="artifact directory (compile output)")
+    name: str | None = Field(
+        None, description="name the model is addressed by (default: the artifact's)"
+    )
+    truncation: bool | None = Field(
+        None,
+        description="this model's answer to over-long text (default: the deployment's "
+        "`truncation`, else what the artifact recorded)",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str | None) -> str | None:
+        return None if v is None else safe_name(v)
+
+
 class DeploySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -104,6 +125,18 @@ class DeploySpec(BaseModel):
         1e-3, gt=0, description="largest accepted |compiled - eager| per bucket at fp32"
     )
     artifact: Path | None = Field(None, description="artifact directory (compile output)")
+    models: list[ModelEntry] = Field(
+        default_factory=list,
+        description="several artifacts served together, one worker per core group holding "
+        "them all (instead of `artifact`): each entry an `artifact` with an optional `name` "
+        "and `truncation`",
+    )
+    deployment_name: str = Field(
+        "models",
+        description="with several models: the name the engine serves them under "
+        "(TorchServe's /predictions/<name>, Triton's model), each model addressed inside it "
+        "by its own name; one model is served under its own name",
+    )
     precision: Precision = Field(
         "auto",
         description="what the compiled model computes in. cpu: fp32 | bf16 | int8 | auto (the "
@@ -383,6 +416,31 @@ class DeploySpec(BaseModel):
     def _plain_name(cls, v: str | None) -> str | None:
         return None if v is None else safe_name(v)
 
+    @field_validator("deployment_name")
+    @classmethod
+    def _plain_deployment_name(cls, v: str) -> str:
+        return safe_name(v, "deployment name")
+
+    @model_validator(mode="after")
+    def _artifact_or_models(self):
+        if self.models and self.artifact is not None:
+            raise ValueError("give either `artifact` (one model) or `models` (several), not both")
+        if self.models and self.name is not None:
+            raise ValueError(
+                "`name` names the one model of a deployment; with `models` each entry has "
+                "its own `name`, and `deployment_name` names the set"
+            )
+        return self
+
+    def model_entries(self) -> list[ModelEntry]:
+        """The models this spec deploys: its `models`, or the one `artifact` (with `name`
+        and `truncation`); empty when it names none."""
+        if self.models:
+            return list(self.models)
+        if self.artifact is None:
+            return []
+        return [ModelEntry(artifact=self.artifact, name=self.name, truncation=self.truncation)]
+
     @field_validator("batch_sizes", "sequence_lengths")
     @classmethod
     def _positive_sorted_unique(cls, v: list[int]) -> list[int]:
@@ -485,24 +543,13 @@ def load_spec(path: Path | None = None, overrides: dict[str, Any] | None = None)
         if not isinstance(loaded, dict):
             raise SpecError(f"spec file {path} must hold a mapping of fields, not {type(loaded)}")
         data.update({k.replace("-", "_"): v for k, v in loaded.items()})
-        base = Path(path).resolve().parent
-        # Relative paths in a spec file are relative to the file, as users expect.
-        for key in (
-            "model",
-            "artifact",
-            "model_store",
-            "run_dir",
-            "triton_repository",
-            "triton_run_dir",
-            "compiler_workdir",
-            "front_run_dir",
-            "api_key_file",
-            "tls_cert",
-            "tls_key",
-        ):
-            if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
-                data[key] = str(base / data[key])
-    data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+        _relative_to(data, Path(path).resolve().parent)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if "artifact" in given or "models" in given:
+        # artifacts given on the command line replace the file's, one or several
+        data.pop("artifact", None)
+        data.pop("models", None)
+    data.update(given)
     try:
         return DeploySpec(**data)
     except ValidationError as e:
@@ -512,3 +559,26 @@ def load_spec(path: Path | None = None, overrides: dict[str, Any] | None = None)
             lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
         src = f" in {path}" if path else ""
         raise SpecError(f"invalid deployment spec{src}:\n" + "\n".join(lines)) from None
+
+
+def _relative_to(data: dict[str, Any], base: Path) -> None:
+    """Relative paths in a spec file are relative to the file, as users expect."""
+    for key in (
+        "model",
+        "artifact",
+        "model_store",
+        "run_dir",
+        "triton_repository",
+        "triton_run_dir",
+        "compiler_workdir",
+        "front_run_dir",
+        "api_key_file",
+        "tls_cert",
+        "tls_key",
+    ):
+        if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
+            data[key] = str(base / data[key])
+    for entry in data.get("models") or []:
+        where = entry.get("artifact") if isinstance(entry, dict) else None
+        if isinstance(where, str) and not Path(where).is_absolute():
+            entry["artifact"] = str(base / where)

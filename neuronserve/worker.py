@@ -1,19 +1,26 @@
 """The contract between packaging and the two server adapters (the TorchServe handler
 in handlers/ and the Triton model.py in triton_backend/): the settings a packaged
-model carries, under one set of names, and one worker start.
+deployment carries, under one set of names, one worker start, and how a worker serves
+the several models it holds.
 
-Packaging writes `WorkerSettings` into the model (TorchServe: the `neuronserve` section
-of the archive's model-config.yaml; Triton: `neuronserve_*` parameters of config.pbtxt)
-and the adapter reads it back with the same class. `start_worker` then leases a core
-group, pins to it and only then loads the Runner: thread pools and the Neuron runtime
-read their settings once, when they initialise, so nothing here imports torch or the
-Neuron SDK before the pin.
+Packaging writes `WorkerSettings` into what the engine loads (TorchServe: the
+`neuronserve` section of the archive's model-config.yaml; Triton: `neuronserve_*`
+parameters of config.pbtxt) and the adapter reads it back with the same class.
+`start_worker` then leases a core group, pins to it and only then loads a Runner per
+model: thread pools and the Neuron runtime read their settings once, when they
+initialise, so nothing here imports torch or the Neuron SDK before the pin. Every model
+is loaded in this one process: on Neuron a NeuronCore belongs to one process ("Processes
+do not share NeuronCores", NeuronCore allocation:
+https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/core-allocation.html),
+and several models loaded by one process share its cores.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,31 +30,46 @@ from pydantic import BaseModel
 from . import cores, placement
 
 if TYPE_CHECKING:
+    from .execution import RunReport
     from .runtime import Runner
 
 # TorchServe: the section of model-config.yaml holding the settings
 CONFIG_SECTION = "neuronserve"
 # Triton: the prefix of the config.pbtxt parameters holding them
 PARAM_PREFIX = "neuronserve_"
-# where the artifact sits in a .mar and in a Triton model version folder
-ARTIFACT_DIR = "artifact"
+# where each model's artifact sits in a .mar and in a Triton model version folder:
+# models/<name>/
+MODELS_DIR = "models"
+# how a request names its model: TorchServe's request header (the front sets it), and
+# Triton's request parameter
+MODEL_HEADER = "X-Neuronserve-Model"
+MODEL_PARAMETER = "model"
 # a TorchServe worker that cannot start logs one line with this; `serve` reports it
 FAILURE_MARKER = "neuronserve: worker failed to start:"
 
 
+class ModelSettings(BaseModel):
+    """One model a worker holds."""
+
+    name: str
+    # its artifact folder, relative to the model directory the engine hands the worker
+    artifact: str
+    # None: what the artifact's manifest recorded
+    truncation: bool | None = None
+
+
 class WorkerSettings(BaseModel):
-    artifact: str = ARTIFACT_DIR
     target: str
     core_kind: str
     cores_per_worker: int = 1
     neuron_cores: int | None = None
-    # None: what the artifact's manifest recorded
-    truncation: bool | None = None
     # most texts one request may hold, characters one text may hold (None: no limit),
     # deepest JSON nesting of a body
     max_client_batch: int | None = None
     max_text_chars: int | None = None
     max_json_depth: int = 32
+    # every model each worker loads, in the order packaging was given them
+    models: list[ModelSettings] = []
 
     def torchserve_section(self) -> dict[str, Any]:
         return {CONFIG_SECTION: self.model_dump()}
@@ -57,43 +79,113 @@ class WorkerSettings(BaseModel):
         return cls.model_validate((model_yaml_config or {}).get(CONFIG_SECTION, {}))
 
     def triton_parameters(self) -> dict[str, str]:
-        """config.pbtxt parameters (string values; None is left out)."""
-        return {
-            PARAM_PREFIX + k: str(v).lower() if isinstance(v, bool) else str(v)
-            for k, v in self.model_dump().items()
-            if v is not None
-        }
+        """config.pbtxt parameters (string values; None is left out; the models as JSON)."""
+        out = {}
+        for k, v in self.model_dump().items():
+            if v is None:
+                continue
+            text = (
+                json.dumps(v)
+                if k == "models"
+                else str(v).lower()
+                if isinstance(v, bool)
+                else str(v)
+            )
+            out[PARAM_PREFIX + k] = text
+        return out
 
     @classmethod
     def from_triton(cls, model_config: dict[str, Any]) -> WorkerSettings:
         """From the model config Triton hands `initialize` (JSON, parameters as
         {"string_value": ...})."""
         params = model_config.get("parameters", {})
-        return cls.model_validate(
-            {
-                k[len(PARAM_PREFIX) :]: v["string_value"]
-                for k, v in params.items()
-                if k.startswith(PARAM_PREFIX)
-            }
-        )
+        values: dict[str, Any] = {
+            k[len(PARAM_PREFIX) :]: v["string_value"]
+            for k, v in params.items()
+            if k.startswith(PARAM_PREFIX)
+        }
+        if "models" in values:
+            values["models"] = json.loads(values["models"])
+        return cls.model_validate(values)
 
 
 @dataclass
 class Worker:
     lease: cores.CoreLease
-    runner: Runner
+    # every model this worker holds, by name, in packaging's order
+    runners: dict[str, Runner]
     # seconds from the call to start_worker until the lease was held, and until ready
     leased_s: float = 0.0
     ready_s: float = 0.0
+    # the model served first in the next batch that holds several (models take turns)
+    _turn: int = 0
 
     def describe(self) -> str:
         g = self.lease.group
+        models = "; ".join(
+            f"{name}: buckets {', '.join(b.key for b in r.grid.buckets)}"
+            for name, r in self.runners.items()
+        )
         return (
             f"pid {os.getpid()} leased {self.lease.kind} core group {g.index} (cores "
-            f"{g.label}) after {self.leased_s:.2f}s; buckets "
-            f"{', '.join(b.key for b in self.runner.grid.buckets)} loaded and warmed up, "
+            f"{g.label}) after {self.leased_s:.2f}s; {models} loaded and warmed up, "
             f"ready after {self.ready_s:.2f}s"
         )
+
+    def runner(self, name: str | None) -> Runner:
+        """The model a request names (`MODEL_HEADER`, `MODEL_PARAMETER`); with none named,
+        the only one. A 404 naming the served models for an unknown name, a 400 naming
+        them when the worker holds several and the request named none."""
+        from .tasks import RequestError
+
+        if name is None or name == "":
+            if len(self.runners) == 1:
+                return next(iter(self.runners.values()))
+            raise RequestError(
+                f"this deployment serves {len(self.runners)} models: name one with the "
+                f"{MODEL_HEADER} header (TorchServe) or the `{MODEL_PARAMETER}` request "
+                f"parameter (Triton): {', '.join(self.runners)}"
+            )
+        found = self.runners.get(name)
+        if found is None:
+            raise RequestError(
+                f"no model {name!r} here; served: {', '.join(self.runners)}", status=404
+            )
+        return found
+
+    def serve(
+        self,
+        requests: Sequence[tuple[str | None, Any]],
+        report: Callable[[str, RunReport], None],
+        respond: bool = True,
+    ) -> list[Any]:
+        """One batch of (model name, parsed request or RequestError) pairs as the engine
+        formed it: each model's requests go through its Runner in one call of their own
+        (requests for different models never share a module run), the models taking turns
+        at going first from batch to batch so a busy one does not always delay another.
+        `respond`: JSON-able answers (TorchServe), else results for tensors (Triton).
+        `report(model, run report)` is called once per model served."""
+        from .execution import RunReport
+
+        out: list[Any] = [None] * len(requests)
+        groups: dict[str, list[int]] = {}
+        for i, (name, _) in enumerate(requests):
+            groups.setdefault(name or "", []).append(i)
+        order = list(groups)
+        if len(order) > 1:
+            k = self._turn % len(order)
+            order = order[k:] + order[:k]
+            self._turn += 1
+        for name in order:
+            idx = groups[name]
+            runner = self.runner(name or None)
+            run = RunReport()
+            batch = [requests[i][1] for i in idx]
+            results = runner.responses(batch, run) if respond else runner.outputs(batch, run)
+            for i, result in zip(idx, results, strict=True):
+                out[i] = result
+            report(runner.name, run)
+        return out
 
     def stop(self) -> None:
         self.lease.release()
@@ -103,8 +195,8 @@ def start_worker(
     settings: WorkerSettings, model_dir: Path | str, owner: str, prefer: int | None = None
 ) -> Worker:
     """Lease a core group of this host's plan, pin this process to it, then load and
-    warm up the artifact in `model_dir`. Raises NoFreeCoreGroup (naming what to change)
-    when every group is held by a live worker.
+    warm up every model of `settings` from `model_dir` on those cores. Raises
+    NoFreeCoreGroup (naming what to change) when every group is held by a live worker.
 
     `prefer` is the group a worker with a known index should get (Triton's instance
     index); TorchServe gives its workers none, so they take the first free group.
@@ -123,15 +215,22 @@ def start_worker(
         from .runtime import Runner
         from .tasks.base import RequestLimits
 
-        runner = Runner(
-            Path(model_dir) / settings.artifact,
-            truncation=settings.truncation,
-            cores=len(lease.cores),
-            limits=RequestLimits(
-                settings.max_client_batch, settings.max_text_chars, settings.max_json_depth
-            ),
+        limits = RequestLimits(
+            settings.max_client_batch, settings.max_text_chars, settings.max_json_depth
         )
+        runners = {
+            m.name: Runner(
+                Path(model_dir) / m.artifact,
+                truncation=m.truncation,
+                cores=len(lease.cores),
+                limits=limits,
+                name=m.name,
+            )
+            for m in settings.models
+        }
+        if not runners:
+            raise ValueError("the packaged settings name no model to load")
     except BaseException:
         lease.release()
         raise
-    return Worker(lease, runner, leased, time.monotonic() - started)
+    return Worker(lease, runners, leased, time.monotonic() - started)

@@ -1,14 +1,16 @@
 """Triton Python-backend model shipped into every neuronserve model repository: a thin
-adapter over Runner in Triton's initialize / execute / finalize shape.
+adapter over the worker's Runners (one per model the deployment holds) in Triton's
+initialize / execute / finalize shape.
 
 initialize: `neuronserve.worker.start_worker` with the settings packaging wrote as
     `neuronserve_*` parameters: lease this instance's core group (its global index is
-    the preferred one), pin, and only then import torch and load the artifact.
-execute:    every request of the batch Triton formed goes through one Runner call; a
-    bad request gets its own error while the others are answered. Its status is kept
-    where Triton has a code for it (400, 404, 500, 503); any other (413 for over-long
-    text with truncation off) travels in the message as "[413] ..." and neuronserve's
-    front answers with it.
+    the preferred one), pin, and only then import torch and load every model.
+execute:    the batch Triton formed is split by model (the `model` request parameter,
+    optional when the deployment holds one) and each model's requests go through one
+    Runner call (`Worker.serve`); a bad request gets its own error while the others are
+    answered. Its status is kept where Triton has a code for it (400, 404, 500, 503);
+    any other (413 for over-long text with truncation off) travels in the message as
+    "[413] ..." and neuronserve's front answers with it.
 finalize:   release the lease.
 
 Inputs: IMAGE (BYTES, [n, 1]: encoded JPEG/PNG/WebP images) for image tasks; else
@@ -72,8 +74,9 @@ def restore_pythonpath() -> None:
 class TritonPythonModel:
     def initialize(self, args):
         restore_pythonpath()
-        from neuronserve.worker import WorkerSettings, start_worker
+        from neuronserve.worker import MODEL_PARAMETER, WorkerSettings, start_worker
 
+        self.model_parameter = MODEL_PARAMETER
         config = json.loads(args["model_config"])
         self.model_name = config["name"]
         self.instance_name = args["model_instance_name"]
@@ -86,52 +89,62 @@ class TritonPythonModel:
             prefer=index,
         )
         self.worker.lease.note(instance=self.instance_name, index=index)
-        self.runner = self.worker.runner
-        self.pairs = self.runner.task.accepts_pairs
-        self._metrics = _Metrics(self.model_name, self.instance_name)
+        self._metrics = _Metrics(self.instance_name)
         pb_utils.Logger.log_info(f"neuronserve: {self.instance_name} {self.worker.describe()}")
 
     def execute(self, requests):
-        from neuronserve.execution import RunReport
         from neuronserve.tasks import RequestError
 
         t0 = time.perf_counter()
         parsed = []
         for request in requests:
+            model = None
             try:
-                parsed.append(self._parse(request))
+                params = _parameters(request)
+                model = params.pop(self.model_parameter, None)
+                if model is not None and not isinstance(model, str):
+                    raise RequestError(f'"{self.model_parameter}" must be a model name')
+                parsed.append((model, self._parse(request, self.worker.runner(model), params)))
             except RequestError as e:
-                parsed.append(e)
-        report = RunReport()
+                parsed.append((None, e))
+        served = {}
+
+        def report(model, run):
+            served[model] = run.requests
+            self._metrics.record(model, run)
+
         responses = []
-        for result in self.runner.outputs(parsed, report):
+        for (model, _), result in zip(
+            parsed, self.worker.serve(parsed, report, respond=False), strict=True
+        ):
             if isinstance(result, RequestError):
                 responses.append(
                     pb_utils.InferenceResponse(output_tensors=[], error=triton_error(result))
                 )
                 continue
-            tensors = self.runner.task.tensors(result, self.runner.info)
+            runner = self.worker.runner(model)
+            tensors = runner.task.tensors(result, runner.info)
             responses.append(
                 pb_utils.InferenceResponse(
                     output_tensors=[pb_utils.Tensor(name, arr) for name, arr in tensors.items()]
                 )
             )
-        self._metrics.record(report, (time.perf_counter() - t0) * 1e3)
+        self._metrics.handled((time.perf_counter() - t0) * 1e3, served)
         return responses
 
-    def _parse(self, request):
+    def _parse(self, request, runner, params):
         from neuronserve.tasks import RequestError, TaskRequest
         from neuronserve.tasks.base import truncation_parameters
 
-        task = self.runner.task
+        task = runner.task
         if task.images:
             return TaskRequest(
                 texts=_images(pb_utils.get_input_tensor_by_name(request, "IMAGE")),
                 single=False,
-                parameters=task.own_parameters(_parameters(request)),
+                parameters=task.own_parameters(params),
             )
         texts = _texts(pb_utils.get_input_tensor_by_name(request, "TEXT"), "TEXT")
-        if self.pairs:
+        if task.accepts_pairs:
             pair = pb_utils.get_input_tensor_by_name(request, "TEXT_PAIR")
             if pair is None and task.pairs_required:
                 raise RequestError(f"task {task.name} needs TEXT_PAIR as well as TEXT")
@@ -143,7 +156,6 @@ class TritonPythonModel:
                         f"{len(seconds)}: send one pair text per text"
                     )
                 texts = list(zip(texts, seconds, strict=True))
-        params = _parameters(request)
         truncate, direction = truncation_parameters(params)
         return TaskRequest(
             texts=texts,
@@ -224,13 +236,14 @@ def _texts(tensor, name: str) -> list[str]:
 
 
 class _Metrics:
-    """`neuronserve.metrics` on Triton's metrics port, next to its nv_inference_*."""
+    """`neuronserve.metrics` on Triton's metrics port, next to its nv_inference_*,
+    labelled by the served model (`model`) and the instance."""
 
-    def __init__(self, model: str, instance: str):
+    def __init__(self, instance: str):
         from neuronserve.metrics import METRICS, DeferredMetrics
 
         family = pb_utils.MetricFamily
-        self.labels = {"model": model, "instance": instance}
+        self.labels = {"instance": instance}
         # A family must outlive its metrics (the stub refuses to set a metric whose
         # family was collected), so both are kept.
         self.families = {
@@ -250,13 +263,18 @@ class _Metrics:
             self._series[key] = self.families[metric.name].Metric(labels={**self.labels, **labels})
         return self._series[key]
 
-    def record(self, report, handler_ms: float) -> None:
+    def record(self, model: str, report) -> None:
         """Each metric update is a message to the Triton process and its answer (the
         stub's message queue); DeferredMetrics sends them after the responses, many
         batches at once under load."""
-        from neuronserve.metrics import HANDLER_MS, batch_values
+        from neuronserve.metrics import batch_values
 
-        self.deferred.add([*batch_values(report), (HANDLER_MS, handler_ms, {})])
+        self.deferred.add(batch_values(report, model))
+
+    def handled(self, handler_ms: float, requests: dict) -> None:
+        from neuronserve.metrics import handler_values
+
+        self.deferred.add(handler_values(handler_ms, requests))
 
     def _emit(self, metric, value: float, labels: dict) -> None:
         series = self._series_for(metric, labels)

@@ -22,7 +22,7 @@ from .. import placement
 from ..artifact import read_manifest
 from ..serve.deployment import Deployment, running_engine
 from ..serve.process import free_ports, stop_tree
-from ..spec import load_spec
+from ..spec import ModelEntry, load_spec
 
 if TYPE_CHECKING:
     from ..serve.engine import Engine
@@ -48,7 +48,7 @@ class ManagedServer:
         }
         self.deployment = Deployment(
             engine,
-            Path(artifact),
+            [ModelEntry(artifact=Path(artifact))],
             Path(self.tmp.name),
             {k: v for k, v in settings.items() if v is not None},
         )
@@ -99,7 +99,7 @@ def layout_plan(artifact: Path, layout: str) -> placement.WorkerPlan:
     """The worker plan `neuronserve package` makes for a layout on this host."""
     return placement.plan(
         placement.PlanRequest.of(
-            load_spec(None, {"layout": layout}), read_manifest(artifact, verify=False)
+            load_spec(None, {"layout": layout}), [read_manifest(artifact, verify=False)]
         )
     )
 
@@ -148,7 +148,7 @@ class FrontServer:
 
         self._lease_dir = os.environ.get("NEURONSERVE_LEASE_DIR")
         os.environ["NEURONSERVE_LEASE_DIR"] = str(Path(self.tmp.name) / "leases")
-        self.pid = launch.start(self.spec, self.artifact, log=lambda _: None).pid
+        self.pid = launch.start(self.spec, [self.artifact], log=lambda _: None).pid
 
     def running_engine(self) -> Engine | None:
         return running_engine(self.engine_work, self.engine)

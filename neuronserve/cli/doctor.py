@@ -1,4 +1,5 @@
-"""neuronserve doctor: the first-run check on a Neuron host."""
+"""neuronserve doctor: the memory plan of a deployment, and the first-run check on a
+Neuron host."""
 
 from __future__ import annotations
 
@@ -7,21 +8,34 @@ from typing import Annotated
 
 import typer
 
-from .options import fail
+from .options import CoresPerWorker, SpecFile, Workers, fail, load
 
 
 def doctor_cmd(
-    artifact: Annotated[Path, typer.Argument(help="a Neuron artifact to check with")],
+    artifacts: Annotated[
+        list[Path],
+        typer.Argument(
+            help="the artifact to check with (a Neuron one for the host checks), and any "
+            "others served beside it"
+        ),
+    ],
+    spec: SpecFile = None,
+    workers: Workers = None,
+    cores_per_worker: CoresPerWorker = None,
 ) -> None:
-    """Check on an Inf2/Trn1/Inf1 host what CI cannot: which NeuronCores this host gives,
-    that a worker's runtime holds only the core it leased, that padded batch-1 requests
-    answer like the CPU eager model, that calls do not copy weights to the device, and
-    the latency of every bucket next to the published numbers. Exits 1 if a check fails."""
+    """Report each worker's memory with every given model loaded (weights, the largest
+    bucket's activations, the runtime) against what a worker may use here. Then, for a
+    Neuron artifact, check on an Inf2/Trn1/Inf1 host what CI cannot: which NeuronCores
+    this host gives, that a worker's runtime holds only the core it leased, that padded
+    batch-1 requests answer like the CPU eager model, that calls do not copy weights to
+    the device, and the latency of every bucket next to the published numbers. Exits 1
+    if a check fails."""
     from ..artifact import ArtifactError
     from ..doctor import run_doctor
 
+    s = load(spec, workers=workers, cores_per_worker=cores_per_worker)
     try:
-        findings = run_doctor(artifact)
+        findings = run_doctor(artifacts[0], others=artifacts[1:], spec=s)
     except (ArtifactError, OSError) as e:
         fail(str(e), 1)
     for f in findings:

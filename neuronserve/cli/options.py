@@ -24,13 +24,17 @@ SpecFile = Annotated[
         help="deployment spec (YAML): every flag is a field of it; flags override the file",
     ),
 ]
-ArtifactArg = Annotated[
-    Path | None,
+ArtifactsArg = Annotated[
+    list[Path] | None,
     typer.Argument(
-        help="artifact directory from `neuronserve compile` (default: the spec's `artifact`)"
+        help="artifact directories from `neuronserve compile`: one, or several served "
+        "together by the same workers, each addressed by its name (default: the spec's "
+        "`artifact` or `models`)",
+        show_default=False,
     ),
 ]
 Name = Annotated[str | None, spec_option("name")]
+DeploymentName = Annotated[str | None, spec_option("deployment_name")]
 Layout = Annotated[str | None, spec_option("layout")]
 Workers = Annotated[int | None, spec_option("workers")]
 Instances = Annotated[int | None, spec_option("workers", "--instances")]
@@ -66,10 +70,23 @@ def load(path: Path | None, **flags: Any) -> DeploySpec:
         fail(str(e))
 
 
-def require_artifact(spec: DeploySpec) -> Path:
-    if spec.artifact is None:
-        fail("no artifact: pass the artifact directory or set `artifact` in the spec")
-    return spec.artifact
+def artifacts_given(artifacts: list[Path] | None) -> dict[str, Any]:
+    """Spec fields for artifacts given on the command line: one is the spec's `artifact`,
+    several its `models`."""
+    if not artifacts:
+        return {}
+    if len(artifacts) == 1:
+        return {"artifact": artifacts[0]}
+    return {"models": [{"artifact": a} for a in artifacts]}
+
+
+def require_artifacts(spec: DeploySpec) -> DeploySpec:
+    if not spec.model_entries():
+        fail(
+            "no artifact: pass the artifact directory (or several), or set `artifact` "
+            "(or `models`) in the spec"
+        )
+    return spec
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -1,5 +1,5 @@
-"""neuronserve package torchserve | triton | sagemaker: an artifact -> what an engine or
-a platform runs."""
+"""neuronserve package torchserve | triton | sagemaker | kubernetes: artifacts (one, or
+several served together) -> what an engine or a platform runs."""
 
 from __future__ import annotations
 
@@ -8,10 +8,12 @@ from typing import Annotated
 
 import typer
 
+from ..spec import DeploySpec
 from .options import (
-    ArtifactArg,
+    ArtifactsArg,
     CoresPerInstance,
     CoresPerWorker,
+    DeploymentName,
     Instances,
     Layout,
     MaxBatchDelayMs,
@@ -20,9 +22,10 @@ from .options import (
     SpecFile,
     Truncation,
     Workers,
+    artifacts_given,
     fail,
     load,
-    require_artifact,
+    require_artifacts,
     spec_option,
 )
 
@@ -33,9 +36,21 @@ app = typer.Typer(
 )
 
 
+def _holding(spec: DeploySpec) -> str:
+    """What a package of several models holds, and how a request names one."""
+    entries = spec.model_entries()
+    if len(entries) < 2:
+        return ""
+    return (
+        f" ({len(entries)} models; a request names its model: TorchServe's "
+        "X-Neuronserve-Model header, Triton's `model` request parameter)"
+    )
+
+
 @app.command("torchserve")
 def torchserve_cmd(
-    artifact: ArtifactArg = None,
+    artifacts: ArtifactsArg = None,
+    deployment_name: DeploymentName = None,
     spec: SpecFile = None,
     model_store: Annotated[Path | None, spec_option("model_store")] = None,
     name: Name = None,
@@ -61,7 +76,8 @@ def torchserve_cmd(
 
     s = load(
         spec,
-        artifact=artifact,
+        **artifacts_given(artifacts),
+        deployment_name=deployment_name,
         model_store=model_store,
         name=name,
         layout=layout,
@@ -78,16 +94,17 @@ def torchserve_cmd(
         neuron_cores=neuron_cores,
     )
     try:
-        out = package_torchserve(require_artifact(s), s)
+        out = package_torchserve(require_artifacts(s))
     except (ArtifactError, PackagingError, OSError) as e:
         fail(str(e), 1)
-    typer.echo(f"wrote {out}")
+    typer.echo(f"wrote {out}{_holding(s)}")
     typer.echo(f"wrote {out.parent / 'config.properties'}")
 
 
 @app.command("triton")
 def triton_cmd(
-    artifact: ArtifactArg = None,
+    artifacts: ArtifactsArg = None,
+    deployment_name: DeploymentName = None,
     spec: SpecFile = None,
     repository: Annotated[Path | None, spec_option("triton_repository", "--repository")] = None,
     name: Name = None,
@@ -105,7 +122,8 @@ def triton_cmd(
 
     s = load(
         spec,
-        artifact=artifact,
+        **artifacts_given(artifacts),
+        deployment_name=deployment_name,
         triton_repository=repository,
         name=name,
         layout=layout,
@@ -116,15 +134,16 @@ def triton_cmd(
         neuron_cores=neuron_cores,
     )
     try:
-        out = package_triton(require_artifact(s), s)
+        out = package_triton(require_artifacts(s))
     except (ArtifactError, PackagingError, OSError) as e:
         fail(str(e), 1)
-    typer.echo(f"wrote {out}/config.pbtxt, {out}/1/model.py and {out}/1/artifact")
+    typer.echo(f"wrote {out}/config.pbtxt, {out}/1/model.py and {out}/1/models{_holding(s)}")
 
 
 @app.command("sagemaker")
 def sagemaker_cmd(
-    artifact: ArtifactArg = None,
+    artifacts: ArtifactsArg = None,
+    deployment_name: DeploymentName = None,
     spec: SpecFile = None,
     engine: Annotated[
         str, typer.Option(help="the engine inside the image: torchserve | triton")
@@ -142,9 +161,15 @@ def sagemaker_cmd(
     from ..packaging.model import PackagingError
     from ..packaging.sagemaker import ContextError, package_sagemaker
 
-    s = load(spec, artifact=artifact, name=name, truncation=truncation)
+    s = load(
+        spec,
+        **artifacts_given(artifacts),
+        deployment_name=deployment_name,
+        name=name,
+        truncation=truncation,
+    )
     try:
-        path = package_sagemaker(require_artifact(s), s, engine, target, out)
+        path = package_sagemaker(require_artifacts(s), engine, target, out)
     except (ArtifactError, ContextError, PackagingError, OSError) as e:
         fail(str(e), 1)
     typer.echo(f"wrote the build context {path}: docker build -t <image> {path}")
@@ -152,7 +177,8 @@ def sagemaker_cmd(
 
 @app.command("kubernetes")
 def kubernetes_cmd(
-    artifact: ArtifactArg = None,
+    artifacts: ArtifactsArg = None,
+    deployment_name: DeploymentName = None,
     spec: SpecFile = None,
     image: Annotated[
         str,
@@ -225,7 +251,12 @@ def kubernetes_cmd(
         fail("--image is required: where your registry will hold the image built from "
              "<out>/image", 2)  # fmt: skip
     s = load(
-        spec, artifact=artifact, name=name, truncation=truncation, cores_per_worker=cores_per_worker
+        spec,
+        **artifacts_given(artifacts),
+        deployment_name=deployment_name,
+        name=name,
+        truncation=truncation,
+        cores_per_worker=cores_per_worker,
     )
     options = ClusterOptions(
         image=image,
@@ -240,7 +271,7 @@ def kubernetes_cmd(
         scheduler=scheduler,
     )
     try:
-        pod = package_kubernetes(require_artifact(s), s, engine, target, out, options)
+        pod = package_kubernetes(require_artifacts(s), engine, target, out, options)
     except (ArtifactError, ContextError, PackagingError, OSError) as e:
         fail(str(e), 1)
     unit = "NeuronCore(s)" if target == "neuronx" else "CPU(s)"

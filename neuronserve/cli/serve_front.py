@@ -13,6 +13,7 @@ import typer
 
 from .options import (
     CoresPerWorker,
+    DeploymentName,
     Layout,
     MaxBatchDelayMs,
     NeuronCores,
@@ -25,12 +26,14 @@ from .options import (
     spec_option,
 )
 
-Source = Annotated[
-    Path | None,
+Sources = Annotated[
+    list[Path] | None,
     typer.Argument(
-        help="what to serve: an artifact directory, a model store holding a .mar from "
-        "`neuronserve package torchserve`, or a Triton repository from `neuronserve package "
-        "triton` (default: the spec's `artifact`)"
+        help="what to serve: artifact directories (one, or several served together by the "
+        "same workers), a model store holding a .mar from `neuronserve package torchserve`, "
+        "or a Triton repository from `neuronserve package triton` (default: the spec's "
+        "`artifact` or `models`)",
+        show_default=False,
     ),
 ]
 
@@ -42,7 +45,8 @@ TASK_ROUTES = {
 
 
 def front_cmd(
-    source: Source = None,
+    sources: Sources = None,
+    deployment_name: DeploymentName = None,
     spec: SpecFile = None,
     engine: Annotated[str | None, spec_option("engine")] = None,
     address: Annotated[str | None, spec_option("front_address", "--address")] = None,
@@ -93,7 +97,7 @@ def front_cmd(
 
     s = load(
         spec,
-        artifact=source,
+        deployment_name=deployment_name,
         engine=engine,
         front_address=address,
         front_port=port,
@@ -125,24 +129,30 @@ def front_cmd(
             "with `neuronserve serve front --stop`",
             1,
         )
-    if s.artifact is None:
-        fail("nothing to serve: pass an artifact, a model store or a Triton repository")
+    given = list(sources or ([s.artifact] if s.artifact is not None else []))
+    if not given and not s.models:
+        fail(
+            "nothing to serve: pass an artifact (or several), a model store or a Triton repository"
+        )
+    if given and (s.artifact is not None or s.models):
+        # the command line's sources replace the spec's
+        s = s.model_copy(update={"artifact": None, "models": []})
     try:
         if foreground:
-            raise typer.Exit(_foreground(s, s.artifact))
-        inst = launch.start(s, s.artifact, timeout_s=timeout, log=typer.echo)
+            raise typer.Exit(_foreground(s, given))
+        inst = launch.start(s, given, timeout_s=timeout, log=typer.echo)
     except (ServeError, KeyFileError) as e:
         fail(str(e), 1)
     _report(inst, run_dir is not None)
 
 
-def _foreground(spec: Any, source: Path) -> int:
+def _foreground(spec: Any, sources: list[Path]) -> int:
     from ..serve.front.config import FrontConfig
-    from ..serve.front.server import ENGINE_DIR, configure_logging, deployment_for_source, run
+    from ..serve.front.server import ENGINE_DIR, configure_logging, deployment_for, run
 
     configure_logging()
     config = FrontConfig.from_spec(spec)
-    return run(config, lambda: deployment_for_source(spec, source, config.run_dir / ENGINE_DIR))
+    return run(config, lambda: deployment_for(spec, sources, config.run_dir / ENGINE_DIR))
 
 
 def _report(inst: Any, custom_run_dir: bool) -> None:
@@ -156,12 +166,24 @@ def _report(inst: Any, custom_run_dir: bool) -> None:
     except (OSError, ValueError) as e:  # it is running: say so, and where to look
         typer.echo(f"neuronserve front is ready at {config.url} (its /info failed: {e})")
         info = {"model_id": "?", "task": "?", "target": "?", "precision": "?", "engine": "?"}
-    typer.echo(
-        f"neuronserve front is ready at {config.url}: {info['model_id']} ({info['task']}, "
-        f"{info['target']} {info['precision']}) on {info['engine']}, which listens on "
-        "loopback only"
-    )
-    for route in [*TASK_ROUTES.get(info["task"], []), "POST /invocations (SageMaker)"]:
+    models = info.get("models") or [info]
+    if len(models) == 1:
+        typer.echo(
+            f"neuronserve front is ready at {config.url}: {info['model_id']} ({info['task']}, "
+            f"{info['target']} {info['precision']}) on {info['engine']}, which listens on "
+            "loopback only"
+        )
+    else:
+        typer.echo(
+            f"neuronserve front is ready at {config.url}: {len(models)} models on "
+            f"{info['engine']} (each worker holds them all), which listens on loopback only"
+        )
+        for m in models:
+            typer.echo(f"  {m['model_id']}: {m['task']}, {m['target']} {m['precision']}")
+        typer.echo("  name a model in the request: OpenAI's and the other routes' \"model\" field")
+    tasks = list(dict.fromkeys(m["task"] for m in models))
+    routes = [r for t in tasks for r in TASK_ROUTES.get(t, [])]
+    for route in [*dict.fromkeys(routes), "POST /invocations (SageMaker)"]:
         typer.echo(f"  {route}")
     typer.echo("  POST /tokenize, GET /info, /health, /metrics, /docs")
     if config.keys:

@@ -27,10 +27,8 @@ from typing import Any
 
 import yaml
 
-from ..artifact import read_manifest
 from ..spec import DeploySpec
-from .model import recorded_unless_given
-from .sagemaker import RUNS, ContextError, package_sagemaker
+from .sagemaker import ContextError, check_runs, package_sagemaker
 
 # The Kubernetes release the manifests are written for and validated against (tests).
 KUBERNETES_VERSION = "1.31"
@@ -161,14 +159,12 @@ class Pod:
         }
 
 
-def _pod(artifact: Path, spec: DeploySpec, engine: str, target: str, o: ClusterOptions) -> Pod:
-    manifest = read_manifest(artifact)
-    if manifest.target not in RUNS[target]:
-        raise ClusterError(
-            f"{artifact} was compiled for {manifest.target}; {target} pods run artifacts "
-            f"compiled for {', '.join(sorted(RUNS[target]))}"
-        )
-    name = recorded_unless_given(spec.name, manifest.name)
+def _pod(spec: DeploySpec, engine: str, target: str, o: ClusterOptions) -> Pod:
+    try:
+        names = check_runs(spec, target, "pod")
+    except ContextError as e:
+        raise ClusterError(str(e)) from None
+    name = names[0] if len(names) == 1 else spec.deployment_name
     cores_per_worker = spec.cores_per_worker
     cores = o.cores or (2 if target == "neuronx" else 2 * cores_per_worker)
     if cores % cores_per_worker:
@@ -177,7 +173,9 @@ def _pod(artifact: Path, spec: DeploySpec, engine: str, target: str, o: ClusterO
         )
     if o.min_replicas < 1 or o.max_replicas < o.min_replicas:
         raise ClusterError(f"replicas: need 1 <= min ({o.min_replicas}) <= max ({o.max_replicas})")
-    memory = o.memory or _memory(artifact, cores // cores_per_worker)
+    memory = o.memory or _memory(
+        [e.artifact for e in spec.model_entries()], cores // cores_per_worker
+    )
     return Pod(
         name=_dns_name(name),
         engine=engine,
@@ -199,10 +197,10 @@ def _dns_name(name: str) -> str:
     return out
 
 
-def _memory(artifact: Path, workers: int) -> str:
-    """A memory request from the artifact: every worker holds the weights once more while
-    loading, plus the engine, the front and the tokenizers."""
-    weights = sum(f.stat().st_size for f in Path(artifact).rglob("*") if f.is_file())
+def _memory(artifacts: list[Path], workers: int) -> str:
+    """A memory request from the artifacts: every worker holds every model's weights once
+    more while loading, plus the engine, the front and the tokenizers."""
+    weights = sum(f.stat().st_size for a in artifacts for f in Path(a).rglob("*") if f.is_file())
     gib = 1.5 + 2 * workers * weights / 2**30
     return f"{math.ceil(gib)}Gi"
 
@@ -378,12 +376,12 @@ def adapter_values(namespace: str) -> dict[str, Any]:
 
 
 def manifests(
-    artifact: Path, spec: DeploySpec, engine: str, target: str, options: ClusterOptions
+    spec: DeploySpec, engine: str, target: str, options: ClusterOptions
 ) -> dict[str, list[dict[str, Any]]]:
     """Every object, by the file it goes to."""
     if target not in TARGETS:
         raise ClusterError(f"target {target!r}: choose {' or '.join(TARGETS)}")
-    pod = _pod(artifact, spec, engine, target, options)
+    pod = _pod(spec, engine, target, options)
     ns, claim = options.namespace, options.model_claim
     return {
         "plain/deployment.yaml": [deployment(pod, ns, options.min_replicas, claim)],
@@ -395,20 +393,16 @@ def manifests(
     }
 
 
-def package_kubernetes(  # noqa: PLR0913 - `package sagemaker`'s five, and the options
-    artifact: Path,
-    spec: DeploySpec,
-    engine: str,
-    target: str,
-    out: Path,
-    options: ClusterOptions,
+def package_kubernetes(
+    spec: DeploySpec, engine: str, target: str, out: Path, options: ClusterOptions
 ) -> Pod:
-    """Write the image's build context and every manifest under `out`."""
-    objects = manifests(artifact, spec, engine, target, options)
+    """Write the image's build context and every manifest under `out`, for the spec's
+    models (one or several)."""
+    objects = manifests(spec, engine, target, options)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (out / "plain").is_dir():
         raise ClusterError(f"{out} exists and is not a neuronserve Kubernetes folder")
-    package_sagemaker(artifact, spec, engine, target, out / "image")
+    package_sagemaker(spec, engine, target, out / "image")
     for rel, docs in objects.items():
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -416,4 +410,4 @@ def package_kubernetes(  # noqa: PLR0913 - `package sagemaker`'s five, and the o
     (out / "prometheus-adapter.yaml").write_text(
         yaml.safe_dump(adapter_values(options.namespace), sort_keys=False)
     )
-    return _pod(artifact, spec, engine, target, options)
+    return _pod(spec, engine, target, options)

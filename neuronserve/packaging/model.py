@@ -1,6 +1,7 @@
-"""What every packager derives from an artifact and a spec before writing anything: the
-verified manifest, the model name, the worker plan for this host and the settings the
-adapters read back (neuronserve.worker).
+"""What every packager derives from a spec's artifacts before writing anything: the
+verified manifests, the models' names, the worker plan for this host (each worker holds
+every model), its memory plan, and the settings the adapters read back
+(neuronserve.worker).
 
 A deployment setting the artifact recorded (its name, truncation) is what the servers
 use unless it is given again at packaging time: `recorded_unless_given` is the one place
@@ -22,8 +23,8 @@ from typing import TypeVar
 
 from .. import cores, placement
 from ..artifact import Manifest, read_manifest
-from ..spec import DeploySpec
-from ..worker import WorkerSettings
+from ..spec import DeploySpec, ModelEntry
+from ..worker import MODELS_DIR, ModelSettings, WorkerSettings
 
 
 class PackagingError(RuntimeError):
@@ -32,50 +33,121 @@ class PackagingError(RuntimeError):
 
 @dataclass(frozen=True)
 class PackagedModel:
+    """One model of a deployment, as packaged."""
+
     manifest: Manifest
+    name: str
+    artifact: Path
+    # where the engine's model directory holds its artifact (models/<name>)
+    folder: str
+
+
+@dataclass(frozen=True)
+class Packaged:
+    """What every packager writes: the models, the name the engine serves them under,
+    the worker plan (workers = core groups, each holding every model) and the settings
+    the adapters read back."""
+
+    models: list[PackagedModel]
     name: str
     plan: placement.WorkerPlan
     settings: WorkerSettings
+    memory: placement.MemoryPlan
+
+    @property
+    def target(self) -> str:
+        return self.models[0].manifest.target
 
 
 def prepare(
-    artifact: Path,
-    spec: DeploySpec,
-    what: str = "workers",
-    plan: placement.WorkerPlan | None = None,
-) -> PackagedModel:
-    """Refuse a broken artifact, plan workers unless the caller has (`what` names them in
-    the warning printed when this host has fewer core groups than asked for) and settle
-    the settings."""
-    manifest = read_manifest(artifact)
+    spec: DeploySpec, what: str = "workers", plan: placement.WorkerPlan | None = None
+) -> Packaged:
+    """Refuse a broken artifact, two models of one name, artifacts compiled for
+    different targets and a plan whose workers cannot hold every model in memory; plan
+    workers unless the caller has (`what` names them in the warning printed when this
+    host has fewer core groups than asked for); settle the settings."""
+    entries = spec.model_entries()
+    if not entries:
+        raise PackagingError("no artifact: pass the artifact directory (or several)")
+    models = []
+    for entry in entries:
+        manifest = read_manifest(entry.artifact)
+        name = recorded_unless_given(entry.name, manifest.name)
+        models.append(PackagedModel(manifest, name, Path(entry.artifact), f"{MODELS_DIR}/{name}"))
+    _check_together(models)
+    manifests = [m.manifest for m in models]
     if plan is None:
         try:
-            plan = placement.plan(placement.PlanRequest.of(spec, manifest))
+            plan = placement.plan(placement.PlanRequest.of(spec, manifests))
         except placement.PlacementError as e:
             raise PackagingError(str(e)) from None
-    problem = placement.device_memory_problem(
-        manifest.target,
-        len(set(manifest.modules.values())),
-        int(manifest.compiler.get("weight_bytes", 0)),
-        int(manifest.compiler.get("cores_per_module", 1)),
-        cores.instance_family(),
+    for manifest in manifests:
+        problem = placement.device_memory_problem(
+            manifest.target,
+            len(set(manifest.modules.values())),
+            int(manifest.compiler.get("weight_bytes", 0)),
+            int(manifest.compiler.get("cores_per_module", 1)),
+            cores.instance_family(),
+        )
+        if problem:
+            raise PackagingError(problem)
+    memory = placement.memory_plan(
+        [(m.name, m.manifest, m.artifact) for m in models], plan, cores.instance_family()
     )
-    if problem:
-        raise PackagingError(problem)
+    if not memory.fits:
+        raise PackagingError(memory.refusal())
     warning = plan.warning(what)
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
     settings = WorkerSettings(
-        target=manifest.target,
+        target=manifests[0].target,
         core_kind=plan.kind,
         cores_per_worker=plan.cores_per_worker,
         neuron_cores=spec.neuron_cores,
-        truncation=recorded_unless_given(spec.truncation, manifest.truncation),
         max_client_batch=spec.max_client_batch,
         max_text_chars=spec.max_text_chars,
         max_json_depth=spec.max_json_depth,
+        models=[
+            ModelSettings(
+                name=m.name,
+                artifact=m.folder,
+                truncation=served_truncation(entry, spec, m.manifest),
+            )
+            for m, entry in zip(models, entries, strict=True)
+        ],
     )
-    return PackagedModel(manifest, recorded_unless_given(spec.name, manifest.name), plan, settings)
+    name = models[0].name if len(models) == 1 else spec.deployment_name
+    return Packaged(models, name, plan, settings, memory)
+
+
+def _check_together(models: list[PackagedModel]) -> None:
+    """Names are how requests find their model, and one worker loads every model onto
+    one kind of core: refuse two of one name, or artifacts for different targets."""
+    seen: dict[str, Path] = {}
+    for m in models:
+        if m.name in seen:
+            raise PackagingError(
+                f"two models are named {m.name!r} ({seen[m.name]} and {m.artifact}): model "
+                "names address requests, so each must be unique (compile one with another "
+                "--name, or give it a `name` in the spec's `models`)"
+            )
+        seen[m.name] = m.artifact
+    targets = {m.manifest.target for m in models}
+    if len(targets) > 1:
+        listed = ", ".join(f"{m.name}: {m.manifest.target}" for m in models)
+        raise PackagingError(
+            f"the models were compiled for different targets ({listed}): every worker loads "
+            "every model onto the same cores, so one deployment serves one target; compile "
+            "them for one target or deploy them apart"
+        )
+
+
+def served_truncation(entry: ModelEntry, spec: DeploySpec, manifest: Manifest) -> bool:
+    """A model's answer to over-long text: its own entry's, else the deployment's, else
+    what its artifact recorded."""
+    return recorded_unless_given(
+        entry.truncation, recorded_unless_given(spec.truncation, manifest.truncation)
+    )
 
 
 T = TypeVar("T")

@@ -7,8 +7,9 @@
     <out>/requirements.txt    what neuronserve and the engine need besides torch
     <out>/neuronserve.json    engine and target, read by `serve`
 
-At run time `serve` prefers a model SageMaker mounts in /opt/ml/model (a .mar, a Triton
-repository or an artifact), so one image can serve many models.
+At run time `serve` prefers models SageMaker mounts in /opt/ml/model (a .mar, a Triton
+repository, an artifact, or several artifacts side by side), so one image can serve
+other models than those it was built with.
 """
 
 from __future__ import annotations
@@ -75,19 +76,29 @@ def _copy_package(dst: Path) -> None:
             shutil.copy2(f, dst / folder / f.name)
 
 
-def package_sagemaker(
-    artifact: Path, spec: DeploySpec, engine: str, target: str, out: Path
-) -> Path:
-    if engine not in ENGINES:
-        raise ContextError(f"engine {engine!r}: choose {' or '.join(ENGINES)}")
+def check_runs(spec: DeploySpec, target: str, what: str = "image") -> list[str]:
+    """The names of the spec's models, once each is known to be compiled for what a
+    `target` image (`what`: or pod) runs."""
     if target not in TARGETS:
         raise ContextError(f"target {target!r}: choose one of {', '.join(TARGETS)}")
-    manifest = read_manifest(artifact)
-    if manifest.target not in RUNS[target]:
-        raise ContextError(
-            f"{artifact} was compiled for {manifest.target}; a {target} image "
-            f"runs artifacts compiled for {', '.join(sorted(RUNS[target]))}"
-        )
+    names = []
+    for entry in spec.model_entries():
+        manifest = read_manifest(entry.artifact)
+        if manifest.target not in RUNS[target]:
+            raise ContextError(
+                f"{entry.artifact} was compiled for {manifest.target}; a {target} {what} "
+                f"runs artifacts compiled for {', '.join(sorted(RUNS[target]))}"
+            )
+        names.append(recorded_unless_given(entry.name, manifest.name))
+    return names
+
+
+def package_sagemaker(spec: DeploySpec, engine: str, target: str, out: Path) -> Path:
+    """The build context of an image serving the spec's models (one or several) on
+    `engine`."""
+    if engine not in ENGINES:
+        raise ContextError(f"engine {engine!r}: choose {' or '.join(ENGINES)}")
+    names = check_runs(spec, target)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         if not (out / "neuronserve.json").is_file():
@@ -107,9 +118,8 @@ def package_sagemaker(
     model_spec = spec.model_copy(
         update={"workers": spec.workers or 1, "token_auth": False, kind.store_field: out / "model"}
     )
-    kind.package(artifact, model_spec)
-    name = recorded_unless_given(spec.name, manifest.name)
+    kind.package(model_spec)
     (out / "neuronserve.json").write_text(
-        json.dumps({"engine": engine, "target": target, "model": name}, indent=2) + "\n"
+        json.dumps({"engine": engine, "target": target, "models": names}, indent=2) + "\n"
     )
     return out

@@ -1,8 +1,11 @@
-"""package torchserve: artifact -> <store>/<name>.mar, model-config.yaml, config.properties.
+"""package torchserve: artifacts -> <store>/<name>.mar, model-config.yaml, config.properties.
 
-The archive holds the handler from `handlers/` and the artifact under `artifact/`; its
-model-config.yaml is written by `model_config`. The store's config.properties puts
-every endpoint on the spec's address (loopback by default) with token authorization.
+The archive holds the handler from `handlers/` and each artifact under `models/<name>/`:
+one TorchServe model whose workers (one per core group) each load every model. It is
+named after its model when it holds one, else after the spec's `deployment_name`, and a
+request names its model in the X-Neuronserve-Model header. Its model-config.yaml is
+written by `model_config`. The store's config.properties puts every endpoint on the
+spec's address (loopback by default) with token authorization.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from .. import metrics, placement
 from ..buckets import engine_batch_sizes
 from ..resources import handler_file, tool
 from ..spec import DeploySpec
-from ..worker import ARTIFACT_DIR
-from .model import PackagedModel, PackagingError, prepare, put_in_place, retire, staged
+from ..worker import MODELS_DIR
+from .model import Packaged, PackagingError, prepare, put_in_place, retire, staged
 
 __all__ = ["PackagingError", "model_config", "package_torchserve"]
 
@@ -41,23 +44,29 @@ def _metric_declarations() -> dict[str, list[dict]]:
             {
                 "name": m.torchserve_name,
                 "unit": m.unit,
-                "dimensions": ["ModelName", "Level", *(metrics.camel(label) for label in m.labels)],
+                "dimensions": [
+                    "ModelName",
+                    "Level",
+                    metrics.MODEL_LABEL,
+                    *(metrics.camel(label) for label in m.labels),
+                ],
             }
         )
     return out
 
 
-def model_config(spec: DeploySpec, packaged: PackagedModel) -> dict:
+def model_config(spec: DeploySpec, packaged: Packaged) -> dict:
     """The archive's model-config.yaml: workers = the plan, batchSize = the largest batch
-    worth forming by the artifact's bucket times (never beyond the grid, so a batch of
-    one-text requests fits one bucket run), and the worker settings the handler reads
-    back."""
-    manifest = packaged.manifest
+    worth forming by the artifacts' bucket times (never beyond a grid, so a batch of
+    one-text requests fits one bucket run of the model that takes the most), and the
+    worker settings the handler reads back."""
     return {
         "minWorkers": packaged.plan.workers,
         "maxWorkers": packaged.plan.workers,
         "batchSize": spec.batch_requests
-        or max(engine_batch_sizes(manifest.grid, manifest.bucket_ms)),
+        or max(
+            max(engine_batch_sizes(m.manifest.grid, m.manifest.bucket_ms)) for m in packaged.models
+        ),
         # 0 in model-config.yaml is read as unset (100 ms), and 0 through config.properties
         # ends every batch at two requests (its aggregator stops once the delay is spent):
         # 1 ms is the least delay that still batches (Model.pollBatch, ModelManager)
@@ -136,13 +145,10 @@ def _metrics_yaml(store: Path) -> None:
     (store / METRICS_FILE).write_text(yaml.safe_dump(default, sort_keys=False))
 
 
-def package_torchserve(
-    artifact: Path, spec: DeploySpec, plan: placement.WorkerPlan | None = None
-) -> Path:
-    """Build the archive into the spec's model store (for `plan`, or this host's); return
-    its path."""
-    artifact = Path(artifact)
-    packaged = prepare(artifact, spec, plan=plan)
+def package_torchserve(spec: DeploySpec, plan: placement.WorkerPlan | None = None) -> Path:
+    """Build the archive of the spec's models into its model store (for `plan`, or this
+    host's); return its path."""
+    packaged = prepare(spec, plan=plan)
     name = packaged.name
     store = Path(spec.model_store).resolve()
     store.mkdir(parents=True, exist_ok=True)
@@ -151,10 +157,11 @@ def package_torchserve(
     with tempfile.TemporaryDirectory(prefix="neuronserve-mar-") as tmp_name, staged(store) as stage:
         tmp = Path(tmp_name)
         extra = tmp / "extra"
-        extra.mkdir()
-        # The archiver copies a directory's contents; a link named `artifact` in a staging
-        # dir gives the archive an artifact/ folder without copying it here first.
-        (extra / ARTIFACT_DIR).symlink_to(artifact.resolve(), target_is_directory=True)
+        (extra / MODELS_DIR).mkdir(parents=True)
+        # The archiver copies a directory's contents; links in a staging dir give the
+        # archive a models/<name>/ folder per artifact without copying them here first.
+        for m in packaged.models:
+            (extra / m.folder).symlink_to(m.artifact.resolve(), target_is_directory=True)
         config = tmp / MODEL_CONFIG
         config.write_text(yaml.safe_dump(model_config(spec, packaged), sort_keys=False))
         cmd = [

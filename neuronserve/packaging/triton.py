@@ -1,4 +1,8 @@
-"""package triton: artifact -> <repo>/<name>/{config.pbtxt, 1/model.py, 1/artifact/}.
+"""package triton: artifacts -> <repo>/<name>/{config.pbtxt, 1/model.py, 1/models/<model>/}.
+
+One Triton model holds every model of the deployment (named after its model when it
+holds one, else after the spec's `deployment_name`); its instances, one per core group,
+each load them all, and a request names its model in the `model` request parameter.
 
 config.pbtxt is built as Triton's own `ModelConfig` protobuf message (shipped with
 tritonclient) and written with `text_format`: the schema, not a string template,
@@ -20,47 +24,43 @@ from ..buckets import engine_batch_sizes
 from ..resources import triton_model_file
 from ..spec import DeploySpec
 from ..tasks import get_task
-from ..worker import ARTIFACT_DIR
-from .model import PackagedModel, prepare, put_in_place, staged
+from .model import Packaged, PackagingError, prepare, put_in_place, staged
 
 CONFIG = "config.pbtxt"
 
 _DTYPES = {"float32": "TYPE_FP32", "bytes": "TYPE_STRING", "int64": "TYPE_INT64"}
 
 
-def model_config(spec: DeploySpec, packaged: PackagedModel) -> Any:
-    """The ModelConfig message for one neuronserve model."""
+def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
+    """The ModelConfig message of a deployment: one Triton model holding every model
+    (named after its model when it holds one), whose inputs and outputs are those its
+    models' tasks take and give."""
     from tritonclient.grpc import model_config_pb2 as mc
 
-    manifest = packaged.manifest
-    task = get_task(manifest.task)
-    grid = manifest.grid
-    config = mc.ModelConfig(name=packaged.name, backend="python", max_batch_size=grid.max_batch)
+    grids = [m.manifest.grid for m in packaged.models]
+    config = mc.ModelConfig(
+        name=packaged.name, backend="python", max_batch_size=max(g.max_batch for g in grids)
+    )
     # One text per batch row: Triton's batch dimension counts texts, so its dynamic
     # batcher fills exactly the compiled batch sizes. TEXT_PAIR: the document of a rerank
     # row, the context of a question (required there), a classifier's optional pair.
     # (an image task's rows are IMAGE: one encoded image, JPEG/PNG/WebP bytes, per row)
-    config.input.append(mc.ModelInput(name=task.input_tensor, data_type=mc.TYPE_STRING, dims=[1]))
-    if task.accepts_pairs:
+    for name, required in _inputs(packaged).items():
         config.input.append(
-            mc.ModelInput(
-                name="TEXT_PAIR",
-                data_type=mc.TYPE_STRING,
-                dims=[1],
-                optional=not task.pairs_required,
-            )
+            mc.ModelInput(name=name, data_type=mc.TYPE_STRING, dims=[1], optional=not required)
         )
-    for t in task.output_tensors(manifest.output_dim, manifest.labels):
+    for name, (dtype, dims) in _outputs(packaged).items():
         config.output.append(
-            mc.ModelOutput(
-                name=t.name, data_type=mc.DataType.Value(_DTYPES[t.dtype]), dims=list(t.dims)
-            )
+            mc.ModelOutput(name=name, data_type=mc.DataType.Value(_DTYPES[dtype]), dims=dims)
         )
-    # max_batch_size stays the grid's (it also bounds the texts of one request); the
-    # batches Triton aims for are those the bucket times say are worth forming
-    config.dynamic_batching.preferred_batch_size.extend(
-        engine_batch_sizes(grid, manifest.bucket_ms)
-    )
+    # max_batch_size is the largest grid's (the worker splits a model's batch beyond its
+    # own); the batches Triton aims for are those the bucket times say are worth forming
+    preferred = {
+        size
+        for m in packaged.models
+        for size in engine_batch_sizes(m.manifest.grid, m.manifest.bucket_ms)
+    }
+    config.dynamic_batching.preferred_batch_size.extend(sorted(preferred))
     config.dynamic_batching.max_queue_delay_microseconds = spec.max_batch_delay_ms * 1000
     # bounded: beyond max_queued (or after queue_timeout_ms waiting) Triton refuses the
     # request (UNAVAILABLE, HTTP 503) instead of letting latency grow without bound
@@ -77,6 +77,38 @@ def model_config(spec: DeploySpec, packaged: PackagedModel) -> Any:
     return config
 
 
+def _inputs(packaged: Packaged) -> dict[str, bool]:
+    """Input name -> required: required only when every model's requests carry it."""
+    needs: list[dict[str, bool]] = []
+    for m in packaged.models:
+        task = get_task(m.manifest.task)
+        own = {task.input_tensor: True}
+        if task.accepts_pairs:
+            own["TEXT_PAIR"] = task.pairs_required
+        needs.append(own)
+    names = list(dict.fromkeys(n for own in needs for n in own))
+    return {n: all(own.get(n, False) for own in needs) for n in names}
+
+
+def _outputs(packaged: Packaged) -> dict[str, tuple[str, list[int]]]:
+    """Output name -> (dtype, dims per text); a name two models give at other sizes (two
+    embedders of other widths) is declared variable (-1)."""
+    out: dict[str, tuple[str, list[int]]] = {}
+    for m in packaged.models:
+        task = get_task(m.manifest.task)
+        for t in task.output_tensors(m.manifest.output_dim, m.manifest.labels):
+            dims = list(t.dims)
+            if t.name in out:
+                dtype, seen = out[t.name]
+                if dtype != t.dtype:
+                    raise PackagingError(
+                        f"output {t.name} is {dtype} for one model and {t.dtype} for {m.name}"
+                    )
+                dims = seen if seen == dims else [-1] * len(dims)
+            out[t.name] = (t.dtype, dims)
+    return out
+
+
 def write_config(path: Path, config: Any) -> None:
     path.write_text(text_format.MessageToString(config))
 
@@ -87,19 +119,17 @@ def read_config(path: Path) -> Any:
     return text_format.Parse(Path(path).read_text(), mc.ModelConfig())
 
 
-def package_triton(
-    artifact: Path, spec: DeploySpec, plan: placement.WorkerPlan | None = None
-) -> Path:
-    """Write the model into the spec's Triton repository (for `plan`, or this host's);
-    return the model directory."""
-    artifact = Path(artifact)
-    packaged = prepare(artifact, spec, what="instances", plan=plan)
+def package_triton(spec: DeploySpec, plan: placement.WorkerPlan | None = None) -> Path:
+    """Write the spec's models into its Triton repository as one Triton model (for
+    `plan`, or this host's); return the model directory."""
+    packaged = prepare(spec, what="instances", plan=plan)
     repository = Path(spec.triton_repository)
     with staged(repository) as stage:
         model_dir = stage / packaged.name
         version = model_dir / "1"
         version.mkdir(parents=True)
         shutil.copy2(triton_model_file(), version / "model.py")
-        shutil.copytree(artifact, version / ARTIFACT_DIR)
+        for m in packaged.models:
+            shutil.copytree(m.artifact, version / m.folder)
         write_config(model_dir / CONFIG, model_config(spec, packaged))
         return put_in_place(model_dir, repository)

@@ -1,5 +1,6 @@
-"""A deployment: one engine serving an artifact from folders of its own, packaged for
-this host's worker plan, on loopback ports of its own, started with truthful readiness.
+"""A deployment: one engine serving one or several models from folders of its own,
+packaged for this host's worker plan (one worker per core group, each holding every
+model), on loopback ports of its own, started with truthful readiness.
 
 The front (serve/front/), the SageMaker and Kubernetes entrypoints and bench each run
 one. Its folder holds the engine's store (`store/`: a model store or Triton repository
@@ -16,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 from .. import placement
 from ..artifact import read_manifest
-from ..packaging.model import recorded_unless_given
-from ..spec import DeploySpec, load_spec
+from ..packaging.model import recorded_unless_given, served_truncation
+from ..spec import DeploySpec, ModelEntry, load_spec
 from .engines import engine
 from .process import free_ports
 
 if TYPE_CHECKING:
-    from ..worker import WorkerSettings
     from .engine import Engine
     from .front.clients import EngineClient
     from .front.model import ServedModel
+    from .model_source import FoundModel
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +34,22 @@ STORE_DIR = "store"
 RUN_DIR = "run"
 
 
-def engine_settings(spec: DeploySpec, packaged: WorkerSettings | None) -> dict[str, Any]:
-    """The worker settings a spec gives explicitly (`DeploySpec.worker_fields`);
-    truncation, if the spec leaves it, is what the model was packaged with (a .mar's or
-    a Triton repository's)."""
+def engine_settings(spec: DeploySpec) -> dict[str, Any]:
+    """The worker settings a spec gives explicitly (`DeploySpec.worker_fields`), and the
+    name several models are served under."""
     given = spec.model_fields_set
     settings = {k: getattr(spec, k) for k in DeploySpec.worker_fields() if k in given}
-    if "truncation" not in settings and packaged is not None:
-        settings["truncation"] = packaged.truncation
+    settings["deployment_name"] = spec.deployment_name
     return {k: v for k, v in settings.items() if v is not None}
+
+
+def model_entries(found: list[FoundModel], spec: DeploySpec) -> list[ModelEntry]:
+    """The models found, each with the truncation it was packaged with unless the spec
+    gives one for the whole deployment (a setting given now wins over one recorded)."""
+    given = "truncation" in spec.model_fields_set and spec.truncation is not None
+    return [
+        f.entry().model_copy(update={"truncation": None}) if given else f.entry() for f in found
+    ]
 
 
 def running_engine(work: Path, name: str) -> Engine | None:
@@ -51,7 +59,7 @@ def running_engine(work: Path, name: str) -> Engine | None:
 
 
 class Deployment:
-    """Engine `engine_name` serving `artifact` from `work`.
+    """Engine `engine_name` serving `models` from `work`.
 
     `settings` are spec fields for this deployment (workers, cores_per_worker, layout,
     limits, ...); ports and folders are chosen here. `plan`, when the caller planned the
@@ -62,20 +70,26 @@ class Deployment:
     def __init__(
         self,
         engine_name: str,
-        artifact: Path,
+        models: list[ModelEntry],
         work: Path,
         settings: dict[str, Any],
         plan: placement.WorkerPlan | None = None,
     ):
-        self.work, self.artifact = Path(work), Path(artifact)
+        self.work = Path(work)
         self.engine = engine(engine_name, self.work / RUN_DIR)
-        # packaging verifies the artifact's checksums when the engine starts
-        self.manifest = read_manifest(artifact, verify=False)
+        if not models:
+            raise ValueError("a deployment needs at least one model")
+        # packaging verifies the artifacts' checksums when the engine starts
+        self.manifests = {
+            recorded_unless_given(m.name, mf.name): (mf, Path(m.artifact))
+            for m in models
+            for mf in [read_manifest(m.artifact, verify=False)]
+        }
         kind = type(self.engine)
         self.spec: DeploySpec = load_spec(
             None,
             {
-                "artifact": artifact,
+                "models": [m.model_dump() for m in models],
                 # loopback only, behind the front: no keys, and a folder instead of a
                 # zip so a start does not pack the artifact again
                 "token_auth": False,
@@ -86,8 +100,12 @@ class Deployment:
                 **settings,
             },
         )
-        self.name = recorded_unless_given(self.spec.name, self.manifest.name)
-        self.plan = plan or placement.plan(placement.PlanRequest.of(self.spec, self.manifest))
+        first = next(iter(self.manifests))
+        # the name the engine serves them under: the model's own when there is one
+        self.name = first if len(self.manifests) == 1 else self.spec.deployment_name
+        self.plan = plan or placement.plan(
+            placement.PlanRequest.of(self.spec, [m for m, _ in self.manifests.values()])
+        )
 
     @property
     def engine_name(self) -> str:
@@ -104,23 +122,33 @@ class Deployment:
         # (another model, served from the same run directory before) must not load again
         if self.store.exists():
             shutil.rmtree(self.store)
-        self.engine.package(self.artifact, self.spec, self.plan)
+        self.engine.package(self.spec, self.plan)
         self.engine.start(self.spec, log=log.info)
 
     def stop(self) -> None:
         self.engine.stop(log=log.info)
 
-    def served_model(self) -> ServedModel:
+    @property
+    def tasks(self) -> str:
+        return ", ".join(f"{n} ({m.task})" for n, (m, _) in self.manifests.items())
+
+    def served_models(self) -> dict[str, ServedModel]:
+        """Each model as the front needs it, by name."""
         from .front.model import ServedModel
 
-        return ServedModel(
-            name=self.name,
-            manifest=self.manifest,
-            engine=self.engine.name,
-            truncation=recorded_unless_given(self.spec.truncation, self.manifest.truncation),
-            max_text_chars=self.spec.max_text_chars,
-            tokenizer=ServedModel.tokenizer_of(self.manifest, self.artifact),
-        )
+        out = {}
+        for entry in self.spec.model_entries():
+            manifest = read_manifest(entry.artifact, verify=False)
+            name = recorded_unless_given(entry.name, manifest.name)
+            out[name] = ServedModel(
+                name=name,
+                manifest=manifest,
+                engine=self.engine.name,
+                truncation=served_truncation(entry, self.spec, manifest),
+                max_text_chars=self.spec.max_text_chars,
+                tokenizer=ServedModel.tokenizer_of(manifest, Path(entry.artifact)),
+            )
+        return out
 
-    def client(self, model: ServedModel, connections: int) -> EngineClient:
-        return self.engine.client(model, self.plan.workers, connections)
+    def client(self, models: dict[str, ServedModel], connections: int) -> EngineClient:
+        return self.engine.client(self.name, models, self.plan.workers, connections)

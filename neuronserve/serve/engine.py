@@ -71,9 +71,10 @@ class Engine(ABC):
 
     @classmethod
     @abstractmethod
-    def package(cls, artifact: Path, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
-        """Write `artifact` into the spec's store for this host's worker plan (`plan`
-        when the caller made it already); the path written."""
+    def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
+        """Write the spec's models into its store for this host's worker plan (`plan`
+        when the caller made it already), as one engine model whose workers each hold
+        every model; the path written."""
 
     @classmethod
     @abstractmethod
@@ -110,8 +111,11 @@ class Engine(ABC):
         """Base URL of its Prometheus endpoint (`/metrics` below it)."""
 
     @abstractmethod
-    def client(self, model: ServedModel, workers: int, connections: int) -> EngineClient:
-        """The front's asynchronous client for `model`, with up to `connections` open."""
+    def client(
+        self, name: str, models: dict[str, ServedModel], workers: int, connections: int
+    ) -> EngineClient:
+        """The front's asynchronous client for `models`, served under the engine model
+        `name` by `workers` workers, with up to `connections` open."""
 
     def running(self) -> bool:
         return self.root_pid() is not None

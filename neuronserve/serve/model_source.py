@@ -1,9 +1,10 @@
-"""Where the SageMaker container finds its model and engine.
+"""Where the SageMaker container (and `serve front`) finds its models and engine.
 
-The model comes from /opt/ml/model (SageMaker's model_data) when it holds one, else from
-the model baked into the image: a neuronserve artifact, a .mar built by `neuronserve
-package torchserve`, or a Triton repository built by `neuronserve package triton`. Each
-is reduced to its artifact, so it can be packaged again for this host's core groups.
+The models come from /opt/ml/model (SageMaker's model_data) when it holds any, else
+from those baked into the image: a neuronserve artifact, several side by side, a .mar
+built by `neuronserve package torchserve`, or a Triton repository built by `neuronserve
+package triton`. Each is reduced to its artifacts, so they can be packaged again for this
+host's core groups.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from pathlib import Path
 
 import yaml
 
-from ..artifact import MANIFEST
+from ..artifact import MANIFEST, read_manifest
 from ..packaging.torchserve import MODEL_CONFIG
-from ..worker import ARTIFACT_DIR, WorkerSettings
+from ..spec import ModelEntry
+from ..worker import MODELS_DIR, WorkerSettings
 from .engines import ENGINES
 
 MODEL_DIR = "/opt/ml/model"
@@ -33,9 +35,13 @@ class ModelSourceError(RuntimeError):
 @dataclass(frozen=True)
 class FoundModel:
     artifact: Path
-    # the settings it was packaged with, when it came as a .mar or a Triton repository:
-    # what the user gave at packaging time must survive packaging again for this host
-    packaged: WorkerSettings | None = None
+    name: str
+    # what it was packaged with (a .mar's or a Triton repository's): what the user gave
+    # at packaging time must survive packaging again for this host
+    truncation: bool | None = None
+
+    def entry(self) -> ModelEntry:
+        return ModelEntry(artifact=self.artifact, name=self.name, truncation=self.truncation)
 
 
 def _check_extract_size(z: zipfile.ZipFile, names: list[str], work: Path, mar: Path) -> None:
@@ -54,34 +60,46 @@ def _check_extract_size(z: zipfile.ZipFile, names: list[str], work: Path, mar: P
         )
 
 
-def find_model(source: Path, work: Path) -> FoundModel:
-    """The neuronserve artifact inside `source` (itself, a .mar's or a Triton
-    repository's) and the settings it was packaged with."""
+def find_models(source: Path, work: Path) -> list[FoundModel]:
+    """The neuronserve artifacts inside `source`, with the names and settings they were
+    packaged with: an artifact, several artifacts side by side, a .mar (or its unpacked
+    folder) or a Triton repository built by `neuronserve package`."""
     if (source / MANIFEST).is_file():
-        return FoundModel(source)
+        return [_artifact(source)]
+    side_by_side = sorted(p.parent for p in source.glob(f"*/{MANIFEST}"))
+    if side_by_side:
+        return [_artifact(a) for a in side_by_side]
     mars = sorted(source.glob("*.mar"))
     if mars:
         out = work / "from-mar"
         with zipfile.ZipFile(mars[0]) as z:
-            members = [n for n in z.namelist() if n.startswith(f"{ARTIFACT_DIR}/")]
+            members = [n for n in z.namelist() if n.startswith(f"{MODELS_DIR}/")]
             if not members:
-                raise ModelSourceError(f"{mars[0]} holds no neuronserve {ARTIFACT_DIR}/ folder")
+                raise ModelSourceError(f"{mars[0]} holds no neuronserve {MODELS_DIR}/ folder")
             _check_extract_size(z, [*members, MODEL_CONFIG], work, mars[0])
             z.extractall(out, [*members, MODEL_CONFIG])
-        return FoundModel(out / ARTIFACT_DIR, _torchserve_settings(out / MODEL_CONFIG))
-    for manifest in sorted(source.glob(f"*/{ARTIFACT_DIR}/{MANIFEST}")):
+        return _packaged(out, _torchserve_settings(out / MODEL_CONFIG))
+    for config in sorted(source.glob(f"*/{MODEL_CONFIG}")):
         # a no-archive .mar folder
-        return FoundModel(
-            manifest.parent, _torchserve_settings(manifest.parent.parent / MODEL_CONFIG)
-        )
-    for manifest in sorted(source.glob(f"*/*/{ARTIFACT_DIR}/{MANIFEST}")):
-        # <repo>/<name>/1/artifact
-        return FoundModel(manifest.parent, _triton_settings(manifest.parents[2]))
+        return _packaged(config.parent, _torchserve_settings(config))
+    for model_py in sorted(source.glob("*/*/model.py")):
+        # <repo>/<name>/1/model.py
+        return _packaged(model_py.parent, _triton_settings(model_py.parents[1]))
     raise ModelSourceError(
-        f"{source} holds no model: expected a neuronserve artifact (manifest.json), a .mar "
-        "built by `neuronserve package torchserve`, or a Triton repository built by "
-        "`neuronserve package triton`"
+        f"{source} holds no model: expected a neuronserve artifact (manifest.json), several "
+        "side by side, a .mar built by `neuronserve package torchserve`, or a Triton "
+        "repository built by `neuronserve package triton`"
     )
+
+
+def _artifact(folder: Path) -> FoundModel:
+    return FoundModel(folder, read_manifest(folder, verify=False).name)
+
+
+def _packaged(model_dir: Path, settings: WorkerSettings) -> list[FoundModel]:
+    if not settings.models:
+        raise ModelSourceError(f"{model_dir} was packaged without the models it holds")
+    return [FoundModel(model_dir / m.artifact, m.name, m.truncation) for m in settings.models]
 
 
 def _torchserve_settings(path: Path) -> WorkerSettings:

@@ -26,11 +26,11 @@ from pathlib import Path
 from .. import placement
 from ..artifact import read_manifest
 from ..spec import DeploySpec, load_spec
-from .deployment import Deployment, engine_settings
+from .deployment import Deployment, engine_settings, model_entries
 from .front.config import FrontConfig
 from .front.keys import ENV_KEY
 from .front.server import configure_logging, run
-from .model_source import engine_name, find_model, model_source
+from .model_source import engine_name, find_models, model_source
 
 log = logging.getLogger("neuronserve.sagemaker")
 
@@ -89,15 +89,15 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
     deployment packages and starts with this plan), and make the deployment the front
     starts."""
     source = model_source()
-    found = find_model(source, work)
-    manifest = read_manifest(found.artifact)
+    found = find_models(source, work)
+    manifests = [read_manifest(f.artifact) for f in found]
     requested = os.environ.get("SAGEMAKER_MODEL_SERVER_WORKERS")
     plan = placement.plan(
         placement.PlanRequest(
-            manifest.target,
+            manifests[0].target,
             workers=int(requested) if requested else None,
             cores_per_worker=spec.cores_per_worker,
-            cores_per_module=int(manifest.compiler.get("cores_per_module", 1)),
+            cores_per_module=max(int(m.compiler.get("cores_per_module", 1)) for m in manifests),
         ),
         serving_host=True,
     )
@@ -111,9 +111,13 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
             plan.kind,
             spec.cores_per_worker,
         )
-    settings = {**engine_settings(spec, found.packaged), "workers": plan.workers}
-    log.info("serving %s (%s) from %s", manifest.name, manifest.task, source)
-    return Deployment(spec.engine, found.artifact, work, settings, plan)
+    settings = {**engine_settings(spec), "workers": plan.workers}
+    log.info(
+        "serving %s from %s",
+        ", ".join(f"{f.name} ({m.task})" for f, m in zip(found, manifests, strict=True)),
+        source,
+    )
+    return Deployment(spec.engine, model_entries(found, spec), work, settings, plan)
 
 
 def main() -> int:

@@ -376,10 +376,10 @@ class TorchServe(Engine):
         self._instance: TorchServeInstance | None = None
 
     @classmethod
-    def package(cls, artifact: Path, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
+    def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
         from ..packaging.torchserve import package_torchserve
 
-        return package_torchserve(artifact, spec, plan)
+        return package_torchserve(spec, plan)
 
     @classmethod
     def models_in(cls, store: Path) -> list[str]:
@@ -421,13 +421,15 @@ class TorchServe(Engine):
     def metrics_url(self) -> str:
         return self.instance.metrics_url
 
-    def client(self, model: ServedModel, workers: int, connections: int) -> EngineClient:
+    def client(
+        self, name: str, models: dict[str, ServedModel], workers: int, connections: int
+    ) -> EngineClient:
         from .front.clients import TorchServeClient, TorchServeUrls
 
         inst = self.instance
         urls = TorchServeUrls(
-            predict=f"{inst.inference_url}/predictions/{model.name}",
-            model=f"{inst.management_url}/models/{model.name}",
+            predict=f"{inst.inference_url}/predictions/{name}",
+            model=f"{inst.management_url}/models/{name}",
             metrics=inst.metrics_url,
         )
         return TorchServeClient(urls, workers, connections, worker_counts_of)

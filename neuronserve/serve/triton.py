@@ -435,10 +435,10 @@ class Triton(Engine):
         self._instance: TritonInstance | None = None
 
     @classmethod
-    def package(cls, artifact: Path, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
+    def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
         from ..packaging.triton import package_triton
 
-        return package_triton(artifact, spec, plan)
+        return package_triton(spec, plan)
 
     @classmethod
     def models_in(cls, store: Path) -> list[str]:
@@ -488,14 +488,16 @@ class Triton(Engine):
     def metrics_url(self) -> str:
         return self.instance.metrics_url
 
-    def client(self, model: ServedModel, workers: int, connections: int) -> EngineClient:
+    def client(
+        self, name: str, models: dict[str, ServedModel], workers: int, connections: int
+    ) -> EngineClient:
         from .front.clients import TritonClient, TritonUrls
 
         inst = self.instance
 
         def alive() -> int:
-            count = inst.instances().get(model.name)
+            count = inst.instances().get(name)
             return count.alive if count else 0
 
         urls = TritonUrls(http=inst.http_url, metrics=inst.metrics_url)
-        return TritonClient(model, urls, workers, connections, alive)
+        return TritonClient(name, models, urls, workers, connections, alive)

@@ -25,8 +25,9 @@ import aiohttp
 import numpy as np
 import orjson
 
-from ...tasks import RequestError, get_task
+from ...tasks import RequestError, Task, get_task
 from ...tasks.base import RequestLimits, bytes_rows
+from ...worker import MODEL_HEADER, MODEL_PARAMETER
 from .model import ServedModel
 
 if TYPE_CHECKING:
@@ -104,13 +105,14 @@ class EngineClient(ABC):
     kind: str
 
     @abstractmethod
-    async def predict(self, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
-        """The task's answer to `{"inputs": inputs, "parameters": parameters}`; raises
-        RequestError with the engine's status for a request it refused."""
+    async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
+        """Model `model`'s answer to `{"inputs": inputs, "parameters": parameters}`;
+        raises RequestError with the engine's status for a request it refused."""
 
     @abstractmethod
-    async def invoke(self, body: bytes, content_type: str) -> tuple[int, bytes]:
-        """(status, JSON body) for a request body as SageMaker's /invocations takes it."""
+    async def invoke(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+        """(status, JSON body) for a request body to `model` as SageMaker's /invocations
+        takes it."""
 
     @abstractmethod
     async def health(self) -> WorkerCounts:
@@ -158,24 +160,24 @@ class TorchServeClient(EngineClient):
         self._metrics_url = f"{urls.metrics}/metrics"
         self._workers, self._counts = workers, counts
 
-    async def _post(self, body: bytes, content_type: str) -> tuple[int, bytes]:
+    async def _post(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+        # the worker holds every model of the deployment: the header says which one
+        headers = {**_PLAIN, "Content-Type": content_type, MODEL_HEADER: model}
         try:
-            async with self._session.post(
-                self._predict_url, data=body, headers={**_PLAIN, "Content-Type": content_type}
-            ) as r:
+            async with self._session.post(self._predict_url, data=body, headers=headers) as r:
                 return r.status, await r.read()
         except (aiohttp.ClientError, OSError) as e:
             raise EngineUnavailable(f"TorchServe did not answer: {e}") from None
 
-    async def predict(self, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
+    async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
         request = {"inputs": inputs, "parameters": parameters} if parameters else {"inputs": inputs}
-        status, data = await self._post(orjson.dumps(request), "application/json")
+        status, data = await self._post(model, orjson.dumps(request), "application/json")
         if status != 200:
             raise engine_error(status, data)
         return EngineAnswer(raw=data)
 
-    async def invoke(self, body: bytes, content_type: str) -> tuple[int, bytes]:
-        return await self._post(body, content_type)
+    async def invoke(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+        return await self._post(model, body, content_type)
 
     async def health(self) -> WorkerCounts:
         try:
@@ -195,80 +197,78 @@ class TorchServeClient(EngineClient):
 class TritonClient(EngineClient):
     kind = "triton"
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - the engine's facts, each one of its own
         self,
-        model: ServedModel,
+        name: str,
+        models: dict[str, ServedModel],
         urls: TritonUrls,
         instances: int,
         connections: int,
         alive: Callable[[], int],
     ):
-        """`alive`: the model's live instances (stub processes) now."""
+        """`name`: the Triton model holding `models`; `alive`: its live instances (stub
+        processes) now."""
         import tritonclient.http.aio as triton_aio
 
-        manifest = model.manifest
-        task = get_task(manifest.task)
         self._client = triton_aio.InferenceServerClient(
             urls.http.split("://", 1)[-1], conn_limit=connections, conn_timeout=24 * 3600.0
         )
         self._aux = aiohttp.ClientSession(timeout=_PROBE_TIMEOUT)
         self._metrics_url = f"{urls.metrics}/metrics"
-        self._model, self._instances, self._task = model.name, instances, task
-        self._alive = alive
-        self._limits = RequestLimits(chars=model.max_text_chars)
-        self._info = manifest.task_info()
-        self._max_batch = manifest.grid.max_batch
-        # the first tensor of a task holds the model's raw output rows
-        self._output = task.output_tensors(manifest.output_dim, manifest.labels)[0].name
+        self._name, self._instances, self._alive = name, instances, alive
+        self._models = {n: _TritonModel.of(m) for n, m in models.items()}
 
-    async def predict(self, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
-        request = self._task.parse(inputs, parameters)
+    async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
+        m = self._models[model]
+        request = m.task.parse(inputs, parameters)
         # refused here, as the instances would: an over-long text is the sender's error
         # even while an instance is being replaced
-        too_long = self._limits.check(request)
+        too_long = m.limits.check(request)
         if too_long is not None:
             raise too_long
-        rows = await self._rows(request)
-        return EngineAnswer(value=self._task.respond(rows, request, self._info))
+        rows = await self._rows(model, request)
+        return EngineAnswer(value=m.task.respond(rows, request, m.info))
 
-    async def _rows(self, request: TaskRequest) -> Any:
+    async def _rows(self, model: str, request: TaskRequest) -> Any:
         """The request's results (`Task.finish`) from Triton: the task's parameters go
         along as Triton request parameters, since the instances build per-text results
-        with them (entities, answers, predictions)."""
+        with them (entities, answers, predictions), and so does the model's name."""
+        m = self._models[model]
         # Triton's parameters are scalars: a list of names travels comma-joined
         params: dict[str, Any] = {
             k: ",".join(v) if isinstance(v, list) else v
             for k, v in request.parameters.items()
             if isinstance(v, (bool, int, str, list))
         }
+        params[MODEL_PARAMETER] = model
         if request.truncate is not None:
             params["truncate"] = request.truncate
             params["truncation_direction"] = request.truncation_direction
         # TEXT_PAIR covers a whole call, so pairs and single texts go in calls of their
         # own; Triton refuses a batch over max_batch_size, and pieces sent at once spread
         # over the instances
-        texts, step = request.texts, self._max_batch
+        texts, step = request.texts, m.max_batch
         pieces: list[list[int]] = []
         for pairs in (False, True):
             idx = [i for i, t in enumerate(texts) if isinstance(t, tuple) == pairs]
             pieces += [idx[k : k + step] for k in range(0, len(idx), step)]
         parts = await asyncio.gather(
-            *(self._infer([texts[i] for i in piece], params) for piece in pieces),
+            *(self._infer(m, [texts[i] for i in piece], params) for piece in pieces),
             return_exceptions=True,
         )
         results: list[Any] = [None] * len(texts)
         for piece, part in zip(pieces, parts, strict=True):
             if isinstance(part, BaseException):
                 raise part
-            for i, result in zip(piece, self._task.results_from(part), strict=True):
+            for i, result in zip(piece, m.task.results_from(part), strict=True):
                 results[i] = result
         return np.stack(results) if isinstance(results[0], np.ndarray) else results
 
-    async def _infer(self, texts: list, params: dict[str, Any]) -> np.ndarray:
+    async def _infer(self, m: _TritonModel, texts: list, params: dict[str, Any]) -> np.ndarray:
         from tritonclient.http import InferInput, InferRequestedOutput
         from tritonclient.utils import InferenceServerException
 
-        columns = {self._task.input_tensor: [t[0] if isinstance(t, tuple) else t for t in texts]}
+        columns = {m.task.input_tensor: [t[0] if isinstance(t, tuple) else t for t in texts]}
         if isinstance(texts[0], tuple):
             columns["TEXT_PAIR"] = [t[1] for t in texts]
         tensors = []
@@ -278,34 +278,34 @@ class TritonClient(EngineClient):
             tensors.append(tensor)
         try:
             result = await self._client.infer(
-                self._model,
+                self._name,
                 tensors,
-                outputs=[InferRequestedOutput(self._output, binary_data=True)],
+                outputs=[InferRequestedOutput(m.output, binary_data=True)],
                 parameters=params or None,
                 headers=_PLAIN,
             )
         except InferenceServerException as e:
             message = e.message() or ""
-            if any(m in message for m in _RECOVERING):
+            if any(r in message for r in _RECOVERING):
                 raise EngineUnavailable(f"Triton is replacing an instance: {message}") from None
             raise RequestError.from_engine(message, int(e.status() or 500)) from None
         except (aiohttp.ClientError, OSError) as e:
             raise EngineUnavailable(f"Triton did not answer: {e}") from None
-        return result.as_numpy(self._output)
+        return result.as_numpy(m.output)
 
-    async def invoke(self, body: bytes, content_type: str) -> tuple[int, bytes]:
+    async def invoke(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
         try:
-            inputs, parameters = self._task.decode(body, content_type)
-            prediction = await self.predict(inputs, parameters)
+            inputs, parameters = self._models[model].task.decode(body, content_type)
+            answer = await self.predict(model, inputs, parameters)
         except RequestError as e:
             return e.status, orjson.dumps({"code": e.status, "error": e.message})
-        return 200, prediction.raw
+        return 200, answer.raw
 
     async def health(self) -> WorkerCounts:
         from tritonclient.utils import InferenceServerException
 
         try:
-            ready = await self._client.is_model_ready(self._model)
+            ready = await self._client.is_model_ready(self._name)
         except (InferenceServerException, aiohttp.ClientError, OSError, asyncio.TimeoutError):
             ready = False
         # Triton says READY while a dead stub still gets every other batch: the live
@@ -319,6 +319,31 @@ class TritonClient(EngineClient):
     async def close(self) -> None:
         await self._client.close()
         await self._aux.close()
+
+
+@dataclass(frozen=True)
+class _TritonModel:
+    """What the Triton client needs of a served model: its task, limits, answer facts,
+    the largest batch one call may hold and the output tensor holding its rows."""
+
+    task: Task
+    limits: RequestLimits
+    info: dict[str, Any]
+    max_batch: int
+    output: str
+
+    @classmethod
+    def of(cls, model: ServedModel) -> _TritonModel:
+        manifest = model.manifest
+        task = get_task(manifest.task)
+        return cls(
+            task=task,
+            limits=RequestLimits(chars=model.max_text_chars),
+            info=manifest.task_info(),
+            max_batch=manifest.grid.max_batch,
+            # the first tensor of a task holds the model's raw output rows
+            output=task.output_tensors(manifest.output_dim, manifest.labels)[0].name,
+        )
 
 
 async def _text(session: aiohttp.ClientSession, url: str) -> str:

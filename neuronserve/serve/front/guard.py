@@ -27,7 +27,7 @@ from .config import FrontConfig
 from .errors import Family, error_body, family_of
 from .observe import FrontMetrics
 from .route import Route
-from .routes import REQUEST_ID, guarded
+from .routes import MODEL, REQUEST_ID, guarded
 
 log = logging.getLogger("neuronserve.front")
 
@@ -124,7 +124,8 @@ class Guard:
                 await call.reply(500, f"internal error (request id {scope[REQUEST_ID]})")
         finally:
             route = scope["path"] if call.endpoint is not None else "unmatched"
-            self.metrics.observe(route, call.status, time.perf_counter() - started)
+            model = scope.get(MODEL, "")
+            self.metrics.observe(route, call.status, time.perf_counter() - started, model)
 
     async def _guarded(self, call: _Call) -> None:
         keys, endpoint = self.config.keys, call.endpoint

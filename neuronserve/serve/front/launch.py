@@ -42,9 +42,13 @@ def running(run_dir: Path) -> int | None:
 
 
 def start(
-    spec: DeploySpec, source: Path, timeout_s: float = 600, log: Callable[[str], None] = print
+    spec: DeploySpec,
+    sources: list[Path],
+    timeout_s: float = 600,
+    log: Callable[[str], None] = print,
 ) -> FrontInstance:
-    """Start the front and the engine behind it; return once every worker is ready."""
+    """Start the front and the engine behind it on the models in `sources` (or the
+    spec's, when empty); return once every worker is ready."""
     config = FrontConfig.from_spec(spec)  # a generated key is written here, before the start
     run_dir = config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -59,7 +63,7 @@ def start(
         json.dumps(
             {
                 "spec": spec.model_dump(mode="json", exclude_unset=True),
-                "source": str(Path(source).resolve()),
+                "sources": [str(Path(x).resolve()) for x in sources],
             }
         )
     )

@@ -1,6 +1,7 @@
 """The front's own Prometheus metrics (prometheus_client, a registry of its own): requests
-by route and status, latency by route, requests in flight. /metrics serves them followed
-by the engine's own metrics."""
+by route, status and model, latency by route and model, requests in flight. /metrics
+serves them followed by the engine's own metrics. `model` is empty for a request that
+reached no model (a probe, or one refused before its model was known)."""
 
 from __future__ import annotations
 
@@ -28,14 +29,14 @@ class FrontMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "neuronserve_front_requests",
-            "Requests the front answered, by route and HTTP status",
-            ["route", "status"],
+            "Requests the front answered, by route, HTTP status and model",
+            ["route", "status", "model"],
             registry=self.registry,
         )
         self.latency = Histogram(
             "neuronserve_front_request_duration_seconds",
-            "Time from a request's arrival at the front to its answer, by route",
-            ["route"],
+            "Time from a request's arrival at the front to its answer, by route and model",
+            ["route", "model"],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -46,12 +47,16 @@ class FrontMetrics:
         )
 
         # label lookups cost more than the update: each series is looked up once
-        self._series: dict[tuple[str, int], tuple[Any, Any]] = {}
+        self._series: dict[tuple[str, int, str], tuple[Any, Any]] = {}
 
-    def observe(self, route: str, status: int, seconds: float) -> None:
-        series = self._series.get((route, status))
+    def observe(self, route: str, status: int, seconds: float, model: str = "") -> None:
+        key = (route, status, model)
+        series = self._series.get(key)
         if series is None:
-            series = (self.requests.labels(route, str(status)), self.latency.labels(route))
-            self._series[(route, status)] = series
+            series = (
+                self.requests.labels(route, str(status), model),
+                self.latency.labels(route, model),
+            )
+            self._series[key] = series
         series[0].inc()
         series[1].observe(seconds)

@@ -23,15 +23,18 @@ from ...tasks import RequestError, get_task
 from . import schemas as s
 from .clients import EngineAnswer, EngineUnavailable
 from .errors import Family, error_response
+from .model import ServedModel
 from .observe import FrontMetrics
 from .openapi import SWAGGER_PAGE, document
 from .route import Handler, Route
-from .serving import NotReady, Serving, normalized, off_loop
+from .serving import Need, NotReady, Serving, normalized, off_loop
 
 log = logging.getLogger("neuronserve.front")
 
-# where the guard leaves each request's id in its ASGI scope
+# where the guard leaves each request's id in its ASGI scope, and a route the name of the
+# model the request was for (the metrics' `model` label)
 REQUEST_ID = "neuronserve.request_id"
+MODEL = "neuronserve.model"
 JSON = "application/json"
 # what an image model's /invocations takes besides JSON and image/* bodies
 IMAGE_BODIES = ("multipart/form-data", "application/octet-stream", "application/x-image")
@@ -70,9 +73,31 @@ def guarded(family: Family, fn: Handler) -> Handler:
     return endpoint
 
 
+# which models each route applies to
+EMBEDDINGS = Need.of("feature-extraction")
+CLASSIFIER = Need.of("text-classification")
+RERANKER = Need(
+    ("rerank", "text-classification"),
+    lambda m: m.task == "rerank" or len(m.manifest.labels or []) == 1,
+    "a cross-encoder (a rerank model, or a classifier with one label)",
+)
+TEXT_MODEL = Need((), lambda m: m.tokenizer is not None, "a text model")
+ANY_MODEL = Need()
+# what SageMaker sends a multi-model endpoint's container: the caller's TargetModel
+TARGET_MODEL = "x-amzn-sagemaker-target-model"
+
+
 class Api:
     def __init__(self, serving: Serving, metrics: FrontMetrics):
         self.serving, self.metrics = serving, metrics
+
+    def _model(
+        self, request: Request, route: str, name: str | None, need: Need, ask: str | None = None
+    ) -> ServedModel:
+        """The model this request is for (Serving.model), noted for the metrics."""
+        model = self.serving.model(route, name, need, *([ask] if ask else []))
+        request.scope[MODEL] = model.name
+        return model
 
     # OpenAI
 
@@ -80,15 +105,15 @@ class Api:
         body: s.OpenAIEmbeddingsRequest = s.parse_body(
             await request.body(), s.OpenAIEmbeddingsRequest
         )
-        model = self.serving.require_task("/v1/embeddings", "feature-extraction")
+        model = self._model(request, "/v1/embeddings", body.model, EMBEDDINGS)
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise RequestError("input is an empty list: send at least one text")
-        dims = self._dimensions(body.dimensions)
-        vectors = _vectors(await self.serving.predict(texts, {}))
+        dims = _dimensions(model, body.dimensions)
+        vectors = _vectors(await self.serving.predict(model, texts, {}))
         if dims is not None:
             vectors = normalized(vectors[:, :dims])
-        tokens = await self.serving.count_tokens(texts, None)
+        tokens = await self.serving.count_tokens(model, texts, None)
         if body.encoding_format == "base64":
             data = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
         else:
@@ -105,41 +130,34 @@ class Api:
         )
 
     async def openai_models(self, request: Request) -> Response:
-        model, _ = self.serving.ready()
+        self.serving.ready()
         return json_response(
             {
                 "object": "list",
                 "data": [
-                    {"id": model.name, "object": "model", "created": 0, "owned_by": "neuronserve"}
+                    {"id": name, "object": "model", "created": 0, "owned_by": "neuronserve"}
+                    for name in self.serving.models
                 ],
             }
         )
-
-    def _dimensions(self, dims: int | None) -> int | None:
-        model, _ = self.serving.ready()
-        if dims is not None and dims > model.manifest.output_dim:
-            raise RequestError(
-                f"dimensions is {dims}, more than this model's {model.manifest.output_dim}"
-            )
-        return dims
 
     # text-embeddings-inference
 
     async def embed(self, request: Request) -> Response:
         body: s.EmbedRequest = s.parse_body(await request.body(), s.EmbedRequest)
-        model = self.serving.require_task("/embed", "feature-extraction")
+        model = self._model(request, "/embed", body.model, EMBEDDINGS)
         _no_prompt(body.prompt_name)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         if not texts:
             raise RequestError("inputs is an empty list: send at least one text")
-        dims = self._dimensions(body.dimensions)
+        dims = _dimensions(model, body.dimensions)
         compiled_normalized = bool(model.manifest.normalize)
         if compiled_normalized and not body.normalize:
             raise RequestError(
                 f"{model.name} normalises its embeddings inside the compiled model; compile "
                 "it with `normalize: false` to get them unnormalised"
             )
-        prediction = await self.serving.predict(texts, body.parameters())
+        prediction = await self.serving.predict(model, texts, body.parameters())
         if dims is None and body.normalize == compiled_normalized:
             return raw_json(prediction.raw)  # TorchServe's bytes, passed on as they came
         vectors = _vectors(prediction)
@@ -149,27 +167,21 @@ class Api:
 
     async def predict(self, request: Request) -> Response:
         body: s.PredictRequest = s.parse_body(await request.body(), s.PredictRequest)
-        self.serving.require_task("/predict", "text-classification")
+        model = self._model(request, "/predict", body.model, CLASSIFIER)
         items, single = predict_inputs(body.inputs)
         params = {
             "top_k": None,
             "function_to_apply": "none" if body.raw_scores else None,
             **body.parameters(),
         }
-        answers = (await self.serving.predict(items, params)).value
+        answers = (await self.serving.predict(model, items, params)).value
         return json_response(answers[0] if single else answers)
 
     async def rerank(self, request: Request) -> Response:
         body: s.RerankRequest = s.parse_body(await request.body(), s.RerankRequest)
-        model = self.serving.require_task("/rerank", "rerank", "text-classification")
+        model = self._model(request, "/rerank", body.model, RERANKER)
         if model.task == "rerank":
-            return await self._rerank_task(body)
-        if len(model.manifest.labels or []) != 1:
-            raise RequestError(
-                f"/rerank needs a cross-encoder (a classifier with one label); {model.name} "
-                f"has {len(model.manifest.labels or [])}: use /predict",
-                status=404,
-            )
+            return await self._rerank_task(model, body)
         if not body.texts:
             raise RequestError("texts is an empty list: send at least one document")
         items = [{"text": body.query, "text_pair": t} for t in body.texts]
@@ -178,7 +190,7 @@ class Api:
             "function_to_apply": "none" if body.raw_scores else "sigmoid",
             **body.parameters(),
         }
-        answers = (await self.serving.predict(items, params)).value
+        answers = (await self.serving.predict(model, items, params)).value
         scores = [row[0]["score"] for row in answers]
         order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n]
         ranks = []
@@ -189,7 +201,7 @@ class Api:
             ranks.append(rank)
         return json_response(ranks)
 
-    async def _rerank_task(self, body: s.RerankRequest) -> Response:
+    async def _rerank_task(self, model: ServedModel, body: s.RerankRequest) -> Response:
         """/rerank on a rerank model: the task ranks, the route renames its answer."""
         if not body.texts:
             raise RequestError("texts is an empty list: send at least one document")
@@ -200,7 +212,7 @@ class Api:
             **body.parameters(),
         }
         inputs = {"query": body.query, "documents": body.texts}
-        ranked = (await self.serving.predict_whole(inputs, len(body.texts), params)).value
+        ranked = (await self.serving.predict_whole(model, inputs, len(body.texts), params)).value
         return json_response(
             [
                 {
@@ -214,11 +226,10 @@ class Api:
 
     async def tokenize(self, request: Request) -> Response:
         body: s.TokenizeRequest = s.parse_body(await request.body(), s.TokenizeRequest)
-        model, _ = self.serving.ready()
+        model = self._model(request, "/tokenize", body.model, TEXT_MODEL)
         _no_prompt(body.prompt_name)
         tokenizer = model.tokenizer
-        if tokenizer is None:
-            raise RequestError(f"/tokenize needs a text model; {model.name} is {model.task}", 404)
+        assert tokenizer is not None  # TEXT_MODEL
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         if len(texts) > self.serving.config.max_client_batch:
             raise RequestError(
@@ -259,7 +270,14 @@ class Api:
         return json_response({"status": "ready" if status == 200 else body["status"]}, status)
 
     async def invocations(self, request: Request) -> Response:
-        model, client = self.serving.ready()
+        client = self.serving.ready()
+        model = self._model(
+            request,
+            "/invocations",
+            _target_model(request),
+            ANY_MODEL,
+            "the X-Amzn-SageMaker-Target-Model header",
+        )
         content_type = request.headers.get("content-type") or JSON
         kind = content_type.split(";")[0].strip().lower()
         if get_task(model.task).images:
@@ -274,7 +292,7 @@ class Api:
                 f"unsupported Content-Type {content_type}: send application/json or text/plain",
                 status=415,
             )
-        status, data = await client.invoke(await request.body(), content_type)
+        status, data = await client.invoke(model.name, await request.body(), content_type)
         return raw_json(data, status)
 
     # operations
@@ -295,6 +313,23 @@ class Api:
 
     async def docs(self, request: Request) -> Response:
         return HTMLResponse(SWAGGER_PAGE)
+
+
+def _target_model(request: Request) -> str | None:
+    """The model SageMaker's X-Amzn-SageMaker-Target-Model header names: a model's name,
+    or the name of its archive in S3 (`<name>.tar.gz`)."""
+    target = request.headers.get(TARGET_MODEL)
+    if not target:
+        return None
+    return target.removesuffix(".tar.gz")
+
+
+def _dimensions(model: ServedModel, dims: int | None) -> int | None:
+    if dims is not None and dims > model.manifest.output_dim:
+        raise RequestError(
+            f"dimensions is {dims}, more than this model's {model.manifest.output_dim}"
+        )
+    return dims
 
 
 def _vectors(prediction: EngineAnswer) -> np.ndarray:

@@ -49,6 +49,12 @@ def validation_message(e: ValidationError) -> str:
 
 
 class Truncation(Body):
+    model: str | None = Field(
+        None,
+        description="which served model answers (GET /info lists them): needed when several "
+        "served models fit this route",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _options_in_parameters(cls, data: Any) -> Any:
@@ -85,7 +91,9 @@ class Truncation(Body):
 class OpenAIEmbeddingsRequest(Body):
     input: str | list[str] = Field(description="one text or a list of texts")
     model: str | None = Field(
-        None, description="accepted for compatibility; this front serves one model"
+        None,
+        description="the served model to use (GET /v1/models lists them); optional when one "
+        "embedding model is served",
     )
     encoding_format: Literal["float", "base64"] = Field(
         "float", description="float: lists of numbers; base64: little-endian float32 bytes"
@@ -185,6 +193,9 @@ RerankResponse = RootModel[list[Rank]]
 
 
 class TokenizeRequest(Body):
+    model: str | None = Field(
+        None, description="which served model's tokenizer: needed when several are served"
+    )
     inputs: str | list[str]
     add_special_tokens: bool = True
     prompt_name: str | None = Field(None, description="not supported: leave unset")
@@ -221,6 +232,11 @@ class Info(BaseModel):
     truncation: bool
     versions: dict[str, str]
     version: str = Field(description="neuronserve's version")
+    models: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="every served model, each with the fields above (the top level is the "
+        "first model's)",
+    )
 
 
 class Health(BaseModel):

@@ -26,8 +26,8 @@ from typing import Any
 import uvicorn
 
 from ...spec import DeploySpec, load_spec
-from ..deployment import Deployment, engine_settings
-from ..model_source import find_model
+from ..deployment import Deployment, engine_settings, model_entries
+from ..model_source import find_models
 from .app import build_app
 from .config import FrontConfig
 from .serving import Serving
@@ -124,27 +124,28 @@ async def _bring_up(
         deployment = make_deployment()
         deployments.append(deployment)
         log.info(
-            "starting %s for %s (%s, %d worker(s))",
+            "starting %s for %s, %d worker(s)",
             deployment.engine_name,
-            deployment.name,
-            deployment.manifest.task,
+            deployment.tasks,
             deployment.plan.workers,
         )
         await asyncio.to_thread(deployment.start)
-        model = deployment.served_model()
-        serving.attach(model, deployment.client(model, serving.config.max_in_flight))
-        log.info("ready: %s serves %s (%s)", serving.config.url, model.name, model.task)
+        models = deployment.served_models()
+        serving.attach(models, deployment.client(models, serving.config.max_in_flight))
+        log.info("ready: %s serves %s", serving.config.url, deployment.tasks)
     except Exception as e:  # noqa: BLE001 - any load failure must end the process
         log.error("neuronserve: model failed to load: %s", " | ".join(str(e).splitlines()))
         serving.exit_code = 1
         uv.should_exit = True
 
 
-def deployment_for_source(spec: DeploySpec, source: Path, work: Path) -> Deployment:
-    """The deployment serving the model in `source` (an artifact, a model store holding
-    a .mar, or a Triton repository), with the spec's settings over the packaged ones."""
-    found = find_model(source, work)
-    return Deployment(spec.engine, found.artifact, work, engine_settings(spec, found.packaged))
+def deployment_for(spec: DeploySpec, sources: list[Path], work: Path) -> Deployment:
+    """The deployment serving the models in `sources` (artifacts, a model store holding
+    a .mar, a Triton repository), or the spec's models when none is given, with the
+    spec's settings over the packaged ones."""
+    found = [f for i, s in enumerate(sources) for f in find_models(s, work / f"source-{i}")]
+    entries = model_entries(found, spec) if found else spec.model_entries()
+    return Deployment(spec.engine, entries, work, engine_settings(spec))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = load_spec(None, saved["spec"])
     config = FrontConfig.from_spec(spec)
     work = config.run_dir / ENGINE_DIR
-    return run(config, lambda: deployment_for_source(spec, Path(saved["source"]), work))
+    sources = [Path(x) for x in saved["sources"]]
+    return run(config, lambda: deployment_for(spec, sources, work))
 
 
 if __name__ == "__main__":

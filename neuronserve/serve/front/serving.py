@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,59 +28,115 @@ class NotReady(Exception):
     """The engine is still loading (or failed): answered 503 with Retry-After."""
 
 
+@dataclass(frozen=True)
+class Need:
+    """Which models a route applies to: those of `tasks` (any task when empty) that pass
+    `also`, described as `what` in errors."""
+
+    tasks: tuple[str, ...] = ()
+    also: Callable[[ServedModel], bool] | None = None
+    what: str = "a model"
+
+    def fits(self, model: ServedModel) -> bool:
+        return (not self.tasks or model.task in self.tasks) and (
+            self.also is None or self.also(model)
+        )
+
+    def why(self, model: ServedModel) -> str:
+        return f"needs {self.what}; {model.name} is {model.task}"
+
+    @classmethod
+    def of(cls, *tasks: str) -> Need:
+        return cls(tasks, None, f"a {' or '.join(tasks)} model")
+
+
 class Serving:
+    """The served models (by name, in the order they were given) and the engine's client
+    once the engine is ready."""
+
     def __init__(self, config: FrontConfig):
         self.config = config
         self.client: EngineClient | None = None
-        self.model: ServedModel | None = None
+        self.models: dict[str, ServedModel] = {}
         self.info: dict[str, Any] = {}
         self.exit_code = 0
         self._health: tuple[float, WorkerCounts] | None = None
 
-    def attach(self, model: ServedModel, client: EngineClient) -> None:
-        self.model, self.client = model, client
-        self.info = model.info(self.config)
+    def attach(self, models: dict[str, ServedModel], client: EngineClient) -> None:
+        self.models, self.client = dict(models), client
+        infos = [m.info(self.config) for m in self.models.values()]
+        # text-embeddings-inference's fields are the first model's; `models` lists all
+        self.info = {**infos[0], "models": infos}
 
-    def ready(self) -> tuple[ServedModel, EngineClient]:
-        if self.model is None or self.client is None:
+    def ready(self) -> EngineClient:
+        if not self.models or self.client is None:
             raise NotReady
-        return self.model, self.client
+        return self.client
 
-    def require_task(self, route: str, *tasks: str) -> ServedModel:
-        model, _ = self.ready()
-        if model.task not in tasks:
-            raise RequestError(
-                f"{route} needs a {' or '.join(tasks)} model; {model.name} is {model.task}",
-                status=404,
-            )
-        return model
+    def model(
+        self, route: str, name: str | None, need: Need, ask: str = "the request's `model` field"
+    ) -> ServedModel:
+        """The model a request to `route` names, or the one served model the route
+        applies to when it names none. A 404 lists the served models for an unknown
+        name; a model the route does not apply to is a 404 saying what it takes; a
+        request that names none while several models fit is a 400 naming them."""
+        self.ready()
+        if name is not None:
+            model = self.models.get(name)
+            if model is None:
+                raise RequestError(
+                    f"no model {name!r} here; served: {', '.join(self.models)}", status=404
+                )
+            if not need.fits(model):
+                raise RequestError(f"{route} {need.why(model)}{self._fitting(need)}", status=404)
+            return model
+        fits = [m for m in self.models.values() if need.fits(m)]
+        if len(fits) == 1:
+            return fits[0]
+        if not fits:
+            if len(self.models) == 1:
+                raise RequestError(f"{route} {need.why(next(iter(self.models.values())))}", 404)
+            raise RequestError(f"{route} needs {need.what}; {self._served()}", status=404)
+        raise RequestError(
+            f"{len(fits)} models here serve {route}: name one in {ask} "
+            f"({', '.join(m.name for m in fits)})"
+        )
 
-    async def predict(self, inputs: list[Any], parameters: dict[str, Any]) -> EngineAnswer:
+    def _fitting(self, need: Need) -> str:
+        fits = [m.name for m in self.models.values() if need.fits(m)]
+        return f" (this server's {', '.join(fits)} would)" if fits else ""
+
+    def _served(self) -> str:
+        return "served: " + ", ".join(f"{m.name} ({m.task})" for m in self.models.values())
+
+    async def predict(
+        self, model: ServedModel, inputs: list[Any], parameters: dict[str, Any]
+    ) -> EngineAnswer:
         """The engine's answer for a list of inputs, within the client batch limit (or in
         pieces of it, when the spec allows)."""
-        _, client = self.ready()
+        client = self.ready()
         limit = self.config.max_client_batch
         if len(inputs) <= limit:
-            return await client.predict(inputs, parameters)
+            return await client.predict(model.name, inputs, parameters)
         if not self.config.split_client_batches:
             raise self._too_many(len(inputs))
         parts = await asyncio.gather(
             *(
-                client.predict(inputs[i : i + limit], parameters)
+                client.predict(model.name, inputs[i : i + limit], parameters)
                 for i in range(0, len(inputs), limit)
             )
         )
         return EngineAnswer(value=[row for part in parts for row in part.value])
 
     async def predict_whole(
-        self, inputs: Any, count: int, parameters: dict[str, Any]
+        self, model: ServedModel, inputs: Any, count: int, parameters: dict[str, Any]
     ) -> EngineAnswer:
         """The engine's answer for one request of `count` texts that cannot be split
         (a rerank's documents are ranked against each other)."""
-        _, client = self.ready()
+        client = self.ready()
         if count > self.config.max_client_batch:
             raise self._too_many(count)
-        return await client.predict(inputs, parameters)
+        return await client.predict(model.name, inputs, parameters)
 
     def _too_many(self, count: int) -> RequestError:
         return RequestError(
@@ -96,9 +153,10 @@ class Serving:
             self._health = (now, await self.client.health())
         return self._health[1]
 
-    async def count_tokens(self, texts: Sequence[Text], truncate: bool | None) -> int:
+    async def count_tokens(
+        self, model: ServedModel, texts: Sequence[Text], truncate: bool | None
+    ) -> int:
         """Tokens the model reads for `texts` (what OpenAI's usage reports)."""
-        model, _ = self.ready()
         cut = model.truncation if truncate is None else truncate
         tokenizer = model.tokenizer
         if tokenizer is None:
