@@ -480,7 +480,8 @@ def _none_free(
             "minWorkers/maxWorkers, Triton instance count) or lower `cores_per_worker`."
             + (
                 f" Every model of a deployment starts its own workers ({', '.join(models)}): "
-                "serve fewer models, or fewer workers each."
+                "package them together (`neuronserve package torchserve A B ...`), so that "
+                "each worker holds them all, or serve fewer."
                 if len(models) > 1
                 else ""
             )

@@ -56,18 +56,7 @@ class Runner:
         self.grid = m.grid
         self.truncation = m.truncation if truncation is None else truncation
         self.limits = limits or RequestLimits()
-        # files are read once, checked against the manifest, and loaded from those bytes
-        self.tokenizer: TextTokenizer | None = None
-        self.preprocessor: ImagePreprocessor | None = None
-        if m.tokenizer is not None:
-            self.tokenizer = TextTokenizer(
-                self.artifact_dir / m.tokenizer.file,
-                m.tokenizer.max_length,
-                read_verified(self.artifact_dir, m, m.tokenizer.file).decode(),
-            )
-        elif m.image is not None:  # checked, then loaded by transformers from the folder
-            read_verified(self.artifact_dir, m, m.image.file)
-            self.preprocessor = ImagePreprocessor(self.artifact_dir)
+        self.tokenizer, self.preprocessor = self._inputs()
         per_module = int(m.compiler.get("cores_per_module", 1))
         copies = self.target.replicas(cores, per_module)
         # one load per file and copy: a dynamic-shape target's buckets share one module;
@@ -93,6 +82,20 @@ class Runner:
         self.info = {**m.task_info(), "tokenizer": self.tokenizer}
         if warmup:
             self.warmup()
+
+    def _inputs(self) -> tuple[TextTokenizer | None, ImagePreprocessor | None]:
+        """The tokenizer (or image processor): files are read once, checked against the
+        manifest, and loaded from those bytes."""
+        m = self.manifest
+        if m.tokenizer is not None:
+            text = read_verified(self.artifact_dir, m, m.tokenizer.file).decode()
+            return TextTokenizer(
+                self.artifact_dir / m.tokenizer.file, m.tokenizer.max_length, text
+            ), None
+        if m.image is not None:  # checked, then loaded by transformers from the folder
+            read_verified(self.artifact_dir, m, m.image.file)
+            return None, ImagePreprocessor(self.artifact_dir)
+        return None, None
 
     @property
     def max_sequence_length(self) -> int:

@@ -1,6 +1,8 @@
 """Fixtures every test folder shares: a private lease directory, the real MiniLM model,
-a tiny random classifier, their compiled artifacts, and Runners on those artifacts (the
-in-process answers server tests compare against). Helpers live in helpers.py."""
+a tiny random embedder and classifier, their compiled artifacts, and Runners on those
+artifacts (the in-process answers server tests compare against). Unit tests use the tiny
+ones only (compiled once, in seconds); compile and server tests the real model too.
+Helpers live in helpers.py."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import tiny_bert_classifier
+from helpers import tiny_bert_classifier, tiny_model
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -49,6 +51,38 @@ def minilm_artifact(tmp_path_factory, minilm_dir) -> Path:
         module_format="openvino",
         truncation=False,
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_embedder_dir(tmp_path_factory, minilm_dir) -> Path:
+    """A tiny BERT encoder with random weights and the MiniLM tokenizer."""
+    return tiny_model(
+        tmp_path_factory.mktemp("tiny-embedder"), minilm_dir, "feature-extraction", seed=3
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_artifact(tmp_path_factory, tiny_embedder_dir) -> Path:
+    """The tiny encoder as an embedder (mean pooling, normalised, as all-MiniLM-L6-v2),
+    TorchScript fp32 over MiniLM's batch sizes and up to 128 tokens, truncation off."""
+    return _compile(
+        tmp_path_factory.mktemp("artifacts") / "tiny",
+        model=tiny_embedder_dir,
+        pooling="mean",
+        normalize=True,
+        batch_sizes=[1, 4, 8],
+        sequence_lengths=[16, 64, 128],
+        precision="fp32",
+        module_format="torchscript",
+        truncation=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def tiny_runner(tiny_artifact):
+    from neuronserve.runtime import Runner
+
+    return Runner(tiny_artifact)
 
 
 @pytest.fixture(scope="session")

@@ -282,7 +282,7 @@ class NeuronServing:
         self.work, self.engine, self.log = work, engine, work / "standin.jsonl"
         self.env = {
             **os.environ,
-            **standin_env(4, log=self.log),
+            **standin_env(4, log=self.log, devices=work / "devices"),
             "NEURONSERVE_LEASE_DIR": str(work / "leases"),
         }
         self.spec = write_spec(
@@ -333,11 +333,16 @@ def check_ping_and_workers(serve: SageMakerServe) -> None:
 
 
 def standin_env(
-    cores: int = 4, granted: str | None = None, sdk: str | None = None, log: Path | None = None
+    cores: int = 4,
+    granted: str | None = None,
+    sdk: str | None = None,
+    log: Path | None = None,
+    devices: Path | None = None,
 ) -> dict[str, str]:
     """Environment variables of a fake Neuron host for processes that import the stand-in
     SDK (tests/neuron_standin): `cores` NeuronCores (0: no device), a container's `granted`
-    subset, the SDK release it pretends to be, where it logs, its neuron-ls on PATH."""
+    subset, the SDK release it pretends to be, where it logs, where its cores are reserved
+    (`devices`: one host per folder), its neuron-ls on PATH."""
     env = {
         "NEURON_STANDIN_CORES": str(cores),
         "PATH": f"{STANDIN / 'bin'}{os.pathsep}{os.environ['PATH']}",
@@ -349,6 +354,8 @@ def standin_env(
         env["NEURON_STANDIN_SDK"] = sdk
     if log:
         env["NEURONSERVE_STANDIN_LOG"] = str(log)
+    if devices:
+        env["NEURON_STANDIN_DEVICE_DIR"] = str(devices)
     return env
 
 
@@ -380,7 +387,7 @@ def standin_process(
         sys.modules.pop(name, None)
     import _standin_runtime
 
-    _standin_runtime._runtime = None
+    _standin_runtime.reset()
     try:
         yield
     finally:
@@ -392,7 +399,7 @@ def standin_process(
             "torch_neuron.experimental",
         ):
             sys.modules.pop(name, None)
-        _standin_runtime._runtime = None
+        _standin_runtime.reset()
         for k, v in before.items():
             if v is None:
                 os.environ.pop(k, None)

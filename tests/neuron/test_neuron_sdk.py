@@ -160,11 +160,11 @@ def test_compile_for_saves_unchecked_and_validate_checks_on_the_host(
     assert all("cpu_backend" in t["extra"] for t in standin_events(log, "trace"))
     with standin_process(0), pytest.raises(CompileError, match=r"cannot check .* no Neuron"):
         validate_artifact(tmp_path / "art")
-    with standin_process(4, log=log):
-        with caplog.at_level("WARNING"):
-            Runner(tmp_path / "art", warmup=False)
-        assert "neuronserve validate" in caplog.text
-        out = run_cli("validate", tmp_path / "art", env={**os.environ, **standin_env(4)})
+    with standin_process(4, log=log), caplog.at_level("WARNING"):
+        Runner(tmp_path / "art", warmup=False)
+    assert "neuronserve validate" in caplog.text
+    # once the process above has let its NeuronCores go: a core serves one process
+    out = run_cli("validate", tmp_path / "art", env={**os.environ, **standin_env(4)})
     assert "validation passed on this host" in out.stdout
     m = read_manifest(tmp_path / "art")  # the checksums still hold
     assert m.validation_status == "passed" and "checked on" in m.validation_note
@@ -332,8 +332,10 @@ def test_trn2_counts_logical_cores(monkeypatch):
 
 _WORKER = """
 import json, sys
-from neuronserve.worker import WorkerSettings, start_worker
-w = start_worker(WorkerSettings(target="neuronx", core_kind="neuron"), sys.argv[1], owner="t")
+from neuronserve.worker import ModelSettings, WorkerSettings, start_worker
+models = [ModelSettings(name=n, artifact=n) for n in sys.argv[2:]]
+settings = WorkerSettings(target="neuronx", core_kind="neuron", models=models)
+w = start_worker(settings, sys.argv[1], owner="t")
 print(json.dumps(list(w.lease.cores)), flush=True)
 sys.stdin.readline()
 """
@@ -347,13 +349,13 @@ def test_workers_in_a_container_pin_inside_its_grant(tmp_path, neuronx_artifact,
     (model_dir / "artifact").symlink_to(neuronx_artifact)
     env = {
         **os.environ,
-        **standin_env(8, granted="2-3", log=log),
+        **standin_env(8, granted="2-3", log=log, devices=tmp_path / "devices"),
         "NEURON_RT_VISIBLE_CORES": "2,3",
         "NEURONSERVE_LEASE_DIR": str(tmp_path / "l"),
     }
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _WORKER, str(model_dir)],
+            [sys.executable, "-c", _WORKER, str(model_dir), "artifact"],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -368,6 +370,54 @@ def test_workers_in_a_container_pin_inside_its_grant(tmp_path, neuronx_artifact,
             p.communicate("\n", timeout=60)
     assert leased == [2, 3]
     assert sorted(e["cores"] for e in standin_events(log, "runtime_init")) == [[2], [3]]
+
+
+def test_a_core_another_live_process_holds_cannot_be_loaded_and_one_process_holds_many_models(
+    tmp_path, neuronx_artifact, log
+):
+    """The runtime reserves a process's NeuronCores until it ends: a second process on the
+    same core fails at its first load even without neuronserve's leases (here each has a
+    lease folder of its own), while one process loads several models onto its core."""
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    for name in ("a", "b"):
+        (model_dir / name).symlink_to(neuronx_artifact)
+    base = {**os.environ, **standin_env(2, log=log, devices=tmp_path / "devices")}
+    first = subprocess.Popen(
+        [sys.executable, "-c", _WORKER, str(model_dir), "a", "b"],
+        env={**base, "NEURONSERVE_LEASE_DIR": str(tmp_path / "l1"), "NEURONSERVE_CORES": "0"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert json.loads(first.stdout.readline()) == [0]
+        loads = [e for e in standin_events(log, "load") if e["pid"] == first.pid]
+        # both models, every bucket, on the one core this process holds
+        assert {e["core"] for e in loads} == {0} and len(loads) == 2 * 4
+        second = subprocess.run(
+            [sys.executable, "-c", _WORKER, str(model_dir), "a"],
+            env={**base, "NEURONSERVE_LEASE_DIR": str(tmp_path / "l2")},
+            input="\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert second.returncode != 0
+        assert "NeuronCore 0 is reserved by another process" in second.stderr
+        assert f"pid {first.pid}" in second.stderr
+    finally:
+        first.communicate("\n", timeout=60)
+    # gone with its process: the core is free again
+    again = subprocess.run(
+        [sys.executable, "-c", _WORKER, str(model_dir), "a"],
+        env={**base, "NEURONSERVE_LEASE_DIR": str(tmp_path / "l3")},
+        input="\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert again.returncode == 0, again.stderr
 
 
 def test_compile_leases_one_core_and_refuses_when_none_is_free(
@@ -424,7 +474,7 @@ def test_packaging_refuses_an_inf1_plan_that_cannot_fit(tmp_path, classifier_dir
     m.compiler["weight_bytes"] = 600_000_000
     write_manifest(tmp_path / "art", m)
     with pytest.raises(PackagingError, match="compile at most 2 bucket"):
-        prepare(tmp_path / "art", load_spec(None, {"workers": 4}))
+        prepare(load_spec(None, {"artifact": tmp_path / "art", "workers": 4}))
 
 
 def test_cast_flags_in_compiler_args_are_refused():
@@ -560,6 +610,8 @@ def test_doctor_on_a_fake_host(tmp_path, neuronx_artifact):
     out = run_cli("doctor", neuronx_artifact, env=env, check=False)
     lines = out.stdout.splitlines()
     assert out.returncode == 0, out.stdout + out.stderr
+    # the memory plan first: on 4 fake inf2 NeuronCores of 16 GiB, the tiny model fits
+    assert lines[0].startswith("PASS  memory plan: fits") and "per NeuronCore" in out.stdout
     for check in (
         "NeuronCores",
         "runtime uses only the leased core",
@@ -570,7 +622,8 @@ def test_doctor_on_a_fake_host(tmp_path, neuronx_artifact):
     no_device = run_cli(
         "doctor", neuronx_artifact, check=False, env={**os.environ, **standin_env(0)}
     )
-    assert no_device.returncode == 1 and no_device.stdout.startswith("FAIL  NeuronCores")
+    assert no_device.returncode == 1
+    assert any(line.startswith("FAIL  NeuronCores") for line in no_device.stdout.splitlines())
 
 
 def test_missing_sdk_gives_the_install_command(tmp_path, classifier_dir, monkeypatch):

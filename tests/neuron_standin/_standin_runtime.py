@@ -20,6 +20,16 @@ call and the process's Neuron variables as one JSON line in $NEURONSERVE_STANDIN
   Without it the runtime takes every core of the host. In a container the core ids are
   the host's, and only the devices given to the container exist
   (https://awsdocs-neuron.readthedocs-hosted.com/en/latest/containers/tutorials/build-run-neuron-container.html).
+- Cores belong to one process: "By default, Neuron Runtime initializes all the cores
+  present in the system and reserves them for the current process", and "Once a
+  NeuronCore is reserved for a process, it cannot be used by another process at all,
+  until the process reserving that NeuronCore is terminated" (Neuron Runtime
+  configuration guide, NeuronCore allocation:
+  https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/guides/configuration-guide.html).
+  The stand-in reserves each core it initialises with a lock file of the fake host
+  (NEURON_STANDIN_DEVICE_DIR), which the kernel drops when the process dies; a runtime
+  that finds one of its cores held fails to initialise, as the real one does. Several
+  models loaded by one process share its cores.
 - A model traced with inline_weights_to_neff=False keeps its weights on the host: "on
   every inference call, the weights move from CPU to Neuron" unless
   torch_neuronx.move_trace_to_device was called (trace API page, warning). Each such call
@@ -29,14 +39,17 @@ The fake host is described by environment variables the tests set:
     NEURON_STANDIN_CORES    NeuronCores of the host (unset or 0: no Neuron device)
     NEURON_STANDIN_GRANTED  the cores a container was given, e.g. "4-7" (default: all)
     NEURON_STANDIN_SDK      the Neuron SDK release it pretends to be (default 2.21.0)
+    NEURON_STANDIN_DEVICE_DIR  where the host's cores are reserved (one lock file each)
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
+import tempfile
 import threading
 
 import torch
@@ -108,7 +121,19 @@ class _Runtime:
         self.cores = visible
         self.next = 0
         self.lock = threading.Lock()
+        self.reserved: list[int] = []
+        try:
+            for core in visible:
+                self.reserved.append(_reserve(core))
+        except NeuronRuntimeError:
+            self.release()
+            raise
         record("runtime_init", cores=self.cores)
+
+    def release(self) -> None:
+        for fd in self.reserved:
+            os.close(fd)
+        self.reserved.clear()
 
     def load(self, blob: torch.Tensor, name: str, place: int | None) -> int:
         with self.lock:
@@ -127,6 +152,42 @@ class _Runtime:
             _models[handle] = (graph, self.cores[index])
         record("load", model=name, core=self.cores[index], handle=handle)
         return handle
+
+
+def _device_dir() -> str:
+    return os.environ.get("NEURON_STANDIN_DEVICE_DIR") or os.path.join(
+        tempfile.gettempdir(), f"neuron-standin-{os.getuid()}"
+    )
+
+
+def _reserve(core: int) -> int:
+    """Hold NeuronCore `core` for this process until it exits (or the runtime is reset)."""
+    folder = _device_dir()
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"nc{core}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        record("core_busy", core=core, holder=holder)
+        raise NeuronRuntimeError(
+            f"NRT init failed: NeuronCore {core} is reserved by another process (pid "
+            f"{holder}); a NeuronCore is used by one process until that process ends"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+def reset() -> None:
+    """Drop this process's runtime and the cores it reserved (the tests' fake hosts)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is not None:
+            _runtime.release()
+        _runtime = None
 
 
 _runtime: _Runtime | None = None

@@ -27,8 +27,8 @@ def test_summarize_refuses_empty_or_zero_wall():
 
 
 @pytest.mark.parametrize("n", [3, 8, 16, 64, 128, 256])
-def test_texts_have_exact_token_counts(minilm_artifact, n):
-    path = minilm_artifact / "tokenizer.json"
+def test_texts_have_exact_token_counts(tiny_artifact, n):
+    path = tiny_artifact / "tokenizer.json"
     text = text_with_tokens(path, n)
     [enc] = TextTokenizer(path, 10_000).encode([text], truncate=False)
     assert len(enc.ids) == n

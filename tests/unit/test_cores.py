@@ -17,10 +17,12 @@ from neuronserve import cores
 # Each child leases from the same directory and reports what it got.
 
 
-def _lease_and_wait(directory, cpw, n_cores, conn):
+def _lease_and_wait(directory, cpw, n_cores, conn, owner="test", deployment=None):
+    if deployment:
+        os.environ[cores.DEPLOYMENT_ENV] = deployment
     groups = cores.plan_groups(list(range(n_cores)), cpw)
     try:
-        lease = cores.acquire(groups, "cpu", owner="test", directory=directory)
+        lease = cores.acquire(groups, "cpu", owner=owner, directory=directory)
         conn.send(("ok", lease.group.index, lease.cores))
     except cores.NoFreeCoreGroup as e:
         conn.send(("error", str(e), None))
@@ -30,10 +32,10 @@ def _lease_and_wait(directory, cpw, n_cores, conn):
     conn.poll(60)
 
 
-def _spawn(directory, cpw, n_cores):
+def _spawn(directory, cpw, n_cores, owner="test", deployment=None):
     parent, child = mp.Pipe()
     p = mp.get_context("fork").Process(
-        target=_lease_and_wait, args=(directory, cpw, n_cores, child)
+        target=_lease_and_wait, args=(directory, cpw, n_cores, child, owner, deployment)
     )
     p.start()
     assert parent.poll(30), "child did not report its lease"
@@ -76,6 +78,38 @@ def test_leases_are_distinct_and_extra_worker_fails(tmp_path):
         assert "Run at most 2 worker(s)" in third[1]
         assert "cores_per_worker" in third[1]
         assert f"pid {procs[0].pid}" in third[1]  # names who holds the groups
+    finally:
+        _release(procs)
+
+
+def test_a_full_host_names_the_workers_and_whose_deployment_they_serve(tmp_path):
+    """The message a worker that finds no free group logs: which model and process holds
+    each group, whether it belongs to this deployment or another, and what to do."""
+    procs = []
+    try:
+        p, _ = _spawn(tmp_path, 1, 2, "torchserve:art", "/runs/earlier")
+        procs.append(p)
+        q, _ = _spawn(tmp_path, 1, 2, "torchserve:minilm", "/runs/now")
+        procs.append(q)
+        r, other = _spawn(tmp_path, 1, 2, "torchserve:minilm", "/runs/now")
+        procs.append(r)
+        assert other[0] == "error"
+        msg = other[1]
+        assert (
+            f"pid {p.pid} (torchserve:art) of another deployment (run directory /runs/earlier)"
+            in msg
+        )
+        assert f"pid {q.pid} (torchserve:minilm) of this deployment" in msg
+        assert "Stop the other deployment(s) (/runs/earlier" in msg
+        _release(procs[2:])
+        # only this deployment's workers: more workers than groups, one model per group
+        s, _ = _spawn(tmp_path / "b", 1, 2, "torchserve:art", "/runs/now")
+        t, _ = _spawn(tmp_path / "b", 1, 2, "torchserve:minilm", "/runs/now")
+        procs[2:] = [s, t]
+        u, mine = _spawn(tmp_path / "b", 1, 2, "torchserve:minilm", "/runs/now")
+        procs.append(u)
+        assert "of another deployment" not in mine[1] and "Run at most 2 worker(s)" in mine[1]
+        assert "Every model of a deployment starts its own workers" in mine[1]
     finally:
         _release(procs)
 

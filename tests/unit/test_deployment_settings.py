@@ -13,7 +13,7 @@ from google.protobuf import json_format
 from helpers import run_cli
 
 from neuronserve.packaging.triton import read_config
-from neuronserve.serve.model_source import find_model
+from neuronserve.serve.model_source import find_models
 from neuronserve.spec import load_spec
 from neuronserve.worker import WorkerSettings
 
@@ -21,32 +21,26 @@ from neuronserve.worker import WorkerSettings
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory, classifier_dir):
     """The tiny classifier compiled with truncation off (by the CLI) and by default."""
+    from typer.testing import CliRunner
+
+    from neuronserve.cli import app
     from neuronserve.compile import compile_model
 
     work = tmp_path_factory.mktemp("settings")
     grid = {
         "task": "text-classification",
         "precision": "fp32",
+        "module_format": "torchscript",
         "batch_sizes": [1],
         "sequence_lengths": [16],
     }
-    run_cli(
-        "compile",
-        "--model",
-        classifier_dir,
-        "--task",
-        "text-classification",
-        "--precision",
-        "fp32",
-        "--batch-sizes",
-        "1",
-        "--sequence-lengths",
-        "16",
-        "--no-truncation",
-        "--out",
-        work / "strict",
-        cwd=work,
-    )
+    flags = ["--task", "text-classification", "--precision", "fp32", "--module-format"]
+    out = CliRunner().invoke(
+        app,
+        ["compile", "--model", str(classifier_dir), *flags, "torchscript", "--batch-sizes", "1",
+         "--sequence-lengths", "16", "--no-truncation", "--out", str(work / "strict")],
+    )  # fmt: skip
+    assert out.exit_code == 0, out.output
     compile_model(
         load_spec(None, {"model": classifier_dir, "artifact": work / "default", **grid}),
         progress=False,
@@ -62,14 +56,16 @@ def test_compile_records_truncation(artifacts):
 
 def torchserve_truncation(store, name):
     config = yaml.safe_load((store / name / "model-config.yaml").read_text())
-    return WorkerSettings.from_torchserve(config).truncation
+    [model] = WorkerSettings.from_torchserve(config).models
+    return model.truncation
 
 
 def triton_truncation(repo, name):
     config = json_format.MessageToDict(
         read_config(repo / name / "config.pbtxt"), preserving_proto_field_name=True
     )
-    return WorkerSettings.from_triton(config).truncation
+    [model] = WorkerSettings.from_triton(config).models
+    return model.truncation
 
 
 @pytest.mark.parametrize("given", [None, True])
@@ -80,7 +76,8 @@ def test_packaging_keeps_the_artifacts_truncation_unless_given(artifacts, tmp_pa
 
     strict, want = artifacts / "strict", False if given is None else given
     # what `package ... [--truncation]` hands the packagers (cli/options.load)
-    spec = load_spec(None, {} if given is None else {"truncation": given}).model_copy(
+    fields = {"artifact": strict, **({} if given is None else {"truncation": given})}
+    spec = load_spec(None, fields).model_copy(
         update={
             "workers": 1,
             "archive_format": "no-archive",
@@ -88,15 +85,15 @@ def test_packaging_keeps_the_artifacts_truncation_unless_given(artifacts, tmp_pa
             "triton_repository": tmp_path / "repo",
         }
     )
-    package_torchserve(strict, spec)
+    package_torchserve(spec)
     assert torchserve_truncation(tmp_path / "store", "strict") is want
-    package_triton(strict, spec)
+    package_triton(spec)
     assert triton_truncation(tmp_path / "repo", "strict") is want
     for engine in ("torchserve", "triton"):
-        ctx = package_sagemaker(strict, spec, engine, "cpu", tmp_path / f"sm-{engine}")
+        ctx = package_sagemaker(spec, engine, "cpu", tmp_path / f"sm-{engine}")
         # what the SageMaker entrypoint finds in /opt/ml/model, and packages again with
-        found = find_model(ctx / "model", tmp_path / f"work-{engine}")
-        assert found.packaged is not None and found.packaged.truncation is want, engine
+        [found] = find_models(ctx / "model", tmp_path / f"work-{engine}")
+        assert found.name == "strict" and found.truncation is want, engine
 
 
 def test_the_flag_turns_a_default_artifact_strict(artifacts, tmp_path):
@@ -122,7 +119,8 @@ def test_the_flag_turns_a_default_artifact_strict(artifacts, tmp_path):
     )
     assert triton_truncation(tmp_path / "repo", "default") is False
     # a bare artifact as /opt/ml/model carries no packaging-time settings
-    assert find_model(artifacts / "default", tmp_path).packaged is None
+    [bare] = find_models(artifacts / "default", tmp_path)
+    assert bare.truncation is None and bare.name == "default"
 
 
 def test_help_says_the_flag_defaults_to_the_artifact():

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from neuronserve.serve.deployment import engine_settings
+from neuronserve.serve.deployment import engine_settings, model_entries
 from neuronserve.serve.front import schemas
 from neuronserve.serve.front.config import FrontConfig
 from neuronserve.serve.front.errors import error_body, family_of
@@ -25,9 +25,9 @@ from neuronserve.serve.front.keys import (
 )
 from neuronserve.serve.front.openapi import document
 from neuronserve.serve.front.routes import Api, endpoints, predict_inputs
+from neuronserve.serve.model_source import FoundModel
 from neuronserve.spec import load_spec
 from neuronserve.tasks import RequestError, get_task
-from neuronserve.worker import WorkerSettings
 
 
 @pytest.fixture
@@ -172,12 +172,21 @@ def test_openapi_document_covers_every_route_and_every_reference_resolves(tmp_pa
                for op in ops.values())  # fmt: skip
 
 
-def test_engine_settings_are_what_the_spec_gave_and_packaging_recorded():
-    packaged = WorkerSettings(target="cpu", core_kind="cpu", truncation=True)
-    assert engine_settings(load_spec(None, {}), packaged) == {"truncation": True}
-    given = load_spec(None, {"workers": 3, "truncation": False, "front_port": 9})
-    assert engine_settings(given, packaged) == {"workers": 3, "truncation": False}
-    assert engine_settings(load_spec(None, {"layout": "latency"}), None) == {"layout": "latency"}
+def test_engine_settings_are_the_worker_fields_the_spec_gave_and_packaging_recorded(tmp_path):
+    named = {"deployment_name": "models"}
+    assert engine_settings(load_spec(None, {})) == named
+    given = load_spec(
+        None,
+        {"workers": 3, "truncation": False, "front_port": 9, "max_text_chars": 20, "auth": "on"},
+    )
+    # the front's own settings (port, auth) stay with the front; the limits reach the workers
+    want = {"workers": 3, "truncation": False, "max_text_chars": 20, **named}
+    assert engine_settings(given) == want
+    assert engine_settings(load_spec(None, {"layout": "latency"})) == {"layout": "latency", **named}
+    # a model's packaged truncation is kept, unless the deployment gives one itself
+    found = [FoundModel(tmp_path / "a", "a", truncation=True)]
+    assert model_entries(found, load_spec(None, {}))[0].truncation is True
+    assert model_entries(found, given)[0].truncation is None  # the deployment's False applies
 
 
 def test_front_url(tmp_path):

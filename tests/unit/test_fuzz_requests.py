@@ -63,8 +63,8 @@ def served_or_4xx(result: Any) -> None:
 
 
 @pytest.fixture(params=["minilm", "classifier"])
-def runner(request, minilm_runner, classifier_runner):
-    return minilm_runner if request.param == "minilm" else classifier_runner
+def runner(request, tiny_runner, classifier_runner):
+    return tiny_runner if request.param == "minilm" else classifier_runner
 
 
 @FUZZ

@@ -7,41 +7,56 @@ without its key."""
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 from helpers import run_cli
 from kserve_schema import validate_kserve
+from typer.testing import CliRunner
 
 from neuronserve import cores
+from neuronserve.artifact import read_manifest
+from neuronserve.cli import app
+from neuronserve.cli.options import artifacts_given
 from neuronserve.packaging import kubernetes as k8s
-from neuronserve.spec import load_spec
+from neuronserve.spec import DeploySpec, load_spec
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 
-def _artifact(target: str, minilm_artifact: Path, neuronx_artifact: Path) -> Path:
-    return neuronx_artifact if target == "neuronx" else minilm_artifact
+def spec_of(*artifacts: Path, **fields) -> DeploySpec:
+    """What `package kubernetes` makes of its artifacts and flags."""
+    return load_spec(None, {**artifacts_given(list(artifacts)), **fields})
 
 
 @pytest.mark.parametrize(
-    ("engine", "target"), list(itertools.product(("torchserve", "triton"), k8s.TARGETS))
+    ("engine", "target", "several"),
+    [
+        *((e, t, False) for e, t in itertools.product(("torchserve", "triton"), k8s.TARGETS)),
+        ("torchserve", "cpu", True),
+    ],
 )
 def test_every_combination_renders_and_validates(  # noqa: PLR0915 - one rendering, read whole
-    engine, target, tmp_path, minilm_artifact, neuronx_artifact
+    engine, target, several, tmp_path, tiny_artifact, classifier_artifact, neuronx_artifact
 ):
-    artifact = _artifact(target, minilm_artifact, neuronx_artifact)
+    artifacts = [neuronx_artifact] if target == "neuronx" else [tiny_artifact]
+    if several:  # a set of models: one pod, every worker holding all of them
+        artifacts.append(classifier_artifact)
     out = tmp_path / "k8s"
-    result = run_cli(
-        "package", "kubernetes", artifact, "--engine", engine, "--target", target,
-        "--image", "registry.example/minilm:1", "--out", out, "--max-replicas", "6",
+    result = CliRunner().invoke(app, [
+        "package", "kubernetes", *map(str, artifacts), "--engine", engine, "--target", target,
+        "--image", "registry.example/minilm:1", "--out", str(out), "--max-replicas", "6",
         "--namespace", "serving",
-    )  # fmt: skip
-    assert "kubectl apply -f" in result.stdout and "create secret generic" in result.stdout
+    ])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "kubectl apply -f" in result.output and "create secret generic" in result.output
     assert (out / "image" / "Dockerfile").is_file() and (out / "image" / "serve").is_file()
+    context = json.loads((out / "image" / "neuronserve.json").read_text())
+    assert context["models"] == [read_manifest(a).name for a in artifacts]
     files = sorted(p.relative_to(out).as_posix() for p in out.glob("*/*.yaml"))
-    assert files == sorted(k8s.manifests(artifact, load_spec(None, {}), engine, target,
+    assert files == sorted(k8s.manifests(spec_of(*artifacts), engine, target,
                                          k8s.ClusterOptions(image="x")))  # fmt: skip
     docs = {f: list(yaml.safe_load_all((out / f).read_text())) for f in files}
     kinds = []
@@ -100,9 +115,9 @@ def test_every_combination_renders_and_validates(  # noqa: PLR0915 - one renderi
     assert adapter["rules"]["custom"][0]["name"]["as"] == "neuronserve_front_in_flight"
 
 
-def test_a_claim_mounts_the_model_and_kserve_fetches_it(minilm_artifact):
+def test_a_claim_mounts_the_model_and_kserve_fetches_it(tiny_artifact):
     objs = k8s.manifests(
-        minilm_artifact, load_spec(None, {}), "torchserve", "cpu",
+        spec_of(tiny_artifact), "torchserve", "cpu",
         k8s.ClusterOptions(image="x", model_claim="models", cores=4, in_flight_target=5),
     )  # fmt: skip
     deploy = objs["plain/deployment.yaml"][0]
@@ -120,11 +135,9 @@ def test_a_claim_mounts_the_model_and_kserve_fetches_it(minilm_artifact):
     assert hpa["averageValue"] == "5"
 
 
-def test_the_validators_catch_what_a_cluster_would_refuse(minilm_artifact):
+def test_the_validators_catch_what_a_cluster_would_refuse(tiny_artifact):
     """The schemas are strict enough to matter: a misspelt field and a wrong type fail."""
-    objs = k8s.manifests(
-        minilm_artifact, load_spec(None, {}), "torchserve", "cpu", k8s.ClusterOptions(image="x")
-    )
+    objs = k8s.manifests(spec_of(tiny_artifact), "torchserve", "cpu", k8s.ClusterOptions("x"))
     deploy = objs["plain/deployment.yaml"][0]
     deploy["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -135,31 +148,27 @@ def test_the_validators_catch_what_a_cluster_would_refuse(minilm_artifact):
         validate_kserve(isvc)
 
 
-def test_bad_options_are_refused(minilm_artifact, neuronx_artifact):
-    spec = load_spec(None, {"cores_per_worker": 2})
+def test_bad_options_are_refused(tiny_artifact, neuronx_artifact):
+    spec = spec_of(tiny_artifact, cores_per_worker=2)
     with pytest.raises(k8s.ClusterError, match="multiple of cores_per_worker"):
-        k8s.manifests(minilm_artifact, spec, "torchserve", "cpu", k8s.ClusterOptions("x", cores=3))
+        k8s.manifests(spec, "torchserve", "cpu", k8s.ClusterOptions("x", cores=3))
     with pytest.raises(k8s.ClusterError, match="replicas"):
         k8s.manifests(
-            minilm_artifact, load_spec(None, {}), "torchserve", "cpu",
+            spec_of(tiny_artifact), "torchserve", "cpu",
             k8s.ClusterOptions("x", min_replicas=3, max_replicas=2),
         )  # fmt: skip
     with pytest.raises(k8s.ClusterError, match="compiled for cpu"):
-        k8s.manifests(
-            minilm_artifact, load_spec(None, {}), "torchserve", "neuronx", k8s.ClusterOptions("x")
-        )
+        k8s.manifests(spec_of(tiny_artifact), "torchserve", "neuronx", k8s.ClusterOptions("x"))
     with pytest.raises(k8s.ClusterError, match="target 'cuda'"):
-        k8s.manifests(
-            minilm_artifact, load_spec(None, {}), "torchserve", "cuda", k8s.ClusterOptions("x")
-        )
+        k8s.manifests(spec_of(tiny_artifact), "torchserve", "cuda", k8s.ClusterOptions("x"))
     one_core = k8s.manifests(
-        neuronx_artifact, load_spec(None, {}), "triton", "neuronx", k8s.ClusterOptions("x", cores=1)
+        spec_of(neuronx_artifact), "triton", "neuronx", k8s.ClusterOptions("x", cores=1)
     )
     assert "schedulerName" not in one_core["plain/deployment.yaml"][0]["spec"]["template"]["spec"]
 
 
-def test_image_is_required(tmp_path, minilm_artifact):
-    r = run_cli("package", "kubernetes", minilm_artifact, "--out", tmp_path / "k", check=False)
+def test_image_is_required(tmp_path, tiny_artifact):
+    r = run_cli("package", "kubernetes", tiny_artifact, "--out", tmp_path / "k", check=False)
     assert r.returncode == 2 and "--image is required" in r.stderr
 
 

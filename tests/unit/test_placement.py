@@ -52,27 +52,30 @@ def test_more_workers_than_groups_is_a_warning_or_capped():
     assert plan(asked, serving_host=True).workers == n
 
 
-def test_packagers_write_the_plan(tmp_path, minilm_artifact):
+def test_packagers_write_the_plan(tmp_path, tiny_artifact):
     from neuronserve.buckets import engine_batch_sizes
     from neuronserve.packaging.model import prepare
     from neuronserve.packaging.torchserve import model_config
     from neuronserve.packaging.triton import package_triton, read_config
 
     n = len(discover("cpu"))
-    latency = load_spec(None, {"layout": "latency", "batch_requests": 2})
-    cfg = model_config(latency, prepare(minilm_artifact, latency))
+    latency = load_spec(None, {"layout": "latency", "batch_requests": 2, "artifact": tiny_artifact})
+    cfg = model_config(latency, prepare(latency))
     assert (cfg["minWorkers"], cfg["neuronserve"]["cores_per_worker"]) == (1, n)
     assert cfg["batchSize"] == 2
-    throughput = load_spec(None, {})
-    packaged = prepare(minilm_artifact, throughput)
+    throughput = load_spec(None, {"artifact": tiny_artifact})
+    packaged = prepare(throughput)
     cfg = model_config(throughput, packaged)
     assert (cfg["minWorkers"], cfg["neuronserve"]["cores_per_worker"]) == (n, 1)
     # the largest batch the artifact's bucket times say is worth forming
-    m = packaged.manifest
+    m = packaged.models[0].manifest
     assert cfg["batchSize"] == max(engine_batch_sizes(m.grid, m.bucket_ms))
     assert cfg["batchSize"] in m.grid.batch_sizes
     # Triton: one instance holding every core
-    spec = load_spec(None, {"layout": "latency", "triton_repository": tmp_path / "repo"})
-    config = read_config(package_triton(minilm_artifact, spec) / "config.pbtxt")
+    spec = load_spec(
+        None,
+        {"layout": "latency", "triton_repository": tmp_path / "repo", "artifact": tiny_artifact},
+    )
+    config = read_config(package_triton(spec) / "config.pbtxt")
     assert config.instance_group[0].count == 1
     assert config.parameters["neuronserve_cores_per_worker"].string_value == str(n)

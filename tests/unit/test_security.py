@@ -43,12 +43,12 @@ def _with_manifest_name(artifact: Path, dst: Path, name: str) -> Path:
 
 
 @pytest.mark.parametrize("engine", ["torchserve", "triton"])
-def test_packaging_never_removes_outside_the_store(tmp_path, minilm_artifact, engine):
+def test_packaging_never_removes_outside_the_store(tmp_path, tiny_artifact, engine):
     """A manifest naming `../victim` used to make packaging rmtree <store>/../victim."""
     victim = tmp_path / "victim"
     victim.mkdir()
     (victim / "precious.txt").write_text("keep me")
-    art = _with_manifest_name(minilm_artifact, tmp_path / "art", "../victim")
+    art = _with_manifest_name(tiny_artifact, tmp_path / "art", "../victim")
     with pytest.raises(ArtifactError, match="not a plain name"):
         read_manifest(art)
     store = tmp_path / "store"
@@ -56,7 +56,7 @@ def test_packaging_never_removes_outside_the_store(tmp_path, minilm_artifact, en
         None, {"model_store": store, "triton_repository": store, "workers": 1, "artifact": art}
     )
     with pytest.raises(ArtifactError, match="not a plain name"):
-        (package_torchserve if engine == "torchserve" else package_triton)(art, spec)
+        (package_torchserve if engine == "torchserve" else package_triton)(spec)
     assert (victim / "precious.txt").read_text() == "keep me"
 
 
@@ -66,20 +66,24 @@ def test_an_artifact_folder_with_an_odd_name_needs_a_name(tmp_path):
         load_spec(None, {"artifact": odd}).model_name()
 
 
-def test_packaging_replaces_in_place_and_leaves_nothing_behind(tmp_path, minilm_artifact):
+def test_packaging_replaces_in_place_and_leaves_nothing_behind(tmp_path, tiny_artifact):
     store, repo = tmp_path / "store", tmp_path / "repo"
-    base = {"model_store": store, "triton_repository": repo, "workers": 1, "name": "m"}
-    package_torchserve(minilm_artifact, load_spec(None, base))
-    out = package_torchserve(
-        minilm_artifact, load_spec(None, {**base, "archive_format": "no-archive"})
-    )
+    base = {
+        "model_store": store,
+        "triton_repository": repo,
+        "workers": 1,
+        "name": "m",
+        "artifact": tiny_artifact,
+    }
+    package_torchserve(load_spec(None, base))
+    out = package_torchserve(load_spec(None, {**base, "archive_format": "no-archive"}))
     # the .mar of the first packaging is gone: the same model would load twice
     assert out == store.resolve() / "m" and out.is_dir()
     assert sorted(p.name for p in store.iterdir()) == sorted(
         ["m", "config.properties", "metrics.yaml"]
     ), list(store.iterdir())
-    package_triton(minilm_artifact, load_spec(None, base))
-    model = package_triton(minilm_artifact, load_spec(None, base))
+    package_triton(load_spec(None, base))
+    model = package_triton(load_spec(None, base))
     assert [p.name for p in repo.iterdir()] == ["m"] and (model / "config.pbtxt").is_file()
 
 
@@ -204,22 +208,22 @@ def _edit_manifest(art: Path, **changes) -> None:
 
 
 @pytest.mark.parametrize("bad", ["/etc/passwd", "../outside.pt", "a/../../b", "a\\b"])
-def test_manifest_paths_stay_inside_the_artifact(tmp_path, minilm_artifact, bad):
+def test_manifest_paths_stay_inside_the_artifact(tmp_path, tiny_artifact, bad):
     art = tmp_path / "art"
-    shutil.copytree(minilm_artifact, art)
+    shutil.copytree(tiny_artifact, art)
     _edit_manifest(art, files=lambda f: {**f, bad: "0" * 64})
     with pytest.raises(ArtifactError, match="not a path inside the artifact"):
         read_manifest(art)
     shutil.rmtree(art)
-    shutil.copytree(minilm_artifact, art)
+    shutil.copytree(tiny_artifact, art)
     _edit_manifest(art, modules={"dynamic": bad})
     with pytest.raises(ArtifactError, match="not a path inside the artifact"):
         read_manifest(art)
 
 
-def test_symlinks_and_unlisted_loader_files_are_refused(tmp_path, minilm_artifact):
+def test_symlinks_and_unlisted_loader_files_are_refused(tmp_path, tiny_artifact):
     art = tmp_path / "art"
-    shutil.copytree(minilm_artifact, art)
+    shutil.copytree(tiny_artifact, art)
     # the same bytes through a link: the check used to follow it
     real = tmp_path / "tokenizer.json"
     shutil.move(art / "tokenizer.json", real)
@@ -240,7 +244,7 @@ def test_symlinks_and_unlisted_loader_files_are_refused(tmp_path, minilm_artifac
         read_manifest(art)
 
 
-def test_the_runner_loads_the_bytes_it_verified(minilm_artifact, monkeypatch):
+def test_the_runner_loads_the_bytes_it_verified(tiny_artifact, monkeypatch):
     from neuronserve.artifact import read_verified
     from neuronserve.compile.cpu import CpuTarget
     from neuronserve.runtime import Runner
@@ -253,21 +257,19 @@ def test_the_runner_loads_the_bytes_it_verified(minilm_artifact, monkeypatch):
         return original(self, path, core, data)
 
     monkeypatch.setattr(CpuTarget, "load", load)
-    runner = Runner(minilm_artifact, warmup=False)
+    runner = Runner(tiny_artifact, warmup=False)
     manifest = runner.manifest
-    assert seen and all(
-        data == read_verified(minilm_artifact, manifest, name) for name, data in seen
-    )
+    assert seen and all(data == read_verified(tiny_artifact, manifest, name) for name, data in seen)
     module = manifest.modules["dynamic"]
     with pytest.raises(ArtifactError, match="does not match its sha256"):
-        read_verified(minilm_artifact, manifest.model_copy(update={"files": {}}), module)
+        read_verified(tiny_artifact, manifest.model_copy(update={"files": {}}), module)
 
 
-def test_signed_artifacts_load_only_with_the_right_key(tmp_path, minilm_artifact, monkeypatch):
+def test_signed_artifacts_load_only_with_the_right_key(tmp_path, tiny_artifact, monkeypatch):
     from helpers import run_cli
 
     art = tmp_path / "art"
-    shutil.copytree(minilm_artifact, art)
+    shutil.copytree(tiny_artifact, art)
     run_cli("sign", "--new-key", tmp_path / "keys")
     run_cli("sign", "--new-key", tmp_path / "other")
     assert stat.S_IMODE((tmp_path / "keys" / "neuronserve.key").stat().st_mode) == 0o600
@@ -279,7 +281,7 @@ def test_signed_artifacts_load_only_with_the_right_key(tmp_path, minilm_artifact
         read_manifest(art)
     r = run_cli("sign", art, "--key", tmp_path / "keys" / "neuronserve.key")
     assert "manifest.sig" in r.stdout
-    assert read_manifest(art).name == "minilm"  # signed by the configured key: loads
+    assert read_manifest(art).name == "tiny"  # signed by the configured key: loads
     # a changed manifest (say, a hash swapped for a module of one's own) breaks it
     _edit_manifest(art, tolerance=0.5)
     with pytest.raises(ArtifactError, match="not a signature of this manifest"):
@@ -302,8 +304,8 @@ def test_pickle_only_weights_are_refused_unless_allowed(tmp_path, minilm_dir):
     assert not (tmp_path / "art").exists()
 
 
-def test_compiled_weights_are_not_world_readable(minilm_artifact):
-    for p in [minilm_artifact, *minilm_artifact.rglob("*")]:
+def test_compiled_weights_are_not_world_readable(tiny_artifact):
+    for p in [tiny_artifact, *tiny_artifact.rglob("*")]:
         assert stat.S_IMODE(p.stat().st_mode) & 0o007 == 0, p
 
 
@@ -329,12 +331,12 @@ def test_a_mar_too_big_for_the_disk_is_not_extracted(tmp_path, monkeypatch):
     src.mkdir()
     with zipfile.ZipFile(src / "m.mar", "w", zipfile.ZIP_DEFLATED) as z:
         # 64 MiB of zeros compress to a few KB: what a small upload can expand to
-        z.writestr("artifact/model.pt", b"\0" * (64 << 20))
+        z.writestr("models/m/model.pt", b"\0" * (64 << 20))
         z.writestr("MAR-INF/model-config.yaml", "{}")
     free = 16 << 20
     monkeypatch.setattr(
         shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1 << 40, 0, free + (1 << 30))
     )
     with pytest.raises(model_source.ModelSourceError, match=r"unpacks to 0\.1 GiB"):
-        model_source.find_model(src, tmp_path / "work")
+        model_source.find_models(src, tmp_path / "work")
     assert not (tmp_path / "work" / "from-mar").exists()

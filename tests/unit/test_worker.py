@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from neuronserve import metrics
-from neuronserve.worker import WorkerSettings, start_worker
+from neuronserve.worker import ModelSettings, WorkerSettings, start_worker
 
 
-def test_settings_round_trip_through_both_engines_formats(tmp_path, minilm_artifact):
+def test_settings_round_trip_through_both_engines_formats(tmp_path, tiny_artifact):
     from google.protobuf import json_format
 
     from neuronserve.packaging.model import prepare
@@ -20,8 +20,11 @@ def test_settings_round_trip_through_both_engines_formats(tmp_path, minilm_artif
     from neuronserve.packaging.triton import model_config as triton_config
     from neuronserve.spec import load_spec
 
-    spec = load_spec(None, {"cores_per_worker": 1, "truncation": False, "neuron_cores": 3})
-    packaged = prepare(minilm_artifact, spec)
+    spec = load_spec(
+        None,
+        {"cores_per_worker": 1, "truncation": False, "neuron_cores": 3, "artifact": tiny_artifact},
+    )
+    packaged = prepare(spec)
     # TorchServe: model-config.yaml as the frontend hands it to the handler
     yaml_config = yaml.safe_load(yaml.safe_dump(model_config(spec, packaged)))
     # Triton: config.pbtxt as the stub hands it to initialize(), JSON
@@ -34,20 +37,22 @@ def test_settings_round_trip_through_both_engines_formats(tmp_path, minilm_artif
     ):
         assert settings == packaged.settings
         assert (settings.target, settings.core_kind, settings.cores_per_worker) == ("cpu", "cpu", 1)
-        assert settings.truncation is False and settings.neuron_cores == 3
+        assert settings.neuron_cores == 3
+        [model] = settings.models
+        assert (model.name, model.artifact, model.truncation) == ("tiny", "models/tiny", False)
 
 
-def test_both_engines_bound_their_queues_from_the_same_fields(minilm_artifact):
+def test_both_engines_bound_their_queues_from_the_same_fields(tiny_artifact):
     from neuronserve.packaging.model import prepare
     from neuronserve.packaging.torchserve import model_config, store_properties
     from neuronserve.packaging.triton import model_config as triton_config
     from neuronserve.spec import load_spec
 
-    spec = load_spec(None, {"max_queued": 7, "queue_timeout_ms": 250})
-    packaged = prepare(minilm_artifact, spec)
+    spec = load_spec(None, {"max_queued": 7, "queue_timeout_ms": 250, "artifact": tiny_artifact})
+    packaged = prepare(spec)
     torchserve = model_config(spec, packaged)
     assert torchserve["jobQueueSize"] == 7 and torchserve["clientTimeoutInMills"] == 250
-    assert store_properties(spec, minilm_artifact)["job_queue_size"] == "7"
+    assert store_properties(spec, tiny_artifact)["job_queue_size"] == "7"
     policy = triton_config(spec, packaged).dynamic_batching.default_queue_policy
     assert policy.max_queue_size == 7 and policy.default_timeout_microseconds == 250_000
     assert policy.timeout_action == policy.REJECT
@@ -55,33 +60,73 @@ def test_both_engines_bound_their_queues_from_the_same_fields(minilm_artifact):
     assert "clientTimeoutInMills" not in model_config(unbounded_wait, packaged)
 
 
-def test_start_worker_leases_pins_and_loads(tmp_path, minilm_artifact, monkeypatch):
+def test_start_worker_leases_pins_and_loads(tmp_path, tiny_artifact, monkeypatch):
     import os
     import shutil
 
     monkeypatch.setenv("NEURONSERVE_LEASE_DIR", str(tmp_path / "leases"))
-    shutil.copytree(minilm_artifact, tmp_path / "model" / "artifact")
+    monkeypatch.setenv("NEURONSERVE_DEPLOYMENT", "/srv/this-deployment")
+    for name in ("a", "b"):
+        shutil.copytree(tiny_artifact, tmp_path / "model" / "models" / name)
     before = os.sched_getaffinity(0)
     import torch
 
     threads = torch.get_num_threads()
+    settings = WorkerSettings(
+        target="cpu",
+        core_kind="cpu",
+        models=[
+            ModelSettings(name="a", artifact="models/a"),
+            ModelSettings(name="b", artifact="models/b", truncation=True),
+        ],
+    )
     try:
-        worker = start_worker(
-            WorkerSettings(target="cpu", core_kind="cpu"), tmp_path / "model", owner="test"
-        )
+        worker = start_worker(settings, tmp_path / "model", owner="test")
         try:
             assert os.sched_getaffinity(0) == set(worker.lease.cores)
-            assert worker.runner.manifest.name == "minilm"
-            assert "leased cpu core group" in worker.describe()
+            # both models in this one process, each under its name, with its own settings
+            assert list(worker.runners) == ["a", "b"]
+            assert worker.runner("a").truncation is False and worker.runner("b").truncation
+            assert (
+                "leased cpu core group" in worker.describe() and "b: buckets" in worker.describe()
+            )
             record = json.loads(
                 (tmp_path / "leases" / f"cpu-core-{worker.lease.cores[0]}.lock").read_text()
             )
             assert record["pid"] == os.getpid() and record["threads"] == 1
+            assert record["deployment"] == "/srv/this-deployment"
+            _serves_each_model_alone(worker)
         finally:
             worker.stop()
     finally:
         os.sched_setaffinity(0, before)
         torch.set_num_threads(threads)
+
+
+def _serves_each_model_alone(worker) -> None:
+    """A batch of requests for two models: each model's requests go through its Runner in
+    a call of their own (never one module run for both), answers in the batch's order, the
+    models taking turns at going first; unknown or missing names fail alone."""
+    from neuronserve.tasks import RequestError
+
+    texts = ["one", "two", "three", "four"]
+    batch = [
+        (name, worker.runner(name).parse({"inputs": t}))
+        for name, t in zip(["a", "b", "a", "b"], texts, strict=True)
+    ]
+    calls: list[tuple[str, int]] = []
+    answers = worker.serve(batch, lambda model, run: calls.append((model, run.requests)))
+    assert sorted(calls) == [("a", 2), ("b", 2)]
+    alone = [worker.runner(n).responses([r])[0] for n, r in batch]
+    assert answers == alone
+    worker.serve(batch, lambda model, run: calls.append((model, run.requests)))
+    assert calls[0][0] != calls[2][0]  # the other model went first this time
+    with pytest.raises(RequestError, match="served: a, b") as unknown:
+        worker.runner("c")
+    assert unknown.value.status == 404
+    with pytest.raises(RequestError, match="serves 2 models") as unnamed:
+        worker.runner(None)
+    assert unnamed.value.status == 400
 
 
 def test_a_worker_that_cannot_load_gives_its_lease_back(tmp_path, monkeypatch):
@@ -93,8 +138,11 @@ def test_a_worker_that_cannot_load_gives_its_lease_back(tmp_path, monkeypatch):
     monkeypatch.setenv("NEURONSERVE_LEASE_DIR", str(tmp_path / "leases"))
     before = os.sched_getaffinity(0)
     try:
+        settings = WorkerSettings(
+            target="cpu", core_kind="cpu", models=[ModelSettings(name="m", artifact="m")]
+        )
         with pytest.raises(ArtifactError, match="not a neuronserve artifact"):
-            start_worker(WorkerSettings(target="cpu", core_kind="cpu"), tmp_path, owner="x")
+            start_worker(settings, tmp_path, owner="x")
     finally:
         os.sched_setaffinity(0, before)
     n = len(before)
@@ -129,22 +177,26 @@ def test_batch_values_from_a_report():
         runs=[BucketRun(Bucket(4, 16), 3, 20, 2.0), BucketRun(Bucket(1, 64), 1, 50, 3.0)],
     )
     got = {
-        (m.name, tuple(sorted(labels.items()))): v for m, v, labels in metrics.batch_values(report)
+        (m.name, tuple(sorted(labels.items()))): v
+        for m, v, labels in metrics.batch_values(report, "mini")
     }
-    assert got[("requests", ())] == 3 and got[("model_ms", ())] == 5.0
-    assert got[("bucket_runs", (("batch_size", "3"), ("bucket", "b4_s16")))] == 1
-    assert got[("padding_ratio", ())] == pytest.approx((64 + 64 - 70) / 70)
+    own = (("model", "mini"),)
+    assert got[("requests", own)] == 3 and got[("model_ms", own)] == 5.0
+    assert got[("bucket_runs", (("batch_size", "3"), ("bucket", "b4_s16"), *own))] == 1
+    assert got[("padding_ratio", own)] == pytest.approx((64 + 64 - 70) / 70)
+    shared = {labels["model"]: v for _, v, labels in metrics.handler_values(9.0, {"a": 2, "b": 1})}
+    assert shared == {"a": 6.0, "b": 3.0}  # a batch's handler time, by each model's requests
 
 
-def test_batch_delay_zero_means_no_wait_on_both_engines(minilm_artifact):
+def test_batch_delay_zero_means_no_wait_on_both_engines(tiny_artifact):
     from neuronserve.packaging.model import prepare
     from neuronserve.packaging.torchserve import model_config
     from neuronserve.packaging.triton import model_config as triton_config
     from neuronserve.spec import load_spec
 
-    default = load_spec(None, {})
+    default = load_spec(None, {"artifact": tiny_artifact})
     assert default.max_batch_delay_ms == 0
-    packaged = prepare(minilm_artifact, default)
+    packaged = prepare(default)
     # Triton forms a batch of what is queued when an instance is free
     assert triton_config(default, packaged).dynamic_batching.max_queue_delay_microseconds == 0
     # TorchServe reads 0 as its 100 ms default: its least delay that still batches is 1 ms

@@ -240,7 +240,7 @@ class Info(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["ok", "loading", "unhealthy"]
+    status: Literal["ok", "degraded", "loading", "unhealthy"]
     workers_ready: int
     workers_expected: int
 

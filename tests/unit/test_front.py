@@ -1,0 +1,287 @@
+"""The front's HTTP handling in process (Starlette's test client on its ASGI app), in front
+of an engine in this process: each model's Runner answers what a worker would. Routing by
+model name, every client family's answers and errors, keys, limits, the in-flight bound,
+the deadline, health and metrics. What needs a real engine behind a real front (its
+start, TorchServe's and Triton's own behaviour, keep-alive, TLS) is in tests/servers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+import openai
+import pytest
+from helpers import SENTENCES
+from starlette.testclient import TestClient
+
+from neuronserve.serve.front.app import build_app
+from neuronserve.serve.front.clients import EngineAnswer, EngineClient, WorkerCounts
+from neuronserve.serve.front.config import FrontConfig
+from neuronserve.serve.front.model import ServedModel
+from neuronserve.serve.front.serving import Serving
+from neuronserve.spec import load_spec
+from neuronserve.tasks import RequestError
+
+KEY = "front-key"
+
+
+class InProcessEngine(EngineClient):
+    """An engine whose workers are the Runners here: a request goes to its model's
+    Runner as one batch, as TorchServe's handler would send it."""
+
+    kind = "in-process"
+
+    def __init__(self, runners: dict[str, Any]):
+        self.runners = runners
+        self.counts = WorkerCounts(2, 2)
+        # while set and not released, requests wait (each test-client request runs on a
+        # loop of its own: a threading event, polled, works across them)
+        self.hold: threading.Event | None = None
+        self.calls = 0
+
+    async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
+        self.calls += 1
+        while self.hold is not None and not self.hold.is_set():
+            await asyncio.sleep(0.01)
+        body = {"inputs": inputs, "parameters": parameters}
+        [answer] = self.runners[model].responses_for_bodies([(body, None)])
+        if isinstance(answer, RequestError):
+            raise answer
+        return EngineAnswer(value=answer)
+
+    async def invoke(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+        [answer] = self.runners[model].responses_for_bodies([(body, content_type)])
+        if isinstance(answer, RequestError):
+            return answer.status, b'{"code": %d}' % answer.status
+        return 200, EngineAnswer(value=answer).raw
+
+    async def health(self) -> WorkerCounts:
+        return self.counts
+
+    async def metrics(self) -> str:
+        return "# the engine's\n"
+
+    async def close(self) -> None:
+        pass
+
+
+def served(runner) -> ServedModel:
+    m = runner.manifest
+    return ServedModel(
+        name=m.name,
+        manifest=m,
+        engine="in-process",
+        truncation=runner.truncation,
+        max_text_chars=None,
+        tokenizer=ServedModel.tokenizer_of(m, runner.artifact_dir),
+    )
+
+
+def front(tmp_path, runners: dict, **fields) -> tuple[TestClient, InProcessEngine, Serving]:
+    config = FrontConfig.from_spec(load_spec(None, {"front_run_dir": tmp_path, **fields}))
+    serving = Serving(config)
+    engine = InProcessEngine(runners)
+    serving.attach({name: served(r) for name, r in runners.items()}, engine)
+    return TestClient(build_app(serving)), engine, serving
+
+
+@pytest.fixture
+def two(tmp_path, tiny_runner, classifier_runner):
+    """An embedder ("tiny") and a three-label classifier ("tiny-classifier")."""
+    client, engine, _ = front(tmp_path, {"tiny": tiny_runner, "tiny-classifier": classifier_runner})
+    return client, engine
+
+
+def test_routes_find_their_model_by_name_or_by_task(two, tiny_runner, classifier_runner):
+    client, _ = two
+    embed = client.post("/embed", json={"inputs": SENTENCES[4]})
+    assert embed.status_code == 200
+    assert embed.json() == [tiny_runner.responses_for_bodies([({"inputs": SENTENCES[4]}, None)])[0]]
+    want = classifier_runner.responses_for_bodies(
+        [({"inputs": "ok", "parameters": {"top_k": None}}, None)]
+    )[0]
+    assert client.post("/predict", json={"inputs": "ok"}).json() == want
+    assert client.post("/predict", json={"inputs": "ok", "model": "tiny-classifier"}).json() == want
+    # a model the route does not apply to, an unknown one, several that fit and none named
+    wrong = client.post("/embed", json={"inputs": "x", "model": "tiny-classifier"})
+    assert wrong.status_code == 404
+    assert (
+        "tiny-classifier is text-classification (this server's tiny would)" in wrong.json()["error"]
+    )
+    unknown = client.post("/embed", json={"inputs": "x", "model": "nope"})
+    assert unknown.status_code == 404
+    assert unknown.json()["error"] == "no model 'nope' here; served: tiny, tiny-classifier"
+    several = client.post("/tokenize", json={"inputs": "x"})
+    assert several.status_code == 400 and "tiny, tiny-classifier" in several.json()["error"]
+    assert client.post("/tokenize", json={"inputs": "x", "model": "tiny"}).status_code == 200
+    rerank = client.post("/rerank", json={"query": "q", "texts": ["a"]})
+    assert rerank.status_code == 404 and "cross-encoder" in rerank.json()["error"]
+    # the other models keep answering
+    assert client.post("/embed", json={"inputs": "still"}).status_code == 200
+
+
+def test_sagemaker_target_model_header_picks_the_model(two, classifier_runner):
+    client, _ = two
+    header = {
+        "X-Amzn-SageMaker-Target-Model": "tiny-classifier",
+        "Content-Type": "application/json",
+    }
+    r = client.post("/invocations", content=b'{"inputs": "fine"}', headers=header)
+    assert r.status_code == 200
+    assert r.json() == classifier_runner.responses_for_bodies([({"inputs": "fine"}, None)])[0]
+    # what SageMaker sends for a model whose archive is <name>.tar.gz
+    archive = {**header, "X-Amzn-SageMaker-Target-Model": "tiny-classifier.tar.gz"}
+    assert (
+        client.post("/invocations", content=b'{"inputs": "fine"}', headers=archive).json()
+        == r.json()
+    )
+    none = client.post(
+        "/invocations", content=b'{"inputs": "x"}', headers={"Content-Type": "application/json"}
+    )
+    assert none.status_code == 400 and "X-Amzn-SageMaker-Target-Model" in none.json()["error"]
+    gone = client.post(
+        "/invocations", content=b"{}", headers={**header, "X-Amzn-SageMaker-Target-Model": "x"}
+    )
+    assert gone.status_code == 404
+
+
+def test_openai_client_names_its_model(two, tiny_runner):
+    client, _ = two
+    oa = openai.OpenAI(base_url="http://front/v1", api_key="k", http_client=client, max_retries=0)
+    assert [m.id for m in oa.models.list()] == ["tiny", "tiny-classifier"]
+    got = oa.embeddings.create(model="tiny", input=SENTENCES[:3])  # base64 on the wire
+    want = np.array(tiny_runner.responses_for_bodies([({"inputs": SENTENCES[:3]}, None)])[0])
+    assert np.allclose([d.embedding for d in got.data], want, atol=1e-6) and got.model == "tiny"
+    cut = oa.embeddings.create(
+        model="tiny", input=SENTENCES[:2], dimensions=8, encoding_format="float"
+    )
+    expect = want[:2, :8] / np.linalg.norm(want[:2, :8], axis=1, keepdims=True)
+    assert np.allclose([d.embedding for d in cut.data], expect, atol=1e-6)
+    with pytest.raises(openai.NotFoundError, match="served: tiny, tiny-classifier"):
+        oa.embeddings.create(model="text-embedding-3-small", input="x")
+    with pytest.raises(openai.NotFoundError, match="needs a feature-extraction model"):
+        oa.embeddings.create(model="tiny-classifier", input="x")
+    r = client.post(
+        "/v1/embeddings", json={"input": "x", "model": "tiny", "encoding_format": "base64"}
+    )
+    vector = np.frombuffer(base64.b64decode(r.json()["data"][0]["embedding"]), dtype="<f4")
+    assert np.allclose(
+        vector,
+        want[0] * 0 + np.array(tiny_runner.responses_for_bodies([({"inputs": "x"}, None)])[0]),
+        atol=1e-6,
+    )
+
+
+def test_info_lists_every_model_and_metrics_label_them(two):
+    client, _ = two
+    info = client.get("/info").json()
+    assert info["model_id"] == "tiny" and [m["model_id"] for m in info["models"]] == [
+        "tiny",
+        "tiny-classifier",
+    ]
+    assert info["models"][1]["model_type"]["classifier"]["id2label"]["2"] == "positive"
+    client.post("/predict", json={"inputs": "ok"})
+    client.post("/embed", json={"inputs": "x", "model": "nope"})
+    text = client.get("/metrics").text
+    series = 'neuronserve_front_requests_total{model="tiny-classifier",route="/predict",'
+    assert series + 'status="200"} 1.0' in text
+    assert 'neuronserve_front_requests_total{model="",route="/embed",status="404"} 1.0' in text
+    assert "# the engine's" in text
+
+
+def test_keys_are_asked_for_everywhere_but_the_probes(tmp_path, tiny_runner, monkeypatch):
+    monkeypatch.setenv("NEURONSERVE_API_KEY", KEY)
+    client, _, _ = front(tmp_path, {"tiny": tiny_runner}, auth="on")
+    for path in ("/embed", "/v1/embeddings", "/invocations", "/tokenize"):
+        r = client.post(path, json={"inputs": "x", "input": "x"})
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer"), path
+    assert client.get("/info").status_code == 401 and client.get("/metrics").status_code == 401
+    for probe in ("/health", "/ping", "/openapi.json", "/docs"):
+        assert client.get(probe).status_code == 200, probe
+    wrong = client.post("/embed", json={"inputs": "x"}, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error_type"] == "Validation"
+    ok = client.post("/embed", json={"inputs": "x"}, headers={"Authorization": f"Bearer {KEY}"})
+    assert ok.status_code == 200
+
+
+def test_limits_refuse_one_request_and_serve_the_next(tmp_path, tiny_runner):
+    client, engine, _ = front(
+        tmp_path, {"tiny": tiny_runner}, max_body_bytes=2_000, max_client_batch=4
+    )
+    big = client.post("/embed", json={"inputs": "x" * 3_000})
+    assert big.status_code == 413 and "max_body_bytes" in big.json()["error"]
+    many = client.post("/embed", json={"inputs": ["x"] * 5})
+    assert many.status_code == 413 and "max_client_batch" in many.json()["error"]
+    assert engine.calls == 0  # refused before the engine was asked
+    bad = client.post("/v1/embeddings", json={"input": [1, 2], "model": "tiny"})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    assert client.post("/embed", json={"inputs": ["x"] * 4}).status_code == 200
+
+
+def test_in_flight_bound_and_deadline(tmp_path, tiny_runner):
+    client, engine, _ = front(tmp_path, {"tiny": tiny_runner}, max_in_flight=2, deadline_s=2)
+    engine.hold = threading.Event()  # every request now waits for the engine
+    answers: list[Any] = []
+
+    def call() -> None:
+        answers.append(
+            client.post("/embed", json={"inputs": "x"}, headers={"X-Request-Timeout": "1"})
+        )
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    # two requests are in flight (waiting on the engine): a third is refused at once
+    for _ in range(200):
+        if engine.calls == 2:
+            break
+        threading.Event().wait(0.01)
+    busy = client.post("/embed", json={"inputs": "x"})
+    assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+    for t in threads:
+        t.join()
+    # the client's X-Request-Timeout (1 s, sooner than deadline_s) ran out: 504 each
+    assert [a.status_code for a in answers] == [504, 504]
+    assert "X-Request-Timeout" in answers[0].json()["error"]
+    engine.hold = None
+    assert client.post("/embed", json={"inputs": "x"}).status_code == 200
+
+
+def test_health_follows_the_engines_workers(tmp_path, tiny_runner):
+    client, engine, serving = front(tmp_path, {"tiny": tiny_runner})
+    assert client.get("/health").json() == {
+        "status": "ok",
+        "workers_ready": 2,
+        "workers_expected": 2,
+    }
+    assert client.get("/ping").json() == {"status": "ready"}
+    # a worker died: not every worker is ready (answered for a second: then asked again)
+    engine.counts = WorkerCounts(1, 2)
+    serving._health = None
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json()["status"] == "degraded"
+    engine.counts = WorkerCounts(0, 2)
+    serving._health = None
+    assert client.get("/health").json()["status"] == "unhealthy"
+
+
+def test_a_loading_front_says_503_with_retry_after(tmp_path):
+    config = FrontConfig.from_spec(load_spec(None, {"front_run_dir": tmp_path}))
+    client = TestClient(build_app(Serving(config)))
+    for path in ("/health", "/ping"):
+        assert client.get(path).status_code == 503
+    r = client.post("/embed", json={"inputs": "x"})
+    assert r.status_code == 503 and r.headers["retry-after"] == "5"
+
+
+def test_the_front_imports_no_torch():
+    code = (
+        "import sys, neuronserve.serve.front.app, neuronserve.serve.front.server; "
+        "sys.exit('torch' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
