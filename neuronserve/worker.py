@@ -160,17 +160,22 @@ class Worker:
         respond: bool = True,
     ) -> list[Any]:
         """One batch of (model name, parsed request or RequestError) pairs as the engine
-        formed it: each model's requests go through its Runner in one call of their own
+        formed it (an error is answered as it is): each model's requests go through its Runner in one call of their own
         (requests for different models never share a module run), the models taking turns
         at going first from batch to batch so a busy one does not always delay another.
         `respond`: JSON-able answers (TorchServe), else results for tensors (Triton).
         `report(model, run report)` is called once per model served."""
         from .execution import RunReport
 
+        from .tasks import RequestError
+
         out: list[Any] = [None] * len(requests)
         groups: dict[str, list[int]] = {}
-        for i, (name, _) in enumerate(requests):
-            groups.setdefault(name or "", []).append(i)
+        for i, (name, request) in enumerate(requests):
+            if isinstance(request, RequestError):
+                out[i] = request  # refused before a model was found for it
+            else:
+                groups.setdefault(name or "", []).append(i)
         order = list(groups)
         if len(order) > 1:
             k = self._turn % len(order)

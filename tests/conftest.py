@@ -153,3 +153,36 @@ def neuronx_runner(neuronx_artifact):
 
     with standin_process(4):
         return Runner(neuronx_artifact)
+
+
+# the task models the server tests serve beside MiniLM: name -> (task, seed); random
+# weights, initialised wide enough that the NER model finds entities to compare
+TASK_MODELS = {
+    "fill": ("fill-mask", 13),
+    "rerank": ("rerank", 13),
+    "ner": ("token-classification", 31),
+    "qa": ("question-answering", 31),
+    "labels": ("image-classification", 23),
+    "features": ("image-feature-extraction", 42),
+}
+
+
+@pytest.fixture(scope="session")
+def task_models(tmp_path_factory, minilm_dir) -> dict[str, tuple[Path, Path]]:
+    """Every task's tiny model, compiled once for the session: name -> (model folder,
+    artifact); the ViTs at 32x32, the text models over batches 1, 4 and 16, 32 tokens."""
+    from helpers import compile_artifact, tiny_vit
+
+    root = tmp_path_factory.mktemp("task-models")
+    out = {}
+    for name, (task, seed) in TASK_MODELS.items():
+        if task.startswith("image"):
+            model = tiny_vit(root / name, task, seed=seed)
+        else:
+            model = tiny_model(root / name, minilm_dir, task, seed=seed, initializer_range=0.5)
+        extra = {"pooling": "mean"} if task == "image-feature-extraction" else {}
+        artifact = compile_artifact(
+            root / f"{name}-artifact", model, task, name=name, module_format="torchscript", **extra
+        )
+        out[name] = (model, artifact)
+    return out

@@ -1,14 +1,18 @@
-"""A real tritonserver (from the nvidia-pytriton wheel) serving the real MiniLM model
-through triton_backend/model.py: two instances pinned to two core groups, HTTP and
-gRPC, dynamic batching, per-request errors, metrics and SageMaker mode. One server
-for the module, started through the CLI while /ping is watched. Answers are compared
-with the Runner's in process (unit/test_runner.py checks the Runner against
-transformers)."""
+"""A real tritonserver (from the nvidia-pytriton wheel) serving one deployment of every
+task through triton_backend/model.py: the real MiniLM model, the tiny classifier and a
+copy of it whose module fails on one word, fill-mask, a reranker, NER, QA and two ViTs,
+as one Triton model whose two instances (one per core group) each hold them all. HTTP
+and gRPC, the `model` request parameter, dynamic batching, per-request errors and their
+statuses, metrics, the restricted APIs. One server for the module, started through the
+CLI. Answers are compared with the Runners in process and the transformers pipelines."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
+import shutil
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,42 +21,96 @@ import numpy as np
 import psutil
 import pytest
 import requests
+import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import yaml
-from helpers import REPO, SENTENCES, free_port, run_cli
+from helpers import (
+    LABELS,
+    QA_CONTEXT,
+    REPO,
+    SENTENCES,
+    free_port,
+    qa_reference,
+    run_cli,
+    same_answers,
+    settled,
+    triton_rows,
+)
 from tritonclient.utils import InferenceServerException
 
+from neuronserve.artifact import read_manifest, write_manifest
 from neuronserve.bench.servers import scrape
 from neuronserve.cores import parse_core_list
+from neuronserve.images import sample_images
 from neuronserve.packaging.triton import model_config, read_config
+from neuronserve.runtime import Runner
 from neuronserve.serve import triton
+from neuronserve.tasks.text_classification import softmax
+from neuronserve.tokenization import TextTokenizer
 
 pytestmark = pytest.mark.server
-MODEL = "minilm"
+STACK = "stack"
+TASKS = ["fill", "rerank", "ner", "qa", "labels", "features"]
+TEXTS = ["Ana met Bob in Paris", "naïve café 🎉 in Zürich, said Ana.", "a", "東京 and São Paulo"]
+MASKED = ["Ana met [MASK] in Paris.", "naïve [MASK] 🎉", "[MASK]", "東京 and [MASK] [MASK]"]
+DOCS = ["Zürich has a lake.", "naïve café 🎉", "x", "Paris is in France.", "東京", "lake lake"]
+IMAGES = sample_images(7, seed=9)
+TRIGGER = "detonate"  # the failing copy's module raises on this word's first token
+
+
+class FailsOnToken(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module, token: int):
+        super().__init__()
+        self.inner, self.token = inner, token
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        if bool((input_ids == self.token).any()):
+            raise RuntimeError("injected model failure")
+        return self.inner(input_ids, attention_mask, token_type_ids)
+
+
+def failing_copy(artifact: Path, out: Path) -> Path:
+    """The (TorchScript) classifier artifact with its module wrapped to fail on TRIGGER,
+    named "failing", re-hashed."""
+    shutil.copytree(artifact, out)
+    manifest = read_manifest(out)
+    token = TextTokenizer(out / "tokenizer.json", 64).encode([TRIGGER], False)[0].ids[1]
+    inner = torch.jit.load(str(out / manifest.modules["dynamic"]))
+    wrapped = torch.jit.script(FailsOnToken(inner, token))
+    torch.jit.save(wrapped, str(out / manifest.modules["dynamic"]))
+    write_manifest(out, manifest.model_copy(update={"name": "failing"}))
+    return out
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, minilm_artifact):
+def server(tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs two CPU cores for a two-group plan")
     work = tmp_path_factory.mktemp("triton")
+    failing = failing_copy(classifier_artifact, work / "failing-artifact")
     spec = {
-        "name": MODEL,
-        "artifact": str(minilm_artifact),
+        "models": [
+            {"artifact": str(a)}
+            for a in (
+                minilm_artifact,
+                classifier_artifact,
+                failing,
+                *(task_models[n][1] for n in TASKS),
+            )
+        ],
+        "deployment_name": STACK,
         "triton_repository": "repo",
         "triton_run_dir": "run",
         "workers": 2,
         "cores_per_worker": 1,
         "max_batch_delay_ms": 50,
-        "http_port": free_port(),
-        "grpc_port": free_port(),
-        "triton_metrics_port": free_port(),
+        **{f: free_port() for f in ("http_port", "grpc_port", "triton_metrics_port")},
     }
     (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
     run_cli("package", "triton", "--spec", "deploy.yaml", cwd=work)
-
     proc = run_cli("serve", "triton", "--spec", "deploy.yaml", cwd=work)
+    assert f"serving 1 model(s) found in {work / 'repo'}: {STACK}" in proc.stdout
     assert "tritonserver is ready" in proc.stdout
     inst = triton.running(work / "run")
     procs = [psutil.Process(inst.pid()), *psutil.Process(inst.pid()).children(recursive=True)]
@@ -63,20 +121,20 @@ def server(tmp_path_factory, minilm_artifact):
     assert not [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-def _texts(texts, client):
-    t = client.InferInput("TEXT", [len(texts), 1], "BYTES")
-    t.set_data_from_numpy(
-        np.array([[s.encode() if isinstance(s, str) else s] for s in texts], dtype=object)
-    )
-    return t
+@pytest.fixture
+def client(server):
+    c = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"), concurrency=4)
+    yield c
+    c.close()  # tritonserver waits for open connections before it stops
 
 
-def http_embed(inst, texts):
-    c = httpclient.InferenceServerClient(inst.http_url.removeprefix("http://"))
-    try:
-        return c.infer(MODEL, [_texts(texts, httpclient)]).as_numpy("EMBEDDING")
-    finally:
-        c.close()  # tritonserver waits for open connections before it stops
+def infer(client, model, texts=None, pairs=None, images=None, **params):
+    inputs = [
+        triton_rows(n, v)
+        for n, v in (("TEXT", texts), ("TEXT_PAIR", pairs), ("IMAGE", images))
+        if v
+    ]
+    return client.infer(STACK, inputs, parameters={"model": model, **params})
 
 
 def runner_rows(runner, texts) -> np.ndarray:
@@ -84,38 +142,11 @@ def runner_rows(runner, texts) -> np.ndarray:
     return rows
 
 
-def test_config_is_triton_protobuf_and_round_trips(server, minilm_artifact):
-    path = server.work / "repo" / MODEL / "config.pbtxt"
-    parsed = read_config(path)
-    from neuronserve.packaging.model import prepare
-    from neuronserve.spec import load_spec
-
-    spec = load_spec(server.work / "deploy.yaml")
-    assert parsed == model_config(spec, prepare(minilm_artifact, spec))
-    assert parsed.backend == "python" and parsed.max_batch_size == 8
-    # the batch sizes worth forming by the artifact's bucket times (unit/test_buckets.py)
-    preferred = list(parsed.dynamic_batching.preferred_batch_size)
-    assert preferred and preferred == sorted(set(preferred)) and set(preferred) <= {1, 4, 8}
-    assert parsed.dynamic_batching.max_queue_delay_microseconds == 50_000
-    assert parsed.instance_group[0].count == 2
-    assert parsed.parameters["neuronserve_artifact"].string_value == "artifact"
-    assert (path.parent / "1" / "model.py").read_text() == (
-        REPO / "triton_backend" / "model.py"
-    ).read_text()
+def rows_json(result, name):
+    return [json.loads(v[0]) for v in result.as_numpy(name)]
 
 
-def test_embeddings_over_http_and_grpc_equal_the_runners(server, minilm_runner):
-    grpc = grpcclient.InferenceServerClient(server.grpc_url)
-    for i in range(0, len(SENTENCES), 4):  # max_batch_size texts per request at most
-        chunk = SENTENCES[i : i + 4]
-        via_http = http_embed(server, chunk)
-        via_grpc = grpc.infer(MODEL, [_texts(chunk, grpcclient)]).as_numpy("EMBEDDING")
-        # sequential requests form the same batch as in process: bit for bit
-        assert np.array_equal(via_http, runner_rows(minilm_runner, chunk))
-        assert np.array_equal(via_http, via_grpc)
-
-
-def _stub_pids(inst) -> list[int]:
+def stub_pids(inst) -> list[int]:
     server = psutil.Process(inst.pid())
     return [
         p.pid
@@ -124,9 +155,236 @@ def _stub_pids(inst) -> list[int]:
     ]
 
 
-def test_two_instances_in_two_processes_with_distinct_affinity(server, lease_dir):
-    pids = _stub_pids(server)
-    assert len(pids) == 2
+def test_config_is_triton_protobuf_and_round_trips(server):
+    path = server.work / "repo" / STACK / "config.pbtxt"
+    parsed = read_config(path)
+    from neuronserve.packaging.model import prepare
+    from neuronserve.spec import load_spec
+
+    spec = load_spec(server.work / "deploy.yaml")
+    assert parsed == model_config(spec, prepare(spec))
+    assert parsed.backend == "python" and parsed.max_batch_size == 8
+    # the batch sizes worth forming by the artifacts' bucket times (unit/test_buckets.py)
+    preferred = list(parsed.dynamic_batching.preferred_batch_size)
+    assert preferred and preferred == sorted(set(preferred)) and set(preferred) <= {1, 4, 8}
+    assert parsed.dynamic_batching.max_queue_delay_microseconds == 50_000
+    assert parsed.instance_group[0].count == 2
+    # what every model takes: texts (with pairs) and images, none required by all
+    assert {i.name: i.optional for i in parsed.input} == {
+        "TEXT": True,
+        "TEXT_PAIR": True,
+        "IMAGE": True,
+    }
+    models = json.loads(parsed.parameters["neuronserve_models"].string_value)
+    assert [m["name"] for m in models] == ["minilm", "tiny-classifier", "failing", *TASKS]
+    assert (path.parent / "1" / "model.py").read_text() == (
+        REPO / "triton_backend" / "model.py"
+    ).read_text()
+
+
+def test_embeddings_over_http_and_grpc_equal_the_runners(server, minilm_runner):
+    http = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"))
+    grpc = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        for i in range(0, len(SENTENCES), 4):  # max_batch_size texts per request at most
+            chunk = SENTENCES[i : i + 4]
+            via_http = infer(http, "minilm", chunk).as_numpy("EMBEDDING")
+            t = grpcclient.InferInput("TEXT", [len(chunk), 1], "BYTES")
+            t.set_data_from_numpy(np.array([[s.encode()] for s in chunk], dtype=object))
+            via_grpc = grpc.infer(STACK, [t], parameters={"model": "minilm"}).as_numpy("EMBEDDING")
+            # sequential requests form the same batch as in process: bit for bit
+            assert np.array_equal(via_http, runner_rows(minilm_runner, chunk))
+            assert np.array_equal(via_http, via_grpc)
+    finally:
+        http.close()
+
+
+def test_a_request_names_its_model(client):
+    with pytest.raises(InferenceServerException) as unknown:
+        infer(client, "nope", ["x"])
+    assert (
+        unknown.value.status() == "404"
+        and "served: minilm, tiny-classifier" in unknown.value.message()
+    )
+    with pytest.raises(InferenceServerException) as unnamed:
+        client.infer(STACK, [triton_rows("TEXT", ["x"])])
+    assert (
+        unnamed.value.status() == "400" and "`model` request parameter" in unnamed.value.message()
+    )
+    assert infer(client, "minilm", ["still"]).as_numpy("EMBEDDING").shape == (1, 384)
+
+
+def test_classifier_scores_labels_and_pairs_equal_the_runners(client, classifier_runner):
+    texts = ["I loved every minute", "worst purchase ever", "it is fine", "Ünïcödé 🚀 text"]
+    firsts, seconds = ["is it good?", "short"], ["no, it broke", "a longer second text here"]
+    rows = runner_rows(classifier_runner, texts)
+    result = infer(client, "tiny-classifier", texts)
+    assert np.array_equal(result.as_numpy("LOGITS"), rows)
+    assert np.allclose(result.as_numpy("SCORES"), softmax(rows), atol=1e-7)
+    assert [x[0].decode() for x in result.as_numpy("LABEL")] == [LABELS[i] for i in rows.argmax(-1)]
+    pairs = [{"text": a, "text_pair": b} for a, b in zip(firsts, seconds, strict=True)]
+    [pair_rows] = classifier_runner.outputs([classifier_runner.parse({"inputs": pairs})])
+    assert np.array_equal(
+        infer(client, "tiny-classifier", firsts, seconds).as_numpy("LOGITS"), pair_rows
+    )
+
+
+@pytest.mark.parametrize(
+    "model,texts,pairs,status,needle",
+    [
+        ("tiny-classifier", ["a"], [b"\xff\xfe"], "400", "TEXT_PAIR[0] is not valid UTF-8"),
+        # Triton has no 413: the Runner's status travels in the message (truncation off)
+        (
+            "tiny-classifier",
+            [" ".join(["long"] * 100)],
+            None,
+            "400",
+            "[413] inputs[0] is 102 tokens",
+        ),
+        (
+            "failing",
+            [f"please {TRIGGER} it"],
+            None,
+            "500",
+            "internal error while running the model (error id",
+        ),
+    ],
+)
+def test_each_failure_keeps_its_status(client, model, texts, pairs, status, needle):
+    with pytest.raises(InferenceServerException) as e:
+        infer(client, model, texts, pairs)
+    assert e.value.status() == status and needle in e.value.message(), e.value.message()
+    assert "injected model failure" not in e.value.message()  # internals stay in the log
+    # the instance that answered is still serving
+    assert infer(client, model, ["fine"]).as_numpy("LOGITS").shape == (1, 3)
+
+
+def test_entities_equal_the_runners_and_the_pipelines(client, task_models):
+    from transformers import pipeline
+
+    pipe = pipeline("token-classification", model=str(task_models["ner"][0]))
+    runner = Runner(task_models["ner"][1])
+    for params in (
+        {"aggregation_strategy": "simple"},
+        {"aggregation_strategy": "max", "ignore_labels": "O,MISC"},
+    ):
+        got = rows_json(infer(client, "ner", TEXTS, **params), "ENTITIES")
+        native = {**params, "ignore_labels": params.get("ignore_labels", "O").split(",")}
+        want = runner.responses_for_bodies([({"inputs": TEXTS, "parameters": native}, None)])[0]
+        assert any(want) and same_answers(got, want, atol=1e-6)
+        by_pipeline = pipe(TEXTS, aggregation_strategy=params["aggregation_strategy"])
+        ignored = set(native["ignore_labels"])
+        assert same_answers(
+            got, [[e for e in t if e["entity_group"] not in ignored] for t in by_pipeline]
+        )
+
+
+def test_answers_equal_the_runners_and_a_bad_request_fails_alone(client, task_models):
+    runner = Runner(task_models["qa"][1])
+    questions = ["Who met Bob?", "Where is the café?"]
+    params = {"top_k": 2, "max_answer_len": 6}
+    body = {
+        "inputs": [{"question": q, "context": QA_CONTEXT} for q in questions],
+        "parameters": params,
+    }
+    want = runner.responses_for_bodies([(body, None)])[0]
+    model_dir = task_models["qa"][0]
+    assert same_answers(
+        want, [qa_reference(model_dir, q, QA_CONTEXT, 32, **params) for q in questions]
+    )
+
+    def ask(texts, pairs=None, **p):
+        inputs = [triton_rows("TEXT", texts)] + ([triton_rows("TEXT_PAIR", pairs)] if pairs else [])
+        return client.async_infer(STACK, inputs, parameters={"model": "qa", **p})
+
+    pending = [
+        ask(questions, [QA_CONTEXT] * 2, **params),
+        ask(questions),  # no context
+        ask(questions[:1], [QA_CONTEXT], top_k=0),
+        ask(questions, [QA_CONTEXT] * 2, **params),
+    ]
+    results = settled(pending)
+    for bad, needle in ((results[1], "TEXT_PAIR"), (results[2], "top_k")):
+        assert isinstance(bad, InferenceServerException) and bad.status() == "400"
+        assert needle in bad.message(), bad.message()
+    for good in (results[0], results[3]):
+        assert same_answers(rows_json(good, "ANSWERS"), want, atol=1e-6)
+
+
+def test_predictions_equal_the_fill_mask_pipelines_and_no_mask_fails_alone(client, task_models):
+    from transformers import pipeline
+
+    pipe = pipeline("fill-mask", model=str(task_models["fill"][0]))
+    for params in ({}, {"top_k": 3}):
+        got = rows_json(infer(client, "fill", MASKED, **params), "PREDICTIONS")
+        assert same_answers(got, pipe(MASKED, **params))
+
+    def ask(texts, **p):
+        return client.async_infer(
+            STACK, [triton_rows("TEXT", texts)], parameters={"model": "fill", **p}
+        )
+
+    results = settled(
+        [
+            ask(MASKED[:2]),
+            ask([MASKED[0], "no mask here"]),
+            ask(MASKED[:1], top_k="two"),
+            ask(MASKED[:2]),
+        ]
+    )
+    for bad, needle in ((results[1], "no mask token"), (results[2], "top_k")):
+        assert isinstance(bad, InferenceServerException) and bad.status() == "400"
+        assert needle in bad.message(), bad.message()
+    first, last = (rows_json(r, "PREDICTIONS") for r in (results[0], results[3]))
+    assert first == last and len(first) == 2
+
+
+def test_images_equal_the_pipelines_and_a_bad_image_fails_alone(client, task_models):
+    from PIL import Image
+    from transformers import pipeline
+
+    pipe = pipeline("image-classification", model=str(task_models["labels"][0]), top_k=None)
+    result = infer(client, "labels", images=IMAGES[:4])  # at most max_batch
+    scores = softmax(result.as_numpy("LOGITS"))
+    names = ["cat", "dog", "car", "tree", "lake"]
+    for got, image in zip(scores, IMAGES[:4], strict=True):
+        want = {w["label"]: w["score"] for w in pipe(Image.open(io.BytesIO(image)))}
+        assert np.allclose([want[x] for x in names], got, atol=1e-4)
+    assert [x[0].decode() for x in result.as_numpy("LABEL")] == [
+        names[i] for i in scores.argmax(-1)
+    ]
+    features = pipeline("image-feature-extraction", model=str(task_models["features"][0]))
+    want = [np.asarray(features(Image.open(io.BytesIO(b)))[0]).mean(axis=0) for b in IMAGES[:4]]
+    got = infer(client, "features", images=IMAGES[:4]).as_numpy("EMBEDDING")
+    assert np.allclose(got, np.array(want), atol=1e-4)
+
+    def ask(images):
+        return client.async_infer(
+            STACK, [triton_rows("IMAGE", images)], parameters={"model": "labels"}
+        )
+
+    results = settled([ask(IMAGES[:2]), ask([IMAGES[2], b"not an image"]), ask(IMAGES[3:5])])
+    assert isinstance(results[1], InferenceServerException) and results[1].status() == "400"
+    assert "image 1 is not an image" in results[1].message()
+    assert results[0].as_numpy("LOGITS").shape == results[2].as_numpy("LOGITS").shape == (2, 5)
+
+
+def test_rerank_scores_equal_the_eager_cross_encoders(client, task_models):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    model_dir = task_models["rerank"][0]
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    eager = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        enc = tok(["where is the lake?"] * 4, DOCS[:4], return_tensors="pt", padding=True)
+        want = torch.sigmoid(eager(**enc).logits[:, 0]).numpy()
+    got = infer(client, "rerank", ["where is the lake?"] * 4, DOCS[:4])
+    assert np.allclose(got.as_numpy("SCORE")[:, 0], want, atol=1e-4)
+
+
+def test_two_instances_in_two_processes_with_distinct_affinity(server):
+    pids = stub_pids(server)
+    assert len(pids) == 2  # one per core group, never one per model
     affinities = []
     for pid in pids:
         per_thread = set()
@@ -146,24 +404,32 @@ def test_dynamic_batching_forms_batches_under_concurrency(server, minilm_runner)
     barrier = threading.Barrier(len(texts))
 
     def call(i):
+        c = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"))
         barrier.wait()
-        return http_embed(server, [texts[i]])[0]
+        try:
+            return infer(c, "minilm", [texts[i]]).as_numpy("EMBEDDING")[0]
+        finally:
+            c.close()
 
-    before = scrape(server.metrics_url, MODEL)
+    before = scrape(server.metrics_url, STACK)
     with ThreadPoolExecutor(len(texts)) as pool:
         out = list(pool.map(call, range(len(texts))))
     # batched with others, so padded to another bucket: equal to float32 rounding
     assert np.allclose(out, ref, atol=1e-5)
-    after = scrape(server.metrics_url, MODEL)
+    after = scrape(server.metrics_url, STACK)
     metrics = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
     # Triton's own counters: every text counted once, in fewer executions than texts.
-    # (How the handler then splits a batch into bucket runs follows the artifact's
+    # (How the handler then splits a batch into bucket runs follows the artifacts'
     # measured bucket times, which may well favour batch-1 runs on a busy host.)
     requests_done, executions = (
-        after[name] - before[name] for name in ("nv_inference_count", "nv_inference_exec_count")
+        after[n] - before[n] for n in ("nv_inference_count", "nv_inference_exec_count")
     )
     assert requests_done == len(texts) and executions < len(texts), (requests_done, executions)
-    assert re.search(r'^neuronserve_bucket_runs\{batch_size="\d+"', metrics, re.M), metrics
+    assert re.search(
+        r'^neuronserve_bucket_runs\{batch_size="\d+",bucket="\w+",instance="\w+",model="minilm"',
+        metrics,
+        re.M,
+    ), metrics
     assert "nv_inference_request_success" in metrics  # Triton's own, on the same port
     for name in (
         "neuronserve_padding_ratio",
@@ -171,7 +437,7 @@ def test_dynamic_batching_forms_batches_under_concurrency(server, minilm_runner)
         "neuronserve_batch_model_ms",
         "neuronserve_handler_ms",
     ):
-        assert re.search(rf"^{name}\{{", metrics, re.M), name
+        assert re.search(rf'^{name}\{{[^}}]*model="minilm"', metrics, re.M), name
 
 
 def test_bad_inputs_fail_alone_while_neighbours_succeed(server, minilm_runner):
@@ -192,11 +458,13 @@ def test_bad_inputs_fail_alone_while_neighbours_succeed(server, minilm_runner):
     bad = [
         (wrong_dtype, "INT32"),
         (empty, "expected 1 string elements"),
-        # Triton has no 413: the Runner's status travels in the message
-        (lambda: [_texts([" ".join(["long"] * 400)], c)], "[413] inputs[0] is 402 tokens"),
-        (lambda: [_texts([b"\xff\xfe broken"], c)], "not valid UTF-8"),
+        (
+            lambda: [triton_rows("TEXT", [" ".join(["long"] * 400)])],
+            "[413] inputs[0] is 402 tokens",
+        ),
+        (lambda: [triton_rows("TEXT", [b"\xff\xfe broken"])], "not valid UTF-8"),
     ]
-    calls = [(lambda g=g: [_texts([g], c)], None) for g in good] + bad
+    calls = [(lambda g=g: [triton_rows("TEXT", [g])], None) for g in good] + bad
     barrier = threading.Barrier(len(calls))
 
     def call(args):
@@ -206,7 +474,7 @@ def test_bad_inputs_fail_alone_while_neighbours_succeed(server, minilm_runner):
         client = c.InferenceServerClient(server.http_url.removeprefix("http://"))
         barrier.wait()
         try:
-            return client.infer(MODEL, inputs).as_numpy("EMBEDDING")
+            return client.infer(STACK, inputs, parameters={"model": "minilm"}).as_numpy("EMBEDDING")
         except InferenceServerException as e:
             return e
         finally:
@@ -220,14 +488,23 @@ def test_bad_inputs_fail_alone_while_neighbours_succeed(server, minilm_runner):
     for (_, needle), r in zip(bad, results[len(good) :], strict=True):
         assert isinstance(r, InferenceServerException), r
         assert r.status() == "400" and needle in r.message(), (needle, r.message())
-    assert len(_stub_pids(server)) == 2  # no instance died
+    assert len(stub_pids(server)) == 2  # no instance died
 
 
 def test_sagemaker_listener_is_refused_for_the_front(server):
     """Triton's SageMaker listener would bind 0.0.0.0 without a key; the command says to
     use the front, and starts nothing."""
-    r = run_cli("serve", "triton", "--spec", "deploy.yaml", "--sagemaker", "--run-dir", "run2",
-                cwd=server.work, check=False)  # fmt: skip
+    r = run_cli(
+        "serve",
+        "triton",
+        "--spec",
+        "deploy.yaml",
+        "--sagemaker",
+        "--run-dir",
+        "run2",
+        cwd=server.work,
+        check=False,
+    )
     assert r.returncode == 2 and "serve front REPOSITORY --engine triton" in r.stderr
     assert not (server.work / "run2").exists()
 
@@ -243,13 +520,14 @@ def test_repository_and_config_apis_need_the_admin_key(server):
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     key = key_file.read_text().strip()
     assert requests.post(f"{base}/v2/repository/index", timeout=10).status_code == 403
-    unload = f"{base}/v2/repository/models/{MODEL}/unload"
-    assert requests.post(unload, timeout=10).status_code == 403
-    assert requests.get(f"{base}/v2/models/{MODEL}/ready", timeout=10).status_code == 200
-    assert requests.get(f"{base}/v2/models/{MODEL}/config", timeout=10).status_code == 403
+    assert (
+        requests.post(f"{base}/v2/repository/models/{STACK}/unload", timeout=10).status_code == 403
+    )
+    assert requests.get(f"{base}/v2/models/{STACK}/ready", timeout=10).status_code == 200
+    assert requests.get(f"{base}/v2/models/{STACK}/config", timeout=10).status_code == 403
     r = requests.post(
         f"{base}/v2/repository/index", headers={"neuronserve-admin-key": key}, timeout=10
     )
-    assert r.status_code == 200 and r.json()[0]["name"] == MODEL
+    assert r.status_code == 200 and r.json()[0]["name"] == STACK
     # what clients use stays open on loopback: health and inference
     assert requests.get(f"{base}/v2/health/ready", timeout=10).status_code == 200

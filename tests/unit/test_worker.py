@@ -121,6 +121,9 @@ def _serves_each_model_alone(worker) -> None:
     assert answers == alone
     worker.serve(batch, lambda model, run: calls.append((model, run.requests)))
     assert calls[0][0] != calls[2][0]  # the other model went first this time
+    refused = RequestError("refused while decoding")
+    mixed = worker.serve([batch[0], (None, refused), batch[1]], lambda *_: None)
+    assert mixed == [alone[0], refused, alone[1]]  # an error is answered as it is
     with pytest.raises(RequestError, match="served: a, b") as unknown:
         worker.runner("c")
     assert unknown.value.status == 404
