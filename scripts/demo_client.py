@@ -1,6 +1,7 @@
-"""Demo client: talk to the front that `neuronserve serve front` started, the way clients
-do, and print what a user wants to see: answers, worker placement, latency and
-throughput, and which buckets served them."""
+"""Demo client: talk to the front that `neuronserve serve front` started for the demo's
+three models (embeddings, a reranker, a classifier), the way clients do, and print what a
+user wants to see: one answer from each model, worker placement, latency and throughput,
+and which buckets served them."""
 
 from __future__ import annotations
 
@@ -29,7 +30,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--url", required=True, help="the front, e.g. http://127.0.0.1:3000")
     ap.add_argument("--run-dir", required=True, type=Path, help="the front's run directory")
-    ap.add_argument("--model", default="minilm")
     args = ap.parse_args()
     session = requests.Session()
 
@@ -38,11 +38,39 @@ def main() -> None:
         r = session.post(f"{args.url}{path}", json=body, timeout=60)
         return r, (time.perf_counter() - t0) * 1e3
 
-    show_openai(args.url, args.model)
+    show_openai(args.url, "minilm")
     show_tei(post, args.url)
-    show_workers(args.run_dir, args.model)
+    show_rerank(post, args.url)
+    show_topics(post, args.url)
+    show_workers(args.run_dir)
     show_latency(post)
     show_buckets(args.url)
+
+
+def show_rerank(post, url: str) -> None:
+    docs = [
+        "Our stores open at nine on Sundays.",
+        "Open settings, choose Security and press Reset password.",
+        "Refunds reach your card within five days.",
+    ]
+    query = "I can't log in, how do I change my password?"
+    r, _ = post("/rerank", {"query": query, "texts": docs, "return_text": True})
+    print(f"\nPOST {url}/rerank (the cross-encoder): {query!r}")
+    for hit in r.json():
+        print(f"  {hit['score']:.3f}  {hit['text']}")
+
+
+def show_topics(post, url: str) -> None:
+    tickets = [
+        "My card was charged twice this month",
+        "The courier left the box in the rain",
+        "I cannot sign in since yesterday",
+    ]
+    r, _ = post("/predict", {"inputs": tickets, "model": "topics"})
+    print(f"\nPOST {url}/predict (the classifier), three support tickets:")
+    for text, labels in zip(tickets, r.json(), strict=True):
+        best = max(labels, key=lambda x: x["score"])
+        print(f"  {best['label']:<9} {best['score']:.2f}  {text}")
 
 
 def show_openai(url: str, model: str) -> None:
@@ -70,10 +98,11 @@ def show_tei(post, url: str) -> None:
     print(f'\na bad request {{"inputs": 42}} -> {bad.status_code} {bad.json()["error"]!r}')
 
 
-def show_workers(run_dir: Path, model: str) -> None:
+def show_workers(run_dir: Path) -> None:
     engine = running_engine(run_dir / ENGINE_DIR, "torchserve")
-    print("\nTorchServe's workers behind the front (its management API on loopback, /proc):")
-    for w in engine.instance.workers(model):
+    print("\nTorchServe's workers behind the front, each holding all three models (its")
+    print("management API on loopback, /proc):")
+    for w in engine.instance.workers("rag"):
         pid = int(w["pid"])
         status = Path(f"/proc/{pid}/status").read_text()
         cpus = re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)
@@ -107,16 +136,18 @@ def show_latency(post) -> None:
 def show_buckets(url: str) -> None:
     metrics = requests.get(f"{url}/metrics", timeout=10).text
     runs = re.findall(
-        r'NeuronServeBucketRuns\{[^}]*Bucket="(\w+)",BatchSize="(\d+)"[^}]*\} (\S+)', metrics
+        r'NeuronServeBucketRuns\{[^}]*model="minilm",Bucket="(\w+)",BatchSize="(\d+)"[^}]*\} (\S+)',
+        metrics,
     )
     if runs:
         shown = ", ".join(
             f"{b} x{int(float(c))} (batch {s})"
             for b, s, c in sorted(runs, key=lambda x: -float(x[2]))[:5]
         )
-        print(f"most used buckets ({url}/metrics, the engine's NeuronServeBucketRuns): {shown}")
+        print(f"minilm's most used buckets ({url}/metrics, NeuronServeBucketRuns): {shown}")
     served = re.findall(
-        r'neuronserve_front_requests_total\{route="/embed",status="200"\} (\S+)', metrics
+        r'neuronserve_front_requests_total\{model="minilm",route="/embed",status="200"\} (\S+)',
+        metrics,
     )
     if served:
         print(f"the front's own count: {int(float(served[0]))} answered on /embed")

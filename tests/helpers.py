@@ -213,50 +213,41 @@ class SageMakerServe:
         assert not alive, alive
 
 
-def sagemaker_context(work: Path, artifact: Path, engine: str, *extra: str) -> Path:
-    """`neuronserve package sagemaker` for `engine` into work/<engine>."""
+def sagemaker_context(work: Path, artifacts: list[Path], engine: str, *extra: str) -> Path:
+    """`neuronserve package sagemaker` of `artifacts` for `engine` into work/<engine>."""
     run_cli(
-        "package",
-        "sagemaker",
-        artifact,
-        "--engine",
-        engine,
-        "--target",
-        "cpu",
-        "--out",
-        work / engine,
-        "--name",
-        "minilm",
-        *extra,
-        cwd=work,
-    )
+        "package", "sagemaker", *artifacts, "--engine", engine, "--target", "cpu",
+        "--out", work / engine, *extra, cwd=work,
+    )  # fmt: skip
     return work / engine
 
 
-def check_sagemaker_contract(url: str, runner) -> None:
+def check_sagemaker_contract(url: str, runner, target: dict[str, str] | None = None) -> None:
     """/invocations through a running SageMaker front answers like the Runner in process:
     JSON over the largest compiled batch, plain text, a 400 for a bad request and a 413
-    for over-long text."""
+    for over-long text. `target`: the X-Amzn-SageMaker-Target-Model header, when the
+    endpoint serves several models."""
     import requests
 
     texts = SENTENCES[4:8] + ["x"] * 7  # more texts than the largest compiled batch
     want = runner.responses_for_bodies([({"inputs": texts}, None)])[0]
-    r = requests.post(f"{url}/invocations", json={"inputs": texts}, timeout=60)
+    target = target or {}
+    r = requests.post(f"{url}/invocations", json={"inputs": texts}, headers=target, timeout=60)
     assert r.status_code == 200, r.text
     # Triton's batches hold at most max_batch_size texts, so rows may sit in other buckets
     assert np.allclose(r.json(), want, atol=1e-5)
     plain = requests.post(
         f"{url}/invocations",
         data=texts[0].encode(),
-        headers={"Content-Type": "text/plain"},
+        headers={"Content-Type": "text/plain", **target},
         timeout=60,
     )
     assert plain.status_code == 200 and np.allclose(plain.json(), want[0], atol=1e-5)
-    bad = requests.post(f"{url}/invocations", json={"inputs": 3}, timeout=60)
+    bad = requests.post(f"{url}/invocations", json={"inputs": 3}, headers=target, timeout=60)
     assert bad.status_code == 400 and "must be a string" in bad.json()["error"]
     # packaged without --truncation: the artifact's truncation off, 413 through any engine
     long = requests.post(
-        f"{url}/invocations", json={"inputs": " ".join(["long"] * 400)}, timeout=60
+        f"{url}/invocations", json={"inputs": " ".join(["long"] * 400)}, headers=target, timeout=60
     )
     assert long.status_code == 413 and "at most 256 tokens" in long.json()["error"], long.text
 
@@ -274,10 +265,11 @@ def standin_imports(log: Path) -> dict[int, dict]:
 
 
 class NeuronServing:
-    """Package and serve an artifact on a fake 4-NeuronCore host with the stand-in SDK on
-    the workers' path; `stop()` stops the server. The stand-in logs to `self.log`."""
+    """Package and serve models (`fields`: the spec's `models` or `artifact`) on a fake
+    4-NeuronCore host with the stand-in SDK on the workers' path; `stop()` stops the
+    server. The stand-in logs to `self.log`."""
 
-    def __init__(self, work: Path, engine: str, artifact: Path, **fields):
+    def __init__(self, work: Path, engine: str, **fields):
         work.mkdir(parents=True, exist_ok=True)
         self.work, self.engine, self.log = work, engine, work / "standin.jsonl"
         self.env = {
@@ -287,7 +279,6 @@ class NeuronServing:
         }
         self.spec = write_spec(
             work,
-            artifact=artifact,
             token_auth=False,
             model_store="store",
             run_dir="ts",
@@ -304,13 +295,13 @@ class NeuronServing:
         )
 
 
-def start_sagemaker(work: Path, artifact: Path, engine: str) -> SageMakerServe:
-    """The `serve` entrypoint of a fresh build context for `engine`, its packaged model as
+def start_sagemaker(work: Path, artifacts: list[Path], engine: str) -> SageMakerServe:
+    """The `serve` entrypoint of a fresh build context for `engine`, its packaged models as
     /opt/ml/model, asked for 9 workers (more than the host's groups); returns once /ping
     says 200, with every /ping answer before that in `.seen`."""
     import shutil
 
-    ctx = sagemaker_context(work, artifact, engine)
+    ctx = sagemaker_context(work, artifacts, engine)
     shutil.copytree(ctx / "model", work / "opt_ml_model")  # what a user puts in model_data
     serve = SageMakerServe(
         ctx,

@@ -22,7 +22,7 @@ from helpers import SENTENCES, wait_for
 
 from neuronserve.bench.servers import SageMakerServer
 from neuronserve.bench.soak import held_leases
-from neuronserve.serve.engine import running_instance
+from neuronserve.serve.deployment import running_engine
 
 pytestmark = pytest.mark.server
 QUEUED = 4
@@ -63,8 +63,8 @@ def want_rows(runner, texts):
 
 
 def test_a_burst_beyond_the_engines_queue_is_refused_at_once(server, minilm_runner):
-    engine = running_instance(server.engine_work, "torchserve")
-    url = f"{engine.inference_url}/predictions/minilm"
+    [route] = running_engine(server.engine_work, "torchserve").native_routes("minilm")
+    url = route.url
     want = want_rows(minilm_runner, TEXTS)
     barrier = threading.Barrier(32)
 

@@ -1,12 +1,17 @@
-"""The front in front of a real TorchServe (MiniLM), started by `neuronserve serve front`
-with keys from a file and small limits: the official openai client, the
-text-embeddings-inference routes, keys, body and batch limits, the in-flight bound, the
-deadline, metrics and the OpenAPI document; answers equal the Runner in process and
-TorchServe's own, asked directly."""
+"""The front in front of a real TorchServe serving three models of three tasks (MiniLM
+embeddings, a reranker, a classifier: each worker holds all three), started by
+`neuronserve serve front` with keys from a file and small limits: the official openai
+client and huggingface_hub's, the text-embeddings-inference routes by model, limits the
+workers hold too, the in-flight bound, the deadline with frozen workers, the engine's
+metrics, keep-alive; answers equal the Runners in process (each model as if served alone)
+and TorchServe's own, asked directly. Last: a second deployment started while this one
+holds the cores is refused naming it, and the run directory serves another model after a
+stop. The front's HTTP handling alone is tested in process (tests/unit/test_front.py)."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -19,10 +24,10 @@ import pytest
 import requests
 from helpers import SENTENCES, free_port, run_cli, wait_for, write_spec
 
-from neuronserve.serve.engine import RUN_DIRS, running_instance
+from neuronserve.runtime import Runner
+from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front import schemas
 from neuronserve.serve.front.server import ENGINE_DIR
-from neuronserve.serve.torchserve import server_pid
 
 pytestmark = pytest.mark.server
 
@@ -49,11 +54,11 @@ class Front:
         return requests.get(f"{self.url}{path}", headers=self.auth if key else {}, timeout=60)
 
     def engine(self):
-        return running_instance(self.work / "front" / ENGINE_DIR, "torchserve")
+        return running_engine(self.work / "front" / ENGINE_DIR, "torchserve")
 
 
 @pytest.fixture(scope="module")
-def front(tmp_path_factory, minilm_artifact):
+def front(tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
     work = tmp_path_factory.mktemp("front-torchserve")
     keys = work / "keys.txt"
     keys.write_text("# one key per line\n" + "\n".join(KEYS) + "\n")
@@ -68,7 +73,8 @@ def front(tmp_path_factory, minilm_artifact):
         workers=2,
         **LIMITS,
     )
-    out = run_cli("serve", "front", minilm_artifact, "--spec", "deploy.yaml", cwd=work)
+    models = [minilm_artifact, task_models["rerank"][1], classifier_artifact]
+    out = run_cli("serve", "front", *models, "--spec", "deploy.yaml", cwd=work)
     front = Front(work, port, out.stdout)
     yield front
     root = psutil.Process(int((work / "front" / "front.pid").read_text()))
@@ -77,13 +83,22 @@ def front(tmp_path_factory, minilm_artifact):
     assert front.engine() is None, "the engine outlived the front"
 
 
+@pytest.fixture(scope="module")
+def rerank_runner(task_models):
+    return Runner(task_models["rerank"][1])
+
+
 def runner_answer(runner, inputs, **parameters):
     body = {"inputs": inputs, "parameters": parameters} if parameters else {"inputs": inputs}
     return runner.responses_for_bodies([(body, None)])[0]
 
 
-def test_start_names_routes_and_the_key_file_never_a_key(front, tmp_path):
+def test_start_names_models_routes_and_the_key_file_never_a_key(front, tmp_path):
+    assert "3 models on torchserve (each worker holds them all)" in front.started
+    for line in ("minilm: feature-extraction", "rerank: rerank", "tiny-classifier: text-"):
+        assert line in front.started, line
     assert "POST /v1/embeddings" in front.started and "POST /embed" in front.started
+    assert "POST /predict" in front.started and "POST /rerank" in front.started
     assert "keys.txt" in front.started
     assert not any(k in front.started for k in KEYS)
     again = run_cli("serve", "front", "--spec", "deploy.yaml", cwd=front.work, check=False)
@@ -105,7 +120,7 @@ def test_openai_client(front, minilm_runner, minilm_dir):
     assert got.usage.prompt_tokens == sum(len(tok(t)["input_ids"]) for t in texts)
     assert got.model == "minilm"
 
-    assert [m.id for m in client.models.list()] == ["minilm"]
+    assert [m.id for m in client.models.list()] == ["minilm", "rerank", "tiny-classifier"]
     floats = client.embeddings.create(model="minilm", input=texts[4], encoding_format="float")
     assert np.allclose(floats.data[0].embedding, want[4], atol=1e-5)
 
@@ -122,13 +137,15 @@ def test_openai_errors_in_openai_shape(front):
         return openai.OpenAI(base_url=f"{front.url}/v1", api_key=key, max_retries=0)
 
     with pytest.raises(openai.AuthenticationError):
-        client("wrong").embeddings.create(model="m", input="x")
+        client("wrong").embeddings.create(model="minilm", input="x")
     with pytest.raises(openai.BadRequestError, match="more than this model's 384"):
-        client(KEYS[0]).embeddings.create(model="m", input="x", dimensions=1000)
+        client(KEYS[0]).embeddings.create(model="minilm", input="x", dimensions=1000)
     with pytest.raises(openai.APIStatusError, match="max_client_batch") as e:
-        client(KEYS[0]).embeddings.create(model="m", input=["x"] * 17)
+        client(KEYS[0]).embeddings.create(model="minilm", input=["x"] * 17)
     assert e.value.status_code == 413
-    r = front.post("/v1/embeddings", {"input": [1, 2], "model": "m"})
+    with pytest.raises(openai.NotFoundError, match="served: minilm, rerank, tiny-classifier"):
+        client(KEYS[0]).embeddings.create(model="text-embedding-3-small", input="x")
+    r = front.post("/v1/embeddings", {"input": [1, 2], "model": "minilm"})
     assert r.status_code == 400 and r.json()["error"]["message"].startswith("input")
     assert r.json()["error"]["type"] == "invalid_request_error"
 
@@ -148,7 +165,7 @@ def test_tei_routes(front, minilm_runner, minilm_dir):
     assert raw.status_code == 400 and "normalize: false" in raw.json()["error"]
 
     text = SENTENCES[5]  # unicode, CJK and emoji
-    tokens = front.post("/tokenize", {"inputs": [text, "hello"]}).json()
+    tokens = front.post("/tokenize", {"inputs": [text, "hello"], "model": "minilm"}).json()
     tok = Tokenizer.from_file(str(Path(minilm_dir) / "tokenizer.json"))
     tok.no_padding()
     tok.no_truncation()
@@ -164,12 +181,48 @@ def test_tei_routes(front, minilm_runner, minilm_dir):
         256,
     )
     assert info.max_client_batch_size == 16 and info.truncation is False
+    assert [(m["model_id"], m["task"]) for m in info.models] == [
+        ("minilm", "feature-extraction"),
+        ("rerank", "rerank"),
+        ("tiny-classifier", "text-classification"),
+    ]
     health = front.get("/health", key=False)
     assert health.status_code == 200
     assert schemas.Health.model_validate(health.json()).workers_ready == 2
     assert front.get("/predict").status_code == 405
-    wrong_task = front.post("/predict", {"inputs": "x"})
+    wrong_task = front.post("/predict", {"inputs": "x", "model": "minilm"})
     assert wrong_task.status_code == 404 and wrong_task.json()["error_type"] == "Validation"
+
+
+def test_each_model_answers_as_it_would_alone(
+    front, minilm_runner, classifier_runner, rerank_runner
+):
+    """Three tasks on the same workers, each answering as its Runner alone does (the
+    routes find the model by task when the request names none)."""
+    embed = front.post("/embed", {"inputs": SENTENCES[4]})
+    assert embed.json() == [runner_answer(minilm_runner, SENTENCES[4])]
+    texts = ["fine", "awful", "ok"]  # three texts (two would be one pair, TEI's rule)
+    predict = front.post("/predict", {"inputs": texts, "model": "tiny-classifier"})
+    want = runner_answer(classifier_runner, texts, top_k=None)
+    assert predict.status_code == 200 and predict.json() == want
+    docs = ["Paris is in France.", "naïve café 🎉", "Zürich has a lake."]
+    ranked = front.post("/rerank", {"query": "where is Paris?", "texts": docs, "return_text": True})
+    assert ranked.status_code == 200, ranked.text
+    native = rerank_runner.responses_for_bodies(
+        [
+            (
+                {
+                    "query": "where is Paris?",
+                    "documents": docs,
+                    "parameters": {"return_documents": True},
+                },
+                None,
+            )
+        ]
+    )[0]
+    assert [(r["index"], r["score"], r["text"]) for r in ranked.json()] == [
+        (n["index"], n["score"], n["document"]) for n in native
+    ]
 
 
 def test_huggingface_inference_client(front, minilm_runner):
@@ -184,16 +237,24 @@ def test_huggingface_inference_client(front, minilm_runner):
 
 
 def test_answers_equal_torchserve_asked_directly(front):
-    assert front.engine().inference_url.startswith("http://127.0.0.1:")
-    direct = f"{front.engine().inference_url}/predictions/minilm"
+    [route] = front.engine().native_routes("models")
+    assert route.url.startswith("http://127.0.0.1:")  # the engine listens on loopback
+    to_minilm = {"X-Amzn-SageMaker-Target-Model": "minilm"}
     for body in ({"inputs": SENTENCES[6]}, {"inputs": SENTENCES[:8]}):
-        ours = front.post("/invocations", body)
-        theirs = requests.post(direct, json=body, timeout=60)
+        ours = front.post("/invocations", body, headers=to_minilm)
+        theirs = requests.post(
+            route.url, json=body, headers={"X-Neuronserve-Model": "minilm"}, timeout=60
+        )
         assert ours.status_code == theirs.status_code == 200
         assert ours.content == theirs.content  # passed through as TorchServe wrote it
-    plain = front.post("/invocations", headers={"Content-Type": "text/plain"}, data=b"hello")
-    assert plain.json() == requests.post(direct, data=b"hello", timeout=60).json()
-    bad = front.post("/invocations", {"inputs": 3})
+    plain = front.post(
+        "/invocations", headers={**to_minilm, "Content-Type": "text/plain"}, data=b"hello"
+    )
+    direct = requests.post(
+        route.url, data=b"hello", headers={"X-Neuronserve-Model": "minilm"}, timeout=60
+    )
+    assert plain.json() == direct.json()
+    bad = front.post("/invocations", {"inputs": 3}, headers=to_minilm)
     assert bad.status_code == 400 and bad.json() == {
         "code": 400,
         "error": "inputs[0] must be a string, got int",
@@ -235,7 +296,9 @@ def test_limits_refuse_one_request_and_serve_the_next(front, minilm_runner):
     batch = front.post("/embed", {"inputs": ["x"] * 17})
     assert batch.status_code == 413 and "at most 16 (max_client_batch)" in batch.json()["error"]
     # /invocations passes bodies through unread: the worker holds the same limit
-    worker = front.post("/invocations", {"inputs": ["x"] * 17})
+    worker = front.post(
+        "/invocations", {"inputs": ["x"] * 17}, headers={"X-Amzn-SageMaker-Target-Model": "minilm"}
+    )
     assert worker.status_code == 413 and "max_client_batch" in worker.json()["error"]
 
     broken = front.post("/embed", data=b'{"inputs": ', headers={"Content-Type": "application/json"})
@@ -286,7 +349,7 @@ def test_a_burst_beyond_the_in_flight_bound_gets_429_and_the_rest_answers(front,
 
 
 def test_the_deadline_answers_504_and_the_engine_serves_again(front):
-    engine_pid = server_pid(front.work / "front" / ENGINE_DIR / RUN_DIRS["torchserve"])
+    engine_pid = front.engine().root_pid()
     workers = psutil.Process(engine_pid).children(recursive=True)  # TorchServe's workers
     assert len(workers) == 2
     for p in workers:  # frozen: nothing answers until the front gives up
@@ -300,15 +363,27 @@ def test_the_deadline_answers_504_and_the_engine_serves_again(front):
     wait_for(lambda: front.post("/embed", {"inputs": "awake"}).status_code == 200, 30)
 
 
-def test_metrics_count_routes_and_show_the_engines(front):
+def test_metrics_count_routes_and_show_the_engines_by_model(front):
     front.post("/embed", {"inputs": "counted"})
+    front.post("/predict", {"inputs": "counted"})
     front.post("/embed", {"inputs": "refused"}, key=False)
     text = front.get("/metrics").text
-    assert 'neuronserve_front_requests_total{route="/embed",status="200"}' in text
-    assert 'neuronserve_front_requests_total{route="/embed",status="401"}' in text
+    assert 'neuronserve_front_requests_total{model="minilm",route="/embed",status="200"}' in text
+    assert 'neuronserve_front_requests_total{model="",route="/embed",status="401"}' in text
     assert "neuronserve_front_request_duration_seconds_bucket" in text
     assert "neuronserve_front_in_flight 0.0" in text
     assert "ts_inference_requests_total" in text  # TorchServe's own, behind ours
+    # the workers' own series, one per model
+    wait_for(lambda: 'model="tiny-classifier"' in front.get("/metrics").text, 10, 0.1, "metrics")
+    assert re.search(r'NeuronServeRequests\{[^}]*model="minilm"', front.get("/metrics").text)
+
+
+def test_the_front_process_never_loads_torch(front):
+    """It parses JSON and forwards it: torch is the workers'. Read from the running
+    process's memory map, not from an import in this one."""
+    pid = int((front.work / "front" / "front.pid").read_text())
+    maps = Path(f"/proc/{pid}/maps").read_text()
+    assert "libtorch" not in maps and "torch/lib" not in maps
 
 
 def test_openapi_document_lists_every_route_from_the_request_models(front):
@@ -350,3 +425,45 @@ def test_an_idle_connection_outlives_the_retry_after(front):
         assert conn.getresponse().status == 200
     finally:
         conn.close()
+
+
+def test_a_second_deployment_on_the_same_cores_is_refused_naming_this_one(front, tiny_artifact):
+    """Another `serve torchserve`, its store and run directory its own, while this front's
+    workers hold every core: its worker cannot start, and the error says whose workers
+    hold the cores and how to free them; nothing of it is left running."""
+    other = front.work / "other"
+    other.mkdir()
+    write_spec(other, artifact=tiny_artifact, model_store="store", run_dir="run", workers=1)
+    run_cli("package", "torchserve", "--spec", "deploy.yaml", cwd=other)
+    proc = run_cli(
+        "serve", "torchserve", "--spec", "deploy.yaml", "--timeout", "120", cwd=other, check=False
+    )
+    assert proc.returncode == 1 and "a worker failed to start" in proc.stderr
+    engine_run = front.work / "front" / ENGINE_DIR / "run"
+    assert f"(torchserve:models) of another deployment (run directory {engine_run})" in proc.stderr
+    assert "Stop the other deployment(s)" in proc.stderr
+    assert not (other / "run/tmp/.model_server.pid").exists()
+    assert front.post("/embed", {"inputs": "still served"}).status_code == 200
+
+
+def test_the_run_directory_serves_another_model_after_a_stop(
+    front, classifier_runner, classifier_artifact
+):
+    """Last in the module: stop, then serve another artifact from the same run directory.
+    Only it is loaded: nothing packaged for the earlier start comes back."""
+    run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=front.work)
+    out = run_cli("serve", "front", classifier_artifact, "--spec", "deploy.yaml", cwd=front.work)
+    assert "tiny-classifier (text-classification" in out.stdout
+    info = front.get("/info").json()
+    assert [m["model_id"] for m in info["models"]] == ["tiny-classifier"]
+    r = front.post("/predict", {"inputs": "works"})
+    assert r.status_code == 200 and r.json() == runner_answer(
+        classifier_runner, "works", top_k=None
+    )
+    assert front.post("/embed", {"inputs": "gone"}).status_code == 404
+    store = front.work / "front" / ENGINE_DIR / "store"
+    assert sorted(p.name for p in store.iterdir()) == [
+        "config.properties",
+        "metrics.yaml",
+        "tiny-classifier",
+    ]

@@ -1,8 +1,10 @@
-"""The front in front of a real tritonserver, serving a cross-encoder (a tiny random BERT
-classifier with one label) over TLS on every address, so a key is generated (auth: auto),
+"""The front in front of a real tritonserver serving three models of three tasks (a
+cross-encoder: a tiny random BERT classifier with one label; MiniLM embeddings; the tiny
+three-label classifier), over TLS on every address, so a key is generated (auth: auto),
 with client batches split into pieces: /rerank and /predict against the eager model,
-/invocations against Triton asked directly, truncation carried in Triton's request
-parameters."""
+/embed and /invocations against the Runners and Triton asked directly, truncation carried
+in Triton's request parameters, a killed instance healed with all its models. Last: the
+run directory serves another model after a stop."""
 
 from __future__ import annotations
 
@@ -21,10 +23,10 @@ import requests
 import torch
 from helpers import free_port, run_cli, tiny_bert_classifier, write_spec
 
-from neuronserve.serve.engine import running_instance
+from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front import schemas
 from neuronserve.serve.front.server import ENGINE_DIR
-from neuronserve.serve.triton_healer import live_stubs
+from neuronserve.serve.triton_stubs import live_stubs
 
 pytestmark = pytest.mark.server
 
@@ -139,9 +141,13 @@ class Front:
         headers = self.auth if key else {}
         return requests.get(f"{self.url}{path}", headers=headers, verify=self.cert, timeout=60)
 
+    def engine(self):
+        running = running_engine(self.work / "front" / ENGINE_DIR, "triton")
+        return running.instance if running is not None else None
+
 
 @pytest.fixture(scope="module")
-def front(tmp_path_factory, reranker_artifact):
+def front(tmp_path_factory, reranker_artifact, minilm_artifact, classifier_artifact):
     work = tmp_path_factory.mktemp("front-triton")
     cert, key = self_signed(work)
     port = free_port()
@@ -158,18 +164,21 @@ def front(tmp_path_factory, reranker_artifact):
         workers=2,
     )
     env = {k: v for k, v in os.environ.items() if k != "NEURONSERVE_API_KEY"}
-    out = run_cli("serve", "front", reranker_artifact, "--spec", "deploy.yaml", cwd=work, env=env)
+    models = [reranker_artifact, minilm_artifact, classifier_artifact]
+    out = run_cli("serve", "front", *models, "--spec", "deploy.yaml", cwd=work, env=env)
     key_file = work / "front" / "api_key"
     generated = key_file.read_text().strip()
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
     assert str(key_file) in out.stdout and generated not in out.stdout
-    yield Front(work, port, cert, generated)
+    front = Front(work, port, cert, generated)
+    front.env = env
+    yield front
     run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=work, env=env)
-    assert running_instance(work / "front" / ENGINE_DIR, "triton") is None
+    assert front.engine() is None
 
 
 def test_tls_and_the_generated_key(front):
-    engine = running_instance(front.work / "front" / ENGINE_DIR, "triton")
+    engine = front.engine()
     assert engine.http_url.startswith("http://127.0.0.1:")  # the front is public, not Triton
     assert front.get("/health", key=False).status_code == 200
     with pytest.raises(requests.exceptions.ConnectionError):
@@ -185,6 +194,7 @@ def test_tls_and_the_generated_key(front):
 
 def test_rerank_ranks_like_the_eager_model(front, reranker_dir):
     logits = eager_logits(reranker_dir, [(QUERY, d) for d in DOCS])
+    # the one cross-encoder of the three: found without being named
     r = front.post("/rerank", {"query": QUERY, "texts": DOCS, "return_text": True})
     assert r.status_code == 200, r.text
     ranks = schemas.RerankResponse.model_validate(r.json()).root
@@ -206,12 +216,14 @@ def test_rerank_ranks_like_the_eager_model(front, reranker_dir):
 def test_predict_takes_texts_and_pairs_the_tei_way(front, reranker_dir):
     items = [[QUERY, DOCS[0]], "a single text", [DOCS[1], DOCS[2]], DOCS[4]]
     want = eager_logits(reranker_dir, [tuple(i) if isinstance(i, list) else i for i in items])
-    batch = front.post("/predict", {"inputs": items})
+    batch = front.post("/predict", {"inputs": items, "model": "reranker"})
     assert batch.status_code == 200, batch.text
     got = [row[0]["score"] for row in batch.json()]
     assert np.allclose(got, sigmoid(want), atol=1e-4)
     assert {row[0]["label"] for row in batch.json()} == {"LABEL_0"}
-    pair = front.post("/predict", {"inputs": [QUERY, DOCS[0]], "raw_scores": True})
+    pair = front.post(
+        "/predict", {"inputs": [QUERY, DOCS[0]], "raw_scores": True, "model": "reranker"}
+    )
     assert np.isclose(pair.json()[0]["score"], want[0], atol=1e-4)  # one pair: one answer
 
 
@@ -219,9 +231,15 @@ def test_invocations_equal_triton_asked_directly(front):
     import tritonclient.http as httpclient
 
     pairs = [{"text": QUERY, "text_pair": d} for d in DOCS[:4]]
-    ours = front.post("/invocations", {"inputs": pairs, "parameters": {"top_k": None}})
+    ours = requests.post(
+        f"{front.url}/invocations",
+        json={"inputs": pairs, "parameters": {"top_k": None}},
+        headers={**front.auth, "X-Amzn-SageMaker-Target-Model": "reranker"},
+        verify=front.cert,
+        timeout=60,
+    )
     assert ours.status_code == 200, ours.text
-    engine = running_instance(front.work / "front" / ENGINE_DIR, "triton")
+    engine = front.engine()
     client = httpclient.InferenceServerClient(engine.http_url.removeprefix("http://"))
     try:
         inputs = []
@@ -229,25 +247,49 @@ def test_invocations_equal_triton_asked_directly(front):
             t = httpclient.InferInput(name, [4, 1], "BYTES")
             t.set_data_from_numpy(np.array([[v.encode()] for v in values], dtype=object))
             inputs.append(t)
-        logits = client.infer("reranker", inputs).as_numpy("LOGITS")[:, 0]
+        logits = client.infer("models", inputs, parameters={"model": "reranker"})
+        logits = logits.as_numpy("LOGITS")[:, 0]
     finally:
         client.close()
     assert np.allclose([row[0]["score"] for row in ours.json()], sigmoid(logits), atol=1e-6)
 
 
-def test_embedding_routes_say_this_model_does_not_embed(front):
-    tei = front.post("/embed", {"inputs": "x"})
-    assert tei.status_code == 404 and "text-classification" in tei.json()["error"]
-    openai = front.post("/v1/embeddings", {"input": "x", "model": "m"})
+def test_each_model_answers_as_it_would_alone(front, minilm_runner, classifier_runner):
+    texts = ["first text", "zweiter Text", "東京"]
+    embed = front.post("/embed", {"inputs": texts})
+    want = minilm_runner.responses_for_bodies([({"inputs": texts}, None)])[0]
+    assert embed.status_code == 200 and np.allclose(embed.json(), want, atol=1e-6)
+    labels = front.post("/predict", {"inputs": texts, "model": "tiny-classifier"})
+    body = {"inputs": texts, "parameters": {"top_k": None}}
+    native = classifier_runner.responses_for_bodies([(body, None)])[0]
+    assert [[x["label"] for x in row] for row in labels.json()] == [
+        [x["label"] for x in row] for row in native
+    ]
+    assert np.allclose(
+        [[x["score"] for x in row] for row in labels.json()],
+        [[x["score"] for x in row] for row in native],
+        atol=1e-6,
+    )
+
+
+def test_routes_say_which_model_fits(front):
+    tei = front.post("/embed", {"inputs": "x", "model": "reranker"})
+    assert tei.status_code == 404 and "reranker is text-classification" in tei.json()["error"]
+    openai = front.post("/v1/embeddings", {"input": "x", "model": "reranker"})
     assert openai.status_code == 404 and "feature-extraction" in openai.json()["error"]["message"]
+    two = front.post("/predict", {"inputs": "x"})  # two classifiers: which one?
+    assert two.status_code == 400 and "reranker, tiny-classifier" in two.json()["error"]
 
 
 def test_truncation_travels_in_triton_request_parameters(front, reranker_artifact):
     from neuronserve.runtime import Runner
 
-    refused = front.post("/predict", {"inputs": [QUERY, LONG]})
+    refused = front.post("/predict", {"inputs": [QUERY, LONG], "model": "reranker"})
     assert refused.status_code == 413 and "tokens long" in refused.json()["error"], refused.text
-    cut = front.post("/predict", {"inputs": [QUERY, LONG], "truncate": True, "raw_scores": True})
+    cut = front.post(
+        "/predict",
+        {"inputs": [QUERY, LONG], "truncate": True, "raw_scores": True, "model": "reranker"},
+    )
     assert cut.status_code == 200, cut.text
     runner = Runner(reranker_artifact, warmup=False)
     body = {
@@ -263,24 +305,24 @@ def test_health_and_the_engines_metrics(front):
     assert health == {"status": "ok", "workers_ready": 2, "workers_expected": 2}
     text = front.get("/metrics").text
     assert "nv_inference_request_success" in text
-    assert 'neuronserve_front_requests_total{route="/rerank",status="200"}' in text
+    assert 'neuronserve_front_requests_total{model="reranker",route="/rerank",status="200"}' in text
 
 
 def test_a_killed_stub_is_healed_and_health_says_so_meanwhile(front):
     """Last in this module: kill one instance's stub; /health leaves ok, requests get
     200 or 503 with Retry-After (never Triton's 500), and the healer reloads the model:
     /health ok again and 20 of 20 sequential requests within 60 s of the kill."""
-    engine = running_instance(front.work / "front" / ENGINE_DIR, "triton")
-    before = engine.instances()["reranker"]
+    engine = front.engine()
+    before = engine.instances()["models"]
     assert (before.alive, before.expected) == (2, 2)
-    stub = next(p for p in live_stubs(engine.pid())["reranker"])
+    stub = next(p for p in live_stubs(engine.pid())["models"])
     killed = time.monotonic()
     stub.send_signal(signal.SIGKILL)
     seen_health, statuses = set(), []
     while time.monotonic() - killed < 60:
         health = front.get("/health", key=False)
         seen_health.add((health.status_code, health.json()["status"]))
-        r = front.post("/predict", {"inputs": "still there?"})
+        r = front.post("/predict", {"inputs": "still there?", "model": "reranker"})
         statuses.append(r.status_code)
         if r.status_code == 503:
             assert r.headers["Retry-After"]
@@ -290,9 +332,29 @@ def test_a_killed_stub_is_healed_and_health_says_so_meanwhile(front):
     assert {s for s, _ in seen_health} == {200, 503}, seen_health
     assert seen_health & {(503, "degraded"), (503, "unhealthy")}
     assert set(statuses) <= {200, 503}, statuses
-    sequential = [front.post("/predict", {"inputs": f"text {i}"}).status_code for i in range(20)]
+    sequential = [
+        front.post("/predict", {"inputs": f"text {i}", "model": "reranker"}).status_code
+        for i in range(20)
+    ]
     assert sequential == [200] * 20 and time.monotonic() - killed < 60
-    state = json.loads((engine.run_dir / "instances.json").read_text())["reranker"]
+    state = json.loads((engine.run_dir / "instances.json").read_text())["models"]
     assert state["reloads"] == 1 and state["state"] == "serving" and state["alive"] == 2
-    assert "reranker reloaded" in (engine.run_dir / "healer.log").read_text()
-    assert stub.pid not in [p.pid for p in live_stubs(engine.pid())["reranker"]]
+    assert "models reloaded" in (engine.run_dir / "healer.log").read_text()
+    assert stub.pid not in [p.pid for p in live_stubs(engine.pid())["models"]]
+    # healed with every model
+    assert front.post("/embed", {"inputs": "healed"}).status_code == 200
+    assert front.post("/predict", {"inputs": "x", "model": "tiny-classifier"}).status_code == 200
+
+
+def test_the_run_directory_serves_another_model_after_a_stop(front, tiny_artifact, tiny_runner):
+    """Last in the module: stop, then serve another artifact from the same run directory.
+    Only it is loaded: nothing packaged for the earlier start comes back."""
+    run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=front.work, env=front.env)
+    run_cli("serve", "front", tiny_artifact, "--spec", "deploy.yaml", cwd=front.work, env=front.env)
+    assert [m["model_id"] for m in front.get("/info").json()["models"]] == ["tiny"]
+    r = front.post("/embed", {"inputs": "works"})
+    want = tiny_runner.responses_for_bodies([({"inputs": "works"}, None)])[0]
+    assert r.status_code == 200 and np.allclose(r.json(), [want], atol=1e-6)
+    assert front.post("/rerank", {"query": "q", "texts": ["a"]}).status_code == 404
+    store = front.work / "front" / ENGINE_DIR / "store"
+    assert sorted(p.name for p in store.iterdir()) == ["tiny"]

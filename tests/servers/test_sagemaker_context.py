@@ -45,7 +45,7 @@ def parse_dockerfile(path: Path) -> list[SimpleNamespace]:
 def contexts(tmp_path_factory, minilm_artifact):
     work = tmp_path_factory.mktemp("sagemaker")
     return {
-        engine: sagemaker_context(work, minilm_artifact, engine)
+        engine: sagemaker_context(work, [minilm_artifact], engine, "--name", "minilm")
         for engine in ("torchserve", "triton")
     }
 

@@ -157,3 +157,11 @@ def test_the_spec_names_several_models_with_paths_relative_to_it(tmp_path, tiny_
         load_spec(None, {"artifact": "x", "models": [{"artifact": "y"}]})
     with pytest.raises(SpecError, match="each entry has its own `name`"):
         load_spec(None, {"name": "x", "models": [{"artifact": "y"}]})
+
+
+def test_more_workers_than_core_groups_is_warned_at_packaging(tmp_path, tiny_artifact, capsys):
+    import os
+
+    groups = len(os.sched_getaffinity(0))
+    prepare(spec(tmp_path, tiny_artifact, workers=groups + 1))
+    assert f"workers beyond {groups} will fail to start" in capsys.readouterr().err

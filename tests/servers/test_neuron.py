@@ -1,0 +1,175 @@
+"""NeuronCore placement across real TorchServe workers and Triton instances on a fake
+4-core Neuron host, with the stand-in SDK on the workers' path, serving two models (the
+tiny neuronx classifier under two names). The stand-in records NEURON_RT_VISIBLE_CORES
+as each process saw it when it imported torch_neuronx, and every module load with the
+core it went to: every worker pinned itself before the SDK loaded, loaded both models
+onto its own cores, and no NeuronCore was loaded by two processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import defaultdict
+
+import numpy as np
+import pytest
+import requests
+import tritonclient.http as httpclient
+from helpers import NeuronServing, standin_events, standin_imports, wait_for
+
+from neuronserve.serve import torchserve as ts
+
+pytestmark = pytest.mark.server
+STACK = "pair"
+TEXTS = ["fine", "not fine at all", "a somewhat longer sentence about the weather"]
+
+
+def two_models(artifact) -> list[dict]:
+    return [
+        {"artifact": str(artifact), "name": "first"},
+        {"artifact": str(artifact), "name": "second"},
+    ]
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory, neuronx_artifact):
+    s = NeuronServing(
+        tmp_path_factory.mktemp("neuron-ts"),
+        "torchserve",
+        models=two_models(neuronx_artifact),
+        deployment_name=STACK,
+        workers=4,
+        cores_per_worker=1,
+        worker_retry_timeout_s=5,
+    )
+    yield s
+    s.stop()
+
+
+def workers(spec) -> list[dict]:
+    url = f"http://127.0.0.1:{spec['management_port']}/models/{STACK}"
+    return list(requests.get(url, timeout=10).json()[0]["workers"])
+
+
+def loads_by_core(log, pids) -> dict[int, set[int]]:
+    """Which processes loaded modules onto each NeuronCore."""
+    out: dict[int, set[int]] = defaultdict(set)
+    for e in standin_events(log, "load"):
+        if e["pid"] in pids:
+            out[e["core"]].add(e["pid"])
+    return out
+
+
+def test_four_workers_on_four_distinct_cores_hold_both_models(serving, neuronx_runner):
+    ws = workers(serving.spec)
+    pids = [int(w["pid"]) for w in ws]
+    assert len(pids) == 4 and all(w["status"] == "READY" for w in ws)  # workers = core groups
+    seen = standin_imports(serving.log)
+    assert sorted(seen[p]["NEURON_RT_VISIBLE_CORES"] for p in pids) == ["0", "1", "2", "3"]
+    assert all(seen[p]["NEURON_RT_NUM_CORES"] == "1" for p in pids)
+    assert all(seen[p]["NEURONCORE_GROUP_SIZES"] is None for p in pids)  # Inf1 only
+    # each core: one process, which loaded both models' four bucket modules onto it
+    by_core = loads_by_core(serving.log, set(pids))
+    assert sorted(by_core) == [0, 1, 2, 3] and all(len(p) == 1 for p in by_core.values())
+    loads = standin_events(serving.log, "load")
+    assert all(sum(e["pid"] == pid for e in loads) == 2 * 4 for pid in pids)
+    body = {"inputs": TEXTS, "parameters": {"top_k": None}}
+    url = f"http://127.0.0.1:{serving.spec['inference_port']}/predictions/{STACK}"
+    for model in ("first", "second"):
+        r = requests.post(url, json=body, headers={"X-Neuronserve-Model": model}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json() == neuronx_runner.responses_for_bodies([(body, None)])[0]
+
+
+def test_a_killed_workers_replacement_takes_its_cores_with_both_models(serving):
+    pids = [int(w["pid"]) for w in workers(serving.spec)]
+    victim = pids[0]
+    freed = standin_imports(serving.log)[victim]["NEURON_RT_VISIBLE_CORES"]
+    os.kill(victim, signal.SIGKILL)
+
+    def replacement():
+        ready = [int(w["pid"]) for w in workers(serving.spec) if w["status"] == "READY"]
+        new = set(ready) - set(pids)
+        return len(ready) == 4 and new and new.pop()
+
+    new_pid = wait_for(replacement, timeout=120, what="a replacement worker")
+    assert standin_imports(serving.log)[new_pid]["NEURON_RT_VISIBLE_CORES"] == freed
+    mine = [e for e in standin_events(serving.log, "load") if e["pid"] == new_pid]
+    assert len(mine) == 2 * 4 and {e["core"] for e in mine} == {int(freed)}
+    # the runtime never refused a core: the replacement waited for the dead one's
+    assert standin_events(serving.log, "core_busy") == []
+
+
+def test_a_fifth_worker_fails_with_the_documented_error(serving):
+    # last in the module: TorchServe 0.12 may start an untracked retry after a scale-down
+    spec = serving.spec
+    mgmt = f"http://127.0.0.1:{spec['management_port']}/models/{STACK}"
+    requests.put(f"{mgmt}?min_worker=5&max_worker=5", timeout=30)
+    failures = wait_for(
+        lambda: ts.worker_failures(serving.work / "ts" / "logs"),
+        timeout=120,
+        what="the fifth worker's failure",
+    )
+    assert "no free neuron core group" in failures[0]
+    assert "4 group(s) of 1 core(s)" in failures[0] and "Run at most 4 worker(s)" in failures[0]
+    assert len([w for w in workers(spec) if w["status"] == "READY"]) == 4
+    # and TorchServe's own /ping stops saying Healthy once the retry timeout has passed
+    ping = f"http://127.0.0.1:{spec['inference_port']}/ping"
+    wait_for(
+        lambda: requests.get(ping, timeout=10).status_code == 500,
+        timeout=90,
+        what="/ping to report the failing worker",
+    )
+
+
+def test_two_cores_per_worker_used_together(tmp_path, neuronx_artifact):
+    """Two TorchServe workers of two NeuronCores each: each worker's runtime sees one
+    contiguous pair of cores, keeps a copy of every bucket module on each, and runs a
+    batch on both."""
+    serving = NeuronServing(
+        tmp_path, "torchserve", artifact=neuronx_artifact, name="tiny-neuronx", workers=2,
+        cores_per_worker=2, batch_requests=1,
+    )  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{serving.spec['management_port']}/models/tiny-neuronx"
+        pids = [int(w["pid"]) for w in requests.get(url, timeout=10).json()[0]["workers"]]
+        seen = standin_imports(serving.log)
+        assert sorted(seen[p]["NEURON_RT_VISIBLE_CORES"] for p in pids) == ["0-1", "2-3"]
+        assert all(seen[p]["NEURON_RT_NUM_CORES"] == "2" for p in pids)
+        loads = standin_events(serving.log, "load")
+        for pid in pids:  # one copy of each bucket module per core
+            assert len({e["core"] for e in loads if e["pid"] == pid}) == 2
+        before = len(standin_events(serving.log, "execute"))
+        body = {"inputs": [f"text number {i}" for i in range(8)]}
+        predict = f"http://127.0.0.1:{serving.spec['inference_port']}/predictions/tiny-neuronx"
+        assert requests.post(predict, json=body, timeout=60).status_code == 200
+        served = standin_events(serving.log, "execute")[before:]
+        # the request's eight rows ran as two batches of four, one on each core of its worker
+        assert len(served) == 2 and len({e["pid"] for e in served}) == 1
+        assert len({e["core"] for e in served}) == 2
+    finally:
+        serving.stop()
+
+
+def test_four_triton_instances_on_four_cores_hold_both_models(
+    tmp_path, neuronx_artifact, neuronx_runner
+):
+    serving = NeuronServing(
+        tmp_path, "triton", models=two_models(neuronx_artifact), deployment_name=STACK,
+        workers=4, cores_per_worker=1,
+    )  # fmt: skip
+    try:
+        seen = standin_imports(serving.log)
+        assert sorted(v["NEURON_RT_VISIBLE_CORES"] for v in seen.values()) == ["0", "1", "2", "3"]
+        by_core = loads_by_core(serving.log, set(seen))
+        assert sorted(by_core) == [0, 1, 2, 3] and all(len(p) == 1 for p in by_core.values())
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{serving.spec['http_port']}")
+        t = httpclient.InferInput("TEXT", [len(TEXTS), 1], "BYTES")
+        t.set_data_from_numpy(np.array([[s.encode()] for s in TEXTS], dtype=object))
+        [rows] = neuronx_runner.outputs([neuronx_runner.parse({"inputs": TEXTS})])
+        for model in ("first", "second"):
+            got = client.infer(STACK, [t], parameters={"model": model}).as_numpy("LOGITS")
+            assert np.array_equal(got, rows)
+        client.close()
+    finally:
+        serving.stop()
