@@ -160,13 +160,13 @@ class Worker:
         respond: bool = True,
     ) -> list[Any]:
         """One batch of (model name, parsed request or RequestError) pairs as the engine
-        formed it (an error is answered as it is): each model's requests go through its Runner in one call of their own
-        (requests for different models never share a module run), the models taking turns
-        at going first from batch to batch so a busy one does not always delay another.
+        formed it (an error is answered as it is): each model's requests go through its
+        Runner in one call of their own (requests for different models never share a
+        module run), the models taking turns at going first from batch to batch so a busy
+        one does not always delay another.
         `respond`: JSON-able answers (TorchServe), else results for tensors (Triton).
         `report(model, run report)` is called once per model served."""
         from .execution import RunReport
-
         from .tasks import RequestError
 
         out: list[Any] = [None] * len(requests)

@@ -11,7 +11,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -qq --upgrade pip setuptools wheel
 .venv/bin/python -m pip install -qq "torch==2.13.0"
-.venv/bin/python -m pip install -qq -e ".[cpu,torchserve,triton,bench,demo,test]"
+.venv/bin/python -m pip install -qq -e ".[cpu,torchserve,triton,bench,demo,docs,test]"
 # KServe's API models validate the KServe manifests (tests/kserve_schema.py); the package
 # pins server dependencies of its own, so only its wheel is fetched, never installed
 KSERVE=$(.venv/bin/python -c "from neuronserve.packaging.kubernetes import KSERVE_VERSION as v; print(v)")

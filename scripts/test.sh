@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# The whole test suite: lint (ruff), format check, types (mypy), then every test folder
-# (real TorchServe and tritonserver processes included; about 10 minutes on 2 cores).
-# Pieces: `pytest tests/unit` (under a minute), `pytest tests/compile` (compiles real
-# models in every precision), `pytest tests/neuron` (the Neuron path against the SDK
-# stand-in), `pytest tests/servers` (starts real servers).
+# The whole test suite: lint (ruff), format check, types (mypy), the documentation site
+# (mkdocs build --strict: its reference pages are generated from the code), then every
+# test folder (real TorchServe and tritonserver processes included).
+# Pieces: `pytest tests/unit` (under a minute, before every commit), `pytest tests/compile`
+# (compiles real models in every precision), `pytest tests/neuron` (the Neuron path against
+# the SDK stand-in), `pytest tests/servers` (starts real servers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
 # wrk cross-checks the benchmark's load generator; without it that test checks the skip
 command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null 2>&1 || echo "wrk not installed"
-.venv/bin/ruff check neuronserve handlers triton_backend tests scripts
-.venv/bin/ruff format --check neuronserve handlers triton_backend tests scripts
+.venv/bin/ruff check neuronserve handlers triton_backend tests scripts docs
+.venv/bin/ruff format --check neuronserve handlers triton_backend tests scripts docs
 .venv/bin/mypy
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .site
 exec .venv/bin/python -m pytest -v "$@"

@@ -20,12 +20,31 @@ import requests
 
 from .. import placement
 from ..artifact import read_manifest
+from ..cores import LEASE_DIR_ENV
 from ..serve.deployment import Deployment, running_engine
 from ..serve.process import free_ports, stop_tree
 from ..spec import ModelEntry, load_spec
 
 if TYPE_CHECKING:
     from ..serve.engine import Engine
+
+
+class _OwnLeases:
+    """A server bench starts leases cores in a folder of its own (its workers inherit
+    this process's environment): set while it runs, put back when it stops."""
+
+    def __init__(self, tmp: Path):
+        self.folder, self._before = Path(tmp) / "leases", os.environ.get(LEASE_DIR_ENV)
+
+    def take(self) -> None:
+        self._before = os.environ.get(LEASE_DIR_ENV)
+        os.environ[LEASE_DIR_ENV] = str(self.folder)
+
+    def give_back(self) -> None:
+        if self._before is None:
+            os.environ.pop(LEASE_DIR_ENV, None)
+        else:
+            os.environ[LEASE_DIR_ENV] = self._before
 
 
 class ManagedServer:
@@ -56,14 +75,11 @@ class ManagedServer:
         self.artifact, self.layout, self.name = Path(artifact), layout, self.deployment.name
         self.workers = self.deployment.plan.workers
         self.cores_per_worker = self.deployment.plan.cores_per_worker
-        self._lease_dir: str | None = None
+        self._leases = _OwnLeases(Path(self.tmp.name))
         self.started = False
 
     def start(self) -> None:
-        # workers inherit this process's environment: their own lease directory, put
-        # back in stop()
-        self._lease_dir = os.environ.get("NEURONSERVE_LEASE_DIR")
-        os.environ["NEURONSERVE_LEASE_DIR"] = str(Path(self.tmp.name) / "leases")
+        self._leases.take()
         self.started = True
         self.deployment.start()
 
@@ -83,16 +99,13 @@ class ManagedServer:
         if self.started:
             self.deployment.stop()
             self.started = False
-            if self._lease_dir is None:
-                os.environ.pop("NEURONSERVE_LEASE_DIR", None)
-            else:
-                os.environ["NEURONSERVE_LEASE_DIR"] = self._lease_dir
+            self._leases.give_back()
         if cleanup:
             self.tmp.cleanup()
 
     @property
     def lease_dir(self) -> Path:
-        return Path(self.tmp.name) / "leases"
+        return self._leases.folder
 
 
 def layout_plan(artifact: Path, layout: str) -> placement.WorkerPlan:
@@ -140,14 +153,13 @@ class FrontServer:
         }
         self.spec = load_spec(None, {k: v for k, v in fields.items() if v is not None})
         self.url = f"http://127.0.0.1:{self.spec.front_port}"
-        self._lease_dir: str | None = None
+        self._leases = _OwnLeases(Path(self.tmp.name))
         self.pid: int | None = None
 
     def start(self) -> None:
         from ..serve.front import launch
 
-        self._lease_dir = os.environ.get("NEURONSERVE_LEASE_DIR")
-        os.environ["NEURONSERVE_LEASE_DIR"] = str(Path(self.tmp.name) / "leases")
+        self._leases.take()
         self.pid = launch.start(self.spec, [self.artifact], log=lambda _: None).pid
 
     def running_engine(self) -> Engine | None:
@@ -173,16 +185,13 @@ class FrontServer:
         if self.pid is not None:
             launch.stop(self.run_dir, log=lambda _: None)
             self.pid = None
-            if self._lease_dir is None:
-                os.environ.pop("NEURONSERVE_LEASE_DIR", None)
-            else:
-                os.environ["NEURONSERVE_LEASE_DIR"] = self._lease_dir
+            self._leases.give_back()
         if cleanup:
             self.tmp.cleanup()
 
     @property
     def lease_dir(self) -> Path:
-        return Path(self.tmp.name) / "leases"
+        return self._leases.folder
 
 
 class SageMakerServer:

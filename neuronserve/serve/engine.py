@@ -15,7 +15,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from .process import ServeError
 
 if TYPE_CHECKING:
     from ..placement import WorkerPlan
@@ -39,7 +41,11 @@ class NativeRoute:
     model: str
 
 
-class Engine(ABC):
+# what an engine's start gives back: where it listens (TorchServeInstance, TritonInstance)
+Instance = TypeVar("Instance")
+
+
+class Engine(ABC, Generic[Instance]):
     """One engine, started (or to be started) from `run_dir`.
 
     Class attributes say what a deployment must give it: the spec fields of its ports and
@@ -47,6 +53,8 @@ class Engine(ABC):
     """
 
     name: ClassVar[str]
+    # the server's own name, in messages
+    server: ClassVar[str]
     # TorchServe's "workers", Triton's "instances"
     worker_word: ClassVar[str]
     # the spec fields holding the ports it listens on
@@ -62,6 +70,7 @@ class Engine(ABC):
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir).resolve()
+        self._instance: Instance | None = None
 
     # packaging: no server needed
 
@@ -83,14 +92,34 @@ class Engine(ABC):
 
     # a running engine
 
-    @abstractmethod
     def start(self, spec: DeploySpec, log: Log = print, timeout_s: float = 600) -> None:
         """Start on the spec's store, listening where the spec says, and return once
         every worker of every model is ready (stopping again if that fails)."""
+        self._instance = self._start(spec, log, timeout_s)
 
-    @abstractmethod
     def stop(self, log: Log = print) -> bool:
         """Stop it and wait until its processes are gone; False when none was running."""
+        self._instance = None
+        return self._stop(log)
+
+    @property
+    def instance(self) -> Instance:
+        """Where the running engine listens."""
+        if self._instance is None:
+            self._instance = self._running()
+        if self._instance is None:
+            raise ServeError(f"no {self.server} is running from {self.run_dir}")
+        return self._instance
+
+    @abstractmethod
+    def _start(self, spec: DeploySpec, log: Log, timeout_s: float) -> Instance: ...
+
+    @abstractmethod
+    def _stop(self, log: Log) -> bool: ...
+
+    @abstractmethod
+    def _running(self) -> Instance | None:
+        """The engine started from run_dir, if it runs."""
 
     @abstractmethod
     def root_pid(self) -> int | None:

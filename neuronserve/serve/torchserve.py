@@ -351,11 +351,12 @@ def listen_overrides(spec: DeploySpec) -> dict[str, str]:
     }
 
 
-class TorchServe(Engine):
+class TorchServe(Engine[TorchServeInstance]):
     """TorchServe's Java frontend with one Python worker process per core group; token
     authorization as the store's config.properties says (off behind the front)."""
 
     name = "torchserve"
+    server = "TorchServe"
     extra = "torchserve"
     protocols = ("torchserve",)
     worker_word = "workers"
@@ -371,10 +372,6 @@ class TorchServe(Engine):
         "TorchServe starts a new worker when one dies; it leases the core group the dead one held"
     )
 
-    def __init__(self, run_dir: Path):
-        super().__init__(run_dir)
-        self._instance: TorchServeInstance | None = None
-
     @classmethod
     def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
         from ..packaging.torchserve import package_torchserve
@@ -385,25 +382,17 @@ class TorchServe(Engine):
     def models_in(cls, store: Path) -> list[str]:
         return models_in(store)
 
-    def start(self, spec: DeploySpec, log: Log = print, timeout_s: float = 600) -> None:
-        self._instance = start(
-            self.store(spec), self.run_dir, listen_overrides(spec), timeout_s, log=log
-        )
+    def _start(self, spec: DeploySpec, log: Log, timeout_s: float) -> TorchServeInstance:
+        return start(self.store(spec), self.run_dir, listen_overrides(spec), timeout_s, log=log)
 
-    def stop(self, log: Log = print) -> bool:
-        self._instance = None
+    def _stop(self, log: Log) -> bool:
         return stop(self.run_dir, log=log)
+
+    def _running(self) -> TorchServeInstance | None:
+        return running(self.run_dir)
 
     def root_pid(self) -> int | None:
         return server_pid(self.run_dir)
-
-    @property
-    def instance(self) -> TorchServeInstance:
-        if self._instance is None:
-            self._instance = running(self.run_dir)
-        if self._instance is None:
-            raise ServeError(f"no TorchServe is running from {self.run_dir}")
-        return self._instance
 
     def workers_ready(self, model: str) -> tuple[int, int]:
         try:

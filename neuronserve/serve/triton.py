@@ -415,11 +415,12 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
     return True
 
 
-class Triton(Engine):
+class Triton(Engine[TritonInstance]):
     """tritonserver with one Python-backend stub process per instance (core group), its
     restricted APIs behind an admin key, and a healer beside it."""
 
     name = "triton"
+    server = "tritonserver"
     extra = "triton"
     protocols = ("triton-http", "triton-grpc")
     worker_word = "instances"
@@ -429,10 +430,6 @@ class Triton(Engine):
         "Triton's Python backend never replaces a dead stub: the healer beside the server "
         "reloads the model, whose new instances lease the freed core groups"
     )
-
-    def __init__(self, run_dir: Path):
-        super().__init__(run_dir)
-        self._instance: TritonInstance | None = None
 
     @classmethod
     def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
@@ -444,24 +441,18 @@ class Triton(Engine):
     def models_in(cls, store: Path) -> list[str]:
         return models_in(store) if Path(store).is_dir() else []
 
-    def start(self, spec: DeploySpec, log: Log = print, timeout_s: float = 600) -> None:
+    def _start(self, spec: DeploySpec, log: Log, timeout_s: float) -> TritonInstance:
         listen = Listen(spec.http_port, spec.grpc_port, spec.triton_metrics_port, spec.bind_address)
-        self._instance = start(self.store(spec), self.run_dir, listen, timeout_s, log=log)
+        return start(self.store(spec), self.run_dir, listen, timeout_s, log=log)
 
-    def stop(self, log: Log = print) -> bool:
-        self._instance = None
+    def _stop(self, log: Log) -> bool:
         return stop(self.run_dir, log=log)
+
+    def _running(self) -> TritonInstance | None:
+        return running(self.run_dir)
 
     def root_pid(self) -> int | None:
         return _pid(self.run_dir)
-
-    @property
-    def instance(self) -> TritonInstance:
-        if self._instance is None:
-            self._instance = running(self.run_dir)
-        if self._instance is None:
-            raise ServeError(f"no tritonserver is running from {self.run_dir}")
-        return self._instance
 
     def workers_ready(self, model: str) -> tuple[int, int]:
         """Live stubs of `model` while Triton says it is READY."""

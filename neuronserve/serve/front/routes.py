@@ -370,7 +370,7 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
         e("/v1/embeddings", "POST", api.openai_embeddings, "openai", "OpenAI embeddings",
           "OpenAI", s.OpenAIEmbeddingsRequest, s.OpenAIEmbeddingsResponse, s.OpenAIError,
           work=True),
-        e("/v1/models", "GET", api.openai_models, "openai", "The served model, as OpenAI "
+        e("/v1/models", "GET", api.openai_models, "openai", "The served models, as OpenAI "
           "lists models", "OpenAI", None, s.OpenAIModels, s.OpenAIError),
         e("/embed", "POST", api.embed, "tei", "Embeddings", tei, s.EmbedRequest,
           s.EmbedResponse, s.TEIError, work=True),
