@@ -4,7 +4,7 @@
 # test folder (real TorchServe and tritonserver processes included).
 # Pieces: `pytest tests/unit` (under a minute, before every commit), `pytest tests/compile`
 # (compiles real models in every precision), `pytest tests/neuron` (the Neuron path against
-# the SDK stand-in), `pytest tests/servers` (starts real servers).
+# the SDK stand-in), `pytest tests/servers` (starts real servers); add `-n 3` to any.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
@@ -14,4 +14,7 @@ command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null 2>&1 || echo 
 .venv/bin/ruff format --check neuronserve handlers triton_backend tests scripts docs
 .venv/bin/mypy
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .site
-exec .venv/bin/python -m pytest -v "$@"
+# Three processes share the two cores: the server tests spend much of their time waiting
+# for servers to start and stop. Each file runs whole in one process (its servers are
+# shared by its tests); the slowest folders go first.
+exec .venv/bin/python -m pytest -v -n 3 --dist loadfile "$@"

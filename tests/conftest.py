@@ -2,24 +2,65 @@
 a tiny random embedder and classifier, their compiled artifacts, and Runners on those
 artifacts (the in-process answers server tests compare against). Unit tests use the tiny
 ones only (compiled once, in seconds); compile and server tests the real model too.
-Helpers live in helpers.py."""
+Helpers live in helpers.py.
+
+scripts/test.sh runs the folders in several pytest-xdist processes: each is a host of its
+own (its own core leases and stand-in NeuronCores), and what the session fixtures compile
+is built once, by whichever process asks first, and read by the others."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from helpers import tiny_bert_classifier, tiny_model
+
+# the slowest folders first, so that a parallel run does not end waiting on one of them
+_FOLDERS = ("servers", "neuron", "compile", "unit")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        folder = item.path.parent.name
+        return _FOLDERS.index(folder) if folder in _FOLDERS else len(_FOLDERS)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session", autouse=True)
 def lease_dir(tmp_path_factory) -> Path:
-    """Leases are host-wide by default; tests keep theirs apart from anything else
-    running on the machine. Server processes inherit the variable."""
+    """Leases and the stand-in's NeuronCore reservations are host-wide by default; each
+    test process keeps its own apart from anything else running on the machine (and
+    from its xdist siblings). Server processes inherit the variables."""
     path = tmp_path_factory.mktemp("leases")
     os.environ["NEURONSERVE_LEASE_DIR"] = str(path)
+    os.environ["NEURON_STANDIN_DEVICE_DIR"] = str(tmp_path_factory.mktemp("neuron-devices"))
     return path
+
+
+@pytest.fixture(scope="session")
+def built_once(tmp_path_factory, worker_id: str) -> Callable[[str, Callable[[Path], Path]], Path]:
+    """`built_once(name, build)`: the path `build(folder)` returned, built once for the
+    whole run (every xdist process shares it) in a folder of its own. Models are built
+    from fixed seeds, so which process builds them does not change what is tested."""
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":
+        root = root.parent  # the run's folder, above each process's own
+    root = root / "built-once"
+    root.mkdir(exist_ok=True)
+
+    def once(name: str, build: Callable[[Path], Path]) -> Path:
+        folder, done = root / name, root / f"{name}.done"
+        with FileLock(str(root / f"{name}.lock")):
+            if not done.exists():
+                folder.mkdir()
+                done.write_text(str(build(folder)))
+        return Path(done.read_text())
+
+    return once
 
 
 @pytest.fixture(scope="session")
@@ -37,44 +78,50 @@ def _compile(out: Path, **fields) -> Path:
 
 
 @pytest.fixture(scope="session")
-def minilm_artifact(tmp_path_factory, minilm_dir) -> Path:
+def minilm_artifact(built_once, minilm_dir) -> Path:
     # fp32: answers are checked against eager embeddings to 1e-4; the precision choice
     # has its own tests (compile/test_precision.py). OpenVINO's build, so the server tests
     # read its threads' cores from the workers (the classifier is TorchScript's). Truncation
     # off: over-long text is a 413 wherever packaging does not turn truncation on again.
-    return _compile(
-        tmp_path_factory.mktemp("artifacts") / "minilm",
-        model=minilm_dir,
-        batch_sizes=[1, 4, 8],
-        sequence_lengths=[16, 64, 256],
-        precision="fp32",
-        module_format="openvino",
-        truncation=False,
+    return built_once(
+        "minilm",
+        lambda out: _compile(
+            out / "minilm",
+            model=minilm_dir,
+            batch_sizes=[1, 4, 8],
+            sequence_lengths=[16, 64, 256],
+            precision="fp32",
+            module_format="openvino",
+            truncation=False,
+        ),
     )
 
 
 @pytest.fixture(scope="session")
-def tiny_embedder_dir(tmp_path_factory, minilm_dir) -> Path:
+def tiny_embedder_dir(built_once, minilm_dir) -> Path:
     """A tiny BERT encoder with random weights and the MiniLM tokenizer."""
-    return tiny_model(
-        tmp_path_factory.mktemp("tiny-embedder"), minilm_dir, "feature-extraction", seed=3
+    return built_once(
+        "tiny-embedder", lambda out: tiny_model(out, minilm_dir, "feature-extraction", seed=3)
     )
 
 
 @pytest.fixture(scope="session")
-def tiny_artifact(tmp_path_factory, tiny_embedder_dir) -> Path:
+def tiny_artifact(built_once, tiny_embedder_dir) -> Path:
     """The tiny encoder as an embedder (mean pooling, normalised, as all-MiniLM-L6-v2),
     TorchScript fp32 over MiniLM's batch sizes and up to 128 tokens, truncation off."""
-    return _compile(
-        tmp_path_factory.mktemp("artifacts") / "tiny",
-        model=tiny_embedder_dir,
-        pooling="mean",
-        normalize=True,
-        batch_sizes=[1, 4, 8],
-        sequence_lengths=[16, 64, 128],
-        precision="fp32",
-        module_format="torchscript",
-        truncation=False,
+    return built_once(
+        "tiny-artifact",
+        lambda out: _compile(
+            out / "tiny",
+            model=tiny_embedder_dir,
+            pooling="mean",
+            normalize=True,
+            batch_sizes=[1, 4, 8],
+            sequence_lengths=[16, 64, 128],
+            precision="fp32",
+            module_format="torchscript",
+            truncation=False,
+        ),
     )
 
 
@@ -86,29 +133,35 @@ def tiny_runner(tiny_artifact):
 
 
 @pytest.fixture(scope="session")
-def classifier_dir(tmp_path_factory, minilm_dir) -> Path:
+def classifier_dir(built_once, minilm_dir) -> Path:
     """A tiny BERT classifier with random weights and the MiniLM tokenizer."""
-    return tiny_bert_classifier(
-        tmp_path_factory.mktemp("tiny-classifier"),
-        minilm_dir,
-        seed=0,
-        num_labels=3,
-        id2label={0: "negative", 1: "neutral", 2: "positive"},
-        label2id={"negative": 0, "neutral": 1, "positive": 2},
+    return built_once(
+        "tiny-classifier",
+        lambda out: tiny_bert_classifier(
+            out,
+            minilm_dir,
+            seed=0,
+            num_labels=3,
+            id2label={0: "negative", 1: "neutral", 2: "positive"},
+            label2id={"negative": 0, "neutral": 1, "positive": 2},
+        ),
     )
 
 
 @pytest.fixture(scope="session")
-def classifier_artifact(tmp_path_factory, classifier_dir) -> Path:
-    return _compile(
-        tmp_path_factory.mktemp("artifacts") / "tiny-classifier",
-        model=classifier_dir,
-        task="text-classification",
-        batch_sizes=[1, 4],
-        sequence_lengths=[16, 64],
-        precision="fp32",
-        module_format="torchscript",
-        truncation=False,
+def classifier_artifact(built_once, classifier_dir) -> Path:
+    return built_once(
+        "classifier-artifact",
+        lambda out: _compile(
+            out / "tiny-classifier",
+            model=classifier_dir,
+            task="text-classification",
+            batch_sizes=[1, 4],
+            sequence_lengths=[16, 64],
+            precision="fp32",
+            module_format="torchscript",
+            truncation=False,
+        ),
     )
 
 
@@ -127,21 +180,24 @@ def classifier_runner(classifier_artifact):
 
 
 @pytest.fixture(scope="session")
-def neuronx_artifact(tmp_path_factory, classifier_dir):
+def neuronx_artifact(built_once, classifier_dir):
     """The tiny classifier compiled for neuronx at fp32 by the stand-in SDK on a fake
     4-NeuronCore host (so every bucket was checked), batch sizes 1 and 4."""
     from helpers import standin_process
 
-    with standin_process(4):
-        return _compile(
-            tmp_path_factory.mktemp("neuronx") / "tiny-neuronx",
-            model=classifier_dir,
-            task="text-classification",
-            target="neuronx",
-            batch_sizes=[1, 4],
-            sequence_lengths=[16, 32],
-            precision="fp32",
-        )
+    def build(out: Path) -> Path:
+        with standin_process(4):
+            return _compile(
+                out / "tiny-neuronx",
+                model=classifier_dir,
+                task="text-classification",
+                target="neuronx",
+                batch_sizes=[1, 4],
+                sequence_lengths=[16, 32],
+                precision="fp32",
+            )
+
+    return built_once("neuronx-artifact", build)
 
 
 @pytest.fixture(scope="session")
@@ -168,13 +224,16 @@ TASK_MODELS = {
 
 
 @pytest.fixture(scope="session")
-def task_models(tmp_path_factory, minilm_dir) -> dict[str, tuple[Path, Path]]:
+def task_models(built_once, minilm_dir) -> dict[str, tuple[Path, Path]]:
     """Every task's tiny model, compiled once for the session: name -> (model folder,
     artifact); the ViTs at 32x32, the text models over batches 1, 4 and 16, 32 tokens."""
+    root = built_once("task-models", lambda out: _task_models(out, minilm_dir))
+    return {name: (root / name, root / f"{name}-artifact") for name in TASK_MODELS}
+
+
+def _task_models(root: Path, minilm_dir: Path) -> Path:
     from helpers import compile_artifact, tiny_vit
 
-    root = tmp_path_factory.mktemp("task-models")
-    out = {}
     for name, (task, seed) in TASK_MODELS.items():
         if task.startswith("image"):
             model = tiny_vit(root / name, task, seed=seed)
@@ -184,5 +243,5 @@ def task_models(tmp_path_factory, minilm_dir) -> dict[str, tuple[Path, Path]]:
         artifact = compile_artifact(
             root / f"{name}-artifact", model, task, name=name, module_format="torchscript", **extra
         )
-        out[name] = (model, artifact)
-    return out
+        assert (model, artifact) == (root / name, root / f"{name}-artifact")
+    return root

@@ -36,14 +36,18 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
 import psutil
 
+from ..serve.engines import engine_class
 from ..serve.process import alive
 from ..serve.triton_stubs import STUB
+
+if TYPE_CHECKING:
+    from ..serve.engine import Engine
 
 # a worker process of either engine: TorchServe's Python worker, Triton's stub
 _WORKER_MARKS = ("model_service_worker", STUB)
@@ -113,6 +117,8 @@ class SoakReport:
     left_processes: list[int] = field(default_factory=list)
     left_leases: list[str] = field(default_factory=list)
     left_temp: list[str] = field(default_factory=list)
+    # new temporary entries that other live processes hold (or may have made)
+    temp_not_judged: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -512,13 +518,45 @@ def run_soak(
     return asyncio.run(_Run(options, target, checker, max_text_chars).run())
 
 
+def held_by_live_processes(paths: set[str]) -> set[str]:
+    """Those of `paths` a live process has open, mapped or as its working folder (or
+    holds something under): another server's, since the run's own processes are gone."""
+
+    def links(folder: Path) -> set[str]:
+        out = set()
+        with contextlib.suppress(OSError):
+            for link in [folder / "cwd", *(folder / "fd").iterdir()]:
+                with contextlib.suppress(OSError):  # closed while we looked
+                    out.add(os.readlink(link))
+        with contextlib.suppress(OSError):
+            out |= {line.split(maxsplit=5)[-1].rstrip("\n") for line in (folder / "maps").open()}
+        return out
+
+    held: set[str] = set()
+    for proc in Path("/proc").glob("[0-9]*"):
+        used = links(proc)
+        held |= {p for p in paths for u in used if u == p or u.startswith(p + "/")}
+    return held
+
+
 def after_stop(
-    report: SoakReport, pids: set[int], lease_dir: Path | None, temp_before: set[str]
+    report: SoakReport,
+    pids: set[int],
+    lease_dir: Path | None,
+    temp_before: set[str],
+    engine: type[Engine] | None = None,
 ) -> None:
-    """What the run left behind once its servers were stopped."""
+    """What the run left behind once its servers were stopped. A temporary entry that
+    appeared during the run counts unless a live process holds it or `engine` says
+    another live server of its kind may have made it (both reported as not judged)."""
     report.left_processes = [pid for pid in sorted(pids) if alive(pid)]
     report.left_leases = held_leases(lease_dir)
-    report.left_temp = sorted(temp_entries() - temp_before)
+    new = temp_entries() - temp_before
+    others = held_by_live_processes(new)
+    if engine is not None:
+        others |= engine.others_temp(new - others, pids)
+    report.left_temp = sorted(new - others)
+    report.temp_not_judged = sorted(others)
 
 
 def format_report(r: SoakReport) -> str:
@@ -551,6 +589,11 @@ def format_report(r: SoakReport) -> str:
     lines.append(
         f"  after stop processes {r.left_processes or 'none'}, leases held "
         f"{r.left_leases or 'none'}, temporary files {r.left_temp or 'none'}"
+        + (
+            f" (not judged, other live processes' or servers': {r.temp_not_judged})"
+            if r.temp_not_judged
+            else ""
+        )
     )
     lines += [f"  sample: {s}" for s in r.samples]
     return "\n".join(lines)
@@ -643,7 +686,7 @@ def soak_started(
         seen()
     finally:
         server.stop(cleanup=False)
-    after_stop(report, pids, server.lease_dir, before)
+    after_stop(report, pids, server.lease_dir, before, engine_class(engine))
     own = server.tmp.name
     server.tmp.cleanup()
     report.left_temp = [p for p in report.left_temp if p != own and not p.startswith(own + "/")]

@@ -442,3 +442,43 @@ def test_soak_judges_memory_of_workers_loaded_before_a_short_run(monkeypatch):
     run.memory_report(wall_s=3.0)
     assert list(run.report.memory_mb_warm) == [str(me.pid)]
     assert run.report.memory_growth_pct is not None
+
+
+def test_soak_counts_what_no_live_process_holds_as_left_behind(tmp_path, monkeypatch):
+    """A soak on a busy host: another server's live files and, while another tritonserver
+    lives, the Python backend's empty environment folders are not the run's leftovers."""
+    import shutil
+    import subprocess
+
+    from neuronserve.bench import soak
+    from neuronserve.serve.triton import Triton
+
+    held, leaked, env = tmp_path / "held", tmp_path / "leaked", tmp_path / "python_env_x"
+    for folder in (held, leaked, env):
+        folder.mkdir()
+    monkeypatch.setattr(soak, "temp_entries", lambda: {str(held), str(leaked), str(env)})
+    monkeypatch.setattr("neuronserve.serve.triton.PYTHON_ENVS", str(tmp_path / "python_env_*"))
+    holder = subprocess.Popen(["sleep", "30"], cwd=held)  # another server's live folder
+    report = soak.SoakReport(target="t", requests=1, concurrency=1)
+    try:
+        soak.after_stop(report, set(), None, set(), Triton)
+        assert report.left_temp == [str(leaked), str(env)]
+        assert report.temp_not_judged == [str(held)]
+        # a tritonserver that is not the run's: its environment folder cannot be told apart
+        fake = tmp_path / "tritonserver"
+        shutil.copy(shutil.which("sleep"), fake)
+        other = subprocess.Popen([str(fake), "30"])
+        try:
+            soak.after_stop(report, set(), None, set(), Triton)
+            assert report.left_temp == [str(leaked)]
+            assert report.temp_not_judged == sorted([str(env), str(held)])
+            # ... unless it is one of the run's own processes, still alive
+            soak.after_stop(report, {other.pid}, None, set(), Triton)
+            assert report.left_temp == [str(leaked), str(env)]
+            assert report.left_processes == [other.pid]
+        finally:
+            other.kill()
+            other.wait()
+    finally:
+        holder.kill()
+        holder.wait()
