@@ -65,7 +65,7 @@ def one_run(engine: str, a: Path, b: Path, seconds: float, log) -> dict:
             sequential_headers(url, body_b, name_b, 3)
             alone = sequential_headers(url, body_b, name_b, seconds)
             stop, counts = mp.Event(), mp.Queue()
-            flooder = mp.Process(target=flood_named, args=(url, body_a, name_a, 16, stop, counts))
+            flooder = mp.Process(target=flood_named, args=((url, body_a, name_a), 16, stop, counts))
             flooder.start()
             time.sleep(2)  # A's clients at full speed before B is measured
             t0 = time.monotonic()

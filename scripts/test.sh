@@ -16,5 +16,5 @@ command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null 2>&1 || echo 
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .site
 # Three processes share the two cores: the server tests spend much of their time waiting
 # for servers to start and stop. Each file runs whole in one process (its servers are
-# shared by its tests); the slowest folders go first.
-exec .venv/bin/python -m pytest -v -n 3 --dist loadfile "$@"
+# shared by its tests), in the order collected: the slowest first (tests/conftest.py).
+exec .venv/bin/python -m pytest -v -n 3 --dist loadfile --no-loadscope-reorder "$@"

@@ -18,14 +18,19 @@ import pytest
 from filelock import FileLock
 from helpers import tiny_bert_classifier, tiny_model
 
-# the slowest folders first, so that a parallel run does not end waiting on one of them
+# The slowest first, so that a parallel run (scripts/test.sh: files in the order
+# collected) does not end waiting on one of them: the longest server modules, then by folder.
+_SLOWEST = ("test_soak.py", "test_bench_servers.py", "test_front_triton.py", "test_triton.py")
 _FOLDERS = ("servers", "neuron", "compile", "unit")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def rank(item: pytest.Item) -> int:
-        folder = item.path.parent.name
-        return _FOLDERS.index(folder) if folder in _FOLDERS else len(_FOLDERS)
+    def rank(item: pytest.Item) -> tuple[int, int]:
+        name, folder = item.path.name, item.path.parent.name
+        return (
+            _SLOWEST.index(name) if name in _SLOWEST else len(_SLOWEST),
+            _FOLDERS.index(folder) if folder in _FOLDERS else len(_FOLDERS),
+        )
 
     items.sort(key=rank)
 

@@ -432,12 +432,19 @@ class _Run:
                 first = seen.setdefault(pid, now)
                 if pid in self.memory:
                     self.memory[pid][3] = mib
-                elif self.warm and (pid in (loaded or ()) or now - first >= LOAD_GRACE_S):
-                    # a replacement worker is judged once it has had time to load: its
-                    # loading is not a leak (waiting so for every worker left a run of
-                    # 7 s with none judged)
+                elif self.warm and (pid in (loaded or ()) or self._replacement_loaded(first, now)):
+                    # a replacement worker is judged once it has loaded: its loading is
+                    # not a leak (waiting so for every worker left a run of 7 s with none
+                    # judged)
                     self.memory[pid] = [first, now, mib, mib]
             await asyncio.sleep(1.0)
+
+    def _replacement_loaded(self, first_seen: float, now: float) -> bool:
+        """A worker that appeared during the run has loaded once it has had LOAD_GRACE_S
+        and, where the engine can say, the engine has called every worker ready again
+        (on a busy host a load takes longer than any grace)."""
+        ready = self.target.workers_ready is None or self.report.recovered_s is not None
+        return ready and now - first_seen >= LOAD_GRACE_S
 
     def memory_report(self, wall_s: float) -> None:
         r, now = self.report, time.monotonic()

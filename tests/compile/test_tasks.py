@@ -33,11 +33,15 @@ TEXTS = [
 
 
 def _model(tmp_path_factory, minilm_dir, task: str, arch: str = "bert", **config):
+    return _built(tmp_path_factory, minilm_dir, task, arch, None, **config)
+
+
+def _built(tmp_path_factory, minilm_dir, task: str, arch: str, fields, **config):
     root = tmp_path_factory.mktemp(f"{task}-{arch}")
     model = tiny_model(
         root / "model", minilm_dir, task, arch, seed=3, initializer_range=0.5, **config
     )
-    return model, compile_artifact(root / "artifact", model, task)
+    return model, compile_artifact(root / "artifact", model, task, **(fields or {}))
 
 
 def _answer(runner: Runner, body: dict):
@@ -108,10 +112,15 @@ def test_entities_of_cut_text_keep_offsets_into_the_text_sent(ner):
 def test_every_architecture_serves_every_text_task(tmp_path_factory, minilm_dir, arch):
     """Each architecture compiles for token classification, question answering, fill-mask
     and rerank, and its answers equal the reference's (the pipelines; the QA algorithm
-    written out; the eager cross-encoder's scores)."""
+    written out; the eager cross-encoder's scores). TorchScript only: what differs by
+    architecture is the model and its tokenizer, and fp32's three builds are tested on
+    BERT (tests/compile/test_precision.py)."""
     from transformers import pipeline
 
-    model, artifact = _model(tmp_path_factory, minilm_dir, "token-classification", arch)
+    def build(task: str):
+        return _built(tmp_path_factory, minilm_dir, task, arch, {"module_format": "torchscript"})
+
+    model, artifact = build("token-classification")
     got = _answer(
         Runner(artifact), {"inputs": TEXTS[:4], "parameters": {"aggregation_strategy": "simple"}}
     )
@@ -119,17 +128,17 @@ def test_every_architecture_serves_every_text_task(tmp_path_factory, minilm_dir,
         TEXTS[:4], aggregation_strategy="simple"
     )
     assert same_answers(got, want)
-    model, artifact = _model(tmp_path_factory, minilm_dir, "question-answering", arch)
+    model, artifact = build("question-answering")
     question, context = "Who went to Paris?", " ".join(TEXTS)
     got = _answer(
         Runner(artifact), {"question": question, "context": context, "parameters": {"top_k": 2}}
     )
     assert same_answers(got, qa_reference(model, question, context, 32, top_k=2))
-    model, artifact = _model(tmp_path_factory, minilm_dir, "fill-mask", arch)
+    model, artifact = build("fill-mask")
     masked = ["Ana met [MASK] in Paris.", "naïve [MASK] 🎉 and [MASK]"]
     got = _answer(Runner(artifact), {"inputs": masked, "parameters": {"top_k": 3}})
     assert same_answers(got, pipeline("fill-mask", model=str(model))(masked, top_k=3))
-    model, artifact = _model(tmp_path_factory, minilm_dir, "rerank", arch)
+    model, artifact = build("rerank")
     want = _eager_pair_scores(model, "where?", TEXTS)
     got = _answer(Runner(artifact), {"query": "where?", "documents": TEXTS})
     assert [g["index"] for g in got] == sorted(range(len(TEXTS)), key=lambda i: -want[i])

@@ -36,6 +36,7 @@ from helpers import (
     same_answers,
     settled,
     triton_rows,
+    wait_for,
 )
 from tritonclient.utils import InferenceServerException
 
@@ -144,6 +145,14 @@ def runner_rows(runner, texts) -> np.ndarray:
 
 def rows_json(result, name):
     return [json.loads(v[0]) for v in result.as_numpy(name)]
+
+
+def call_long(inst, texts: list[str]) -> np.ndarray:
+    c = httpclient.InferenceServerClient(inst.http_url.removeprefix("http://"))
+    try:
+        return infer(c, "minilm", texts).as_numpy("EMBEDDING")
+    finally:
+        c.close()
 
 
 def stub_pids(inst) -> list[int]:
@@ -411,9 +420,24 @@ def test_dynamic_batching_forms_batches_under_concurrency(server, minilm_runner)
         finally:
             c.close()
 
+    # Batch size 1 is a preferred size, so a lone request on an idle instance goes at
+    # once: how many arrive together would depend on how busy the host is. Both instances
+    # are kept busy with a long batch each (about a second of work), so the 24 queue.
+    long = ["word " * 200] * 8
+    stubs = [psutil.Process(pid) for pid in stub_pids(server)]
+    busy_before = [p.cpu_times().user for p in stubs]
     before = scrape(server.metrics_url, STACK)
-    with ThreadPoolExecutor(len(texts)) as pool:
+    with ThreadPoolExecutor(len(texts) + len(stubs)) as pool:
+        held = [pool.submit(call_long, server, long) for _ in stubs]
+        busy = zip(stubs, busy_before, strict=True)
+        wait_for(
+            lambda: all(p.cpu_times().user - b > 0.05 for p, b in busy),
+            timeout=30,
+            interval=0.01,
+            what="both instances running a long batch",
+        )
         out = list(pool.map(call, range(len(texts))))
+        assert all(h.result().shape == (8, 384) for h in held)
     # batched with others, so padded to another bucket: equal to float32 rounding
     assert np.allclose(out, ref, atol=1e-5)
     after = scrape(server.metrics_url, STACK)
@@ -422,7 +446,8 @@ def test_dynamic_batching_forms_batches_under_concurrency(server, minilm_runner)
     # (How the handler then splits a batch into bucket runs follows the artifacts'
     # measured bucket times, which may well favour batch-1 runs on a busy host.)
     requests_done, executions = (
-        after[n] - before[n] for n in ("nv_inference_count", "nv_inference_exec_count")
+        after[n] - before[n] - len(stubs) * m
+        for n, m in (("nv_inference_count", len(long)), ("nv_inference_exec_count", 1))
     )
     assert requests_done == len(texts) and executions < len(texts), (requests_done, executions)
     assert re.search(

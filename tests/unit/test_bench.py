@@ -443,6 +443,17 @@ def test_soak_judges_memory_of_workers_loaded_before_a_short_run(monkeypatch):
     assert list(run.report.memory_mb_warm) == [str(me.pid)]
     assert run.report.memory_growth_pct is not None
 
+    # past its grace, a newcomer still waits until the engine calls every worker ready
+    monkeypatch.setattr(soak, "LOAD_GRACE_S", 0.0)
+    target.workers_ready = lambda: (1, 2)
+    present[:], samples[:] = [me], []
+    asyncio.run(sample())
+    assert str(os.getppid()) not in run.memory
+    run.report.recovered_s = 1.0
+    present[:], samples[:] = [me], []
+    asyncio.run(sample())
+    assert str(os.getppid()) in run.memory
+
 
 def test_soak_counts_what_no_live_process_holds_as_left_behind(tmp_path, monkeypatch):
     """A soak on a busy host: another server's live files and, while another tritonserver
