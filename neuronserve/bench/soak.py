@@ -19,7 +19,10 @@ worker, a Triton stub) is sent SIGKILL. Reported:
   served (10% of the requests done, or 5 s after it appeared, for a replacement) and its
   last; growth is judged on workers sampled over at least a third of the run;
 - after stop: processes of the run still alive, core leases still held, temporary
-  files left (in /tmp, /dev/shm).
+  files left: anything in the temporary folder the run's servers were given (TMPDIR, a
+  folder of the run's own) and the shared memory in /dev/shm its processes had open or
+  named (Triton's stubs take their region's name as an argument). Only the run's own:
+  other servers on the host may come and go meanwhile.
 """
 
 from __future__ import annotations
@@ -29,25 +32,22 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import numpy as np
 import psutil
 
-from ..serve.engines import engine_class
 from ..serve.process import alive
 from ..serve.triton_stubs import STUB
-
-if TYPE_CHECKING:
-    from ..serve.engine import Engine
 
 # a worker process of either engine: TorchServe's Python worker, Triton's stub
 _WORKER_MARKS = ("model_service_worker", STUB)
@@ -117,8 +117,6 @@ class SoakReport:
     left_processes: list[int] = field(default_factory=list)
     left_leases: list[str] = field(default_factory=list)
     left_temp: list[str] = field(default_factory=list)
-    # new temporary entries that other live processes hold (or may have made)
-    temp_not_judged: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -313,13 +311,19 @@ def held_leases(directory: Path | None) -> list[str]:
     return held
 
 
-def temp_entries() -> set[str]:
-    """What is in the temporary folders workers and stubs write to."""
-    out = set()
-    for d in {tempfile.gettempdir(), "/dev/shm"}:
-        with contextlib.suppress(OSError):
-            out |= {os.path.join(d, n) for n in os.listdir(d)}
-    return out
+def shared_memory_of(pids: set[int]) -> set[str]:
+    """The /dev/shm entries `pids` have open or name on their command line."""
+    found: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            named = ["/dev/shm/" + os.path.basename(arg) for arg in proc.cmdline()]
+            found |= {
+                p
+                for p in [*(f.path for f in proc.open_files()), *named]
+                if p.startswith("/dev/shm/") and os.path.exists(p)
+            }
+    return found
 
 
 class _Run:
@@ -342,6 +346,7 @@ class _Run:
         self.kill_time: float | None = None
         self.victim: psutil.Process | None = None
         self.warm = False
+        self.on_sample: Callable[[], None] | None = None
         # pid -> (first seen, first warm sample time, first MiB, last MiB)
         self.memory: dict[str, list[float]] = {}
 
@@ -421,6 +426,8 @@ class _Run:
         loaded: set[str] | None = None  # the workers already serving when the run began
         while True:
             now = time.monotonic()
+            if self.on_sample is not None:
+                await asyncio.to_thread(self.on_sample)
             try:
                 sampled = await asyncio.to_thread(lambda: memory_mb(self.target.workers()))
             except Exception as e:  # noqa: BLE001 - a failed sample is reported, not fatal
@@ -518,52 +525,29 @@ class _Run:
 
 
 def run_soak(
-    options: SoakOptions, target: SoakTarget, artifact: Path, max_text_chars: int = 100_000
+    options: SoakOptions,
+    target: SoakTarget,
+    artifact: Path,
+    max_text_chars: int = 100_000,
+    on_sample: Callable[[], None] | None = None,
 ) -> SoakReport:
-    """Drive `target` (already serving `artifact`) with the soak mix."""
+    """Drive `target` (already serving `artifact`) with the soak mix; `on_sample` is
+    called beside each memory sample (once a second, off the event loop)."""
     checker = Checker(artifact, target)
-    return asyncio.run(_Run(options, target, checker, max_text_chars).run())
-
-
-def held_by_live_processes(paths: set[str]) -> set[str]:
-    """Those of `paths` a live process has open, mapped or as its working folder (or
-    holds something under): another server's, since the run's own processes are gone."""
-
-    def links(folder: Path) -> set[str]:
-        out = set()
-        with contextlib.suppress(OSError):
-            for link in [folder / "cwd", *(folder / "fd").iterdir()]:
-                with contextlib.suppress(OSError):  # closed while we looked
-                    out.add(os.readlink(link))
-        with contextlib.suppress(OSError):
-            out |= {line.split(maxsplit=5)[-1].rstrip("\n") for line in (folder / "maps").open()}
-        return out
-
-    held: set[str] = set()
-    for proc in Path("/proc").glob("[0-9]*"):
-        used = links(proc)
-        held |= {p for p in paths for u in used if u == p or u.startswith(p + "/")}
-    return held
+    run = _Run(options, target, checker, max_text_chars)
+    run.on_sample = on_sample
+    return asyncio.run(run.run())
 
 
 def after_stop(
-    report: SoakReport,
-    pids: set[int],
-    lease_dir: Path | None,
-    temp_before: set[str],
-    engine: type[Engine] | None = None,
+    report: SoakReport, pids: set[int], lease_dir: Path | None, temp_dir: Path, shm: set[str]
 ) -> None:
-    """What the run left behind once its servers were stopped. A temporary entry that
-    appeared during the run counts unless a live process holds it or `engine` says
-    another live server of its kind may have made it (both reported as not judged)."""
+    """What the run left behind once its servers were stopped: its processes, leases,
+    anything in its servers' temporary folder, the shared memory `shm` they used."""
     report.left_processes = [pid for pid in sorted(pids) if alive(pid)]
     report.left_leases = held_leases(lease_dir)
-    new = temp_entries() - temp_before
-    others = held_by_live_processes(new)
-    if engine is not None:
-        others |= engine.others_temp(new - others, pids)
-    report.left_temp = sorted(new - others)
-    report.temp_not_judged = sorted(others)
+    left = [str(p) for p in temp_dir.iterdir()] if temp_dir.is_dir() else []
+    report.left_temp = sorted(left + [p for p in shm if os.path.lexists(p)])
 
 
 def format_report(r: SoakReport) -> str:
@@ -596,11 +580,6 @@ def format_report(r: SoakReport) -> str:
     lines.append(
         f"  after stop processes {r.left_processes or 'none'}, leases held "
         f"{r.left_leases or 'none'}, temporary files {r.left_temp or 'none'}"
-        + (
-            f" (not judged, other live processes' or servers': {r.temp_not_judged})"
-            if r.temp_not_judged
-            else ""
-        )
     )
     lines += [f"  sample: {s}" for s in r.samples]
     return "\n".join(lines)
@@ -664,6 +643,24 @@ def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt
 
 
+@contextlib.contextmanager
+def _own_temp_folder() -> Iterator[Path]:
+    """A temporary folder for the run's servers (TMPDIR, which they inherit), so that
+    what they leave is told apart from what other processes on the host write."""
+    folder = Path(tempfile.mkdtemp(prefix="ns-soak-"))
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), None
+    try:
+        yield folder
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        tempfile.tempdir = None
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def soak_started(
     artifact: Path,
     engine: str,
@@ -673,28 +670,28 @@ def soak_started(
 ) -> SoakReport:
     """Start `engine` for `artifact` (`via` engine, front or sagemaker), soak it, stop it
     and report what the stop left behind: processes of the run, leases, temporary files."""
-    before = temp_entries()
     # a SIGTERM (a CI timeout, `kill`) still stops what was started
     signal.signal(signal.SIGTERM, _interrupt)
-    log(f"starting {engine} via {via} for {artifact} ...")
-    server, target = start_target(artifact, engine, via, options.layout)
-    pids: set[int] = set()
+    with _own_temp_folder() as temp_dir:
+        log(f"starting {engine} via {via} for {artifact} ...")
+        server, target = start_target(artifact, engine, via, options.layout)
+        pids: set[int] = set()
+        shm: set[str] = set()
 
-    def seen() -> None:
-        for root in target.roots():
-            pids.add(root)
-            with contextlib.suppress(psutil.Error):
-                pids.update(p.pid for p in psutil.Process(root).children(recursive=True))
+        def seen() -> None:
+            for root in target.roots():
+                pids.add(root)
+                with contextlib.suppress(psutil.Error):
+                    pids.update(p.pid for p in psutil.Process(root).children(recursive=True))
+            shm.update(shared_memory_of(pids))
 
-    try:
-        seen()
-        log(f"soaking {target.url}: {options.requests} requests, {options.concurrency} clients")
-        report = run_soak(options, target, artifact)
-        seen()
-    finally:
-        server.stop(cleanup=False)
-    after_stop(report, pids, server.lease_dir, before, engine_class(engine))
-    own = server.tmp.name
-    server.tmp.cleanup()
-    report.left_temp = [p for p in report.left_temp if p != own and not p.startswith(own + "/")]
+        try:
+            seen()
+            log(f"soaking {target.url}: {options.requests} requests, {options.concurrency} clients")
+            report = run_soak(options, target, artifact, on_sample=seen)
+            seen()
+        finally:
+            server.stop(cleanup=False)
+        server.tmp.cleanup()  # the run's own working folder, inside temp_dir
+        after_stop(report, pids, server.lease_dir, temp_dir, shm)
     return report

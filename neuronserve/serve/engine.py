@@ -149,13 +149,6 @@ class Engine(ABC, Generic[Instance]):
     def running(self) -> bool:
         return self.root_pid() is not None
 
-    @classmethod
-    def others_temp(cls, paths: set[str], own_pids: set[int]) -> set[str]:
-        """Of `paths` (temporary entries that appeared while this engine ran and that no
-        live process holds), those another live server on the host may have made and
-        that cannot be told apart from this one's: not judged as left behind."""
-        return set()
-
     def describe(self) -> dict[str, Any]:
         """What `serve` prints: the engine, its run directory and how workers heal."""
         return {"engine": self.name, "run_dir": str(self.run_dir), "replacement": self.replacement}

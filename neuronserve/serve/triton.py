@@ -10,7 +10,6 @@ first on LD_LIBRARY_PATH, its interpreter first on PATH, its packages on PYTHONP
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import glob
 import json
 import os
@@ -25,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import psutil
 import requests
 
 from ..cores import DEPLOYMENT_ENV
@@ -480,16 +478,6 @@ class Triton(Engine[TritonInstance]):
     @property
     def metrics_url(self) -> str:
         return self.instance.metrics_url
-
-    @classmethod
-    def others_temp(cls, paths: set[str], own_pids: set[int]) -> set[str]:
-        """The Python backend's environment folder is empty and held by no process, so
-        while another tritonserver lives on the host, a new one may be that server's."""
-        others = any(
-            p.info["name"] == cls.server and p.pid not in own_pids
-            for p in psutil.process_iter(["name"])
-        )
-        return {p for p in paths if fnmatch.fnmatch(p, PYTHON_ENVS)} if others else set()
 
     def client(
         self, name: str, models: dict[str, ServedModel], workers: int, connections: int

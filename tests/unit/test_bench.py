@@ -7,6 +7,7 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -455,41 +456,42 @@ def test_soak_judges_memory_of_workers_loaded_before_a_short_run(monkeypatch):
     assert str(os.getppid()) in run.memory
 
 
-def test_soak_counts_what_no_live_process_holds_as_left_behind(tmp_path, monkeypatch):
-    """A soak on a busy host: another server's live files and, while another tritonserver
-    lives, the Python backend's empty environment folders are not the run's leftovers."""
-    import shutil
+def test_soak_judges_only_its_own_temporary_folder_and_shared_memory(tmp_path):
+    """What the run's servers left in their own TMPDIR, and the /dev/shm entries its
+    processes had open or named, count; another server's files on the host do not."""
     import subprocess
+    import sys
 
     from neuronserve.bench import soak
-    from neuronserve.serve.triton import Triton
 
-    held, leaked, env = tmp_path / "held", tmp_path / "leaked", tmp_path / "python_env_x"
-    for folder in (held, leaked, env):
-        folder.mkdir()
-    monkeypatch.setattr(soak, "temp_entries", lambda: {str(held), str(leaked), str(env)})
-    monkeypatch.setattr("neuronserve.serve.triton.PYTHON_ENVS", str(tmp_path / "python_env_*"))
-    holder = subprocess.Popen(["sleep", "30"], cwd=held)  # another server's live folder
-    report = soak.SoakReport(target="t", requests=1, concurrency=1)
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    ours, theirs = shm / f"ns-test-ours-{os.getpid()}", shm / f"ns-test-theirs-{os.getpid()}"
+    temp_dir = tmp_path / "run-tmp"
+    temp_dir.mkdir()
+    (temp_dir / "left.txt").write_text("x")
+    # one of the run's processes: holds one region open and names it, as a stub does
+    code = "import sys, time; f = open(sys.argv[1], 'w'); print('open', flush=True); time.sleep(30)"
+    worker = subprocess.Popen([sys.executable, "-c", code, str(ours)], stdout=subprocess.PIPE)
+    theirs.write_text("another server's")
     try:
-        soak.after_stop(report, set(), None, set(), Triton)
-        assert report.left_temp == [str(leaked), str(env)]
-        assert report.temp_not_judged == [str(held)]
-        # a tritonserver that is not the run's: its environment folder cannot be told apart
-        fake = tmp_path / "tritonserver"
-        shutil.copy(shutil.which("sleep"), fake)
-        other = subprocess.Popen([str(fake), "30"])
-        try:
-            soak.after_stop(report, set(), None, set(), Triton)
-            assert report.left_temp == [str(leaked)]
-            assert report.temp_not_judged == sorted([str(env), str(held)])
-            # ... unless it is one of the run's own processes, still alive
-            soak.after_stop(report, {other.pid}, None, set(), Triton)
-            assert report.left_temp == [str(leaked), str(env)]
-            assert report.left_processes == [other.pid]
-        finally:
-            other.kill()
-            other.wait()
+        assert worker.stdout.readline() == b"open\n"
+        named = soak.shared_memory_of({worker.pid})
+        assert named == {str(ours)}
+        report = soak.SoakReport(target="t", requests=1, concurrency=1)
+        soak.after_stop(report, {worker.pid}, None, temp_dir, named)
+        assert report.left_processes == [worker.pid]
+        assert report.left_temp == sorted([str(temp_dir / "left.txt"), str(ours)])
+        worker.kill()
+        worker.wait()
+        ours.unlink()
+        (temp_dir / "left.txt").unlink()
+        soak.after_stop(report, {worker.pid}, None, temp_dir, named)
+        assert report.left_processes == report.left_temp == []
+        assert report.defects() == []
     finally:
-        holder.kill()
-        holder.wait()
+        worker.kill()
+        worker.wait()
+        for path in (ours, theirs):
+            path.unlink(missing_ok=True)
