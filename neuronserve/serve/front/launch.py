@@ -102,8 +102,11 @@ def _wait_healthy(
             log(f"  {line}")
         shown = len(lines)
         if proc.poll() is not None:
+            # the caller may have silenced the echo, and may delete the run directory
+            end = "\n  ".join(log_path.read_text(errors="replace").splitlines()[-12:])
             raise ServeError(
-                f"the front exited during start (status {proc.returncode}); see {log_path}"
+                f"the front exited during start (status {proc.returncode}); "
+                f"the end of {log_path}:\n  {end}"
             )
         try:
             with urllib.request.urlopen(f"{config.url}/health", timeout=5, context=context) as r:
