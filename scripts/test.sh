@@ -12,9 +12,18 @@ scripts/install.sh
 command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null 2>&1 || echo "wrk not installed"
 .venv/bin/ruff check neuronserve handlers triton_backend tests scripts docs
 .venv/bin/ruff format --check neuronserve handlers triton_backend tests scripts docs
-.venv/bin/mypy
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .site
 # Three processes share the two cores: the server tests spend much of their time waiting
 # for servers to start and stop. Each file runs whole in one process (its servers are
 # shared by its tests), in the order collected: the slowest first (tests/conftest.py).
-exec .venv/bin/python -m pytest -v -n 3 --dist loadfile --no-loadscope-reorder "$@"
+# mypy (half a minute of one core) checks types beside them; its verdict comes at the end.
+types_log=$(mktemp)
+.venv/bin/mypy >"$types_log" 2>&1 &
+types_pid=$!
+tests=0
+.venv/bin/python -m pytest -v -n 3 --dist loadfile --no-loadscope-reorder "$@" || tests=$?
+types=0
+wait "$types_pid" || types=$?
+echo "mypy: $(cat "$types_log")"
+rm -f "$types_log"
+exit $((tests != 0 ? tests : types))
