@@ -19,8 +19,17 @@ from filelock import FileLock
 from helpers import tiny_bert_classifier, tiny_model
 
 # The slowest first, so that a parallel run (scripts/test.sh: files in the order
-# collected) does not end waiting on one of them: the longest server modules, then by folder.
-_SLOWEST = ("test_soak.py", "test_bench_servers.py", "test_front_triton.py", "test_triton.py")
+# collected) does not end waiting on one of them: the longest modules, those that mostly
+# wait for servers beside those that compile (which keep both cores busy), then by folder.
+_SLOWEST = (
+    "test_soak.py",
+    "test_tasks.py",
+    "test_front_triton.py",
+    "test_precision.py",
+    "test_bench_servers.py",
+    "test_neuron_sdk.py",
+    "test_triton.py",
+)
 _FOLDERS = ("servers", "neuron", "compile", "unit")
 
 
