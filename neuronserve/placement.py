@@ -80,16 +80,25 @@ class PlanRequest:
     cores_per_module: int = 1
 
     @classmethod
-    def of(cls, spec: DeploySpec, manifests: Sequence[Manifest]) -> PlanRequest:
-        """The request for serving `manifests` (one target) together: each worker holds
-        every model, so it needs the most cores any of them is compiled for."""
+    def of_target(cls, spec: DeploySpec, target: str, cores_per_module: int = 1) -> PlanRequest:
+        """The request for workers on `target` before any model is known (multi-model)."""
         return cls(
-            target=manifests[0].target,
+            target=target,
             layout=spec.layout,
             workers=spec.workers,
             cores_per_worker=spec.cores_per_worker,
             neuron_cores=spec.neuron_cores,
-            cores_per_module=max(int(m.compiler.get("cores_per_module", 1)) for m in manifests),
+            cores_per_module=cores_per_module,
+        )
+
+    @classmethod
+    def of(cls, spec: DeploySpec, manifests: Sequence[Manifest]) -> PlanRequest:
+        """The request for serving `manifests` (one target) together: each worker holds
+        every model, so it needs the most cores any of them is compiled for."""
+        return cls.of_target(
+            spec,
+            manifests[0].target,
+            max(int(m.compiler.get("cores_per_module", 1)) for m in manifests),
         )
 
 
@@ -212,6 +221,10 @@ class ModelMemory:
     # the most one call of its largest bucket needs at once
     activations: int
 
+    @property
+    def total(self) -> int:
+        return self.weights + self.activations
+
 
 @dataclass(frozen=True)
 class MemoryPlan:
@@ -267,7 +280,10 @@ class MemoryPlan:
 
 
 def memory_plan(
-    models: Sequence[tuple[str, Manifest, Path]], worker_plan: WorkerPlan, family: str | None
+    models: Sequence[tuple[str, Manifest, Path]],
+    worker_plan: WorkerPlan,
+    family: str | None,
+    target: str | None = None,
 ) -> MemoryPlan:
     """Estimate, before anything starts, what each worker holds with every model loaded:
     weights from the artifacts' modules (on Neuron the manifest's weight bytes, inlined in
@@ -275,12 +291,9 @@ def memory_plan(
     the runtime's own; against the device memory of a NeuronCore of the instance family,
     or on CPU the host memory (less what the engine and the front need) per worker."""
     kind = worker_plan.kind
-    found = [
-        ModelMemory(name, _weights(m, path, kind), _activations(m, path))
-        for name, m, path in models
-    ]
+    found = [model_memory(name, m, path, kind) for name, m, path in models]
     if kind == "neuron":
-        target = models[0][1].target if models else "neuronx"
+        target = models[0][1].target if models else (target or "neuronx")
         key = "neuron" if target == "neuron" else (family or "inf2")
         core = CORE_MEMORY.get(key, CORE_MEMORY["inf2"])
         # what the runtime, instructions and activations take is the share weights leave
@@ -295,6 +308,18 @@ def memory_plan(
         else "host memory unknown"
     )
     return MemoryPlan(kind, worker_plan.workers, found, CPU_WORKER_OVERHEAD, budget, where)
+
+
+def model_memory(name: str, manifest: Manifest, artifact: Path, kind: str) -> ModelMemory:
+    """What one worker (on Neuron: one NeuronCore) holds of a model."""
+    return ModelMemory(name, _weights(manifest, artifact, kind), _activations(manifest, artifact))
+
+
+def model_budget(worker_plan: WorkerPlan, family: str | None, target: str) -> int | None:
+    """Bytes each worker may fill with models: what a worker may use (memory_plan's
+    budget) less its runtime's own; None when this host cannot tell."""
+    plan = memory_plan([], worker_plan, family, target)
+    return None if plan.budget is None else max(plan.budget - plan.overhead, 0)
 
 
 def _host_memory() -> int | None:

@@ -137,6 +137,32 @@ class DeploySpec(BaseModel):
         "(TorchServe's /predictions/<name>, Triton's model), each model addressed inside it "
         "by its own name; one model is served under its own name",
     )
+    multi_model: bool = Field(
+        False,
+        description="serve SageMaker's multi-model contract: models are loaded, listed, "
+        "swapped and unloaded at run time through /models (behind the admin key outside "
+        "SageMaker), loaded on first use and the least recently used idle one evicted "
+        "when a worker's memory budget is spent (SAGEMAKER_MULTI_MODEL=true in the "
+        "container)",
+    )
+    memory_budget_mb: float | None = Field(
+        None,
+        gt=0,
+        description="multi-model: memory each worker may fill with models, in MiB (device "
+        "memory per NeuronCore, host memory per worker on CPU); unset: what the host has "
+        "(NEURONSERVE_MEMORY_BUDGET_MB in the container)",
+    )
+    idle_unload_s: float | None = Field(
+        None,
+        gt=0,
+        description="multi-model: unload a model after this many seconds without a request "
+        "(it loads again on its next one); unset: models stay until memory is needed",
+    )
+    catalog_dir: Path | None = Field(
+        None,
+        description="multi-model: the folder through which the front tells the workers "
+        "which models to hold (the front sets it)",
+    )
     precision: Precision = Field(
         "auto",
         description="what the compiled model computes in. cpu: fp32 | bf16 | int8 | auto (the "
@@ -356,6 +382,12 @@ class DeploySpec(BaseModel):
         description="file of API keys the front accepts, one per line (NEURONSERVE_API_KEY "
         "adds one); with none given, a key is generated into <front_run_dir>/api_key",
     )
+    admin_key_file: Path | None = Field(
+        None,
+        description="multi-model outside SageMaker: file of keys for the model management "
+        "routes (/models), one per line (NEURONSERVE_ADMIN_KEY adds one); with none given, "
+        "a key is generated into <front_run_dir>/admin_key",
+    )
     metrics_auth: bool = Field(
         True,
         description="whether GET /metrics needs an API key when keys are on (off lets "
@@ -573,6 +605,7 @@ def _relative_to(data: dict[str, Any], base: Path) -> None:
         "compiler_workdir",
         "front_run_dir",
         "api_key_file",
+        "admin_key_file",
         "tls_cert",
         "tls_key",
     ):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from . import cores, placement
+from .catalog import Follower
 
 if TYPE_CHECKING:
     from .execution import RunReport
@@ -70,6 +71,8 @@ class WorkerSettings(BaseModel):
     max_json_depth: int = 32
     # every model each worker loads, in the order packaging was given them
     models: list[ModelSettings] = []
+    # multi-model: the catalog folder whose wanted models the worker follows (catalog.py)
+    catalog: str | None = None
 
     def torchserve_section(self) -> dict[str, Any]:
         return {CONFIG_SECTION: self.model_dump()}
@@ -119,6 +122,8 @@ class Worker:
     ready_s: float = 0.0
     # the model served first in the next batch that holds several (models take turns)
     _turn: int = 0
+    # multi-model: the thread that loads and drops models as the catalog says
+    follower: Follower | None = None
 
     def describe(self) -> str:
         g = self.lease.group
@@ -138,18 +143,19 @@ class Worker:
         them when the worker holds several and the request named none."""
         from .tasks import RequestError
 
+        runners = self.runners  # one read: the catalog's thread may swap the dict
         if name is None or name == "":
-            if len(self.runners) == 1:
-                return next(iter(self.runners.values()))
+            if len(runners) == 1:
+                return next(iter(runners.values()))
             raise RequestError(
-                f"this deployment serves {len(self.runners)} models: name one with the "
+                f"this deployment serves {len(runners)} models: name one with the "
                 f"{MODEL_HEADER} header (TorchServe) or the `{MODEL_PARAMETER}` request "
-                f"parameter (Triton): {', '.join(self.runners)}"
+                f"parameter (Triton): {', '.join(runners) or 'none loaded'}"
             )
-        found = self.runners.get(name)
+        found = runners.get(name)
         if found is None:
             raise RequestError(
-                f"no model {name!r} here; served: {', '.join(self.runners)}", status=404
+                f"no model {name!r} here; served: {', '.join(runners) or 'none'}", status=404
             )
         return found
 
@@ -193,6 +199,8 @@ class Worker:
         return out
 
     def stop(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
         self.lease.release()
 
 
@@ -223,19 +231,31 @@ def start_worker(
         limits = RequestLimits(
             settings.max_client_batch, settings.max_text_chars, settings.max_json_depth
         )
-        runners = {
-            m.name: Runner(
-                Path(model_dir) / m.artifact,
-                truncation=m.truncation,
+
+        def load(name: str, artifact: Path | str, truncation: bool | None) -> Runner:
+            return Runner(
+                Path(model_dir) / artifact,  # an absolute artifact path stays as it is
+                truncation=truncation,
                 cores=len(lease.cores),
                 limits=limits,
-                name=m.name,
+                name=name,
             )
-            for m in settings.models
-        }
-        if not runners:
+
+        runners = {m.name: load(m.name, m.artifact, m.truncation) for m in settings.models}
+        if not runners and settings.catalog is None:
             raise ValueError("the packaged settings name no model to load")
+        worker = Worker(lease, runners, leased)
+        if settings.catalog is not None:
+            worker.follower = Follower(
+                Path(settings.catalog),
+                lease.group.index,
+                load,
+                lambda: worker.runners,
+                lambda models: setattr(worker, "runners", models),
+            )
+            worker.follower.start()
     except BaseException:
         lease.release()
         raise
-    return Worker(lease, runners, leased, time.monotonic() - started)
+    worker.ready_s = time.monotonic() - started
+    return worker

@@ -70,6 +70,11 @@ def front_cmd(
     max_batch_delay_ms: MaxBatchDelayMs = None,
     truncation: Truncation = None,
     neuron_cores: NeuronCores = None,
+    multi_model: Annotated[
+        bool | None, spec_option("multi_model", "--multi-model/--fixed-models")
+    ] = None,
+    memory_budget_mb: Annotated[float | None, spec_option("memory_budget_mb")] = None,
+    idle_unload_s: Annotated[float | None, spec_option("idle_unload_s")] = None,
     stop: Stop = False,
     foreground: Annotated[
         bool,
@@ -118,6 +123,9 @@ def front_cmd(
         max_batch_delay_ms=max_batch_delay_ms,
         truncation=truncation,
         neuron_cores=neuron_cores,
+        multi_model=multi_model,
+        memory_budget_mb=memory_budget_mb,
+        idle_unload_s=idle_unload_s,
     )
     if stop:
         launch.stop(s.front_run_dir)
@@ -130,7 +138,7 @@ def front_cmd(
             1,
         )
     given = list(sources or ([s.artifact] if s.artifact is not None else []))
-    if not given and not s.models:
+    if not given and not s.models and not s.multi_model:
         fail(
             "nothing to serve: pass an artifact (or several), a model store or a Triton repository"
         )
@@ -167,6 +175,21 @@ def _report(inst: Any, custom_run_dir: bool) -> None:
         typer.echo(f"neuronserve front is ready at {config.url} (its /info failed: {e})")
         info = {"model_id": "?", "task": "?", "target": "?", "precision": "?", "engine": "?"}
     models = info.get("models") or [info]
+    if config.multi_model:
+        typer.echo(
+            f"neuronserve front is ready at {config.url}: multi-model, "
+            f"{len(info.get('models', []))} model(s) loaded, which listens on loopback only"
+        )
+        for m in info.get("models", []):
+            typer.echo(f"  {m['model_id']}: {m.get('task', '?')}, {m.get('state', '?')}")
+        where = f"admin key in {config.admin_keys.where}" if config.admin_keys else "no key"
+        typer.echo(
+            "  POST /models {model_name, url} loads one, GET /models lists them, "
+            f"DELETE /models/<name> unloads, PUT /models/<name> swaps ({where})"
+        )
+        typer.echo("  POST /models/<name>/invoke, or any route naming the model")
+        typer.echo(f"  log in {inst.log}")
+        return
     if len(models) == 1:
         typer.echo(
             f"neuronserve front is ready at {config.url}: {info['model_id']} ({info['task']}, "

@@ -26,6 +26,10 @@ from ..artifact import Manifest, read_manifest
 from ..spec import DeploySpec, ModelEntry
 from ..worker import MODELS_DIR, ModelSettings, WorkerSettings
 
+# the largest batch an engine forms in a multi-model deployment, whose models' grids are
+# unknown when it starts (a Runner runs a batch beyond its grid in pieces)
+MULTI_MODEL_MAX_BATCH = 32
+
 
 class PackagingError(RuntimeError):
     pass
@@ -56,7 +60,7 @@ class Packaged:
 
     @property
     def target(self) -> str:
-        return self.models[0].manifest.target
+        return self.models[0].manifest.target if self.models else self.settings.target
 
 
 def prepare(
@@ -67,6 +71,8 @@ def prepare(
     workers unless the caller has (`what` names them in the warning printed when this
     host has fewer core groups than asked for); settle the settings."""
     entries = spec.model_entries()
+    if spec.multi_model:
+        return _prepare_multi_model(spec, what, plan)
     if not entries:
         raise PackagingError("no artifact: pass the artifact directory (or several)")
     models = []
@@ -96,9 +102,7 @@ def prepare(
     )
     if not memory.fits:
         raise PackagingError(memory.refusal())
-    warning = plan.warning(what)
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
+    _warn(plan, what)
     settings = WorkerSettings(
         target=manifests[0].target,
         core_kind=plan.kind,
@@ -118,6 +122,42 @@ def prepare(
     )
     name = models[0].name if len(models) == 1 else spec.deployment_name
     return Packaged(models, name, plan, settings, memory)
+
+
+def _prepare_multi_model(
+    spec: DeploySpec, what: str, plan: placement.WorkerPlan | None
+) -> Packaged:
+    """A multi-model deployment packages no model: its workers start empty, on the
+    spec's target, and load what the front's catalog names (neuronserve.catalog)."""
+    if spec.catalog_dir is None:
+        raise PackagingError(
+            "multi-model serving runs behind the front, which loads the models: "
+            "use `neuronserve serve front` (or the SageMaker/Kubernetes container)"
+        )
+    if plan is None:
+        try:
+            plan = placement.plan(placement.PlanRequest.of_target(spec, spec.target))
+        except placement.PlacementError as e:
+            raise PackagingError(str(e)) from None
+    _warn(plan, what)
+    settings = WorkerSettings(
+        target=spec.target,
+        core_kind=plan.kind,
+        cores_per_worker=plan.cores_per_worker,
+        neuron_cores=spec.neuron_cores,
+        max_client_batch=spec.max_client_batch,
+        max_text_chars=spec.max_text_chars,
+        max_json_depth=spec.max_json_depth,
+        catalog=str(Path(spec.catalog_dir).resolve()),
+    )
+    memory = placement.memory_plan([], plan, cores.instance_family())
+    return Packaged([], spec.deployment_name, plan, settings, memory)
+
+
+def _warn(plan: placement.WorkerPlan, what: str) -> None:
+    warning = plan.warning(what)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def _check_together(models: list[PackagedModel]) -> None:

@@ -23,7 +23,15 @@ from ..buckets import engine_batch_sizes
 from ..resources import handler_file, tool
 from ..spec import DeploySpec
 from ..worker import MODELS_DIR
-from .model import Packaged, PackagingError, prepare, put_in_place, retire, staged
+from .model import (
+    MULTI_MODEL_MAX_BATCH,
+    Packaged,
+    PackagingError,
+    prepare,
+    put_in_place,
+    retire,
+    staged,
+)
 
 __all__ = ["PackagingError", "model_config", "package_torchserve"]
 
@@ -65,7 +73,11 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> dict:
         "maxWorkers": packaged.plan.workers,
         "batchSize": spec.batch_requests
         or max(
-            max(engine_batch_sizes(m.manifest.grid, m.manifest.bucket_ms)) for m in packaged.models
+            (
+                max(engine_batch_sizes(m.manifest.grid, m.manifest.bucket_ms))
+                for m in packaged.models
+            ),
+            default=MULTI_MODEL_MAX_BATCH,
         ),
         # 0 in model-config.yaml is read as unset (100 ms), and 0 through config.properties
         # ends every batch at two requests (its aggregator stops once the delay is spent):

@@ -23,8 +23,8 @@ from .. import placement
 from ..buckets import engine_batch_sizes
 from ..resources import triton_model_file
 from ..spec import DeploySpec
-from ..tasks import get_task
-from .model import Packaged, PackagingError, prepare, put_in_place, staged
+from ..tasks import TASKS, get_task
+from .model import MULTI_MODEL_MAX_BATCH, Packaged, PackagingError, prepare, put_in_place, staged
 
 CONFIG = "config.pbtxt"
 
@@ -39,7 +39,9 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
 
     grids = [m.manifest.grid for m in packaged.models]
     config = mc.ModelConfig(
-        name=packaged.name, backend="python", max_batch_size=max(g.max_batch for g in grids)
+        name=packaged.name,
+        backend="python",
+        max_batch_size=max((g.max_batch for g in grids), default=MULTI_MODEL_MAX_BATCH),
     )
     # One text per batch row: Triton's batch dimension counts texts, so its dynamic
     # batcher fills exactly the compiled batch sizes. TEXT_PAIR: the document of a rerank
@@ -77,8 +79,28 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
     return config
 
 
+def _multi_model_tensors() -> tuple[dict[str, bool], dict[str, tuple[str, list[int]]]]:
+    """A multi-model deployment's inputs and outputs: any task's (each optional, sizes
+    variable), since the models it will load are not known when Triton reads the config."""
+    inputs: dict[str, bool] = {}
+    outputs: dict[str, tuple[str, list[int]]] = {}
+    for name in TASKS:
+        task = get_task(name)
+        inputs[task.input_tensor] = False
+        if task.accepts_pairs:
+            inputs["TEXT_PAIR"] = False
+        for t in task.output_tensors(2, ["a", "b"]):
+            seen = outputs.get(t.name)
+            if seen is not None and seen[0] != t.dtype:
+                raise PackagingError(f"output {t.name} is {seen[0]} and {t.dtype} in two tasks")
+            outputs[t.name] = (t.dtype, [-1] * len(t.dims))
+    return inputs, outputs
+
+
 def _inputs(packaged: Packaged) -> dict[str, bool]:
     """Input name -> required: required only when every model's requests carry it."""
+    if not packaged.models:
+        return _multi_model_tensors()[0]
     needs: list[dict[str, bool]] = []
     for m in packaged.models:
         task = get_task(m.manifest.task)
@@ -93,6 +115,8 @@ def _inputs(packaged: Packaged) -> dict[str, bool]:
 def _outputs(packaged: Packaged) -> dict[str, tuple[str, list[int]]]:
     """Output name -> (dtype, dims per text); a name two models give at other sizes (two
     embedders of other widths) is declared variable (-1)."""
+    if not packaged.models:
+        return _multi_model_tensors()[1]
     out: dict[str, tuple[str, list[int]]] = {}
     for m in packaged.models:
         task = get_task(m.manifest.task)

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import placement
+from .. import catalog, placement
 from ..artifact import read_manifest
 from ..packaging.model import recorded_unless_given, served_truncation
 from ..spec import DeploySpec, ModelEntry, load_spec
@@ -23,15 +23,19 @@ from .engines import engine
 from .process import free_ports
 
 if TYPE_CHECKING:
+    from ..artifact import Manifest
     from .engine import Engine
     from .front.clients import EngineClient
     from .front.model import ServedModel
+    from .front.multi_model import ModelCatalog
+    from .front.serving import Serving
     from .model_source import FoundModel
 
 log = logging.getLogger(__name__)
 
 STORE_DIR = "store"
 RUN_DIR = "run"
+CATALOG_DIR = "catalog"
 
 
 def engine_settings(spec: DeploySpec) -> dict[str, Any]:
@@ -40,6 +44,8 @@ def engine_settings(spec: DeploySpec) -> dict[str, Any]:
     given = spec.model_fields_set
     settings = {k: getattr(spec, k) for k in DeploySpec.worker_fields() if k in given}
     settings["deployment_name"] = spec.deployment_name
+    if spec.multi_model:
+        settings.update(multi_model=True, target=spec.target)
     return {k: v for k, v in settings.items() if v is not None}
 
 
@@ -77,7 +83,8 @@ class Deployment:
     ):
         self.work = Path(work)
         self.engine = engine(engine_name, self.work / RUN_DIR)
-        if not models:
+        self.multi_model = bool(settings.get("multi_model"))
+        if not models and not self.multi_model:
             raise ValueError("a deployment needs at least one model")
         # packaging verifies the artifacts' checksums when the engine starts
         self.manifests = {
@@ -85,11 +92,17 @@ class Deployment:
             for m in models
             for mf in [read_manifest(m.artifact, verify=False)]
         }
+        # multi-model: the workers start empty and the front loads these through the
+        # catalog, like any model loaded later
+        self.initial = list(models) if self.multi_model else []
+        if self.multi_model and self.manifests:
+            settings = {**settings, "target": next(iter(self.manifests.values()))[0].target}
         kind = type(self.engine)
         self.spec: DeploySpec = load_spec(
             None,
             {
-                "models": [m.model_dump() for m in models],
+                "models": [] if self.multi_model else [m.model_dump() for m in models],
+                "catalog_dir": self.work / CATALOG_DIR if self.multi_model else None,
                 # loopback only, behind the front: no keys, and a folder instead of a
                 # zip so a start does not pack the artifact again
                 "token_auth": False,
@@ -100,11 +113,16 @@ class Deployment:
                 **settings,
             },
         )
-        first = next(iter(self.manifests))
         # the name the engine serves them under: the model's own when there is one
-        self.name = first if len(self.manifests) == 1 else self.spec.deployment_name
+        self.name = (
+            next(iter(self.manifests))
+            if len(self.manifests) == 1 and not self.multi_model
+            else self.spec.deployment_name
+        )
         self.plan = plan or placement.plan(
             placement.PlanRequest.of(self.spec, [m for m, _ in self.manifests.values()])
+            if self.manifests
+            else placement.PlanRequest.of_target(self.spec, self.spec.target)
         )
 
     @property
@@ -122,6 +140,9 @@ class Deployment:
         # (another model, served from the same run directory before) must not load again
         if self.store.exists():
             shutil.rmtree(self.store)
+        if self.multi_model:  # and nothing an earlier start loaded is wanted again
+            shutil.rmtree(self.work / CATALOG_DIR, ignore_errors=True)
+            catalog.write_wanted(self.work / CATALOG_DIR, {})
         self.engine.package(self.spec, self.plan)
         self.engine.start(self.spec, log=log.info)
 
@@ -134,21 +155,60 @@ class Deployment:
 
     def served_models(self) -> dict[str, ServedModel]:
         """Each model as the front needs it, by name."""
-        from .front.model import ServedModel
-
         out = {}
         for entry in self.spec.model_entries():
             manifest = read_manifest(entry.artifact, verify=False)
             name = recorded_unless_given(entry.name, manifest.name)
-            out[name] = ServedModel(
-                name=name,
-                manifest=manifest,
-                engine=self.engine.name,
-                truncation=served_truncation(entry, self.spec, manifest),
-                max_text_chars=self.spec.max_text_chars,
-                tokenizer=ServedModel.tokenizer_of(manifest, Path(entry.artifact)),
-            )
+            out[name] = self.served_model(name, manifest, Path(entry.artifact), entry)
         return out
+
+    def served_model(
+        self,
+        name: str,
+        manifest: Manifest,
+        artifact: Path,
+        entry: ModelEntry | None = None,
+        key: str = "",
+    ) -> ServedModel:
+        """One model as the front needs it (a multi-model load passes its worker name)."""
+        from .front.model import ServedModel
+
+        return ServedModel(
+            name=name,
+            manifest=manifest,
+            engine=self.engine.name,
+            truncation=served_truncation(
+                entry or ModelEntry(artifact=artifact), self.spec, manifest
+            ),
+            max_text_chars=self.spec.max_text_chars,
+            tokenizer=ServedModel.tokenizer_of(manifest, artifact),
+            key=key,
+        )
+
+    def catalog(
+        self, serving: Serving, budget_mb: float | None, idle_unload_s: float | None
+    ) -> ModelCatalog:
+        """The front's keeper of this multi-model deployment's models."""
+        from .. import cores
+        from .front.multi_model import ModelCatalog
+
+        budget = (
+            int(budget_mb * 2**20)
+            if budget_mb is not None
+            else placement.model_budget(self.plan, cores.instance_family(), self.spec.target)
+        )
+        return ModelCatalog(
+            serving,
+            self.work / CATALOG_DIR,
+            self.plan.workers,
+            self.plan.kind,
+            self.spec.target,
+            budget,
+            lambda name, key, manifest, artifact: self.served_model(
+                name, manifest, artifact, key=key
+            ),
+            idle_unload_s,
+        )
 
     def client(self, models: dict[str, ServedModel], connections: int) -> EngineClient:
         return self.engine.client(self.name, models, self.plan.workers, connections)

@@ -30,7 +30,7 @@ from .deployment import Deployment, engine_settings, model_entries
 from .front.config import FrontConfig
 from .front.keys import ENV_KEY
 from .front.server import configure_logging, run
-from .model_source import engine_name, find_models, model_source
+from .model_source import ModelSourceError, engine_name, find_models, model_source
 
 log = logging.getLogger("neuronserve.sagemaker")
 
@@ -75,6 +75,10 @@ def sagemaker_spec(work: Path) -> DeploySpec:
             "deadline_s": timeout_s,
             "response_timeout_s": timeout_s,
             "cores_per_worker": int(os.environ.get("NEURONSERVE_CORES_PER_WORKER", "1")),
+            # a multi-model endpoint: SageMaker loads models through /models at run time
+            "multi_model": os.environ.get("SAGEMAKER_MULTI_MODEL", "").lower() == "true",
+            "memory_budget_mb": os.environ.get("NEURONSERVE_MEMORY_BUDGET_MB") or None,
+            "target": os.environ.get("NEURONSERVE_TARGET", "cpu"),
             **{
                 field: int(os.environ[var])
                 for var, field in _BOUNDS.items()
@@ -88,16 +92,23 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
     """Find the model, plan workers for this host from SageMaker's settings (once: the
     deployment packages and starts with this plan), and make the deployment the front
     starts."""
-    source = model_source()
-    found = find_models(source, work)
+    try:
+        source = model_source()
+    except ModelSourceError:
+        if not spec.multi_model:
+            raise
+        source = None  # a multi-model endpoint starts empty
+    found = find_models(source, work) if source is not None else []
     manifests = [read_manifest(f.artifact) for f in found]
     requested = os.environ.get("SAGEMAKER_MODEL_SERVER_WORKERS")
     plan = placement.plan(
         placement.PlanRequest(
-            manifests[0].target,
+            manifests[0].target if manifests else spec.target,
             workers=int(requested) if requested else None,
             cores_per_worker=spec.cores_per_worker,
-            cores_per_module=max(int(m.compiler.get("cores_per_module", 1)) for m in manifests),
+            cores_per_module=max(
+                (int(m.compiler.get("cores_per_module", 1)) for m in manifests), default=1
+            ),
         ),
         serving_host=True,
     )
@@ -112,11 +123,11 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
             spec.cores_per_worker,
         )
     settings = {**engine_settings(spec), "workers": plan.workers}
-    log.info(
-        "serving %s from %s",
-        ", ".join(f"{f.name} ({m.task})" for f, m in zip(found, manifests, strict=True)),
-        source,
-    )
+    served = ", ".join(f"{f.name} ({m.task})" for f, m in zip(found, manifests, strict=True))
+    if spec.multi_model:
+        log.info("a multi-model endpoint, starting with %s", served or "no model")
+    else:
+        log.info("serving %s from %s", served, source)
     return Deployment(spec.engine, model_entries(found, spec), work, settings, plan)
 
 

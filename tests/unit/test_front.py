@@ -69,6 +69,12 @@ class InProcessEngine(EngineClient):
     async def close(self) -> None:
         pass
 
+    def add(self, model: ServedModel) -> None:
+        pass
+
+    def forget(self, worker_name: str) -> None:
+        pass
+
 
 def served(runner) -> ServedModel:
     m = runner.manifest

@@ -14,7 +14,6 @@ from starlette.routing import Route
 
 from .errors import error_response, family_of
 from .guard import Guard
-from .observe import FrontMetrics
 from .routes import Api, endpoints, guarded
 from .serving import Serving
 
@@ -33,7 +32,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 def build_app(serving: Serving, lifespan: Lifespan | None = None) -> Guard:
-    metrics = FrontMetrics()
+    metrics = serving.metrics
     table = endpoints(Api(serving, metrics), serving.config.metrics_auth)
     app = Starlette(
         # the guard calls handlers itself; these routes answer what it passes on (HEAD)

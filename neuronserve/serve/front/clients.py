@@ -125,6 +125,14 @@ class EngineClient(ABC):
     @abstractmethod
     async def close(self) -> None: ...
 
+    @abstractmethod
+    def add(self, model: ServedModel) -> None:
+        """A model the workers now hold (multi-model), addressed by its worker name."""
+
+    @abstractmethod
+    def forget(self, worker_name: str) -> None:
+        """A model the workers no longer hold."""
+
 
 def engine_error(status: int, body: bytes) -> RequestError:
     """The RequestError for an engine's non-200 answer: our handler's `{"code", "error"}`
@@ -189,6 +197,13 @@ class TorchServeClient(EngineClient):
 
     async def metrics(self) -> str:
         return await _text(self._session, self._metrics_url)
+
+    # the header names the model: nothing to keep per model
+    def add(self, model: ServedModel) -> None:
+        pass
+
+    def forget(self, worker_name: str) -> None:
+        pass
 
     async def close(self) -> None:
         await self._session.close()
@@ -315,6 +330,12 @@ class TritonClient(EngineClient):
 
     async def metrics(self) -> str:
         return await _text(self._aux, self._metrics_url)
+
+    def add(self, model: ServedModel) -> None:
+        self._models[model.worker_name] = _TritonModel.of(model)
+
+    def forget(self, worker_name: str) -> None:
+        self._models.pop(worker_name, None)
 
     async def close(self) -> None:
         await self._client.close()

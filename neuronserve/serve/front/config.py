@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...spec import DeploySpec
-from .keys import Keys, resolve_keys
+from .keys import Keys, resolve_admin_keys, resolve_keys
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,13 @@ class FrontConfig:
     metrics_auth: bool = True
     # SageMaker's container contract: no key, /ping and /invocations on its port
     sagemaker: bool = False
+    # multi-model outside SageMaker: the keys of the model management routes
+    admin_keys: Keys | None = None
+    # multi-model: what each worker may fill with models (None: what the host has), and
+    # how long a model may idle before it is unloaded (None: until room is needed)
+    memory_budget_mb: float | None = None
+    idle_unload_s: float | None = None
+    multi_model: bool = False
 
     @classmethod
     def from_spec(cls, spec: DeploySpec, sagemaker: bool = False) -> FrontConfig:
@@ -44,6 +51,10 @@ class FrontConfig:
             tls_key=spec.tls_key,
             metrics_auth=spec.metrics_auth,
             sagemaker=sagemaker,
+            admin_keys=resolve_admin_keys(spec, sagemaker),
+            memory_budget_mb=spec.memory_budget_mb,
+            idle_unload_s=spec.idle_unload_s,
+            multi_model=spec.multi_model,
         )
 
     @property

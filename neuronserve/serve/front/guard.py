@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from starlette.requests import Request
+from starlette.routing import Match
+from starlette.routing import Route as StarletteRoute
 
 from .config import FrontConfig
 from .errors import Family, error_body, family_of
@@ -98,6 +100,12 @@ class Guard:
     ):
         self.app, self.config, self.metrics = app, config, metrics
         self.routes = {e.path: e for e in endpoints}
+        # routes with a name in their path (/models/{name}): matched after the plain ones
+        self.templated = [
+            (StarletteRoute(e.path, e.handler, methods=[e.method]), e)
+            for e in endpoints
+            if "{" in e.path
+        ]
         self.handlers = {(e.path, e.method): guarded(e.family, e.handler) for e in endpoints}
         self.in_flight = 0
 
@@ -114,7 +122,7 @@ class Guard:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        call = _Call(scope, receive, send, self.routes.get(scope["path"]))
+        call = _Call(scope, receive, send, self._route(scope))
         try:
             await self._guarded(call)
         except Exception:
@@ -127,9 +135,31 @@ class Guard:
             model = scope.get(MODEL, "")
             self.metrics.observe(route, call.status, time.perf_counter() - started, model)
 
+    def _route(self, scope: Scope) -> Route | None:
+        found = self.routes.get(scope["path"])
+        if found is not None or not self.templated:
+            return found
+        for route, endpoint in self.templated:
+            match, _ = route.matches(scope)
+            if match is Match.FULL:
+                return endpoint
+        return None
+
     async def _guarded(self, call: _Call) -> None:
         keys, endpoint = self.config.keys, call.endpoint
         open_route = endpoint is not None and endpoint.open
+        if endpoint is not None and endpoint.admin:
+            # model management takes the admin key, not an API key
+            admin = self.config.admin_keys
+            if admin is not None and not admin.accepts(call.headers.get(b"authorization")):
+                await call.reply(
+                    401,
+                    f"missing or wrong admin key: send Authorization: Bearer <key from "
+                    f"{admin.where}>",
+                    ((b"www-authenticate", b'Bearer realm="neuronserve-admin"'),),
+                )
+                return
+            keys = None
         if (
             keys is not None
             and not open_route

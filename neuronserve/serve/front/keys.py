@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 
 ENV_KEY = "NEURONSERVE_API_KEY"
 GENERATED_KEY_FILE = "api_key"
+ENV_ADMIN_KEY = "NEURONSERVE_ADMIN_KEY"
+GENERATED_ADMIN_KEY_FILE = "admin_key"
 
 
 class KeyFileError(RuntimeError):
@@ -81,6 +83,28 @@ def resolve_keys(spec: DeploySpec, sagemaker: bool = False) -> Keys | None:
     if spec.auth == "auto" and is_loopback(spec.front_address):
         return None
     path = Path(spec.front_run_dir).resolve() / GENERATED_KEY_FILE
+    return Keys((generated_key(path),), str(path))
+
+
+def resolve_admin_keys(spec: DeploySpec, sagemaker: bool = False) -> Keys | None:
+    """The keys of the model management routes (multi-model): none under SageMaker, whose
+    own agent calls them; elsewhere always one (NEURONSERVE_ADMIN_KEY, admin_key_file, or
+    one generated into <front_run_dir>/admin_key), even on loopback, since loading a model
+    reads files of this host."""
+    if sagemaker or not spec.multi_model:
+        return None
+    given: list[bytes] = []
+    where: list[str] = []
+    env = os.environ.get(ENV_ADMIN_KEY, "").strip()
+    if env:
+        given.append(env.encode())
+        where.append(f"${ENV_ADMIN_KEY}")
+    if spec.admin_key_file is not None:
+        given.extend(read_key_file(Path(spec.admin_key_file)))
+        where.append(str(spec.admin_key_file))
+    if given:
+        return Keys(tuple(given), " and ".join(where))
+    path = Path(spec.front_run_dir).resolve() / GENERATED_ADMIN_KEY_FILE
     return Keys((generated_key(path),), str(path))
 
 

@@ -24,6 +24,13 @@ class ServedModel:
     truncation: bool
     max_text_chars: int | None
     tokenizer: TextTokenizer | None  # None for an image model
+    # the name its workers hold it under, when not its own (a multi-model swap loads a new
+    # version under another while the old one finishes its requests)
+    key: str = ""
+
+    @property
+    def worker_name(self) -> str:
+        return self.key or self.name
 
     @staticmethod
     def tokenizer_of(manifest: Manifest, artifact: Path) -> TextTokenizer | None:

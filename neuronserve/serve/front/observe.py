@@ -46,6 +46,37 @@ class FrontMetrics:
             registry=self.registry,
         )
 
+        # multi-model: cold starts, by model (multi_model.py)
+        self.model_loads = Counter(
+            "neuronserve_model_loads",
+            "Times a model was loaded onto every worker",
+            ["model"],
+            registry=self.registry,
+        )
+        self.model_evictions = Counter(
+            "neuronserve_model_evictions",
+            "Times a model was unloaded to make room, or after idling",
+            ["model"],
+            registry=self.registry,
+        )
+        self.model_load_seconds = Counter(
+            "neuronserve_model_load_seconds",
+            "Seconds spent loading a model onto every worker",
+            ["model"],
+            registry=self.registry,
+        )
+        self.model_waited = Counter(
+            "neuronserve_model_waited_requests",
+            "Requests that waited for their model to load",
+            ["model"],
+            registry=self.registry,
+        )
+        self.models_loaded = Gauge(
+            "neuronserve_models_loaded",
+            "Models every worker holds now",
+            registry=self.registry,
+        )
+
         # label lookups cost more than the update: each series is looked up once
         self._series: dict[tuple[str, int, str], tuple[Any, Any]] = {}
 

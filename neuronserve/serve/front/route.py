@@ -31,3 +31,5 @@ class Route:
     open: bool = False
     # model work: counted against max_in_flight, held to the deadline and body limit
     work: bool = False
+    # model management: the admin key outside SageMaker (FrontConfig.admin_keys)
+    admin: bool = False

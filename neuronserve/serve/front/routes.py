@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import orjson
@@ -27,7 +27,10 @@ from .model import ServedModel
 from .observe import FrontMetrics
 from .openapi import SWAGGER_PAGE, document
 from .route import Handler, Route
-from .serving import Need, NotReady, Serving, normalized, off_loop
+from .serving import RELEASE, Need, NotReady, Serving, normalized, off_loop
+
+if TYPE_CHECKING:
+    from .multi_model import ModelCatalog
 
 log = logging.getLogger("neuronserve.front")
 
@@ -69,6 +72,11 @@ def guarded(family: Family, fn: Handler) -> Handler:
             return error_response(
                 family, 503, "the model server is not answering", {"Retry-After": RETRY_AFTER_S}
             )
+        finally:
+            # the model version this request held (Serving.lookup) may now be dropped
+            release = request.scope.pop(RELEASE, None)
+            if release is not None:
+                release(request.scope)
 
     return endpoint
 
@@ -91,11 +99,12 @@ class Api:
     def __init__(self, serving: Serving, metrics: FrontMetrics):
         self.serving, self.metrics = serving, metrics
 
-    def _model(
+    async def _model(
         self, request: Request, route: str, name: str | None, need: Need, ask: str | None = None
     ) -> ServedModel:
-        """The model this request is for (Serving.model), noted for the metrics."""
-        model = self.serving.model(route, name, need, *([ask] if ask else []))
+        """The model this request is for (Serving.lookup: held until the request ends),
+        noted for the metrics."""
+        model = await self.serving.lookup(route, name, need, request.scope, *([ask] if ask else []))
         request.scope[MODEL] = model.name
         return model
 
@@ -105,7 +114,7 @@ class Api:
         body: s.OpenAIEmbeddingsRequest = s.parse_body(
             await request.body(), s.OpenAIEmbeddingsRequest
         )
-        model = self._model(request, "/v1/embeddings", body.model, EMBEDDINGS)
+        model = await self._model(request, "/v1/embeddings", body.model, EMBEDDINGS)
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise RequestError("input is an empty list: send at least one text")
@@ -145,7 +154,7 @@ class Api:
 
     async def embed(self, request: Request) -> Response:
         body: s.EmbedRequest = s.parse_body(await request.body(), s.EmbedRequest)
-        model = self._model(request, "/embed", body.model, EMBEDDINGS)
+        model = await self._model(request, "/embed", body.model, EMBEDDINGS)
         _no_prompt(body.prompt_name)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         if not texts:
@@ -167,7 +176,7 @@ class Api:
 
     async def predict(self, request: Request) -> Response:
         body: s.PredictRequest = s.parse_body(await request.body(), s.PredictRequest)
-        model = self._model(request, "/predict", body.model, CLASSIFIER)
+        model = await self._model(request, "/predict", body.model, CLASSIFIER)
         items, single = predict_inputs(body.inputs)
         params = {
             "top_k": None,
@@ -179,7 +188,7 @@ class Api:
 
     async def rerank(self, request: Request) -> Response:
         body: s.RerankRequest = s.parse_body(await request.body(), s.RerankRequest)
-        model = self._model(request, "/rerank", body.model, RERANKER)
+        model = await self._model(request, "/rerank", body.model, RERANKER)
         if model.task == "rerank":
             return await self._rerank_task(model, body)
         if not body.texts:
@@ -226,7 +235,7 @@ class Api:
 
     async def tokenize(self, request: Request) -> Response:
         body: s.TokenizeRequest = s.parse_body(await request.body(), s.TokenizeRequest)
-        model = self._model(request, "/tokenize", body.model, TEXT_MODEL)
+        model = await self._model(request, "/tokenize", body.model, TEXT_MODEL)
         _no_prompt(body.prompt_name)
         tokenizer = model.tokenizer
         assert tokenizer is not None  # TEXT_MODEL
@@ -252,7 +261,7 @@ class Api:
         return json_response(body, status)
 
     async def _health(self) -> tuple[int, dict[str, Any]]:
-        if self.serving.client is None:
+        if self.serving.client is None or self.serving.starting:
             return 503, {"status": "loading", "workers_ready": 0, "workers_expected": 0}
         h = await self.serving.health()
         body = {
@@ -270,14 +279,18 @@ class Api:
         return json_response({"status": "ready" if status == 200 else body["status"]}, status)
 
     async def invocations(self, request: Request) -> Response:
-        client = self.serving.ready()
-        model = self._model(
+        self.serving.ready()
+        model = await self._model(
             request,
             "/invocations",
             _target_model(request),
             ANY_MODEL,
             "the X-Amzn-SageMaker-Target-Model header",
         )
+        return await self._invoke(request, model)
+
+    async def _invoke(self, request: Request, model: ServedModel) -> Response:
+        client = self.serving.ready()
         content_type = request.headers.get("content-type") or JSON
         kind = content_type.split(";")[0].strip().lower()
         if get_task(model.task).images:
@@ -292,8 +305,57 @@ class Api:
                 f"unsupported Content-Type {content_type}: send application/json or text/plain",
                 status=415,
             )
-        status, data = await client.invoke(model.name, await request.body(), content_type)
+        status, data = await client.invoke(model.worker_name, await request.body(), content_type)
         return raw_json(data, status)
+
+    # SageMaker's multi-model contract
+
+    def _catalog(self) -> ModelCatalog:
+        self.serving.ready()
+        if self.serving.catalog is None:
+            raise RequestError(
+                "this server serves a fixed set of models: start it with multi_model: true "
+                "(SAGEMAKER_MULTI_MODEL=true in the container) to load models at run time",
+                status=404,
+            )
+        return self.serving.catalog
+
+    async def load_model(self, request: Request) -> Response:
+        body = s.parse_body(await request.body(), s.LoadModelRequest)
+        entry = await self._catalog().register(body.model_name, body.url)
+        return json_response(entry.listed())
+
+    async def list_models(self, request: Request) -> Response:
+        query = request.query_params
+        token = query.get("next_page_token") or query.get("nextPageToken")
+        size = query.get("max_results") or query.get("maxResults")
+        if size is not None and (not size.isdigit() or int(size) < 1):
+            raise RequestError(f"max_results must be a positive integer, not {size!r}")
+        return json_response(self._catalog().page(token, int(size) if size else None))
+
+    async def get_model(self, request: Request) -> Response:
+        return json_response(self._catalog().describe(request.path_params["name"]))
+
+    async def unload_model(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        await self._catalog().unregister(name)
+        return json_response({"modelName": name, "status": "unloaded"})
+
+    async def swap_model(self, request: Request) -> Response:
+        body = s.parse_body(await request.body(), s.SwapModelRequest)
+        entry = await self._catalog().swap(request.path_params["name"], body.url)
+        return json_response(entry.listed())
+
+    async def invoke_model(self, request: Request) -> Response:
+        """The name in the path is the model; SageMaker's X-Amzn-SageMaker-Target-Model
+        (the caller's TargetModel) is only logged."""
+        name = request.path_params["name"]
+        self._catalog()
+        target = request.headers.get(TARGET_MODEL)
+        if target:
+            log.debug("invoke %s (TargetModel %s)", name, target)
+        model = await self._model(request, "/models/{name}/invoke", name, ANY_MODEL)
+        return await self._invoke(request, model)
 
     # operations
 
@@ -390,6 +452,22 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
         e("/invocations", "POST", api.invocations, "native", "SageMaker inference: "
           "{inputs, parameters} as JSON, or plain text", "SageMaker", s.NativeRequest,
           None, s.NativeError, work=True),
+        e("/models", "POST", api.load_model, "native", "Load a model (SageMaker's "
+          "multi-model contract): 409 for a loaded name, 507 when it cannot fit", "models",
+          s.LoadModelRequest, s.ListedModel, s.NativeError, admin=True),
+        e("/models", "GET", api.list_models, "native", "The loaded models, a page at a "
+          "time (next_page_token, max_results)", "models", None, s.ModelListing,
+          s.NativeError, admin=True),
+        e("/models/{name}", "GET", api.get_model, "native", "One loaded model", "models",
+          None, s.ListedModel, s.NativeError, admin=True),
+        e("/models/{name}", "DELETE", api.unload_model, "native", "Unload a model; "
+          "requests in flight finish", "models", None, None, s.NativeError, admin=True),
+        e("/models/{name}", "PUT", api.swap_model, "native", "Serve another artifact "
+          "under this name without dropping a request", "models", s.SwapModelRequest,
+          s.ListedModel, s.NativeError, admin=True),
+        e("/models/{name}/invoke", "POST", api.invoke_model, "native", "Inference on one "
+          "model, as /invocations", "models", s.NativeRequest, None, s.NativeError,
+          work=True),
         e("/metrics", "GET", api.prometheus, "native", "Prometheus metrics of the front "
           "and of the engine behind it", "operations",
           open=not metrics_auth),

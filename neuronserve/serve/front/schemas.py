@@ -258,3 +258,31 @@ class NativeRequest(BaseModel):
 class NativeError(BaseModel):
     code: int
     error: str
+
+
+# SageMaker's multi-model contract (and the swap beside it)
+
+
+class LoadModelRequest(Body):
+    model_name: str = Field(min_length=1, max_length=256, description="the name to serve it under")
+    url: str = Field(
+        min_length=1,
+        description="a folder on this host holding a neuronserve artifact, or a .tar.gz of one",
+    )
+
+
+class SwapModelRequest(Body):
+    url: str = Field(min_length=1, description="the new artifact's folder (or .tar.gz)")
+
+
+class ListedModel(BaseModel):
+    modelName: str
+    modelUrl: str
+    state: Literal["loading", "ready", "evicted"] = Field(
+        description="ready: on every worker; evicted: registered, loads on its next request"
+    )
+
+
+class ModelListing(BaseModel):
+    models: list[ListedModel]
+    nextPageToken: str | None = Field(None, description="pass as next_page_token for the next page")

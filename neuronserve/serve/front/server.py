@@ -21,7 +21,7 @@ import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -31,6 +31,9 @@ from ..model_source import find_models
 from .app import build_app
 from .config import FrontConfig
 from .serving import Serving
+
+if TYPE_CHECKING:
+    from .clients import EngineClient
 
 log = logging.getLogger("neuronserve.front")
 
@@ -62,6 +65,8 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
             yield
         finally:
             bring_up.cancel()
+            if serving.catalog is not None:
+                await serving.catalog.close()
             if serving.client is not None:
                 await serving.client.close()
             for deployment in deployments:
@@ -131,12 +136,29 @@ async def _bring_up(
         )
         await asyncio.to_thread(deployment.start)
         models = deployment.served_models()
-        serving.attach(models, deployment.client(models, serving.config.max_in_flight))
+        client = deployment.client(models, serving.config.max_in_flight)
+        if deployment.multi_model:
+            await _start_catalog(serving, deployment, client)
+        else:
+            serving.attach(models, client)
         log.info("ready: %s serves %s", serving.config.url, deployment.tasks)
     except Exception as e:  # noqa: BLE001 - any load failure must end the process
         log.error("neuronserve: model failed to load: %s", " | ".join(str(e).splitlines()))
         serving.exit_code = 1
         uv.should_exit = True
+
+
+async def _start_catalog(serving: Serving, deployment: Deployment, client: EngineClient) -> None:
+    """Multi-model: the workers started empty; the models given at start are loaded like
+    any later one, before the front says it is ready."""
+    config = serving.config
+    catalog = deployment.catalog(serving, config.memory_budget_mb, config.idle_unload_s)
+    serving.catalog, serving.starting = catalog, True
+    serving.attach({}, client)
+    for name, (_, artifact) in deployment.manifests.items():
+        await catalog.register(name, str(artifact))
+    serving.starting = False
+    catalog.start()
 
 
 def deployment_for(spec: DeploySpec, sources: list[Path], work: Path) -> Deployment:

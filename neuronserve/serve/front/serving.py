@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -17,11 +18,18 @@ from ...tasks.base import Text
 from .clients import EngineAnswer, EngineClient, WorkerCounts
 from .config import FrontConfig
 from .model import ServedModel
+from .observe import FrontMetrics
+
+if TYPE_CHECKING:
+    from .multi_model import ModelCatalog
 
 # how long one health answer from the engine is reused
 HEALTH_TTL_S = 1.0
 # texts with more characters than this in all are tokenized off the event loop
 _INLINE_CHARS = 4096
+# the request scope's note of the model version a request holds (Serving.lookup)
+HELD = "neuronserve.model_held"
+RELEASE = "neuronserve.model_release"
 
 
 class NotReady(Exception):
@@ -54,24 +62,79 @@ class Serving:
     """The served models (by name, in the order they were given) and the engine's client
     once the engine is ready."""
 
-    def __init__(self, config: FrontConfig):
+    def __init__(self, config: FrontConfig, metrics: FrontMetrics | None = None):
         self.config = config
+        self.metrics = metrics or FrontMetrics()
         self.client: EngineClient | None = None
         self.models: dict[str, ServedModel] = {}
-        self.info: dict[str, Any] = {}
         self.exit_code = 0
         self._health: tuple[float, WorkerCounts] | None = None
+        # multi-model: the registered models, and each model version's requests in
+        # flight and last use (what eviction and a swap wait on)
+        self.catalog: ModelCatalog | None = None
+        # multi-model: loading the models given at start (health says loading meanwhile)
+        self.starting = False
+        self.in_use: Counter[str] = Counter()
+        self.last_used: dict[str, float] = {}
 
     def attach(self, models: dict[str, ServedModel], client: EngineClient) -> None:
         self.models, self.client = dict(models), client
+
+    @property
+    def info(self) -> dict[str, Any]:
         infos = [m.info(self.config) for m in self.models.values()]
+        if self.catalog is not None:
+            states = self.catalog.states()
+            for i in infos:
+                i["state"] = states.get(i["model_id"], "ready")
+            infos += [
+                {"model_id": n, "state": state}
+                for n, state in states.items()
+                if n not in self.models
+            ]
         # text-embeddings-inference's fields are the first model's; `models` lists all
-        self.info = {**infos[0], "models": infos}
+        return {**(infos[0] if infos else {}), "models": infos}
 
     def ready(self) -> EngineClient:
-        if not self.models or self.client is None:
+        if self.client is None or (not self.models and self.catalog is None):
             raise NotReady
         return self.client
+
+    def add(self, model: ServedModel) -> None:
+        """A model (version) the workers now hold, served under its name from now on."""
+        assert self.client is not None
+        self.client.add(model)
+        self.models[model.name] = model
+
+    def forget(self, worker_name: str) -> None:
+        if self.client is not None:
+            self.client.forget(worker_name)
+        self.in_use.pop(worker_name, None)
+        self.last_used.pop(worker_name, None)
+
+    async def lookup(
+        self,
+        route: str,
+        name: str | None,
+        need: Need,
+        scope: MutableMapping[str, Any],
+        ask: str = "the request's `model` field",
+    ) -> ServedModel:
+        """`model(...)`, after loading a registered model that is not on the workers
+        (multi-model); the model version is held until the request ends (`release`)."""
+        if self.catalog is not None and name is not None:
+            await self.catalog.ensure(name)
+        model = self.model(route, name, need, ask)
+        key = model.worker_name
+        self.in_use[key] += 1
+        scope[HELD], scope[RELEASE] = key, self.release
+        return model
+
+    def release(self, scope: MutableMapping[str, Any]) -> None:
+        key = scope.pop(HELD, None)
+        if key is not None:
+            self.in_use[key] -= 1
+            self.last_used[key] = time.monotonic()
 
     def model(
         self, route: str, name: str | None, need: Need, ask: str = "the request's `model` field"
@@ -117,12 +180,12 @@ class Serving:
         client = self.ready()
         limit = self.config.max_client_batch
         if len(inputs) <= limit:
-            return await client.predict(model.name, inputs, parameters)
+            return await client.predict(model.worker_name, inputs, parameters)
         if not self.config.split_client_batches:
             raise self._too_many(len(inputs))
         parts = await asyncio.gather(
             *(
-                client.predict(model.name, inputs[i : i + limit], parameters)
+                client.predict(model.worker_name, inputs[i : i + limit], parameters)
                 for i in range(0, len(inputs), limit)
             )
         )
@@ -136,7 +199,7 @@ class Serving:
         client = self.ready()
         if count > self.config.max_client_batch:
             raise self._too_many(count)
-        return await client.predict(model.name, inputs, parameters)
+        return await client.predict(model.worker_name, inputs, parameters)
 
     def _too_many(self, count: int) -> RequestError:
         return RequestError(

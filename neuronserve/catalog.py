@@ -1,0 +1,163 @@
+"""A multi-model deployment's catalog: the folder through which the front tells every
+worker which models to hold, and each worker says which it holds.
+
+The front writes `wanted.json` ({worker name: {"artifact", "truncation"}}); every worker
+follows it in a thread of its own (`follow`): it loads what is new and drops what is gone,
+then writes `worker-<core group>.json` ({"pid", "models": {name: "ready" | "failed: ..."}}).
+Loading happens inside the worker processes that already hold the core groups: on Neuron a
+new process cannot reach a NeuronCore a live one holds ("Processes do not share
+NeuronCores", https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/core-allocation.html),
+and one process may load many models onto its cores. A file rather than a request: the
+engines (TorchServe, Triton) give no way to address one particular worker, and a worker
+started later (a replacement) reads the same file and comes up holding the same models.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+WANTED = "wanted.json"
+READY = "ready"
+FAILED = "failed: "
+# how often a worker looks for a change
+POLL_S = 0.05
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Whole or not at all: a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(value))
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_wanted(folder: Path, models: dict[str, dict[str, Any]]) -> None:
+    """What every worker is to hold: worker name -> {"artifact": path, "truncation"}."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_json(folder / WANTED, models)
+
+
+def wanted(folder: Path) -> dict[str, dict[str, Any]]:
+    return read_json(folder / WANTED) or {}
+
+
+def worker_file(folder: Path, group: int) -> Path:
+    return folder / f"worker-{group}.json"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def worker_states(folder: Path) -> list[dict[str, Any]]:
+    """What each live worker holds: [{"pid", "group", "models": {name: state}}]."""
+    out = []
+    for path in sorted(folder.glob("worker-*.json")):
+        state = read_json(path)
+        if isinstance(state, dict) and alive(int(state.get("pid", 0))):
+            out.append(state)
+    return out
+
+
+class Follower:
+    """A worker's thread keeping its models in step with `wanted.json`.
+
+    `load(name, artifact, truncation)` makes a model's Runner; `models()` and
+    `replace(models)` read and swap the worker's models (a new dict each time, so a batch
+    being served keeps the one it started with)."""
+
+    def __init__(
+        self,
+        folder: Path,
+        group: int,
+        load: Callable[[str, str, bool | None], Any],
+        models: Callable[[], dict[str, Any]],
+        replace: Callable[[dict[str, Any]], None],
+    ):
+        self.folder, self.group = Path(folder), group
+        self._load, self._models, self._replace = load, models, replace
+        self._failed: dict[str, str] = {}
+        self._seen: tuple[int, int] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sync(self) -> None:
+        """Load what is wanted and not held, drop what is held and no longer wanted."""
+        want = wanted(self.folder)
+        held = self._models()
+        keep = {n: r for n, r in held.items() if n in want}
+        if len(keep) != len(held):
+            dropped = sorted(set(held) - set(keep))
+            self._replace(keep)
+            log.info("neuronserve: unloaded %s", ", ".join(dropped))
+            self._write()
+        self._failed = {n: why for n, why in self._failed.items() if n in want}
+        for name, entry in want.items():
+            if name in keep or name in self._failed:
+                continue
+            try:
+                runner = self._load(name, entry["artifact"], entry.get("truncation"))
+            except Exception as e:  # noqa: BLE001 - a model that cannot load fails alone
+                self._failed[name] = " | ".join(str(e).splitlines()) or type(e).__name__
+                log.error("neuronserve: %s failed to load: %s", name, self._failed[name])
+            else:
+                self._replace({**self._models(), name: runner})
+                log.info("neuronserve: loaded %s", name)
+            self._write()
+        self._write()
+
+    def _write(self) -> None:
+        states = {n: READY for n in self._models()}
+        states.update({n: FAILED + why for n, why in self._failed.items()})
+        write_json(
+            worker_file(self.folder, self.group),
+            {"pid": os.getpid(), "group": self.group, "models": states},
+        )
+
+    def start(self) -> None:
+        """Hold what is wanted now (before the worker says it is ready), then follow."""
+        self._seen = self._stamp()
+        self.sync()
+        self._thread = threading.Thread(target=self._run, name="neuronserve-catalog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            seen = self._stamp()
+            if seen != self._seen:
+                self._seen = seen
+                try:
+                    self.sync()
+                except Exception:
+                    log.exception("neuronserve: following the catalog failed")
+
+    def _stamp(self) -> tuple[int, int] | None:
+        # written by rename: every new version is a new inode
+        try:
+            st = (self.folder / WANTED).stat()
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_ino)
+
+    def stop(self) -> None:
+        self._stop.set()

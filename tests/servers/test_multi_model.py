@@ -1,0 +1,185 @@
+"""SageMaker's multi-model contract through the front against real engines: TorchServe
+and Triton on CPU, and TorchServe on a fake 4-NeuronCore host with the stand-in SDK
+(there a model can only be loaded by the worker process that holds the cores). A budget
+of two models, three registered: requests cycling through all three answer right while
+the least recently used is evicted and loaded again on demand; 409, delete then 404,
+pagination, and a swap under 16 clients with no failed request. The catalog's own logic
+(507, the admin key, eviction order) is tested in process: tests/unit/test_multi_model.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+from helpers import free_port, run_cli, standin_env, standin_events, write_spec
+
+from neuronserve import placement
+from neuronserve.artifact import read_manifest
+
+pytestmark = pytest.mark.server
+
+
+class Endpoint:
+    def __init__(self, work: Path, port: int, env: dict, models: Path):
+        self.work, self.url, self.env, self.models = work, f"http://127.0.0.1:{port}", env, models
+        self.admin = {
+            "Authorization": f"Bearer {(work / 'front' / 'admin_key').read_text().strip()}"
+        }
+
+    def load(self, name: str, folder: str | None = None) -> requests.Response:
+        url = str(self.models / (folder or name))
+        return requests.post(
+            f"{self.url}/models",
+            json={"model_name": name, "url": url},
+            headers=self.admin,
+            timeout=120,
+        )
+
+    def invoke(self, name: str, text: str = "hello") -> requests.Response:
+        return requests.post(f"{self.url}/models/{name}/invoke", json={"inputs": text}, timeout=120)
+
+    def listed(self, **params) -> dict:
+        return requests.get(
+            f"{self.url}/models", params=params, headers=self.admin, timeout=30
+        ).json()
+
+
+def close(got, want, tol: float = 1e-4) -> bool:
+    """Equal answers, numbers within `tol` (a batch's composition moves the last digits)."""
+    if isinstance(got, (int, float)) and isinstance(want, (int, float)):
+        return abs(got - want) <= tol
+    if isinstance(got, list) and isinstance(want, list):
+        return len(got) == len(want) and all(
+            close(g, w, tol) for g, w in zip(got, want, strict=True)
+        )
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(close(got[k], want[k], tol) for k in got)
+    return got == want
+
+
+@pytest.fixture(scope="module", params=["torchserve", "triton", "neuron"])
+def endpoint(request, tmp_path_factory, tiny_artifact, classifier_artifact, neuronx_artifact):
+    kind = request.param
+    work = tmp_path_factory.mktemp(f"multi-{kind}")
+    models = work / "models"
+    embedder = neuronx_artifact if kind == "neuron" else tiny_artifact
+    for name in ("a", "b", "c"):
+        shutil.copytree(embedder, models / name)
+    if kind != "neuron":
+        shutil.copytree(classifier_artifact, models / "cls")
+    manifest = read_manifest(models / "a")
+    cost = placement.model_memory(
+        "a", manifest, models / "a", "neuron" if kind == "neuron" else "cpu"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NEURONSERVE_ADMIN_KEY"}
+    if kind == "neuron":
+        env.update(standin_env(4, log=work / "standin.jsonl", devices=work / "devices"))
+        env["NEURONSERVE_LEASE_DIR"] = str(work / "leases")
+    port = free_port()
+    write_spec(
+        work,
+        engine="triton" if kind == "triton" else "torchserve",
+        front_port=port,
+        front_run_dir="front",
+        multi_model=True,
+        memory_budget_mb=2.5 * cost.total / 2**20,
+        workers=2,
+        target=manifest.target,
+    )
+    out = run_cli("serve", "front", "--spec", "deploy.yaml", cwd=work, env=env)
+    assert "multi-model, 0 model(s) loaded" in out.stdout, out.stdout
+    yield Endpoint(work, port, env, models)
+    run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=work, env=env)
+
+
+def test_three_models_on_a_budget_of_two_answer_and_evictions_are_counted(endpoint):
+    for name in "ab":
+        r = endpoint.load(name)
+        assert r.status_code == 200, r.text
+        assert r.json()["state"] == "ready"
+    want = endpoint.invoke("a").json()
+    assert endpoint.load("c").status_code == 200  # b, the least recently used, goes
+    states = {m["modelName"]: m["state"] for m in endpoint.listed()["models"]}
+    assert states == {"a": "ready", "b": "evicted", "c": "ready"}
+    for name in "bcabca":
+        r = endpoint.invoke(name)
+        assert r.status_code == 200, r.text
+        # three copies of one artifact: the same answer from each
+        assert close(r.json(), want)
+    metrics = requests.get(f"{endpoint.url}/metrics", timeout=30).text
+    evictions = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("neuronserve_model_evictions_total{")
+    )
+    assert evictions >= 5
+    assert 'neuronserve_model_waited_requests_total{model="b"}' in metrics
+    assert 'neuronserve_model_load_seconds_total{model="a"}' in metrics
+
+
+def test_409_then_delete_then_404_and_pages(endpoint):
+    again = endpoint.load("a", "b")
+    assert again.status_code == 409, again.text
+    page = endpoint.listed(max_results=2)
+    assert [m["modelName"] for m in page["models"]] == ["a", "b"]
+    rest = endpoint.listed(max_results=2, next_page_token=page["nextPageToken"])
+    assert [m["modelName"] for m in rest["models"]] == ["c"] and "nextPageToken" not in rest
+    one = requests.get(f"{endpoint.url}/models/c", headers=endpoint.admin, timeout=30).json()
+    assert one["modelName"] == "c" and one["modelUrl"] == str(endpoint.models / "c")
+    r = requests.delete(f"{endpoint.url}/models/c", headers=endpoint.admin, timeout=60)
+    assert r.status_code == 200, r.text
+    gone = endpoint.invoke("c")
+    assert gone.status_code == 404, gone.text
+    assert endpoint.invoke("a").status_code == 200
+    assert requests.get(f"{endpoint.url}/models", timeout=30).status_code == 401  # no admin key
+
+
+def test_a_swap_under_16_clients_fails_no_request(endpoint):
+    """`a` moves to another artifact (the classifier; on Neuron a copy of the same one)
+    while 16 clients send to it: every request answers 200."""
+    target = "cls" if (endpoint.models / "cls").exists() else "b"
+    before = endpoint.invoke("a", "fine").json()
+    after_model = endpoint.load("probe", target)
+    assert after_model.status_code == 200, after_model.text
+    after = endpoint.invoke("probe", "fine").json()
+    requests.delete(f"{endpoint.url}/models/probe", headers=endpoint.admin, timeout=60)
+    stop = threading.Event()
+    statuses: list[int] = []
+    bodies: list = []
+
+    def hammer():
+        with requests.Session() as s:
+            while not stop.is_set():
+                r = s.post(f"{endpoint.url}/models/a/invoke", json={"inputs": "fine"}, timeout=120)
+                statuses.append(r.status_code)
+                bodies.append(r.json())
+
+    with ThreadPoolExecutor(16) as pool:
+        for _ in range(16):
+            pool.submit(hammer)
+        time.sleep(1.0)
+        swapped = requests.put(
+            f"{endpoint.url}/models/a",
+            json={"url": str(endpoint.models / target)},
+            headers=endpoint.admin,
+            timeout=120,
+        )
+        time.sleep(1.0)
+        stop.set()
+    assert swapped.status_code == 200, swapped.text
+    assert len(statuses) > 32
+    assert set(statuses) == {200}, [s for s in statuses if s != 200][:5]
+    assert all(close(b, before) or close(b, after) for b in bodies)
+    assert close(bodies[-1], after)  # once swapped, the new model answers
+    if target == "b":
+        # on the stand-in, every load went to the loading worker's own NeuronCores
+        loads = standin_events(endpoint.work / "standin.jsonl", "load")
+        assert loads and len({(e["pid"], e["core"]) for e in loads}) == len(
+            {e["core"] for e in loads}
+        )

@@ -1,0 +1,325 @@
+"""SageMaker's multi-model contract as the front keeps it, in process: the front's app
+(Starlette's test client) over workers that are catalog followers in this process, each
+loading and dropping Runners as the catalog folder says, exactly as the engine's worker
+processes do (neuronserve.catalog). Registration, 409, 507, eviction of the least
+recently used idle model, load on demand, delete, pagination, the admin key, and a swap
+under concurrent clients. The same contract against TorchServe, Triton and the Neuron
+stand-in: tests/servers/test_multi_model.py."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import tarfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from neuronserve import catalog, placement
+from neuronserve.artifact import read_manifest
+from neuronserve.runtime import Runner
+from neuronserve.serve.front.app import build_app
+from neuronserve.serve.front.clients import EngineAnswer, EngineClient, WorkerCounts
+from neuronserve.serve.front.config import FrontConfig
+from neuronserve.serve.front.model import ServedModel
+from neuronserve.serve.front.multi_model import ModelCatalog
+from neuronserve.serve.front.serving import Serving
+from neuronserve.spec import load_spec
+from neuronserve.tasks import RequestError
+
+ADMIN = "admin-key"
+WORKERS = 2
+
+
+class FollowingWorkers(EngineClient):
+    """Two workers, each a catalog Follower holding its own Runners; a request goes to
+    the next worker, which answers 404 for a model it does not hold (as a real one)."""
+
+    kind = "in-process"
+
+    def __init__(self, folder: Path):
+        self.held: list[dict[str, Runner]] = [{} for _ in range(WORKERS)]
+        self.followers = []
+        for group in range(WORKERS):
+
+            def load(name, artifact, truncation, group=group):
+                return Runner(Path(artifact), truncation=truncation, name=name)
+
+            f = catalog.Follower(
+                folder,
+                group,
+                load,
+                lambda group=group: self.held[group],
+                lambda models, group=group: self.held.__setitem__(group, models),
+            )
+            f.start()
+            self.followers.append(f)
+        self.turn = itertools.count()
+
+    def _runner(self, model: str) -> Runner:
+        runner = self.held[next(self.turn) % WORKERS].get(model)
+        if runner is None:
+            raise RequestError(f"no model {model!r} here", status=404)
+        return runner
+
+    async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
+        runner = self._runner(model)
+        await asyncio.sleep(0.005)  # a request spends a moment at the engine
+        [answer] = runner.responses_for_bodies(
+            [({"inputs": inputs, "parameters": parameters}, None)]
+        )
+        if isinstance(answer, RequestError):
+            raise answer
+        return EngineAnswer(value=answer)
+
+    async def invoke(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+        try:
+            runner = self._runner(model)
+        except RequestError as e:
+            return e.status, b'{"code": 404}'
+        [answer] = runner.responses_for_bodies([(body, content_type)])
+        return 200, EngineAnswer(value=answer).raw
+
+    async def health(self) -> WorkerCounts:
+        return WorkerCounts(WORKERS, WORKERS)
+
+    async def metrics(self) -> str:
+        return ""
+
+    async def close(self) -> None:
+        for f in self.followers:
+            f.stop()
+
+    def add(self, model: ServedModel) -> None:
+        pass
+
+    def forget(self, worker_name: str) -> None:
+        pass
+
+
+def _cost(artifact: Path) -> int:
+    return placement.model_memory("m", read_manifest(artifact), artifact, "cpu").total
+
+
+@pytest.fixture
+def endpoint(tmp_path, tiny_artifact, classifier_artifact):
+    """A multi-model front whose budget holds two copies of the tiny embedder, not three;
+    `models` holds three copies (a, b, c) and the classifier (cls)."""
+    models = tmp_path / "models"
+    for name in ("a", "b", "c"):
+        shutil.copytree(tiny_artifact, models / name)
+    shutil.copytree(classifier_artifact, models / "cls")
+    folder = tmp_path / "catalog"
+    catalog.write_wanted(folder, {})
+    spec = load_spec(None, {"front_run_dir": tmp_path / "run", "multi_model": True})
+    config = FrontConfig.from_spec(spec)
+    config = config.__class__(**{**config.__dict__, "admin_keys": None})
+    serving = Serving(config)
+    workers = FollowingWorkers(folder)
+    budget = int(2.5 * _cost(models / "a"))
+
+    def make(name, key, manifest, artifact):
+        return ServedModel(
+            name, manifest, "in-process", False, None,
+            ServedModel.tokenizer_of(manifest, artifact), key,
+        )  # fmt: skip
+
+    serving.catalog = ModelCatalog(serving, folder, WORKERS, "cpu", "cpu", budget, make)
+    serving.attach({}, workers)
+    with TestClient(build_app(serving)) as client:
+        yield client, models, serving, workers
+    asyncio.run(workers.close())
+
+
+def load(client, name, url):
+    return client.post("/models", json={"model_name": name, "url": str(url)})
+
+
+def embed(client, name, text="hello"):
+    return client.post(f"/models/{name}/invoke", json={"inputs": text})
+
+
+def test_a_budget_of_two_holds_two_of_three_and_evicts_the_least_recently_used(
+    endpoint, tiny_runner
+):
+    client, models, _, workers = endpoint
+    for name in "ab":
+        r = load(client, name, models / name)
+        assert r.status_code == 200, r.text
+        assert r.json() == {"modelName": name, "modelUrl": str(models / name), "state": "ready"}
+    # every worker holds what is listed as ready
+    assert all(set(h) == {"a", "b"} for h in workers.held)
+    assert embed(client, "a").status_code == 200  # b is now the least recently used
+    assert load(client, "c", models / "c").status_code == 200
+    states = {m["modelName"]: m["state"] for m in client.get("/models").json()["models"]}
+    assert states == {"a": "ready", "b": "evicted", "c": "ready"}
+    assert all(set(h) == {"a", "c"} for h in workers.held)
+    # cycling through all three: every answer right, each evicted model loaded on demand
+    want = tiny_runner.responses_for_bodies([({"inputs": "hello"}, None)])[0]
+    for name in "bcabca":
+        r = embed(client, name)
+        assert r.status_code == 200, r.text
+        assert r.json() == want
+    metrics = client.get("/metrics").text
+    assert 'neuronserve_model_evictions_total{model="b"}' in metrics
+    evictions = sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("neuronserve_model_evictions_total{")
+    )
+    assert evictions >= 5
+    assert 'neuronserve_model_waited_requests_total{model="b"}' in metrics
+    info = client.get("/info").json()
+    assert {m["model_id"]: m["state"] for m in info["models"]}.keys() == {"a", "b", "c"}
+
+
+def test_409_for_a_loaded_name_507_when_nothing_can_be_evicted_400_for_a_bad_url(endpoint):
+    client, models, serving, _ = endpoint
+    assert load(client, "a", models / "a").status_code == 200
+    again = load(client, "a", models / "b")
+    assert again.status_code == 409 and "already loaded" in again.json()["error"]
+    assert load(client, "b", models / "b").status_code == 200
+    # both held by requests in flight: nothing can make room for a third
+    serving.in_use["a"] += 1
+    serving.in_use["b"] += 1
+    full = load(client, "c", models / "c")
+    assert full.status_code == 507, full.text
+    assert "requests in flight" in full.json()["error"]
+    assert client.get("/models/c").status_code == 404  # a refused load is not listed
+    serving.in_use["a"] -= 1
+    serving.in_use["b"] -= 1
+    assert load(client, "c", models / "c").status_code == 200
+    missing = load(client, "d", models / "nope")
+    assert missing.status_code == 400 and "no such file" in missing.json()["error"]
+    bad = client.post("/models", json={"model_name": "d"})
+    assert bad.status_code == 400 and "url" in bad.json()["error"]
+
+
+def test_delete_then_invoke_is_404_and_the_others_answer(endpoint):
+    client, models, _, workers = endpoint
+    load(client, "a", models / "a")
+    load(client, "cls", models / "cls")
+    r = client.delete("/models/a")
+    assert r.status_code == 200 and r.json()["status"] == "unloaded"
+    assert all(set(h) == {"cls"} for h in workers.held)
+    gone = embed(client, "a")
+    assert gone.status_code == 404 and "a" in gone.json()["error"]
+    assert client.get("/models/a").status_code == 404
+    assert client.delete("/models/a").status_code == 404
+    assert embed(client, "cls", "fine").status_code == 200
+
+
+def test_list_pages_and_describe(endpoint):
+    client, models, _, _ = endpoint
+    for name in ("a", "b", "cls"):
+        load(client, name, models / name)
+    first = client.get("/models", params={"max_results": 2}).json()
+    assert [m["modelName"] for m in first["models"]] == ["a", "b"]
+    token = first["nextPageToken"]
+    second = client.get("/models", params={"next_page_token": token, "max_results": 2}).json()
+    assert [m["modelName"] for m in second["models"]] == ["cls"]
+    assert "nextPageToken" not in second
+    one = client.get("/models/cls").json()
+    assert one["modelName"] == "cls" and one["modelUrl"] == str(models / "cls")
+    assert client.get("/models", params={"max_results": "x"}).status_code == 400
+
+
+def test_a_tar_gz_url_loads_as_sagemaker_hands_it(endpoint, tmp_path):
+    client, models, _, _ = endpoint
+    tarball = tmp_path / "model.tar.gz"
+    with tarfile.open(tarball, "w:gz") as t:
+        for f in (models / "a").iterdir():
+            t.add(f, arcname=f.name)
+    folder = tmp_path / "s3" / "a"
+    folder.mkdir(parents=True)
+    shutil.copy(tarball, folder / "model.tar.gz")
+    assert load(client, "a", folder).status_code == 200, load(client, "x", folder).text
+    assert embed(client, "a").status_code == 200
+
+
+def test_a_swap_under_16_clients_drops_nothing(endpoint, tiny_runner, classifier_runner):
+    """`a` serves the embedder, then the classifier's artifact under the same name:
+    every request answers 200 with one model's answer or the other's, never an error;
+    after the swap, only the new one's."""
+    client, models, _, workers = endpoint
+    load(client, "a", models / "a")
+    stop = threading.Event()
+    results: list[tuple[int, Any]] = []
+
+    def hammer():
+        while not stop.is_set():
+            r = embed(client, "a", "fine")
+            results.append((r.status_code, r.json()))
+
+    with ThreadPoolExecutor(16) as pool:
+        for _ in range(16):
+            pool.submit(hammer)
+        time.sleep(0.3)
+        swapped = client.put("/models/a", json={"url": str(models / "cls")})
+        time.sleep(0.3)
+        stop.set()
+    assert swapped.status_code == 200, swapped.text
+    old = tiny_runner.responses_for_bodies([({"inputs": "fine"}, None)])[0]
+    new = classifier_runner.responses_for_bodies([({"inputs": "fine"}, None)])[0]
+    assert len(results) > 50
+    assert all(status == 200 for status, _ in results), [r for r in results if r[0] != 200][:3]
+    assert {str(body) for _, body in results} == {str(old), str(new)}
+    assert results[-1][1] == new
+    assert all(set(h) == {"a@2"} for h in workers.held)  # the old version dropped
+    assert client.get("/models/a").json()["modelUrl"] == str(models / "cls")
+
+
+def test_model_management_takes_the_admin_key_outside_sagemaker(tmp_path):
+    spec = load_spec(None, {"front_run_dir": tmp_path, "multi_model": True})
+    config = FrontConfig.from_spec(spec)
+    assert config.admin_keys is not None and config.keys is None  # loopback: no API key
+    key = (tmp_path / "admin_key").read_text().strip()
+    client = TestClient(build_app(Serving(config)))
+    denied = client.get("/models")
+    assert denied.status_code == 401 and "admin key" in denied.json()["error"]
+    assert key not in denied.text
+    # past the key: the engine is not up yet
+    allowed = client.get("/models", headers={"Authorization": f"Bearer {key}"})
+    assert allowed.status_code == 503
+    # SageMaker's own agent calls them: no key there
+    assert FrontConfig.from_spec(spec, sagemaker=True).admin_keys is None
+
+
+def test_the_container_runs_the_contract_when_sagemaker_asks(tmp_path, monkeypatch):
+    """SAGEMAKER_MULTI_MODEL=true: a multi-model spec with the budget of the container's
+    environment, and a deployment that starts with no model at all (SageMaker loads them
+    through /models) whose workers follow the catalog."""
+    from neuronserve.serve.sagemaker import sagemaker_deployment, sagemaker_spec
+
+    monkeypatch.setenv("SAGEMAKER_MULTI_MODEL", "true")
+    monkeypatch.setenv("NEURONSERVE_MEMORY_BUDGET_MB", "512")
+    monkeypatch.setenv("NEURONSERVE_MODEL_DIR", str(tmp_path / "empty"))
+    monkeypatch.setenv("NEURONSERVE_BAKED_MODEL", str(tmp_path / "none"))
+    monkeypatch.setenv("SAGEMAKER_MODEL_SERVER_WORKERS", "1")
+    spec = sagemaker_spec(tmp_path / "work")
+    assert spec.multi_model and spec.memory_budget_mb == 512
+    deployment = sagemaker_deployment(spec, tmp_path / "work")
+    assert deployment.multi_model and deployment.manifests == {}
+    assert deployment.spec.catalog_dir == tmp_path / "work" / "catalog"
+    monkeypatch.setenv("SAGEMAKER_MULTI_MODEL", "false")
+    with pytest.raises(Exception, match="no model in"):
+        sagemaker_deployment(sagemaker_spec(tmp_path / "work"), tmp_path / "work")
+
+
+def test_an_idle_model_is_unloaded_and_loads_again_on_its_next_request(endpoint):
+    client, models, serving, workers = endpoint
+    load(client, "a", models / "a")
+    serving.catalog.idle_unload_s = 0.3
+    client.portal.call(serving.catalog.start)
+    deadline = time.monotonic() + 10
+    while client.get("/models/a").json()["state"] != "evicted" or any(workers.held):
+        assert time.monotonic() < deadline, "never unloaded"
+        time.sleep(0.05)
+    assert embed(client, "a").status_code == 200
+    assert client.get("/models/a").json()["state"] == "ready"
