@@ -4,7 +4,7 @@ loading and dropping Runners as the catalog folder says, exactly as the engine's
 processes do (neuronserve.catalog). Registration, 409, 507, eviction of the least
 recently used idle model, load on demand, delete, pagination, the admin key, and a swap
 under concurrent clients. The same contract against TorchServe, Triton and the Neuron
-stand-in: tests/servers/test_multi_model.py."""
+stand-in: tests/servers/test_multi_model_servers.py."""
 
 from __future__ import annotations
 
