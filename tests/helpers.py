@@ -639,3 +639,11 @@ def settled(pending: list) -> list:
         except InferenceServerException as e:
             out.append(e)
     return out
+
+
+def wait_for_more(results: list, more: int, timeout_s: float = 120) -> None:
+    """Until `more` further answers have come in."""
+    want, deadline = len(results) + more, time.monotonic() + timeout_s
+    while len(results) < want:
+        assert time.monotonic() < deadline, "the clients stopped getting answers"
+        time.sleep(0.01)

@@ -11,13 +11,19 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
-from helpers import free_port, run_cli, standin_env, standin_events, write_spec
+from helpers import (
+    free_port,
+    run_cli,
+    standin_env,
+    standin_events,
+    wait_for_more,
+    write_spec,
+)
 
 from neuronserve import placement
 from neuronserve.artifact import read_manifest
@@ -163,14 +169,14 @@ def test_a_swap_under_16_clients_fails_no_request(endpoint):
     with ThreadPoolExecutor(16) as pool:
         for _ in range(16):
             pool.submit(hammer)
-        time.sleep(1.0)
+        wait_for_more(statuses, 32)  # traffic flowing before the swap
         swapped = requests.put(
             f"{endpoint.url}/models/a",
             json={"url": str(endpoint.models / target)},
             headers=endpoint.admin,
             timeout=120,
         )
-        time.sleep(1.0)
+        wait_for_more(statuses, 32)  # and after it
         stop.set()
     assert swapped.status_code == 200, swapped.text
     assert len(statuses) > 32

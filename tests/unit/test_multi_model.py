@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import wait_for_more
 from starlette.testclient import TestClient
 
 from neuronserve import catalog, placement
@@ -260,9 +261,9 @@ def test_a_swap_under_16_clients_drops_nothing(endpoint, tiny_runner, classifier
     with ThreadPoolExecutor(16) as pool:
         for _ in range(16):
             pool.submit(hammer)
-        time.sleep(0.3)
+        wait_for_more(results, 20)  # traffic flowing before the swap
         swapped = client.put("/models/a", json={"url": str(models / "cls")})
-        time.sleep(0.3)
+        wait_for_more(results, 20)  # and after it
         stop.set()
     assert swapped.status_code == 200, swapped.text
     old = tiny_runner.responses_for_bodies([({"inputs": "fine"}, None)])[0]
