@@ -647,3 +647,12 @@ def wait_for_more(results: list, more: int, timeout_s: float = 120) -> None:
     while len(results) < want:
         assert time.monotonic() < deadline, "the clients stopped getting answers"
         time.sleep(0.01)
+
+
+def counter_total(metrics: str, name: str) -> float:
+    """The sum of Prometheus counter `name` over all its label sets in `metrics`."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(name + "{")
+    )

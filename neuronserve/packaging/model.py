@@ -19,7 +19,7 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from .. import cores, placement
 from ..artifact import Manifest, read_manifest
@@ -103,14 +103,10 @@ def prepare(
     if not memory.fits:
         raise PackagingError(memory.refusal())
     _warn(plan, what)
-    settings = WorkerSettings(
-        target=manifests[0].target,
-        core_kind=plan.kind,
-        cores_per_worker=plan.cores_per_worker,
-        neuron_cores=spec.neuron_cores,
-        max_client_batch=spec.max_client_batch,
-        max_text_chars=spec.max_text_chars,
-        max_json_depth=spec.max_json_depth,
+    settings = _worker_settings(
+        spec,
+        plan,
+        manifests[0].target,
         models=[
             ModelSettings(
                 name=m.name,
@@ -140,18 +136,28 @@ def _prepare_multi_model(
         except placement.PlacementError as e:
             raise PackagingError(str(e)) from None
     _warn(plan, what)
-    settings = WorkerSettings(
-        target=spec.target,
+    settings = _worker_settings(
+        spec, plan, spec.target, catalog=str(Path(spec.catalog_dir).resolve())
+    )
+    memory = placement.memory_plan([], plan, cores.instance_family())
+    return Packaged([], spec.deployment_name, plan, settings, memory)
+
+
+def _worker_settings(
+    spec: DeploySpec, plan: placement.WorkerPlan, target: str, **models: Any
+) -> WorkerSettings:
+    """What every worker reads back: the plan's cores, the spec's limits, and `models`
+    (the models to load, or the catalog to follow)."""
+    return WorkerSettings(
+        target=target,
         core_kind=plan.kind,
         cores_per_worker=plan.cores_per_worker,
         neuron_cores=spec.neuron_cores,
         max_client_batch=spec.max_client_batch,
         max_text_chars=spec.max_text_chars,
         max_json_depth=spec.max_json_depth,
-        catalog=str(Path(spec.catalog_dir).resolve()),
+        **models,
     )
-    memory = placement.memory_plan([], plan, cores.instance_family())
-    return Packaged([], spec.deployment_name, plan, settings, memory)
 
 
 def _warn(plan: placement.WorkerPlan, what: str) -> None:

@@ -383,6 +383,18 @@ def test_a_core_another_live_process_holds_cannot_be_loaded_and_one_process_hold
     for name in ("a", "b"):
         (model_dir / name).symlink_to(neuronx_artifact)
     base = {**os.environ, **standin_env(2, log=log, devices=tmp_path / "devices")}
+
+    def load_alone(env: dict) -> subprocess.CompletedProcess:
+        """A worker process loading model a, then ending."""
+        return subprocess.run(
+            [sys.executable, "-c", _WORKER, str(model_dir), "a"],
+            env=env,
+            input="\n",
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
     first = subprocess.Popen(
         [sys.executable, "-c", _WORKER, str(model_dir), "a", "b"],
         env={**base, "NEURONSERVE_LEASE_DIR": str(tmp_path / "l1"), "NEURONSERVE_CORES": "0"},
@@ -395,28 +407,14 @@ def test_a_core_another_live_process_holds_cannot_be_loaded_and_one_process_hold
         loads = [e for e in standin_events(log, "load") if e["pid"] == first.pid]
         # both models, every bucket, on the one core this process holds
         assert {e["core"] for e in loads} == {0} and len(loads) == 2 * 4
-        second = subprocess.run(
-            [sys.executable, "-c", _WORKER, str(model_dir), "a"],
-            env={**base, "NEURONSERVE_LEASE_DIR": str(tmp_path / "l2")},
-            input="\n",
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        second = load_alone({**base, "NEURONSERVE_LEASE_DIR": str(tmp_path / "l2")})
         assert second.returncode != 0
         assert "NeuronCore 0 is reserved by another process" in second.stderr
         assert f"pid {first.pid}" in second.stderr
     finally:
         first.communicate("\n", timeout=60)
     # gone with its process: the core is free again
-    again = subprocess.run(
-        [sys.executable, "-c", _WORKER, str(model_dir), "a"],
-        env={**base, "NEURONSERVE_LEASE_DIR": str(tmp_path / "l3")},
-        input="\n",
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    again = load_alone({**base, "NEURONSERVE_LEASE_DIR": str(tmp_path / "l3")})
     assert again.returncode == 0, again.stderr
 
 

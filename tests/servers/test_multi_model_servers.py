@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 from helpers import (
+    counter_total,
     free_port,
     run_cli,
     standin_env,
@@ -119,11 +120,7 @@ def test_three_models_on_a_budget_of_two_answer_and_evictions_are_counted(endpoi
         # three copies of one artifact: the same answer from each
         assert close(r.json(), want)
     metrics = requests.get(f"{endpoint.url}/metrics", timeout=30).text
-    evictions = sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("neuronserve_model_evictions_total{")
-    )
+    evictions = counter_total(metrics, "neuronserve_model_evictions_total")
     assert evictions >= 5
     assert 'neuronserve_model_waited_requests_total{model="b"}' in metrics
     assert 'neuronserve_model_load_seconds_total{model="a"}' in metrics

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_for_more
+from helpers import counter_total, wait_for_more
 from starlette.testclient import TestClient
 
 from neuronserve import catalog, placement
@@ -169,11 +169,7 @@ def test_a_budget_of_two_holds_two_of_three_and_evicts_the_least_recently_used(
         assert r.json() == want
     metrics = client.get("/metrics").text
     assert 'neuronserve_model_evictions_total{model="b"}' in metrics
-    evictions = sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in metrics.splitlines()
-        if line.startswith("neuronserve_model_evictions_total{")
-    )
+    evictions = counter_total(metrics, "neuronserve_model_evictions_total")
     assert evictions >= 5
     assert 'neuronserve_model_waited_requests_total{model="b"}' in metrics
     info = client.get("/info").json()

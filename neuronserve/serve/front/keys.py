@@ -69,17 +69,9 @@ def resolve_keys(spec: DeploySpec, sagemaker: bool = False) -> Keys | None:
     authenticated API), so its mode never asks for one."""
     if sagemaker or spec.auth == "off":
         return None
-    given: list[bytes] = []
-    where: list[str] = []
-    env = os.environ.get(ENV_KEY, "").strip()
-    if env:
-        given.append(env.encode())
-        where.append(f"${ENV_KEY}")
-    if spec.api_key_file is not None:
-        given.extend(read_key_file(Path(spec.api_key_file)))
-        where.append(str(spec.api_key_file))
-    if given:
-        return Keys(tuple(given), " and ".join(where))
+    given = _given_keys(ENV_KEY, spec.api_key_file)
+    if given is not None:
+        return given
     if spec.auth == "auto" and is_loopback(spec.front_address):
         return None
     path = Path(spec.front_run_dir).resolve() / GENERATED_KEY_FILE
@@ -93,19 +85,25 @@ def resolve_admin_keys(spec: DeploySpec, sagemaker: bool = False) -> Keys | None
     reads files of this host."""
     if sagemaker or not spec.multi_model:
         return None
-    given: list[bytes] = []
-    where: list[str] = []
-    env = os.environ.get(ENV_ADMIN_KEY, "").strip()
-    if env:
-        given.append(env.encode())
-        where.append(f"${ENV_ADMIN_KEY}")
-    if spec.admin_key_file is not None:
-        given.extend(read_key_file(Path(spec.admin_key_file)))
-        where.append(str(spec.admin_key_file))
-    if given:
-        return Keys(tuple(given), " and ".join(where))
+    given = _given_keys(ENV_ADMIN_KEY, spec.admin_key_file)
+    if given is not None:
+        return given
     path = Path(spec.front_run_dir).resolve() / GENERATED_ADMIN_KEY_FILE
     return Keys((generated_key(path),), str(path))
+
+
+def _given_keys(variable: str, key_file: Path | None) -> Keys | None:
+    """The keys given in the environment `variable` and in `key_file`, or None."""
+    given: list[bytes] = []
+    where: list[str] = []
+    env = os.environ.get(variable, "").strip()
+    if env:
+        given.append(env.encode())
+        where.append(f"${variable}")
+    if key_file is not None:
+        given.extend(read_key_file(Path(key_file)))
+        where.append(str(key_file))
+    return Keys(tuple(given), " and ".join(where)) if given else None
 
 
 def read_key_file(path: Path) -> list[bytes]:
