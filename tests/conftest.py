@@ -28,6 +28,9 @@ _SLOWEST = (
     "test_precision.py",
     "test_bench_servers.py",
     "test_neuron_sdk.py",
+    "test_neuron_tasks.py",
+    "test_neuron.py",
+    "test_multi_model_servers.py",
     "test_triton.py",
 )
 _FOLDERS = ("servers", "neuron", "compile", "unit")
