@@ -33,7 +33,14 @@ import triton_python_backend_utils as pb_utils
 
 
 def instance_index(instance_name: str, model_config: dict) -> int:
-    """Global index of `<model>_<group>_<index>` across the config's instance groups."""
+    """The core group this instance prefers: the one its group is named after (`cores<k>`,
+    one group per core group as `neuronserve package triton` writes them), else its
+    global index across the config's groups (`<model>_<group>_<index>`, Triton's names)."""
+    from neuronserve.serve.triton_stubs import core_group_of
+
+    named = core_group_of(instance_name)
+    if named is not None:
+        return named
     try:
         _, group, index = instance_name.rsplit("_", 2)
         group, index = int(group), int(index)

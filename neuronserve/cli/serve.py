@@ -133,7 +133,7 @@ def triton_cmd(
     typer.echo(f"  gRPC     {inst.grpc_url}")
     typer.echo(f"  metrics  {inst.metrics_url}/metrics")
     typer.echo(
-        f"  healer   reloads a model whose instance dies ({inst.run_dir / triton.HEALER_LOG}, "
+        f"  healer   replaces an instance whose stub dies ({inst.run_dir / triton.HEALER_LOG}, "
         f"state in {inst.run_dir / triton.HEALER_STATUS_FILE})"
     )
     typer.echo(

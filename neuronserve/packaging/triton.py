@@ -22,6 +22,7 @@ from google.protobuf import text_format
 from .. import placement
 from ..buckets import engine_batch_sizes
 from ..resources import triton_model_file
+from ..serve.triton_stubs import core_group_config
 from ..spec import DeploySpec
 from ..tasks import TASKS, get_task
 from .model import MULTI_MODEL_MAX_BATCH, Packaged, PackagingError, prepare, put_in_place, staged
@@ -71,9 +72,14 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
     policy.timeout_action = mc.ModelQueuePolicy.REJECT
     if spec.queue_timeout_ms:
         policy.default_timeout_microseconds = spec.queue_timeout_ms * 1000
-    config.instance_group.append(
-        mc.ModelInstanceGroup(count=packaged.plan.workers, kind=mc.ModelInstanceGroup.KIND_CPU)
-    )
+    # one group per core group, so that one dead instance can be replaced alone
+    for index in range(packaged.plan.workers):
+        name, policy = core_group_config(index)
+        config.instance_group.append(
+            mc.ModelInstanceGroup(
+                name=name, count=1, kind=mc.ModelInstanceGroup.KIND_CPU, host_policy=policy
+            )
+        )
     for key, value in packaged.settings.triton_parameters().items():
         config.parameters[key].string_value = value
     return config

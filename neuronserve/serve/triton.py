@@ -9,6 +9,7 @@ first on LD_LIBRARY_PATH, its interpreter first on PATH, its packages on PYTHONP
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -79,8 +80,20 @@ class TritonInstance:
         return _pid(self.run_dir)
 
     def instances(self) -> dict[str, Count]:
-        """Each model's live instances (stub processes) of how many its config asks for."""
-        return instance_counts(self.pid() or 0, self.expected)
+        """Each model's live instances (stub processes) of how many its config asks for;
+        while the healer replaces one, those it counted before (the replacement's stub
+        is alive while it still loads its models, and serves only once Triton's load
+        returns)."""
+        counts = instance_counts(self.pid() or 0, self.expected)
+        try:
+            healing = json.loads((self.run_dir / HEALER_STATUS_FILE).read_text())
+        except (OSError, ValueError):
+            return counts
+        for model, state in healing.items():
+            if model in counts and state.get("state") != "serving":
+                alive = min(counts[model].alive, int(state.get("alive", 0)))
+                counts[model] = Count(alive, counts[model].expected)
+        return counts
 
 
 def check_glibc(version: str | None = None) -> None:
@@ -263,8 +276,8 @@ def _command(
         f"--model-repository={repository}",
         *listen.args(),
         *restricted_api_args(admin_key(run_dir)),
-        # explicit: the healer reloads a model whose stub died (Triton's Python backend
-        # never replaces one, and keeps sending it every other batch)
+        # explicit: the healer replaces an instance whose stub died (Triton's Python
+        # backend never replaces one, and keeps handing it batches)
         "--model-control-mode=explicit",
         *(f"--load-model={m}" for m in models),
         "--allow-metrics=true",
@@ -301,6 +314,9 @@ def start(
         check_glibc()
     private_dir(run_dir)
     models = models_in(repository)
+    compile_model_files(repository)
+    # a healer's word from an earlier server would stand for this one's instances
+    (run_dir / HEALER_STATUS_FILE).unlink(missing_ok=True)
     envs_before = set(glob.glob(PYTHON_ENVS))
     cmd = _command((binary, root), repository, run_dir, listen)
     env = _env(run_dir)
@@ -324,6 +340,22 @@ def start(
         stop(run_dir, log=lambda *_: None)
         raise
     return inst
+
+
+def compile_model_files(repository: Path) -> None:
+    """Byte-compile each model's model.py before tritonserver starts. The stub imports it
+    from the repository and would write its __pycache__ there after Triton loaded the
+    model (PYTHONDONTWRITEBYTECODE does not reach the stub's embedded Python): a model
+    folder changed after its load makes Triton take the healer's next load for a new
+    model and load it whole, every instance anew, instead of replacing the dead one alone
+    (measured: the new instances then found no free core group, the live ones still
+    holding theirs). This process's Python is the one the stub embeds (`_env`)."""
+    import py_compile
+
+    for model_py in Path(repository).glob("*/*/model.py"):
+        # a folder this process cannot write to, the stub cannot either
+        with contextlib.suppress(OSError, py_compile.PyCompileError):
+            py_compile.compile(str(model_py), doraise=True)
 
 
 def _start_healer(run_dir: Path) -> None:
@@ -428,7 +460,8 @@ class Triton(Engine[TritonInstance]):
     store_field = "triton_repository"
     replacement = (
         "Triton's Python backend never replaces a dead stub: the healer beside the server "
-        "reloads the model, whose new instances lease the freed core groups"
+        "replaces that instance alone (the others serve on); the new one leases the freed "
+        "core group"
     )
 
     @classmethod

@@ -1,20 +1,30 @@
-"""Keeps a tritonserver's models whole: a model whose Python-backend stub died is
-reloaded through Triton's model-control API.
+"""Keeps a tritonserver's models whole: an instance whose Python-backend stub died is
+replaced alone, while the model's other instances serve on.
 
 Triton's Python backend never replaces a stub that died (SIGKILL, a crash, the OOM
-killer): the server keeps reporting the model READY and keeps sending every other
-batch to the dead instance, which answers "Stub process ... is not healthy" (measured
-here: 10 of 20 sequential requests failed after one kill, for as long as the server
-ran). The healer runs beside every tritonserver `serve triton` starts (its own process,
-so it serves `serve triton`, the front and SageMaker alike), counts each model's live
-stubs against its config's instance count every `POLL_S`, and when one is missing:
-unloads the model (Triton lets requests in flight finish), waits until its stubs are
-gone so their core leases are free, and loads it again; the new instances lease the
-freed core groups. Model control is explicit (`--model-control-mode=explicit`) for
-this, and behind the admin key (triton.py).
+killer): the server keeps the model READY and keeps handing the dead instance batches,
+which fail ("Stub process ... is not healthy"; measured here, about one batch a second:
+the backend waits a second on the dead stub's health before failing each). The healer
+runs beside every tritonserver `serve triton` starts (its own process, so it serves
+`serve triton`, the front and SageMaker alike), watches every stub (a pidfd each, so a
+death wakes it at once; new stubs are found every `POLL_S`), and when one is gone uses
+Triton's in-place instance update (a load whose config differs only in instance_group
+adds and removes instances and leaves the others serving):
+
+1. load the model's config without the dead instance's group: Triton drops that
+   instance; the others never stop;
+2. load it with the group back (its host policy renamed, so Triton sees a new group):
+   the new instance leases the core group the dead process held, which the OS freed
+   when it died, so on Neuron too it never needs a core a living process holds.
+
+`packaging.triton` writes one instance group per core group for this
+(`triton_stubs.core_group_config`). A repository of another shape (a group of several
+instances) is healed the old way: the model is unloaded and loaded again, an outage.
+Model control is explicit (`--model-control-mode=explicit`), behind the admin key
+(triton.py).
 
 `instances.json` in the run directory says, per model, how many instances are alive of
-how many expected and what the healer is doing (serving, reloading, failed); readiness
+how many expected and what the healer is doing (serving, replacing, failed); readiness
 (`wait_ready`, the front's /ping and /health) reads the same counts (`instance_counts`).
 
     python -m neuronserve.serve.triton_healer RUN_DIR
@@ -22,13 +32,17 @@ how many expected and what the healer is doing (serving, reloading, failed); rea
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import json
 import logging
 import os
+import select
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import requests
@@ -37,9 +51,7 @@ from . import triton
 from .process import alive
 from .triton import HEALER_STATUS_FILE as STATUS_FILE
 from .triton_stubs import (
-    Count,
-    counts_from_stubs,
-    instance_counts,
+    instance_of,
     live_stubs,
     note_leftovers,
     stub_regions,
@@ -47,14 +59,16 @@ from .triton_stubs import (
 
 log = logging.getLogger("neuronserve.healer")
 
+# how often new stubs are looked for (a death wakes the healer at once)
 POLL_S = 0.5
 # how long unloaded stubs may take to finish their requests and exit before they are
-# killed (their leases must be free before the reload). Under load they do not exit by
-# themselves: Triton's unload waits for the batches it had handed the dead stub (measured:
-# still waiting after 60 s); killed, Triton finishes the unload about 10 s later.
+# killed, when a whole model is reloaded (their leases must be free before the load).
+# Under load they do not exit by themselves: Triton's unload waits for the batches it had
+# handed the dead stub (measured: still waiting after 60 s); killed, Triton finishes the
+# unload about 10 s later.
 DRAIN_S = 3.0
-# a reload that failed is tried again after this long (the core may still be held by a
-# process that is slow to die)
+# a replacement that failed is tried again after this long (the core may still be held
+# by a process that is slow to die)
 RETRY_S = 5.0
 
 
@@ -62,9 +76,25 @@ RETRY_S = 5.0
 class ModelState:
     alive: int
     expected: int
-    state: str = "serving"  # serving | reloading | failed
-    reloads: int = 0
+    state: str = "serving"  # serving | replacing | failed
+    replacements: int = 0
     last_error: str = ""
+
+
+def partitioned(groups: list[dict[str, Any]]) -> bool:
+    """Whether each instance can be replaced alone: every group one instance, with a host
+    policy of its own (what `packaging.triton` writes)."""
+    policies = [g.get("host_policy", "") for g in groups]
+    return (
+        all(int(g.get("count", 1)) == 1 for g in groups)
+        and len(set(policies)) == len(policies)
+        and all(policies)
+    )
+
+
+def instance_names(groups: list[dict[str, Any]]) -> list[str]:
+    """The instances Triton makes of `groups` (`<group>_<index>`)."""
+    return [f"{g['name']}_{i}" for g in groups for i in range(max(int(g.get("count", 1)), 1))]
 
 
 class Healer:
@@ -75,12 +105,17 @@ class Healer:
             raise SystemExit(f"no tritonserver runs from {run_dir}")
         self.server_pid = inst.pid() or 0
         self.url = inst.http_url
-        self.expected = inst.expected
         key = (self.run_dir / triton.ADMIN_KEY_FILE).read_text().strip()
         self.headers = {triton.ADMIN_HEADER: key, "Connection": "close"}
-        counts = instance_counts(self.server_pid, self.expected)
-        self.states = {m: ModelState(c.alive, c.expected) for m, c in counts.items()}
+        # each model's instance groups as the server loaded them: what "whole" means
+        self.groups = {m: self._config(m)["instance_group"] for m in inst.expected}
+        self.states = {
+            m: ModelState(len(live_stubs(self.server_pid).get(m, [])), n)
+            for m, n in inst.expected.items()
+        }
+        self.generation: dict[tuple[str, str], int] = {}
         self.noted: set[str] = set()
+        self.exits: dict[int, int] = {}  # stub pid -> pidfd
 
     def write_status(self) -> None:
         path = self.run_dir / STATUS_FILE
@@ -90,51 +125,109 @@ class Healer:
 
     def run(self) -> None:
         self.write_status()
-        log.info("watching %s (tritonserver pid %d)", ", ".join(self.expected), self.server_pid)
+        log.info("watching %s (tritonserver pid %d)", ", ".join(self.states), self.server_pid)
         while alive(self.server_pid):
             stubs = live_stubs(self.server_pid)
             regions = stub_regions(stubs)
             if not regions <= self.noted:
                 note_leftovers(self.run_dir, regions)
                 self.noted |= regions
-            for model, count in counts_from_stubs(stubs, self.expected).items():
-                state = self.states[model]
-                state.alive = count.alive
-                if not count.whole:
-                    self.heal(model, count)
+            for model, state in self.states.items():
+                mine = stubs.get(model, [])
+                state.alive = len(mine)
+                running = {instance_of(p) for p in mine}
+                dead = [n for n in instance_names(self.groups[model]) if n not in running]
+                if dead:
+                    self.heal(model, dead)
             self.write_status()
-            time.sleep(POLL_S)
+            self._wait(stubs)
         log.info("tritonserver is gone: the healer stops")
 
-    def heal(self, model: str, count: Count) -> None:
+    def _wait(self, stubs: dict[str, list[psutil.Process]]) -> None:
+        """Sleep POLL_S, or less: until one of `stubs` exits (each watched by a pidfd,
+        readable once its process is gone)."""
+        pids = {p.pid for ps in stubs.values() for p in ps}
+        for pid in set(self.exits) - pids:
+            os.close(self.exits.pop(pid))
+        poller = select.poll()
+        for pid in pids:
+            if pid not in self.exits:
+                try:
+                    self.exits[pid] = os.pidfd_open(pid)
+                except OSError:  # gone already: look again now
+                    return
+            poller.register(self.exits[pid], select.POLLIN)
+        poller.poll(POLL_S * 1000)
+
+    def heal(self, model: str, dead: list[str]) -> None:
         state = self.states[model]
         log.warning(
-            "neuronserve: %s has %d of %d instances alive (a stub died): reloading it",
+            "neuronserve: %s of %s died (%d of %d instances alive): replacing %s",
+            ", ".join(dead),
             model,
-            count.alive,
-            count.expected,
+            state.alive,
+            state.expected,
+            "it alone" if partitioned(self.groups[model]) else "the whole model",
         )
-        state.state = "reloading"
+        state.state = "replacing"
         self.write_status()
         started = time.monotonic()
         try:
-            self._call("unload", model)
-            self._drain(model)
-            self._call("load", model)
+            if partitioned(self.groups[model]):
+                self._replace(model, dead)
+            else:
+                self._reload(model)
         except (requests.RequestException, RuntimeError) as e:
             state.state, state.last_error = "failed", str(e)
-            log.error("neuronserve: reloading %s failed: %s (again in %gs)", model, e, RETRY_S)
+            log.error("neuronserve: replacing %s failed: %s (again in %gs)", model, e, RETRY_S)
             self.write_status()
             time.sleep(RETRY_S)
             return
         state.state, state.last_error = "serving", ""
-        state.reloads += 1
+        state.replacements += 1
         state.alive = len(live_stubs(self.server_pid).get(model, []))
-        log.info("%s reloaded in %.1fs", model, time.monotonic() - started)
+        log.info("%s of %s replaced in %.1fs", ", ".join(dead), model, time.monotonic() - started)
 
-    def _call(self, action: str, model: str) -> None:
+    def _replace(self, model: str, dead: list[str]) -> None:
+        """Drop the dead instances' groups from the model (the others serve on), then put
+        them back under a new host policy: new instances, on the freed core groups."""
+        config = self._config(model)
+        gone = {n.rpartition("_")[0] for n in dead}
+        present = [g for g in config["instance_group"] if g["name"] not in gone]
+        if present and len(present) < len(config["instance_group"]):
+            self._load(model, {**config, "instance_group": present})
+        groups = copy.deepcopy(self.groups[model])
+        for g in groups:
+            if g["name"] in gone:
+                key = (model, g["name"])
+                self.generation[key] = self.generation.get(key, 0) + 1
+            n = self.generation.get((model, g["name"]), 0)
+            if n:
+                g["host_policy"] = f"{g['host_policy']}.{n}"
+        self._load(model, {**config, "instance_group": groups})
+
+    def _reload(self, model: str) -> None:
+        """Unload and load the whole model (a repository whose groups are not one per
+        core group): its requests fail meanwhile."""
+        self._call("unload", model)
+        self._drain(model)
+        self._call("load", model)
+
+    def _config(self, model: str) -> dict[str, Any]:
+        r = requests.get(f"{self.url}/v2/models/{model}/config", headers=self.headers, timeout=30)
+        if r.status_code != 200:
+            raise RuntimeError(f"config of {model}: {r.status_code} {r.text[:2000]}")
+        return dict(r.json())
+
+    def _load(self, model: str, config: dict[str, Any]) -> None:
+        self._call("load", model, {"parameters": {"config": json.dumps(config)}})
+
+    def _call(self, action: str, model: str, body: dict[str, Any] | None = None) -> None:
         r = requests.post(
-            f"{self.url}/v2/repository/models/{model}/{action}", headers=self.headers, timeout=900
+            f"{self.url}/v2/repository/models/{model}/{action}",
+            headers=self.headers,
+            json=body,
+            timeout=900,
         )
         if r.status_code != 200:
             raise RuntimeError(f"{action}: {r.status_code} {r.text[:2000]}")
@@ -147,7 +240,8 @@ class Healer:
             time.sleep(0.05)
         for p in left:
             log.warning("stub %d of %s did not exit after unload: killed", p.pid, model)
-            p.kill()
+            with contextlib.suppress(psutil.Error):
+                p.kill()
         psutil.wait_procs(left, timeout=10)
 
 

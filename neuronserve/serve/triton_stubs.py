@@ -14,6 +14,41 @@ from pathlib import Path
 import psutil
 
 STUB = "triton_python_backend_stub"
+# a stub's command line: the stub, model.py, its shared-memory region, ..., its instance
+_MODEL_PY_ARG, _REGION_ARG, _INSTANCE_ARG = 1, 2, 8
+
+# One instance group per core group, named after it, with a host policy of its own:
+# Triton's in-place instance update (a load whose config differs only in instance_group)
+# tells instances apart by their group's settings (kind, devices, host policy), not by
+# the group's name. Measured on tritonserver 2.51: two groups that differed only in name,
+# one stub killed, reloading without the dead one's group removed the live instance and
+# kept the dead one; with a host policy each, exactly the dead one went and the other
+# served on. So a dead instance is replaced alone (triton_healer.py).
+CORE_GROUP = "cores"
+
+
+def core_group_config(index: int) -> tuple[str, str]:
+    """(instance group name, host policy) of core group `index`'s instance group."""
+    return f"{CORE_GROUP}{index}", f"{CORE_GROUP}{index}"
+
+
+def core_group_of(instance_name: str) -> int | None:
+    """The core group an instance of `core_group_config`'s groups serves (its name is
+    `cores<k>_0`), else None (a group of another shape)."""
+    group, _, index = instance_name.rpartition("_")
+    number = group.removeprefix(CORE_GROUP)
+    if group.startswith(CORE_GROUP) and number.isdigit() and index == "0":
+        return int(number)
+    return None
+
+
+def instance_of(stub: psutil.Process) -> str:
+    """The Triton instance (`<group>_<index>`) a stub process serves ("" if unknown)."""
+    try:
+        cmd = stub.cmdline()
+    except psutil.Error:
+        return ""
+    return cmd[_INSTANCE_ARG] if len(cmd) > _INSTANCE_ARG else ""
 
 
 def live_stubs(server_pid: int) -> dict[str, list[psutil.Process]]:
@@ -31,8 +66,8 @@ def live_stubs(server_pid: int) -> dict[str, list[psutil.Process]]:
                 continue
         except psutil.Error:
             continue
-        if len(cmd) > 1:
-            out.setdefault(Path(cmd[1]).parent.parent.name, []).append(p)
+        if len(cmd) > _MODEL_PY_ARG:
+            out.setdefault(Path(cmd[_MODEL_PY_ARG]).parent.parent.name, []).append(p)
     return out
 
 
@@ -59,7 +94,7 @@ def stub_regions(stubs: dict[str, list[psutil.Process]]) -> set[str]:
     for processes in stubs.values():
         for p in processes:
             with contextlib.suppress(psutil.Error, IndexError):
-                regions.add("/dev/shm/" + p.cmdline()[2])
+                regions.add("/dev/shm/" + p.cmdline()[_REGION_ARG])
     return regions
 
 
@@ -91,10 +126,5 @@ def remove_leftovers(run_dir: Path) -> list[str]:
 def instance_counts(server_pid: int, expected: dict[str, int]) -> dict[str, Count]:
     """Each model's live stubs of the `expected` instance count (its config's, which
     `serve triton` read when it started the server)."""
-    return counts_from_stubs(live_stubs(server_pid), expected)
-
-
-def counts_from_stubs(
-    stubs: dict[str, list[psutil.Process]], expected: dict[str, int]
-) -> dict[str, Count]:
+    stubs = live_stubs(server_pid)
     return {m: Count(len(stubs.get(m, [])), n) for m, n in expected.items()}

@@ -177,7 +177,7 @@ def test_config_is_triton_protobuf_and_round_trips(server):
     preferred = list(parsed.dynamic_batching.preferred_batch_size)
     assert preferred and preferred == sorted(set(preferred)) and set(preferred) <= {1, 4, 8}
     assert parsed.dynamic_batching.max_queue_delay_microseconds == 50_000
-    assert parsed.instance_group[0].count == 2
+    assert [(g.name, g.count) for g in parsed.instance_group] == [("cores0", 1), ("cores1", 1)]
     # what every model takes: texts (with pairs) and images, none required by all
     assert {i.name: i.optional for i in parsed.input} == {
         "TEXT": True,

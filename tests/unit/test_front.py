@@ -269,11 +269,20 @@ def test_health_follows_the_engines_workers(tmp_path, tiny_runner):
     # a worker died: not every worker is ready (answered for a second: then asked again)
     engine.counts = WorkerCounts(1, 2)
     serving._health = None
+    # degraded but serving: 200, so probes keep it in rotation while the worker is replaced
     r = client.get("/health")
-    assert r.status_code == 503 and r.json()["status"] == "degraded"
+    assert r.status_code == 200 and r.json() == {
+        "status": "degraded",
+        "workers_ready": 1,
+        "workers_expected": 2,
+    }
+    assert client.get("/ping").status_code == 200
+    assert client.get("/ping").json() == {"status": "degraded"}
     engine.counts = WorkerCounts(0, 2)
     serving._health = None
-    assert client.get("/health").json()["status"] == "unhealthy"
+    r = client.get("/health")
+    assert r.status_code == 503 and r.json()["status"] == "unhealthy"
+    assert client.get("/ping").status_code == 503
 
 
 def test_a_loading_front_says_503_with_retry_after(tmp_path):

@@ -72,7 +72,9 @@ def test_triton_gets_one_model_taking_what_every_model_takes(
     assert inputs == {"TEXT": False, "TEXT_PAIR": True}
     outputs = {o.name: list(o.dims) for o in config.output}
     assert outputs["EMBEDDING"] == [32] and outputs["SCORES"] == [3]
-    assert config.instance_group[0].count == 2
+    # one group per core group, each its own host policy (so the healer can replace one)
+    groups = [(g.name, g.count, g.host_policy) for g in config.instance_group]
+    assert groups == [("cores0", 1, "cores0"), ("cores1", 1, "cores1")]
     assert (model_dir / "1" / "models" / "tiny" / "manifest.json").is_file()
     assert (model_dir / "1" / "models" / "tiny-classifier" / "manifest.json").is_file()
 

@@ -77,5 +77,5 @@ def test_packagers_write_the_plan(tmp_path, tiny_artifact):
         {"layout": "latency", "triton_repository": tmp_path / "repo", "artifact": tiny_artifact},
     )
     config = read_config(package_triton(spec) / "config.pbtxt")
-    assert config.instance_group[0].count == 1
+    assert [(g.name, g.count) for g in config.instance_group] == [("cores0", 1)]
     assert config.parameters["neuronserve_cores_per_worker"].string_value == str(n)

@@ -17,9 +17,10 @@ request against aiohttp's 0.11 ms, which alone would have cost the front its tar
 from __future__ import annotations
 
 import asyncio
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
 import numpy as np
@@ -31,10 +32,12 @@ from ...worker import MODEL_HEADER, MODEL_PARAMETER
 from .model import ServedModel
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from ...tasks import TaskRequest
 
+log = logging.getLogger("neuronserve.front")
+T = TypeVar("T")
 _UNSET: Any = object()
 # health and metrics calls: an engine that takes longer than this is not healthy
 _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5)
@@ -45,13 +48,36 @@ _PROBE_TIMEOUT = aiohttp.ClientTimeout(total=5)
 _PLAIN = {"Accept-Encoding": "identity"}
 
 
-# what Triton answers while an instance is dead (the Python backend's words) or while
-# the healer reloads its model: the front says 503 and Retry-After, not the engine's 500
-_RECOVERING = ("is not healthy", "Request for unknown model", "is not ready")
+# How each engine says the worker that held a request died with it: TorchServe answers
+# "Worker died." (500, or 507 when the worker was SIGKILLed: WorkerThread sends its exit
+# code 137 as INSUFFICIENT_STORAGE); Triton's Python backend "Stub process '<instance>'
+# is not healthy." (500) for a batch handed to a dead stub, until the healer replaces it.
+_TORCHSERVE_DIED = (b"Worker died",)
+_TRITON_DIED = ("is not healthy",)
+# what Triton answers while a whole model reloads (a repository the healer cannot heal
+# an instance at a time): the front says 503 and Retry-After, not the engine's 500/404
+_TRITON_RELOADING = ("Request for unknown model", "is not ready")
 
 
 class EngineUnavailable(RuntimeError):
     """The engine did not answer at all (stopped, restarting, refused the connection)."""
+
+
+class WorkerDied(EngineUnavailable):
+    """The worker (instance) that held the request died with it: another may answer it."""
+
+
+async def once_more(call: Callable[[], Awaitable[T]], what: str) -> T:
+    """`call()`, and once more if its worker died under it: the engine gives the retry
+    to a live worker (TorchServe never hands a dead worker a job; Triton's dead instance
+    takes about a second to fail each batch it is handed, while the others answer in
+    milliseconds, and the healer takes it out of rotation), so a client sees no failure
+    for a killed worker unless every worker is gone (then 503 with Retry-After)."""
+    try:
+        return await call()
+    except WorkerDied as e:
+        log.warning("%s: %s; sent again", what, e)
+        return await call()
 
 
 class EngineAnswer:
@@ -171,11 +197,18 @@ class TorchServeClient(EngineClient):
     async def _post(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
         # the worker holds every model of the deployment: the header says which one
         headers = {**_PLAIN, "Content-Type": content_type, MODEL_HEADER: model}
-        try:
-            async with self._session.post(self._predict_url, data=body, headers=headers) as r:
-                return r.status, await r.read()
-        except (aiohttp.ClientError, OSError) as e:
-            raise EngineUnavailable(f"TorchServe did not answer: {e}") from None
+
+        async def send() -> tuple[int, bytes]:
+            try:
+                async with self._session.post(self._predict_url, data=body, headers=headers) as r:
+                    status, data = r.status, await r.read()
+            except (aiohttp.ClientError, OSError) as e:
+                raise EngineUnavailable(f"TorchServe did not answer: {e}") from None
+            if status in (500, 507) and any(m in data for m in _TORCHSERVE_DIED):
+                raise WorkerDied(f"TorchServe's worker died: {data[:200]!r}")
+            return status, data
+
+        return await once_more(send, f"a request to {model}")
 
     async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
         request = {"inputs": inputs, "parameters": parameters} if parameters else {"inputs": inputs}
@@ -291,21 +324,27 @@ class TritonClient(EngineClient):
             tensor = InferInput(name, [len(values), 1], "BYTES")
             tensor.set_data_from_numpy(bytes_rows(values))
             tensors.append(tensor)
-        try:
-            result = await self._client.infer(
-                self._name,
-                tensors,
-                outputs=[InferRequestedOutput(m.output, binary_data=True)],
-                parameters=params or None,
-                headers=_PLAIN,
-            )
-        except InferenceServerException as e:
-            message = e.message() or ""
-            if any(r in message for r in _RECOVERING):
-                raise EngineUnavailable(f"Triton is replacing an instance: {message}") from None
-            raise RequestError.from_engine(message, int(e.status() or 500)) from None
-        except (aiohttp.ClientError, OSError) as e:
-            raise EngineUnavailable(f"Triton did not answer: {e}") from None
+
+        async def send() -> Any:
+            try:
+                return await self._client.infer(
+                    self._name,
+                    tensors,
+                    outputs=[InferRequestedOutput(m.output, binary_data=True)],
+                    parameters=params or None,
+                    headers=_PLAIN,
+                )
+            except InferenceServerException as e:
+                message = e.message() or ""
+                if any(d in message for d in _TRITON_DIED):
+                    raise WorkerDied(f"Triton's instance died: {message}") from None
+                if any(r in message for r in _TRITON_RELOADING):
+                    raise EngineUnavailable(f"Triton is reloading the model: {message}") from None
+                raise RequestError.from_engine(message, int(e.status() or 500)) from None
+            except (aiohttp.ClientError, OSError) as e:
+                raise EngineUnavailable(f"Triton did not answer: {e}") from None
+
+        result = await once_more(send, f"a request to {self._name}")
         return result.as_numpy(m.output)
 
     async def invoke(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
@@ -323,8 +362,8 @@ class TritonClient(EngineClient):
             ready = await self._client.is_model_ready(self._name)
         except (InferenceServerException, aiohttp.ClientError, OSError, asyncio.TimeoutError):
             ready = False
-        # Triton says READY while a dead stub still gets every other batch: the live
-        # stubs are the truth (the healer reloads the model when one is missing)
+        # Triton says READY while a dead stub is still handed batches: the live stubs
+        # are the truth (the healer replaces one that is missing)
         alive = await asyncio.to_thread(self._alive) if ready else 0
         return WorkerCounts(alive, self._instances)
 

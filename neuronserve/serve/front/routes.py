@@ -265,18 +265,20 @@ class Api:
             return 503, {"status": "loading", "workers_ready": 0, "workers_expected": 0}
         h = await self.serving.health()
         body = {
-            # degraded: some workers down (one that died, being replaced)
+            # degraded: some workers down (one that died, being replaced) and the others
+            # serving, so a probe keeps the front in rotation: 503 only when none can
             "status": "ok" if h.ok else ("degraded" if h.ready else "unhealthy"),
             "workers_ready": h.ready,
             "workers_expected": h.expected,
         }
-        return (200 if h.ok else 503), body
+        return (200 if h.ready else 503), body
 
     # SageMaker
 
     async def ping(self, request: Request) -> Response:
         status, body = await self._health()
-        return json_response({"status": "ready" if status == 200 else body["status"]}, status)
+        said = body["status"]
+        return json_response({"status": "ready" if said == "ok" else said}, status)
 
     async def invocations(self, request: Request) -> Response:
         self.serving.ready()
@@ -445,10 +447,11 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
           s.TokenizeRequest, s.TokenizeResponse, s.TEIError, work=True),
         e("/info", "GET", api.info, "tei", "The served model: task, buckets, precision, "
           "versions", tei, None, s.Info, s.TEIError),
-        e("/health", "GET", api.health, "tei", "200 while every worker is ready, else 503",
+        e("/health", "GET", api.health, "tei", "200 while a worker serves (`degraded` while "
+          "some are down), 503 when none can",
           "operations", None, s.Health, s.Health, open=True),
         e("/ping", "GET", api.ping, "native", "SageMaker health: 200 once every worker is "
-          "warm", "SageMaker", open=True),
+          "warm, and while any serves", "SageMaker", open=True),
         e("/invocations", "POST", api.invocations, "native", "SageMaker inference: "
           "{inputs, parameters} as JSON, or plain text", "SageMaker", s.NativeRequest,
           None, s.NativeError, work=True),
