@@ -3,13 +3,15 @@ and Triton on CPU, and TorchServe on a fake 4-NeuronCore host with the stand-in 
 (there a model can only be loaded by the worker process that holds the cores). A budget
 of two models, three registered: requests cycling through all three answer right while
 the least recently used is evicted and loaded again on demand; 409, delete then 404,
-pagination, and a swap under 16 clients with no failed request. The catalog's own logic
+pagination, a swap under 16 clients with no failed request, and a killed worker replaced
+with every model while no request fails. The catalog's own logic
 (507, the admin key, eviction order) is tested in process: tests/unit/test_multi_model.py."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -22,11 +24,12 @@ from helpers import (
     run_cli,
     standin_env,
     standin_events,
+    wait_for,
     wait_for_more,
     write_spec,
 )
 
-from neuronserve import placement
+from neuronserve import catalog, placement
 from neuronserve.artifact import read_manifest
 
 pytestmark = pytest.mark.server
@@ -186,3 +189,49 @@ def test_a_swap_under_16_clients_fails_no_request(endpoint):
         assert loads and len({(e["pid"], e["core"]) for e in loads}) == len(
             {e["core"] for e in loads}
         )
+
+
+def test_a_killed_worker_comes_back_with_every_model_and_no_request_fails(endpoint):
+    """Last: kill the worker of core group 0 while 8 clients call every loaded model
+    through the front: each request is answered 200 (the other worker serves, the front
+    sends a request whose worker died once more), and the replacement, on the same core
+    group, holds every model the catalog holds."""
+    [folder] = [p.parent for p in endpoint.work.glob("**/catalog/wanted.json")]
+    before = {s["group"]: s for s in catalog.worker_states(folder)}
+    held = sorted(before[0]["models"])  # the workers' names: a swapped model's "a@2"
+    assert held and all(v == catalog.READY for v in before[0]["models"].values())
+    loaded = [m["modelName"] for m in endpoint.listed()["models"] if m["state"] == "ready"]
+    assert len(loaded) == len(held)
+    stop = threading.Event()
+    statuses: list[int] = []
+
+    def hammer(i: int):
+        with requests.Session() as s:
+            while not stop.is_set():
+                name = loaded[i % len(loaded)]
+                url = f"{endpoint.url}/models/{name}/invoke"
+                r = s.post(url, json={"inputs": "x"}, timeout=120)
+                statuses.append(r.status_code)
+                i += 1
+
+    with ThreadPoolExecutor(8) as pool:
+        for i in range(8):
+            pool.submit(hammer, i)
+        wait_for_more(statuses, 16)
+        os.kill(before[0]["pid"], signal.SIGKILL)
+
+        def replaced():
+            now = {s["group"]: s for s in catalog.worker_states(folder)}
+            new = now.get(0)
+            return new if new and new["pid"] != before[0]["pid"] else None
+
+        new = wait_for(replaced, timeout=60, what="a replacement on core group 0")
+        wait_for(
+            lambda: all(sorted(w["models"]) == held for w in catalog.worker_states(folder)),
+            timeout=60,
+            what="the replacement's models",
+        )
+        wait_for_more(statuses, 16)
+        stop.set()
+    assert new["models"] == before[0]["models"]
+    assert set(statuses) == {200}, [s for s in statuses if s != 200][:5]

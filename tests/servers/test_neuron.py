@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections import defaultdict
 
 import numpy as np
@@ -16,8 +17,11 @@ import pytest
 import requests
 import tritonclient.http as httpclient
 from helpers import NeuronServing, standin_events, standin_imports, wait_for
+from tritonclient.utils import InferenceServerException
 
 from neuronserve.serve import torchserve as ts
+from neuronserve.serve import triton
+from neuronserve.serve.triton_stubs import live_stubs
 
 pytestmark = pytest.mark.server
 STACK = "pair"
@@ -171,5 +175,56 @@ def test_four_triton_instances_on_four_cores_hold_both_models(
             got = client.infer(STACK, [t], parameters={"model": model}).as_numpy("LOGITS")
             assert np.array_equal(got, rows)
         client.close()
+        replaced_alone_on_its_core(serving, t, rows)
     finally:
         serving.stop()
+
+
+def replaced_alone_on_its_core(serving, tensor, rows) -> None:
+    """Kill one instance's stub while 4 clients ask Triton directly: the other three serve
+    on (at most the killed stub's batch fails), and the healer's replacement loads both
+    models onto the NeuronCore the dead process held, which the runtime never refused
+    (no process ever shared a core)."""
+    url = f"127.0.0.1:{serving.spec['http_port']}"
+    server = triton.running(serving.work / "tr")
+    assert server is not None
+    stubs = {p.pid: p for p in live_stubs(server.pid() or 0)[STACK]}
+    victim = min(stubs)
+    freed = standin_imports(serving.log)[victim]["NEURON_RT_VISIBLE_CORES"]
+    stop = threading.Event()
+    outcomes: list[bool] = []
+
+    def ask(model: str):
+        client = httpclient.InferenceServerClient(url)
+        while not stop.is_set():
+            try:
+                got = client.infer(STACK, [tensor], parameters={"model": model})
+                outcomes.append(np.array_equal(got.as_numpy("LOGITS"), rows))
+            except InferenceServerException:
+                outcomes.append(False)
+        client.close()
+
+    threads = [threading.Thread(target=ask, args=(m,)) for m in ("first", "second") * 2]
+    for th in threads:
+        th.start()
+    wait_for(lambda: len(outcomes) > 8, what="traffic")
+    os.kill(victim, signal.SIGKILL)
+
+    def replacement():
+        now = {p.pid for p in live_stubs(server.pid() or 0)[STACK]}
+        counts = server.instances()[STACK]
+        new = now - set(stubs)
+        return counts.whole and len(now) == 4 and new and new.pop()
+
+    new_pid = wait_for(replacement, timeout=30, what="the replacement instance")
+    wait_for(lambda: len(outcomes) > 8, what="traffic after")
+    stop.set()
+    for th in threads:
+        th.join()
+    assert outcomes.count(False) <= 8, outcomes.count(False)  # the killed stub's batch
+    # the other three were never reloaded
+    assert set(stubs) - {victim} <= {p.pid for p in live_stubs(server.pid() or 0)[STACK]}
+    assert standin_imports(serving.log)[new_pid]["NEURON_RT_VISIBLE_CORES"] == freed
+    mine = [e for e in standin_events(serving.log, "load") if e["pid"] == new_pid]
+    assert {e["core"] for e in mine} == {int(freed)} and len(mine) >= 2
+    assert standin_events(serving.log, "core_busy") == []
