@@ -88,3 +88,19 @@ def test_glibc_older_than_2_35_is_refused_for_triton():
         triton.check_glibc("glibc 2.31")
     triton.check_glibc("glibc 2.35")
     triton.check_glibc()  # this machine
+
+
+def test_the_healer_replaces_one_instance_only_where_each_group_is_one_core_group():
+    from neuronserve.serve.triton_healer import instance_names, partitioned
+
+    ours = [
+        {"name": "cores0", "count": 1, "host_policy": "cores0"},
+        {"name": "cores1", "count": 1, "host_policy": "cores1.2"},  # replaced twice
+    ]
+    assert partitioned(ours) and instance_names(ours) == ["cores0_0", "cores1_0"]
+    # Triton tells instances apart by their group's settings, not its name: groups that
+    # differ only in name, or a group of several, are reloaded whole
+    same_policy = [{**g, "host_policy": "cpu"} for g in ours]
+    several = [{"name": "m_0", "count": 2, "host_policy": ""}]
+    assert not partitioned(same_policy) and not partitioned(several)
+    assert instance_names(several) == ["m_0_0", "m_0_1"]
