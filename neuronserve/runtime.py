@@ -20,7 +20,7 @@ from .artifact import ArtifactError, Manifest, read_manifest, read_verified
 from .buckets import Bucket
 from .compile.targets import get_target
 from .execution import Executor, InputLayout, Module, Row, RunReport
-from .images import ImagePreprocessor, PixelRow
+from .images import ImagePreprocessor
 from .tasks import RequestError, TaskRequest, get_task
 from .tasks.base import RequestLimits, Text, internal_error
 from .tokenization import Encoded, TextTokenizer
@@ -253,22 +253,15 @@ class Runner:
     def _encode_images(
         self, live: Sequence[tuple[int, TaskRequest]], results: list[Outputs | None]
     ) -> dict[int, list[list[Any]]]:
-        """Every image opened (a request with one that is not an image fails alone), then
-        the whole batch through the image processor at once."""
-        from .images import open_image
-
-        opened: dict[int, list[Any]] = {}
+        """Each request's images as pixel rows, one image decoded at a time (a request
+        with one that is not an image, or too large, fails alone)."""
+        preprocessor = cast(ImagePreprocessor, self.preprocessor)
+        out = {}
         for i, r in live:
             try:
-                opened[i] = [open_image(cast(bytes, b), k) for k, b in enumerate(r.texts)]
+                out[i] = [[row] for row in preprocessor.rows(cast(list[bytes], r.texts))]
             except RequestError as e:
                 results[i] = e
-        images = [image for i in opened for image in opened[i]]
-        pixels: Any = cast(ImagePreprocessor, self.preprocessor).pixels(images) if images else []
-        out, pos = {}, 0
-        for i, mine in opened.items():
-            out[i] = [[PixelRow(p)] for p in pixels[pos : pos + len(mine)]]
-            pos += len(mine)
         return out
 
     def _encode_windows(

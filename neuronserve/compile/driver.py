@@ -126,11 +126,18 @@ def load_for_task(task: Task, model_dir: Path) -> torch.nn.Module:
         ) from None
 
 
+# what transformers loads in place of a pickle (transformers.utils SAFE_WEIGHTS_NAME and
+# SAFE_WEIGHTS_INDEX_NAME)
+SAFE_WEIGHTS = ("model.safetensors", "model.safetensors.index.json")
+
+
 def refuse_pickle_weights(model_dir: Path, allowed: bool) -> None:
     """A .bin checkpoint is a Python pickle: loading one can run code (torch.load before
-    2.6 even with weights_only, CVE-2025-32434). With safetensors present transformers
-    loads those; with only .bin, compile refuses unless the user opts in."""
-    if allowed or any(model_dir.glob("*.safetensors")):
+    2.6 even with weights_only, CVE-2025-32434). With the safetensors weights transformers
+    looks for present (its SAFE_WEIGHTS_NAME, or the index of shards) it loads those; with
+    only .bin, compile refuses unless the user opts in. Another *.safetensors file (a
+    junk README.safetensors beside a pickle) is not what transformers loads."""
+    if allowed or any((model_dir / name).is_file() for name in SAFE_WEIGHTS):
         return
     pickles = sorted(p.name for p in model_dir.glob("*.bin"))
     if pickles:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import subprocess
 import sys
 import threading
@@ -76,14 +77,14 @@ class InProcessEngine(EngineClient):
         pass
 
 
-def served(runner) -> ServedModel:
+def served(runner, max_text_chars: int | None = None) -> ServedModel:
     m = runner.manifest
     return ServedModel(
         name=m.name,
         manifest=m,
         engine="in-process",
         truncation=runner.truncation,
-        max_text_chars=None,
+        max_text_chars=max_text_chars,
         tokenizer=ServedModel.tokenizer_of(m, runner.artifact_dir),
     )
 
@@ -92,7 +93,8 @@ def front(tmp_path, runners: dict, **fields) -> tuple[TestClient, InProcessEngin
     config = FrontConfig.from_spec(load_spec(None, {"front_run_dir": tmp_path, **fields}))
     serving = Serving(config)
     engine = InProcessEngine(runners)
-    serving.attach({name: served(r) for name, r in runners.items()}, engine)
+    chars = fields.get("max_text_chars")
+    serving.attach({name: served(r, chars) for name, r in runners.items()}, engine)
     return TestClient(build_app(serving)), engine, serving
 
 
@@ -300,3 +302,22 @@ def test_the_front_imports_no_torch():
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_a_cheap_request_cannot_cost_the_front_a_lot(tmp_path, tiny_runner):
+    """500,000 wrong items are one short 400 naming the first (it was a 23 MB answer and
+    seconds of the event loop); /tokenize holds to max_text_chars and to what the model
+    reads (a 1.9 MB text was a 65 MB answer); the neighbours are answered."""
+    client, _, _ = front(tmp_path, {"tiny": tiny_runner}, max_text_chars=1000)
+    json_type = {"content-type": "application/json"}
+    wrong = client.post("/embed", content=json.dumps({"inputs": [1] * 500_000}), headers=json_type)
+    assert wrong.status_code == 400 and len(wrong.content) < 1000, len(wrong.content)
+    assert "inputs.0" in wrong.json()["error"]
+    assert client.post("/embed", json={"inputs": ["fine"] * 3}).status_code == 200
+    over = client.post("/tokenize", json={"inputs": ["ok", "x" * 1001]})
+    assert over.status_code == 413 and "max_text_chars" in over.json()["error"]
+    limit = tiny_runner.manifest.tokenizer.max_length
+    words = client.post("/tokenize", json={"inputs": "a " * (limit + 1)})
+    assert words.status_code == 413 and f"reads at most {limit}" in words.json()["error"]
+    ok = client.post("/tokenize", json={"inputs": ["hello world", "a " * (limit // 2)]})
+    assert ok.status_code == 200 and len(ok.json()) == 2

@@ -302,6 +302,10 @@ def test_pickle_only_weights_are_refused_unless_allowed(tmp_path, minilm_dir):
     assert r.returncode != 0 and "pytorch_model.bin (Python pickle" in r.stderr
     assert "--allow-pickle-weights" in r.stderr
     assert not (tmp_path / "art").exists()
+    # any *.safetensors is not the weights transformers would load in its place
+    (model / "README.safetensors").write_bytes(b"junk")
+    r = run_cli("compile", "--model", model, "--out", tmp_path / "art", check=False)
+    assert r.returncode != 0 and "pytorch_model.bin (Python pickle" in r.stderr
 
 
 def test_compiled_weights_are_not_world_readable(tiny_artifact):
@@ -340,3 +344,25 @@ def test_a_mar_too_big_for_the_disk_is_not_extracted(tmp_path, monkeypatch):
     with pytest.raises(model_source.ModelSourceError, match=r"unpacks to 0\.1 GiB"):
         model_source.find_models(src, tmp_path / "work")
     assert not (tmp_path / "work" / "from-mar").exists()
+
+
+def test_an_image_too_large_is_refused_from_its_header(tmp_path):
+    """An 85 KB PNG of 9400x9400 pixels decodes to 1.2 GB: refused with 413 before it is
+    decoded; a small one opens."""
+    import io
+
+    from PIL import Image
+
+    from neuronserve.images import MAX_IMAGE_PIXELS, open_image
+    from neuronserve.tasks import RequestError
+
+    side = int(MAX_IMAGE_PIXELS**0.5) + 100
+    bomb = io.BytesIO()
+    Image.new("1", (side, side)).save(bomb, "PNG")
+    assert len(bomb.getvalue()) < 200_000
+    with pytest.raises(RequestError) as refused:
+        open_image(bomb.getvalue(), 3)
+    assert refused.value.status == 413 and f"{side}x{side}" in refused.value.message
+    small = io.BytesIO()
+    Image.new("RGB", (40, 30), "red").save(small, "PNG")
+    assert open_image(small.getvalue()).size == (40, 30)

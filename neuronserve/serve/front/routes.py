@@ -19,7 +19,8 @@ from prometheus_client import generate_latest
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from ...tasks import RequestError, get_task
+from ...tasks import RequestError, TaskRequest, get_task
+from ...tasks.base import RequestLimits
 from . import schemas as s
 from .clients import EngineAnswer, EngineUnavailable
 from .errors import Family, error_response
@@ -43,6 +44,8 @@ JSON = "application/json"
 IMAGE_BODIES = ("multipart/form-data", "application/octet-stream", "application/x-image")
 # how long a client should wait before retrying while the model loads or is replaced
 RETRY_AFTER_S = "5"
+# most tokens one /tokenize answer lists (about 4 MB of JSON)
+TOKENIZE_MAX_TOKENS = 65_536
 
 
 def json_response(value: Any, status: int = 200) -> Response:
@@ -239,17 +242,31 @@ class Api:
         _no_prompt(body.prompt_name)
         tokenizer = model.tokenizer
         assert tokenizer is not None  # TEXT_MODEL
-        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        if len(texts) > self.serving.config.max_client_batch:
-            raise RequestError(
-                f"{len(texts)} inputs in one request; this server takes at most "
-                f"{self.serving.config.max_client_batch} (max_client_batch)",
-                status=413,
-            )
+        texts: list[str] = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        limits = RequestLimits(self.serving.config.max_client_batch, model.max_text_chars)
+        refused = limits.check(TaskRequest(texts=list(texts), single=False))
+        if refused is not None:
+            raise refused
         tokens = await off_loop(
             lambda: tokenizer.tokens(texts, body.add_special_tokens),
             sum(len(t) for t in texts),
         )
+        # the answer is ~60 bytes a token: bounded by what the model reads (as
+        # text-embeddings-inference refuses a text over its max input length) and in all
+        for i, row in enumerate(tokens):
+            if len(row) > tokenizer.max_length:
+                raise RequestError(
+                    f"input {i} has {len(row)} tokens; {model.name} reads at most "
+                    f"{tokenizer.max_length}",
+                    status=413,
+                )
+        total = sum(len(row) for row in tokens)
+        if total > TOKENIZE_MAX_TOKENS:
+            raise RequestError(
+                f"{total} tokens in one request; /tokenize answers at most "
+                f"{TOKENIZE_MAX_TOKENS}: send fewer texts per request",
+                status=413,
+            )
         return json_response(tokens)
 
     async def info(self, request: Request) -> Response:

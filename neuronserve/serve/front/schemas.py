@@ -9,13 +9,34 @@ text-embeddings-inference's /embed, /predict, /rerank, /tokenize and /info.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    FailFast,
+    Field,
+    RootModel,
+    ValidationError,
+    model_validator,
+)
 
 from ...tasks import RequestError
 
 Direction = Literal["right", "left", "Right", "Left"]
+
+
+class _FailFast(FailFast):
+    # hashable, so that a union can hold the annotated type (typing hashes its members)
+    def __hash__(self) -> int:
+        return hash(FailFast)
+
+
+# A list a client sends stops at its first wrong item: 500,000 wrong items are one error
+# to report, not 500,000 (which took seconds of the event loop and a 23 MB answer)
+Texts = Annotated[list[str], _FailFast()]
+# at most this many problems are named in one 400
+MAX_PROBLEMS = 10
 
 
 class Body(BaseModel):
@@ -36,7 +57,7 @@ def parse_body(body: bytes, model: type[Body]) -> Any:
 
 def validation_message(e: ValidationError) -> str:
     problems: dict[str, list[str]] = {}
-    for err in e.errors(include_url=False):
+    for err in e.errors(include_url=False)[: MAX_PROBLEMS * 4]:
         # union members add their type name to the location; the field is what matters
         loc = [str(p) for p in err["loc"] if not str(p).startswith(("list[", "str", "int"))]
         field = ".".join(loc) or "body"
@@ -45,7 +66,11 @@ def validation_message(e: ValidationError) -> str:
         problems.setdefault(field, [])
         if err["msg"] not in problems[field]:
             problems[field].append(err["msg"])
-    return "; ".join(f"{field}: {' or '.join(msgs)}" for field, msgs in problems.items())
+    named = list(problems.items())[:MAX_PROBLEMS]
+    more = e.error_count() - sum(len(m) for _, m in named)
+    return "; ".join(f"{field}: {' or '.join(msgs)}" for field, msgs in named) + (
+        f" (and {more} more)" if more > 0 and len(problems) > MAX_PROBLEMS else ""
+    )
 
 
 class Truncation(Body):
@@ -89,7 +114,7 @@ class Truncation(Body):
 
 
 class OpenAIEmbeddingsRequest(Body):
-    input: str | list[str] = Field(description="one text or a list of texts")
+    input: str | Texts = Field(description="one text or a list of texts")
     model: str | None = Field(
         None,
         description="the served model to use (GET /v1/models lists them); optional when one "
@@ -149,7 +174,7 @@ class OpenAIError(BaseModel):
 
 
 class EmbedRequest(Truncation):
-    inputs: str | list[str] = Field(description="one text or a list of texts")
+    inputs: str | Texts = Field(description="one text or a list of texts")
     normalize: bool = Field(True, description="L2-normalise each embedding")
     dimensions: int | None = Field(
         None, ge=1, description="keep the first N dimensions (then normalise, if asked)"
@@ -161,7 +186,7 @@ EmbedResponse = RootModel[list[list[float]]]
 
 
 class PredictRequest(Truncation):
-    inputs: str | list[str | list[str]] = Field(
+    inputs: str | Annotated[list[str | list[str]], _FailFast()] = Field(
         description='a text, a pair ["text", "text pair"], or a list of texts and pairs'
     )
     raw_scores: bool = Field(False, description="logits instead of probabilities")
@@ -177,7 +202,7 @@ PredictResponse = RootModel[list[Prediction] | list[list[Prediction]]]
 
 class RerankRequest(Truncation):
     query: str
-    texts: list[str] = Field(description="the documents to rank against the query")
+    texts: Texts = Field(description="the documents to rank against the query")
     raw_scores: bool = Field(False, description="the model's logit instead of its sigmoid")
     return_text: bool = Field(False, description="include each document in the answer")
     top_n: int | None = Field(None, ge=1, description="answer only the N best")
@@ -196,7 +221,7 @@ class TokenizeRequest(Body):
     model: str | None = Field(
         None, description="which served model's tokenizer: needed when several are served"
     )
-    inputs: str | list[str]
+    inputs: str | Texts
     add_special_tokens: bool = True
     prompt_name: str | None = Field(None, description="not supported: leave unset")
 
