@@ -266,6 +266,22 @@ def default_lease_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"neuronserve-{os.getuid()}" / "leases"
 
 
+def not_private(folder: Path) -> str | None:
+    """What makes `folder` unfit to hold what only this user may write (leases, keys, pid
+    files, settings), or None: a symbolic link, not a directory, another user's, or
+    writable by others."""
+    st = os.lstat(folder)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.getuid():
+        return f"is owned by uid {st.st_uid}, not this user ({os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
 def secure_dir(path: Path, levels: int = 2) -> Path:
     """Create `path` (and up to `levels - 1` parents neuronserve owns) with mode 0700, and
     refuse it unless each is a real directory (not a symlink) owned by this user and not
@@ -276,16 +292,7 @@ def secure_dir(path: Path, levels: int = 2) -> Path:
     for folder in reversed(chain):
         with contextlib.suppress(FileExistsError):
             folder.mkdir(mode=0o700)
-        st = os.lstat(folder)
-        problem = None
-        if stat.S_ISLNK(st.st_mode):
-            problem = "is a symbolic link"
-        elif not stat.S_ISDIR(st.st_mode):
-            problem = "is not a directory"
-        elif st.st_uid != os.getuid():
-            problem = f"is owned by uid {st.st_uid}, not this user ({os.getuid()})"
-        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            problem = f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+        problem = not_private(folder)
         if problem:
             raise LeaseDirError(
                 f"lease directory {folder} {problem}: remove it (or set {LEASE_DIR_ENV} to "

@@ -15,6 +15,8 @@ from typing import Any
 
 import psutil
 
+from ..cores import not_private
+
 
 class ServeError(RuntimeError):
     """The server could not be started, became unhealthy, or could not be stopped."""
@@ -24,9 +26,17 @@ log = logging.getLogger(__name__)
 
 
 def private_dir(path: Path) -> Path:
-    """`path` made (with parents) and set to 0700: logs, keys and pid files go in it."""
+    """`path` made (with parents) and set to 0700: logs, keys, settings and pid files go
+    in it, so one that exists must be this user's own (a folder another local user made
+    or can write could hand neuronserve their settings, or a symlink to follow)."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    problem = not_private(path)
+    if problem:
+        raise ServeError(
+            f"run directory {path} {problem}: neuronserve keeps keys, settings and pid "
+            "files there; remove it or choose another"
+        )
     path.chmod(0o700)
     return path
 
@@ -64,7 +74,8 @@ def record_pid(pid_file: Path, pid: int | None = None) -> None:
     if pid is None:
         pid = int(pid_file.read_text().strip())
     else:
-        pid_file.write_text(f"{pid}\n")
+        with private_file(pid_file) as f:
+            f.write(f"{pid}\n")
     proc = psutil.Process(pid)
     # just after exec /proc/<pid>/cmdline can read empty for a moment (seen with
     # tritonserver under load): wait for the command line the process will keep
@@ -74,9 +85,8 @@ def record_pid(pid_file: Path, pid: int | None = None) -> None:
         cmdline = proc.cmdline()
     if not cmdline:
         raise ServeError(f"process {pid} shows no command line: cannot record who it is")
-    _identity_file(pid_file).write_text(
-        json.dumps({"pid": pid, "started": _started(proc), "cmdline": cmdline})
-    )
+    with private_file(_identity_file(pid_file)) as f:
+        f.write(json.dumps({"pid": pid, "started": _started(proc), "cmdline": cmdline}))
 
 
 def forget_pid(pid_file: Path) -> None:

@@ -366,3 +366,36 @@ def test_an_image_too_large_is_refused_from_its_header(tmp_path):
     small = io.BytesIO()
     Image.new("RGB", (40, 30), "red").save(small, "PNG")
     assert open_image(small.getvalue()).size == (40, 30)
+
+
+@pytest.mark.parametrize("plant", ["other-user", "writable", "symlink"])
+def test_the_front_refuses_a_run_directory_that_is_not_its_users_own(
+    tmp_path, tiny_artifact, plant
+):
+    """A run directory another local user made or can write (or a symlink to one) could
+    hand the front its settings (listen on 0.0.0.0 without keys): refused before anything
+    is read or written there."""
+    from helpers import run_cli
+
+    run_dir = tmp_path / "run"
+    if plant == "symlink":
+        # to a folder others can write (the path is resolved, then the folder checked)
+        (tmp_path / "elsewhere").mkdir(mode=0o777)
+        (tmp_path / "elsewhere").chmod(0o777)
+        run_dir.symlink_to(tmp_path / "elsewhere")
+    else:
+        run_dir.mkdir()
+        if plant == "other-user":
+            if os.getuid() != 0:
+                pytest.skip("giving a folder to another user needs root")
+            os.chown(run_dir, 65534, 65534)
+        else:
+            run_dir.chmod(0o777)
+    r = run_cli(
+        "serve", "front", tiny_artifact, "--run-dir", run_dir, "--engine", "torchserve",
+        check=False,
+    )  # fmt: skip
+    assert r.returncode != 0, r.stdout
+    assert f"run directory {run_dir.resolve()}" in r.stderr + r.stdout
+    target = tmp_path / "elsewhere" if plant == "symlink" else run_dir
+    assert list(target.iterdir()) == []  # no key, settings or pid file written

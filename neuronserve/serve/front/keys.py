@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...spec import DeploySpec
+from ..process import private_dir
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def read_key_file(path: Path) -> list[bytes]:
 
 def generated_key(path: Path) -> bytes:
     """The key in `path`, written there first (0600, never through a symlink) if absent."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(path.parent)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:

@@ -22,7 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...spec import DeploySpec
-from ..process import ServeError, forget_pid, live_pid, private_file, record_pid, stop_tree
+from ..process import (
+    ServeError,
+    forget_pid,
+    live_pid,
+    private_dir,
+    private_file,
+    record_pid,
+    stop_tree,
+)
 from .config import FrontConfig
 
 SETTINGS_FILE = "front.json"
@@ -49,9 +57,9 @@ def start(
 ) -> FrontInstance:
     """Start the front and the engine behind it on the models in `sources` (or the
     spec's, when empty); return once every worker is ready."""
+    # this user's own folder, before anything is read from or written to it
+    run_dir = private_dir(Path(spec.front_run_dir).resolve())
     config = FrontConfig.from_spec(spec)  # a generated key is written here, before the start
-    run_dir = config.run_dir
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     pid = running(run_dir)
     if pid:
         raise ServeError(
@@ -59,14 +67,15 @@ def start(
             "`neuronserve serve front --stop`"
         )
     settings = run_dir / SETTINGS_FILE
-    settings.write_text(
-        json.dumps(
-            {
-                "spec": spec.model_dump(mode="json", exclude_unset=True),
-                "sources": [str(Path(x).resolve()) for x in sources],
-            }
+    with private_file(settings) as f:
+        f.write(
+            json.dumps(
+                {
+                    "spec": spec.model_dump(mode="json", exclude_unset=True),
+                    "sources": [str(Path(x).resolve()) for x in sources],
+                }
+            )
         )
-    )
     log_path = run_dir / LOG_FILE
     with private_file(log_path) as out:
         proc = subprocess.Popen(
