@@ -324,6 +324,12 @@ class DeploySpec(BaseModel):
         "default", description="default (.mar) or no-archive (a folder)"
     )
     token_auth: bool = Field(True, description="TorchServe token authorization")
+    token_expiration_min: int = Field(
+        60,
+        ge=1,
+        description="minutes TorchServe's inference key lives (TorchServe's default 60; the "
+        "front, which holds the key, starts it with ten years)",
+    )
     bind_address: str = Field("127.0.0.1", description="address the engines listen on")
     inference_port: int = Field(8080, gt=0, lt=65536, description="TorchServe inference port")
     management_port: int = Field(8081, gt=0, lt=65536, description="TorchServe management port")

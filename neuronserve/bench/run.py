@@ -228,7 +228,7 @@ FRONT_ENGINES = {"front": "torchserve", "front-triton": "triton"}
 def native_endpoint(route: NativeRoute, label: str, headers: dict[str, str]) -> Endpoint:
     """The bench endpoint for an engine's own API at `route`."""
     if route.protocol == "torchserve":
-        return HttpJsonEndpoint(label, "torchserve", route.url, headers)
+        return HttpJsonEndpoint(label, "torchserve", route.url, {**route.headers, **headers})
     return TritonEndpoint(label, route.protocol.split("-", 1)[1], route.url, route.model)
 
 

@@ -165,6 +165,8 @@ class SoakTarget:
     output: str = ""
     # what a killed worker may cost (SoakReport.lost_allowed); None: one per client
     lost_allowed: int | None = None
+    # what every request carries besides its body (an engine's key)
+    headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.protocol not in ("native", "triton"):
@@ -397,7 +399,9 @@ class _Run:
     async def send(self, session: aiohttp.ClientSession, body: bytes) -> tuple[int, bytes, Any]:
         try:
             async with session.post(
-                self.target.url, data=body, headers={"Content-Type": "application/json"}
+                self.target.url,
+                data=body,
+                headers={**self.target.headers, "Content-Type": "application/json"},
             ) as resp:
                 return resp.status, await resp.read(), resp.headers
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as e:
@@ -629,6 +633,7 @@ def start_target(
     if via == "engine":
         # the engine's own API: the first of its protocols
         route = running.native_routes(name)[0]
+        headers = route.headers
         url, protocol = (
             (route.url, "native")
             if route.protocol == "torchserve"
@@ -638,6 +643,8 @@ def start_target(
         url, protocol = f"{server.url}/invocations", "native"
     else:
         url, protocol = server.url, "native"
+    if via != "engine":
+        headers = {}
     target = SoakTarget(
         label=f"{engine} via {via}",
         url=url,
@@ -646,6 +653,7 @@ def start_target(
         workers_ready=lambda: running.workers_ready(name),
         output=output,
         lost_allowed=manifest.grid.max_batch if via == "engine" else 0,
+        headers=headers,
     )
     return server, target
 

@@ -111,6 +111,7 @@ def store_properties(spec: DeploySpec, store: Path) -> dict[str, str]:
         "disable_system_metrics": "true",
         "metrics_config": str(store / METRICS_FILE),
         "disable_token_authorization": str(not spec.token_auth).lower(),
+        "token_expiration_min": str(spec.token_expiration_min),
         "default_response_timeout": str(spec.response_timeout_s),
         "job_queue_size": str(spec.max_queued),
         "install_py_dep_per_model": "false",

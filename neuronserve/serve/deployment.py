@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 STORE_DIR = "store"
 RUN_DIR = "run"
 CATALOG_DIR = "catalog"
+# how long the engine's keys the front holds live (minutes): longer than any deployment
+FRONT_KEY_MINUTES = 10 * 365 * 24 * 60
 
 
 def engine_settings(spec: DeploySpec) -> dict[str, Any]:
@@ -103,9 +105,13 @@ class Deployment:
             {
                 "models": [] if self.multi_model else [m.model_dump() for m in models],
                 "catalog_dir": self.work / CATALOG_DIR if self.multi_model else None,
-                # loopback only, behind the front: no keys, and a folder instead of a
-                # zip so a start does not pack the artifact again
-                "token_auth": False,
+                # loopback only, behind the front, and keys even so: another local user
+                # must not reach the engine around the front's keys and limits (the front
+                # reads TorchServe's from its 0700 run directory; the inference key lives
+                # ten years instead of TorchServe's hour). A folder instead of a zip, so a
+                # start does not pack the artifact again
+                "token_auth": True,
+                "token_expiration_min": FRONT_KEY_MINUTES,
                 "bind_address": "127.0.0.1",
                 "archive_format": "no-archive",
                 kind.store_field: self.work / STORE_DIR,

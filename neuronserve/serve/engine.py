@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
@@ -39,6 +39,8 @@ class NativeRoute:
     protocol: str
     url: str
     model: str
+    # what a request there must carry besides its body (TorchServe's key)
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 # what an engine's start gives back: where it listens (TorchServeInstance, TritonInstance)

@@ -403,7 +403,12 @@ class TorchServe(Engine[TorchServeInstance]):
 
     def native_routes(self, model: str) -> list[NativeRoute]:
         return [
-            NativeRoute("torchserve", f"{self.instance.inference_url}/predictions/{model}", model)
+            NativeRoute(
+                "torchserve",
+                f"{self.instance.inference_url}/predictions/{model}",
+                model,
+                self.instance.headers(),
+            )
         ]
 
     @property
@@ -420,5 +425,7 @@ class TorchServe(Engine[TorchServeInstance]):
             predict=f"{inst.inference_url}/predictions/{name}",
             model=f"{inst.management_url}/models/{name}",
             metrics=inst.metrics_url,
+            inference_auth=inst.headers(),
+            management_auth=inst.headers("management"),
         )
         return TorchServeClient(urls, workers, connections, worker_counts_of)

@@ -71,7 +71,7 @@ def test_a_burst_beyond_the_engines_queue_is_refused_at_once(server, minilm_runn
     def one(_):
         barrier.wait()
         t0 = time.monotonic()
-        r = requests.post(url, json={"inputs": TEXTS}, timeout=120)
+        r = requests.post(url, json={"inputs": TEXTS}, headers=route.headers, timeout=120)
         return r, time.monotonic() - t0
 
     with ThreadPoolExecutor(32) as pool:

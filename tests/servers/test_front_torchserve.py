@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -236,23 +237,40 @@ def test_huggingface_inference_client(front, minilm_runner):
     assert cut.shape == (1, 16) and np.isclose(np.linalg.norm(cut), 1.0, atol=1e-5)
 
 
+def test_torchserve_behind_the_front_takes_no_request_without_its_key(front):
+    """Another local user who finds TorchServe's loopback ports gets nothing around the
+    front's keys: no embeddings, no scaling the workers to zero (token authorization,
+    its keys in the front's private run directory)."""
+    engine = front.engine()
+    [route] = engine.native_routes("models")
+    keyless = requests.post(
+        route.url, json={"inputs": "x"}, headers={"X-Neuronserve-Model": "minilm"}, timeout=60
+    )
+    assert keyless.status_code in (400, 401, 403), keyless.text
+    scale = requests.put(
+        f"{engine.instance.management_url}/models/models?min_worker=0", timeout=60
+    )
+    assert scale.status_code in (400, 401, 403), scale.text
+    key_file = engine.run_dir / "key_file.json"
+    assert stat.S_IMODE(engine.run_dir.stat().st_mode) == 0o700 and key_file.is_file()
+    assert front.post("/embed", {"inputs": "x"}).status_code == 200
+
+
 def test_answers_equal_torchserve_asked_directly(front):
-    [route] = front.engine().native_routes("models")
+    engine = front.engine()
+    [route] = engine.native_routes("models")
     assert route.url.startswith("http://127.0.0.1:")  # the engine listens on loopback
     to_minilm = {"X-Amzn-SageMaker-Target-Model": "minilm"}
+    direct_headers = {"X-Neuronserve-Model": "minilm", **engine.instance.headers()}
     for body in ({"inputs": SENTENCES[6]}, {"inputs": SENTENCES[:8]}):
         ours = front.post("/invocations", body, headers=to_minilm)
-        theirs = requests.post(
-            route.url, json=body, headers={"X-Neuronserve-Model": "minilm"}, timeout=60
-        )
+        theirs = requests.post(route.url, json=body, headers=direct_headers, timeout=60)
         assert ours.status_code == theirs.status_code == 200
         assert ours.content == theirs.content  # passed through as TorchServe wrote it
     plain = front.post(
         "/invocations", headers={**to_minilm, "Content-Type": "text/plain"}, data=b"hello"
     )
-    direct = requests.post(
-        route.url, data=b"hello", headers={"X-Neuronserve-Model": "minilm"}, timeout=60
-    )
+    direct = requests.post(route.url, data=b"hello", headers=direct_headers, timeout=60)
     assert plain.json() == direct.json()
     bad = front.post("/invocations", {"inputs": 3}, headers=to_minilm)
     assert bad.status_code == 400 and bad.json() == {

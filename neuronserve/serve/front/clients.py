@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiohttp
@@ -119,6 +119,9 @@ class TorchServeUrls:
     predict: str  # the model's /predictions URL
     model: str  # the model's management URL (its workers)
     metrics: str
+    # the Authorization headers carrying TorchServe's keys (token authorization)
+    inference_auth: dict[str, str] = field(default_factory=dict)
+    management_auth: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -193,10 +196,16 @@ class TorchServeClient(EngineClient):
         self._predict_url, self._model_url = urls.predict, urls.model
         self._metrics_url = f"{urls.metrics}/metrics"
         self._workers, self._counts = workers, counts
+        self._inference_auth, self._management_auth = urls.inference_auth, urls.management_auth
 
     async def _post(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
         # the worker holds every model of the deployment: the header says which one
-        headers = {**_PLAIN, "Content-Type": content_type, MODEL_HEADER: model}
+        headers = {
+            **_PLAIN,
+            **self._inference_auth,
+            "Content-Type": content_type,
+            MODEL_HEADER: model,
+        }
 
         async def send() -> tuple[int, bytes]:
             try:
@@ -222,7 +231,9 @@ class TorchServeClient(EngineClient):
 
     async def health(self) -> WorkerCounts:
         try:
-            async with self._session.get(self._model_url, timeout=_PROBE_TIMEOUT) as r:
+            async with self._session.get(
+                self._model_url, headers=self._management_auth, timeout=_PROBE_TIMEOUT
+            ) as r:
                 entries = await r.json() if r.status == 200 else []
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
             entries = []
