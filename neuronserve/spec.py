@@ -440,6 +440,19 @@ class DeploySpec(BaseModel):
     deadline_s: float = Field(
         60, gt=0, description="longest a request may take through the front (504 beyond)"
     )
+    header_timeout_s: float = Field(
+        10,
+        gt=0,
+        description="longest a client may take to send a request's headers once it has "
+        "begun; the connection is closed beyond (a client that never finishes its headers "
+        "would otherwise hold a connection forever)",
+    )
+    max_connections: int = Field(
+        2048,
+        ge=16,
+        description="client connections (and requests) the front holds at once; beyond it "
+        "new requests get 503, so file descriptors are left for probes and the engine",
+    )
     keep_alive_s: float = Field(
         75,
         ge=10,

@@ -247,9 +247,7 @@ def test_torchserve_behind_the_front_takes_no_request_without_its_key(front):
         route.url, json={"inputs": "x"}, headers={"X-Neuronserve-Model": "minilm"}, timeout=60
     )
     assert keyless.status_code in (400, 401, 403), keyless.text
-    scale = requests.put(
-        f"{engine.instance.management_url}/models/models?min_worker=0", timeout=60
-    )
+    scale = requests.put(f"{engine.instance.management_url}/models/models?min_worker=0", timeout=60)
     assert scale.status_code in (400, 401, 403), scale.text
     key_file = engine.run_dir / "key_file.json"
     assert stat.S_IMODE(engine.run_dir.stat().st_mode) == 0o700 and key_file.is_file()

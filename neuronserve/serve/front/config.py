@@ -21,6 +21,8 @@ class FrontConfig:
     max_in_flight: int
     deadline_s: float
     keep_alive_s: float
+    header_timeout_s: float
+    max_connections: int
     tls_cert: Path | None = None
     tls_key: Path | None = None
     metrics_auth: bool = True
@@ -47,6 +49,8 @@ class FrontConfig:
             max_in_flight=spec.max_in_flight,
             deadline_s=spec.deadline_s,
             keep_alive_s=spec.keep_alive_s,
+            header_timeout_s=spec.header_timeout_s,
+            max_connections=spec.max_connections,
             tls_cert=spec.tls_cert,
             tls_key=spec.tls_key,
             metrics_auth=spec.metrics_auth,

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import resource
 import signal
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -30,6 +31,7 @@ from ..deployment import Deployment, engine_settings, model_entries
 from ..model_source import find_models
 from .app import build_app
 from .config import FrontConfig
+from .protocol import with_deadlines
 from .serving import Serving
 
 if TYPE_CHECKING:
@@ -73,13 +75,16 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
                 log.info("stopping %s", deployment.engine_name)
                 await asyncio.to_thread(deployment.stop)
 
+    _room_for_connections(config.max_connections)
     uv = uvicorn.Server(
         uvicorn.Config(
             build_app(serving, lifespan),
             host=config.address,
             port=config.port,
             loop="uvloop",
-            http="httptools",
+            http=with_deadlines(config.header_timeout_s, config.keep_alive_s),
+            # beyond it new requests get 503: file descriptors stay for probes and engine
+            limit_concurrency=config.max_connections,
             lifespan="on",
             log_level="warning",
             access_log=False,
@@ -110,6 +115,16 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
         signal.signal(sig, lambda *_: None)
     uv.run()
     return serving.exit_code or (0 if uv.started else 1)
+
+
+def _room_for_connections(connections: int) -> None:
+    """Raise the open-file limit (up to the hard one) so `connections` client connections
+    leave descriptors for the engine's connections, logs and probes."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = connections + 1024
+    if soft != resource.RLIM_INFINITY and soft < want:
+        top = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (top, hard))
 
 
 async def _bring_up(

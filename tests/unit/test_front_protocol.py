@@ -1,0 +1,83 @@
+"""The front's HTTP protocol under clients that never finish: a connection whose headers
+do not end within the header timeout, or that never begins a request, is closed, while
+other clients are served meanwhile. A real uvicorn server on a socket, with the
+protocol the front runs (protocol.py) and a one-route app."""
+
+from __future__ import annotations
+
+import select
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+from helpers import free_port
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from neuronserve.serve.front.protocol import with_deadlines
+
+
+@pytest.fixture
+def server():
+    app = Starlette(routes=[Route("/health", lambda _: PlainTextResponse("ok"))])
+    port = free_port()
+    uv = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            loop="uvloop",
+            http=with_deadlines(header_timeout_s=2.0, idle_timeout_s=4.0),
+            log_level="warning",
+        )
+    )
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    while not uv.started:
+        time.sleep(0.01)
+    yield port
+    uv.should_exit = True
+    thread.join(10)
+
+
+def closed(socks: list[socket.socket]) -> list[bool]:
+    """Which of `socks` the server has closed, looked at once (a closed socket reads
+    b"" at once; an open one has nothing to read)."""
+    readable, _, _ = select.select(socks, [], [], 0.2)
+    out = []
+    for s in socks:
+        if s not in readable:
+            out.append(False)
+            continue
+        try:
+            out.append(s.recv(1) == b"")
+        except ConnectionResetError:
+            out.append(True)
+    return out
+
+
+def get(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return s.recv(4096)
+
+
+def test_a_client_that_never_finishes_its_headers_is_cut_off(server):
+    slow = []
+    for _ in range(20):
+        s = socket.create_connection(("127.0.0.1", server), timeout=5)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # no blank line: never ends
+        slow.append(s)
+    silent = socket.create_connection(("127.0.0.1", server), timeout=5)  # sends nothing
+    assert get(server).startswith(b"HTTP/1.1 200")  # served meanwhile
+    assert not any(closed(slow))  # within the timeout, still open
+    time.sleep(2.5)
+    assert all(closed(slow))
+    time.sleep(2.0)
+    assert closed([silent]) == [True]
+    assert get(server).startswith(b"HTTP/1.1 200")
+    for s in [*slow, silent]:
+        s.close()
