@@ -31,6 +31,7 @@ from ..cores import DEPLOYMENT_ENV
 from .engine import Engine, Log, NativeRoute
 from .process import (
     ServeError,
+    alive,
     forget_pid,
     live_pid,
     private_dir,
@@ -78,6 +79,19 @@ class TritonInstance:
 
     def pid(self) -> int | None:
         return _pid(self.run_dir)
+
+    def out_of_rotation(self, model: str, instance: str) -> bool:
+        """Whether Triton no longer hands `instance` of `model` batches from a dead stub:
+        the healer took it out, or it runs in a live (replacement) process."""
+        try:
+            healing = json.loads((self.run_dir / HEALER_STATUS_FILE).read_text())
+            known = healing[model]["instances"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        if instance not in known:
+            return False
+        pid = known[instance]
+        return pid is None or alive(int(pid))
 
     def instances(self) -> dict[str, Count]:
         """Each model's live instances (stub processes) of how many its config asks for;
@@ -519,9 +533,17 @@ class Triton(Engine[TritonInstance]):
 
         inst = self.instance
 
-        def alive() -> int:
+        def live() -> int:
             count = inst.instances().get(name)
             return count.alive if count else 0
 
         urls = TritonUrls(http=inst.http_url, metrics=inst.metrics_url)
-        return TritonClient(name, models, urls, workers, connections, alive)
+        return TritonClient(
+            name,
+            models,
+            urls,
+            workers,
+            connections,
+            live,
+            lambda instance: inst.out_of_rotation(name, instance),
+        )

@@ -40,7 +40,7 @@ import os
 import select
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,10 @@ class ModelState:
     state: str = "serving"  # serving | replacing | failed
     replacements: int = 0
     last_error: str = ""
+    # each instance's stub process, as far as Triton may still hand it batches: a dead
+    # one's pid until the healer has taken it out of rotation, then None until its
+    # replacement's (the front waits for that before it sends a request again)
+    instances: dict[str, int | None] = field(default_factory=dict)
 
 
 def partitioned(groups: list[dict[str, Any]]) -> bool:
@@ -135,7 +139,9 @@ class Healer:
             for model, state in self.states.items():
                 mine = stubs.get(model, [])
                 state.alive = len(mine)
-                running = {instance_of(p) for p in mine}
+                running = {instance_of(p): p.pid for p in mine}
+                # a dead instance keeps its (dead) pid until it is out of rotation
+                state.instances = {**state.instances, **running}
                 dead = [n for n in instance_names(self.groups[model]) if n not in running]
                 if dead:
                     self.heal(model, dead)
@@ -196,6 +202,9 @@ class Healer:
         present = [g for g in config["instance_group"] if g["name"] not in gone]
         if present and len(present) < len(config["instance_group"]):
             self._load(model, {**config, "instance_group": present})
+        # out of rotation now: a request sent again reaches a live instance
+        self.states[model].instances.update(dict.fromkeys(dead))
+        self.write_status()
         groups = copy.deepcopy(self.groups[model])
         for g in groups:
             if g["name"] in gone:

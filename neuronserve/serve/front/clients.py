@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -66,17 +67,34 @@ class EngineUnavailable(RuntimeError):
 class WorkerDied(EngineUnavailable):
     """The worker (instance) that held the request died with it: another may answer it."""
 
+    def __init__(self, message: str, worker: str = ""):
+        super().__init__(message)
+        self.worker = worker  # the engine's name for it, where it says
 
-async def once_more(call: Callable[[], Awaitable[T]], what: str) -> T:
-    """`call()`, and once more if its worker died under it: the engine gives the retry
-    to a live worker (TorchServe never hands a dead worker a job; Triton's dead instance
-    takes about a second to fail each batch it is handed, while the others answer in
-    milliseconds, and the healer takes it out of rotation), so a client sees no failure
-    for a killed worker unless every worker is gone (then 503 with Retry-After)."""
+
+# Triton names the dead instance: "Stub process 'cores1_0' is not healthy."
+_TRITON_INSTANCE = re.compile(r"Stub process '([^']+)'")
+# how long the front waits for the healer to take a dead instance out of rotation
+SETTLE_S = 5.0
+# how long /health waits for Triton's word on the model before it goes by the stubs
+_READY_WAIT_S = 0.5
+
+
+async def once_more(
+    call: Callable[[], Awaitable[T]],
+    what: str,
+    settle: Callable[[WorkerDied], Awaitable[None]] | None = None,
+) -> T:
+    """`call()`, and once more if its worker died under it, to another worker: TorchServe
+    never hands a dead worker a job; Triton keeps handing a dead instance batches until
+    the healer takes it out of rotation, which `settle` waits for. So a client sees no
+    failure for a killed worker unless every worker is gone (then 503, Retry-After)."""
     try:
         return await call()
     except WorkerDied as e:
         log.warning("%s: %s; sent again", what, e)
+        if settle is not None:
+            await settle(e)
         return await call()
 
 
@@ -264,9 +282,11 @@ class TritonClient(EngineClient):
         instances: int,
         connections: int,
         alive: Callable[[], int],
+        out_of_rotation: Callable[[str], bool],
     ):
         """`name`: the Triton model holding `models`; `alive`: its live instances (stub
-        processes) now."""
+        processes) now; `out_of_rotation(instance)`: whether Triton no longer hands that
+        instance batches from a dead stub (TritonInstance.out_of_rotation)."""
         import tritonclient.http.aio as triton_aio
 
         self._client = triton_aio.InferenceServerClient(
@@ -275,6 +295,7 @@ class TritonClient(EngineClient):
         self._aux = aiohttp.ClientSession(timeout=_PROBE_TIMEOUT)
         self._metrics_url = f"{urls.metrics}/metrics"
         self._name, self._instances, self._alive = name, instances, alive
+        self._out_of_rotation = out_of_rotation
         self._models = {n: _TritonModel.of(m) for n, m in models.items()}
 
     async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
@@ -348,15 +369,31 @@ class TritonClient(EngineClient):
             except InferenceServerException as e:
                 message = e.message() or ""
                 if any(d in message for d in _TRITON_DIED):
-                    raise WorkerDied(f"Triton's instance died: {message}") from None
+                    named = _TRITON_INSTANCE.search(message)
+                    raise WorkerDied(
+                        f"Triton's instance died: {message}", named.group(1) if named else ""
+                    ) from None
                 if any(r in message for r in _TRITON_RELOADING):
                     raise EngineUnavailable(f"Triton is reloading the model: {message}") from None
                 raise RequestError.from_engine(message, int(e.status() or 500)) from None
             except (aiohttp.ClientError, OSError) as e:
                 raise EngineUnavailable(f"Triton did not answer: {e}") from None
 
-        result = await once_more(send, f"a request to {self._name}")
+        result = await once_more(send, f"a request to {self._name}", self._settle)
         return result.as_numpy(m.output)
+
+    async def _settle(self, died: WorkerDied) -> None:
+        """Wait (at most SETTLE_S) until the healer has the dead instance out of rotation,
+        so that the request sent again goes to a live one."""
+        if not died.worker:
+            return
+        check = self._out_of_rotation
+        deadline = asyncio.get_running_loop().time() + SETTLE_S
+        while asyncio.get_running_loop().time() < deadline:
+            out: bool = await asyncio.to_thread(check, died.worker)
+            if out:
+                return
+            await asyncio.sleep(0.02)
 
     async def invoke(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
         try:
@@ -369,14 +406,18 @@ class TritonClient(EngineClient):
     async def health(self) -> WorkerCounts:
         from tritonclient.utils import InferenceServerException
 
+        alive = await asyncio.to_thread(self._alive)
         try:
-            ready = await self._client.is_model_ready(self._name)
-        except (InferenceServerException, aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            # Triton holds this answer while it updates the model's instances (the
+            # healer's loads, seconds): the live stubs say it is serving meanwhile
+            ready = await asyncio.wait_for(self._client.is_model_ready(self._name), _READY_WAIT_S)
+        except asyncio.TimeoutError:
+            ready = alive > 0
+        except (InferenceServerException, aiohttp.ClientError, OSError):
             ready = False
         # Triton says READY while a dead stub is still handed batches: the live stubs
         # are the truth (the healer replaces one that is missing)
-        alive = await asyncio.to_thread(self._alive) if ready else 0
-        return WorkerCounts(alive, self._instances)
+        return WorkerCounts(alive if ready else 0, self._instances)
 
     async def metrics(self) -> str:
         return await _text(self._aux, self._metrics_url)
