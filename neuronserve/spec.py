@@ -324,6 +324,12 @@ class DeploySpec(BaseModel):
         "default", description="default (.mar) or no-archive (a folder)"
     )
     token_auth: bool = Field(True, description="TorchServe token authorization")
+    triton_inference_key: bool = Field(
+        False,
+        description="Triton's inference API behind its admin key too (the front, which "
+        "holds the key, starts it so; `serve triton` alone leaves inference open, as "
+        "tritonclient users expect)",
+    )
     token_expiration_min: int = Field(
         60,
         ge=1,

@@ -210,8 +210,11 @@ class HttpJsonEndpoint(Endpoint):
 class TritonEndpoint(Endpoint):
     """KServe v2 inference through tritonclient, HTTP or gRPC."""
 
-    def __init__(self, label: str, protocol: str, url: str, model: str):
+    def __init__(
+        self, label: str, protocol: str, url: str, model: str, headers: dict[str, str] | None = None
+    ):
         super().__init__(label)
+        self.headers = headers or {}  # an engine's key, where inference is behind one
         if protocol not in ("http", "grpc"):
             raise ValueError(f"unknown Triton protocol {protocol!r}")
         self.type, self.protocol, self.model = f"triton-{protocol}", protocol, model
@@ -238,6 +241,7 @@ class TritonEndpoint(Endpoint):
                     _triton_inputs(self.client_module("http"), columns)
                 )
                 headers = {
+                    **self.headers,
                     "Content-Type": "application/octet-stream",
                     "Inference-Header-Content-Length": str(json_size),
                 }
@@ -267,7 +271,7 @@ class TritonEndpoint(Endpoint):
 
         def send(columns: dict[str, np.ndarray]) -> None:
             try:
-                c.infer(self.model, _triton_inputs(client, columns))
+                c.infer(self.model, _triton_inputs(client, columns), headers=self.headers)
             except InferenceServerException as e:
                 raise RequestFailed(str(e)) from None
 

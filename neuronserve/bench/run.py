@@ -229,7 +229,9 @@ def native_endpoint(route: NativeRoute, label: str, headers: dict[str, str]) -> 
     """The bench endpoint for an engine's own API at `route`."""
     if route.protocol == "torchserve":
         return HttpJsonEndpoint(label, "torchserve", route.url, {**route.headers, **headers})
-    return TritonEndpoint(label, route.protocol.split("-", 1)[1], route.url, route.model)
+    return TritonEndpoint(
+        label, route.protocol.split("-", 1)[1], route.url, route.model, route.headers
+    )
 
 
 def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Session:

@@ -112,6 +112,7 @@ class Deployment:
                 # start does not pack the artifact again
                 "token_auth": True,
                 "token_expiration_min": FRONT_KEY_MINUTES,
+                "triton_inference_key": True,
                 "bind_address": "127.0.0.1",
                 "archive_format": "no-archive",
                 kind.store_field: self.work / STORE_DIR,

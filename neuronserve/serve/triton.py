@@ -37,6 +37,7 @@ from .process import (
     private_dir,
     private_file,
     record_pid,
+    scrub_command_line,
     stop_tree,
 )
 from .triton_stubs import (
@@ -72,10 +73,19 @@ class TritonInstance:
     metrics_url: str
     # each model's instance count, from its config.pbtxt when the server was started
     expected: dict[str, int] = dataclasses.field(default_factory=dict)
+    # inference behind the admin key too (behind the front)
+    keyed: bool = False
 
     @property
     def log(self) -> Path:
         return self.run_dir / LOG_FILE
+
+    def headers(self) -> dict[str, str]:
+        """What an inference request must carry: the admin key when inference is behind
+        it (the front holds it), else nothing."""
+        if not self.keyed:
+            return {}
+        return {ADMIN_HEADER: (self.run_dir / ADMIN_KEY_FILE).read_text().strip()}
 
     def pid(self) -> int | None:
         return _pid(self.run_dir)
@@ -225,10 +235,13 @@ def admin_key(run_dir: Path) -> str:
     return key
 
 
-def restricted_api_args(key: str) -> list[str]:
+def restricted_api_args(key: str, inference: bool = False) -> list[str]:
+    """The restricted-API options; with `inference`, inference behind the key as well
+    (behind the front: another local user must not reach the model around its keys)."""
+    apis = RESTRICTED + (",inference" if inference else "")
     return [
-        f"--http-restricted-api={RESTRICTED}:{ADMIN_HEADER}={key}",
-        f"--grpc-restricted-protocol={RESTRICTED}:{ADMIN_HEADER}={key}",
+        f"--http-restricted-api={apis}:{ADMIN_HEADER}={key}",
+        f"--grpc-restricted-protocol={apis}:{ADMIN_HEADER}={key}",
     ]
 
 
@@ -255,6 +268,8 @@ class Listen:
     grpc_port: int = 8001
     metrics_port: int = 8002
     address: str = "127.0.0.1"
+    # inference behind the admin key as well
+    inference_key: bool = False
 
     def args(self) -> list[str]:
         a = self.address
@@ -276,6 +291,7 @@ class Listen:
             f"{a}:{self.grpc_port}",
             f"http://{a}:{self.metrics_port}",
             expected,
+            self.inference_key,
         )
 
 
@@ -289,7 +305,7 @@ def _command(
         str(binary),
         f"--model-repository={repository}",
         *listen.args(),
-        *restricted_api_args(admin_key(run_dir)),
+        *restricted_api_args(admin_key(run_dir), listen.inference_key),
         # explicit: the healer replaces an instance whose stub died (Triton's Python
         # backend never replaces one, and keeps handing it batches)
         "--model-control-mode=explicit",
@@ -341,6 +357,9 @@ def start(
         proc = subprocess.Popen(
             cmd, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+    # first hidden, then recorded: the identity `--stop` checks is the command line as
+    # it stays
+    _hide_key(proc, run_dir, log)
     record_pid(run_dir / PID_FILE, proc.pid)
     inst = listen.instance(run_dir, {m: instance_count(repository / m) for m in models})
     endpoints = {k: v for k, v in dataclasses.asdict(inst).items() if k != "run_dir"}
@@ -354,6 +373,25 @@ def start(
         stop(run_dir, log=lambda *_: None)
         raise
     return inst
+
+
+def _hide_key(proc: subprocess.Popen, run_dir: Path, log: Callable[[str], object]) -> None:
+    """tritonserver takes its admin key on its command line only, which every local user
+    can read in /proc/<pid>/cmdline (unless /proc is mounted hidepid=2): once it has
+    parsed its options (its first log line), the key is overwritten there. Until then,
+    a fraction of a second, it is readable."""
+    deadline = time.monotonic() + 30
+    log_file = run_dir / LOG_FILE
+    while proc.poll() is None and time.monotonic() < deadline:
+        if log_file.stat().st_size > 0:
+            key = (run_dir / ADMIN_KEY_FILE).read_text().strip()
+            if not scrub_command_line(proc.pid, key):
+                log(
+                    "warning: could not hide the admin key in tritonserver's command line; "
+                    "other local users can read it unless /proc is mounted hidepid=2"
+                )
+            return
+        time.sleep(0.01)
 
 
 def compile_model_files(repository: Path) -> None:
@@ -489,7 +527,13 @@ class Triton(Engine[TritonInstance]):
         return models_in(store) if Path(store).is_dir() else []
 
     def _start(self, spec: DeploySpec, log: Log, timeout_s: float) -> TritonInstance:
-        listen = Listen(spec.http_port, spec.grpc_port, spec.triton_metrics_port, spec.bind_address)
+        listen = Listen(
+            spec.http_port,
+            spec.grpc_port,
+            spec.triton_metrics_port,
+            spec.bind_address,
+            spec.triton_inference_key,
+        )
         return start(self.store(spec), self.run_dir, listen, timeout_s, log=log)
 
     def _stop(self, log: Log) -> bool:
@@ -518,8 +562,8 @@ class Triton(Engine[TritonInstance]):
     def native_routes(self, model: str) -> list[NativeRoute]:
         inst = self.instance
         return [
-            NativeRoute("triton-http", inst.http_url, model),
-            NativeRoute("triton-grpc", inst.grpc_url, model),
+            NativeRoute("triton-http", inst.http_url, model, inst.headers()),
+            NativeRoute("triton-grpc", inst.grpc_url, model, inst.headers()),
         ]
 
     @property
@@ -537,7 +581,7 @@ class Triton(Engine[TritonInstance]):
             count = inst.instances().get(name)
             return count.alive if count else 0
 
-        urls = TritonUrls(http=inst.http_url, metrics=inst.metrics_url)
+        urls = TritonUrls(http=inst.http_url, metrics=inst.metrics_url, auth=inst.headers())
         return TritonClient(
             name,
             models,

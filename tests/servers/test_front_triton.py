@@ -23,6 +23,7 @@ import pytest
 import requests
 import torch
 from helpers import free_port, run_cli, tiny_bert_classifier, write_spec
+from tritonclient.utils import InferenceServerException
 
 from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front import schemas
@@ -248,7 +249,17 @@ def test_invocations_equal_triton_asked_directly(front):
             t = httpclient.InferInput(name, [4, 1], "BYTES")
             t.set_data_from_numpy(np.array([[v.encode()] for v in values], dtype=object))
             inputs.append(t)
-        logits = client.infer("models", inputs, parameters={"model": "reranker"})
+        # behind the front, Triton's inference takes the key the front holds: another
+        # local user who finds the port gets nothing around the front's keys
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer("models", inputs, parameters={"model": "reranker"})
+        assert "restricted" in str(refused.value).lower() or refused.value.status() in (
+            "401",
+            "403",
+        ), str(refused.value)
+        logits = client.infer(
+            "models", inputs, parameters={"model": "reranker"}, headers=engine.headers()
+        )
         logits = logits.as_numpy("LOGITS")[:, 0]
     finally:
         client.close()

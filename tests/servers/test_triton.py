@@ -535,9 +535,10 @@ def test_sagemaker_listener_is_refused_for_the_front(server):
 
 
 def test_repository_and_config_apis_need_the_admin_key(server):
-    """Model control is explicit (the healer reloads a model whose stub died), so the
-    repository API can load and unload: it and the config API need the key neuronserve
-    wrote (0600) into the run directory; without it an unload is refused."""
+    """Model control is explicit (the healer replaces an instance whose stub died), so
+    the repository API can load and unload: it and the config API need the key
+    neuronserve wrote (0600) into the run directory; without it an unload is refused; the
+    key is gone from tritonserver's command line once it has parsed it."""
     import stat
 
     base = server.http_url
@@ -554,5 +555,8 @@ def test_repository_and_config_apis_need_the_admin_key(server):
         f"{base}/v2/repository/index", headers={"neuronserve-admin-key": key}, timeout=10
     )
     assert r.status_code == 200 and r.json()[0]["name"] == STACK
+    # another local user reads every process's command line in /proc: not the key there
+    pid = int((server.work / "run" / "tritonserver.pid").read_text())
+    assert key not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     # what clients use stays open on loopback: health and inference
     assert requests.get(f"{base}/v2/health/ready", timeout=10).status_code == 200

@@ -146,6 +146,8 @@ class TorchServeUrls:
 class TritonUrls:
     http: str
     metrics: str
+    # the header carrying the key inference is behind (TritonInstance.headers)
+    auth: dict[str, str] = field(default_factory=dict)
 
 
 class EngineClient(ABC):
@@ -295,6 +297,7 @@ class TritonClient(EngineClient):
         self._aux = aiohttp.ClientSession(timeout=_PROBE_TIMEOUT)
         self._metrics_url = f"{urls.metrics}/metrics"
         self._name, self._instances, self._alive = name, instances, alive
+        self._headers = {**_PLAIN, **urls.auth}
         self._out_of_rotation = out_of_rotation
         self._models = {n: _TritonModel.of(m) for n, m in models.items()}
 
@@ -364,7 +367,7 @@ class TritonClient(EngineClient):
                     tensors,
                     outputs=[InferRequestedOutput(m.output, binary_data=True)],
                     parameters=params or None,
-                    headers=_PLAIN,
+                    headers=self._headers,
                 )
             except InferenceServerException as e:
                 message = e.message() or ""

@@ -191,6 +191,17 @@ class Api:
 
     async def rerank(self, request: Request) -> Response:
         body: s.RerankRequest = s.parse_body(await request.body(), s.RerankRequest)
+        # the query is read once per text (a pair each): no more than a client sending
+        # the pairs itself could have sent (a 100 KB query and 1024 texts were ~100 MB)
+        paired = len(body.query) * len(body.texts)
+        if paired > self.serving.config.max_body_bytes:
+            raise RequestError(
+                f"the query ({len(body.query)} characters) is read with each of the "
+                f"{len(body.texts)} texts: {paired} characters, more than this server takes "
+                f"in one request ({self.serving.config.max_body_bytes}, max_body_bytes): "
+                "send a shorter query or fewer texts",
+                status=413,
+            )
         model = await self._model(request, "/rerank", body.model, RERANKER)
         if model.task == "rerank":
             return await self._rerank_task(model, body)
