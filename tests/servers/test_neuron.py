@@ -15,6 +15,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 import requests
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from helpers import NeuronServing, standin_events, standin_imports, wait_for
 from tritonclient.utils import InferenceServerException
@@ -181,11 +182,14 @@ def test_four_triton_instances_on_four_cores_hold_both_models(
 
 
 def replaced_alone_on_its_core(serving, tensor, rows) -> None:
-    """Kill one instance's stub while 4 clients ask Triton directly: the other three serve
-    on (at most the killed stub's batch fails), and the healer's replacement loads both
-    models onto the NeuronCore the dead process held, which the runtime never refused
-    (no process ever shared a core)."""
-    url = f"127.0.0.1:{serving.spec['http_port']}"
+    """Kill one instance's stub while 4 clients ask Triton directly (HTTP and gRPC): the
+    other three serve on (at most the killed stub's batch fails), and the healer's
+    replacement loads both models onto the NeuronCore the dead process held, which the
+    runtime never refused (no process ever shared a core)."""
+    urls = {
+        httpclient: f"127.0.0.1:{serving.spec['http_port']}",
+        grpcclient: f"127.0.0.1:{serving.spec['grpc_port']}",
+    }
     server = triton.running(serving.work / "tr")
     assert server is not None
     stubs = {p.pid: p for p in live_stubs(server.pid() or 0)[STACK]}
@@ -194,17 +198,22 @@ def replaced_alone_on_its_core(serving, tensor, rows) -> None:
     stop = threading.Event()
     outcomes: list[bool] = []
 
-    def ask(model: str):
-        client = httpclient.InferenceServerClient(url)
+    def ask(module, model: str):
+        client = module.InferenceServerClient(urls[module])
+        inputs = module.InferInput("TEXT", list(tensor.shape()), "BYTES")
+        inputs.set_data_from_numpy(np.array([[t.encode()] for t in TEXTS], dtype=object))
         while not stop.is_set():
             try:
-                got = client.infer(STACK, [tensor], parameters={"model": model})
+                got = client.infer(STACK, [inputs], parameters={"model": model})
                 outcomes.append(np.array_equal(got.as_numpy("LOGITS"), rows))
             except InferenceServerException:
                 outcomes.append(False)
         client.close()
 
-    threads = [threading.Thread(target=ask, args=(m,)) for m in ("first", "second") * 2]
+    # Triton's own HTTP and gRPC ports, both models
+    asked = [(httpclient, "first"), (httpclient, "second"), (grpcclient, "first"),
+             (grpcclient, "second")]  # fmt: skip
+    threads = [threading.Thread(target=ask, args=a) for a in asked]
     for th in threads:
         th.start()
     wait_for(lambda: len(outcomes) > 8, what="traffic")

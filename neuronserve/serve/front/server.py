@@ -76,30 +76,7 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
                 await asyncio.to_thread(deployment.stop)
 
     _room_for_connections(config.max_connections)
-    uv = uvicorn.Server(
-        uvicorn.Config(
-            build_app(serving, lifespan),
-            host=config.address,
-            port=config.port,
-            loop="uvloop",
-            http=with_deadlines(config.header_timeout_s, config.keep_alive_s),
-            # beyond it new requests get 503: file descriptors stay for probes and engine
-            limit_concurrency=config.max_connections,
-            lifespan="on",
-            log_level="warning",
-            access_log=False,
-            server_header=False,
-            # X-Forwarded-* would let any client claim another address: not trusted
-            proxy_headers=False,
-            ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
-            ssl_keyfile=str(config.tls_key) if config.tls_key else None,
-            # requests in flight get this long to finish after SIGTERM
-            timeout_graceful_shutdown=int(config.deadline_s) + 1,
-            # uvicorn's default 5 s equals our Retry-After: a client that waits as told
-            # and reuses its connection races the close and loses the request
-            timeout_keep_alive=int(config.keep_alive_s),
-        )
-    )
+    uv = uvicorn.Server(_uvicorn_config(config, build_app(serving, lifespan)))
     server["uvicorn"] = uv
     auth = (f"API keys on (from {config.keys.where})" if config.keys else "no API key needed") + (
         " (SageMaker's contract)" if config.sagemaker else ""
@@ -115,6 +92,32 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
         signal.signal(sig, lambda *_: None)
     uv.run()
     return serving.exit_code or (0 if uv.started else 1)
+
+
+def _uvicorn_config(config: FrontConfig, app: Any) -> uvicorn.Config:
+    """How uvicorn serves the front's app."""
+    return uvicorn.Config(
+        app,
+        host=config.address,
+        port=config.port,
+        loop="uvloop",
+        http=with_deadlines(config.header_timeout_s, config.keep_alive_s),
+        # beyond it new requests get 503: file descriptors stay for probes and engine
+        limit_concurrency=config.max_connections,
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        # X-Forwarded-* would let any client claim another address: not trusted
+        proxy_headers=False,
+        ssl_certfile=str(config.tls_cert) if config.tls_cert else None,
+        ssl_keyfile=str(config.tls_key) if config.tls_key else None,
+        # requests in flight get this long to finish after SIGTERM
+        timeout_graceful_shutdown=int(config.deadline_s) + 1,
+        # uvicorn's default 5 s equals our Retry-After: a client that waits as told
+        # and reuses its connection races the close and loses the request
+        timeout_keep_alive=int(config.keep_alive_s),
+    )
 
 
 def _room_for_connections(connections: int) -> None:
