@@ -62,6 +62,8 @@ HEALER_STATUS_FILE = "instances.json"
 # the Python backend's environment folder (one per server, at a fixed /tmp path)
 PYTHON_ENVS = "/tmp/python_env_*"
 ENDPOINTS_FILE = "endpoints.json"
+# how long tritonserver may take to stop (see _command)
+EXIT_TIMEOUT_S = 10
 LOG_FILE = "tritonserver.log"
 
 
@@ -310,6 +312,12 @@ def _command(
         # backend never replaces one, and keeps handing it batches)
         "--model-control-mode=explicit",
         *(f"--load-model={m}" for m in models),
+        # On SIGTERM Triton waits this long for requests in flight and for its models to
+        # unload. An instance the healer replaced after its stub died under load never
+        # finishes unloading (measured: the whole default 30 s, at every stop after such
+        # a kill); an encoder's request takes well under a second, and behind the front
+        # requests have drained before the engine is stopped.
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         "--allow-metrics=true",
         "--allow-cpu-metrics=true",
         "--allow-gpu-metrics=false",
