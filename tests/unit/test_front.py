@@ -324,3 +324,22 @@ def test_a_cheap_request_cannot_cost_the_front_a_lot(tmp_path, tiny_runner):
     # a query read once per text: 100 KB x 30 texts is more than a body may hold
     paired = client.post("/rerank", json={"query": "q" * 100_000, "texts": ["a"] * 30})
     assert paired.status_code == 413 and "max_body_bytes" in paired.json()["error"]
+
+
+def test_the_docs_page_runs_only_scripts_the_front_serves(tmp_path, tiny_runner):
+    """The page where users paste keys loads Swagger UI from the front itself (the
+    swagger-ui-py package's files), not from a CDN at view time."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    client, _, _ = front(tmp_path, {"tiny": tiny_runner})
+    page = client.get("/docs").text
+    sources = re.findall(r'(?:src|href)="([^"]+)"', page)
+    assert sources and not any("//" in src for src in sources), sources
+    static = Path(next(iter(importlib.util.find_spec("swagger_ui").submodule_search_locations)))
+    for src in sources:
+        served = client.get(f"/{src}")
+        assert served.status_code == 200, src
+        assert served.content == (static / "static" / src.rsplit("/", 1)[-1]).read_bytes()
+    assert client.get("/docs/../front.json").status_code == 404

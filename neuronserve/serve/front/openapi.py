@@ -9,6 +9,9 @@ throughput on two cores.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 from pydantic.json_schema import models_json_schema
@@ -20,12 +23,26 @@ JSON = "application/json"
 
 SWAGGER_PAGE = """<!doctype html>
 <html><head><title>neuronserve API</title><meta charset="utf-8">
-<link rel="stylesheet" href="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui.css">
+<link rel="stylesheet" href="docs/swagger-ui.css">
 </head><body><div id="ui"></div>
-<script src="https://cdn.jsdelivr.net/npm/swagger-ui-dist@5/swagger-ui-bundle.js"></script>
+<script src="docs/swagger-ui-bundle.js"></script>
 <script>SwaggerUIBundle({url: "openapi.json", dom_id: "#ui"});</script>
 </body></html>
 """
+# The page's files, from the swagger-ui-py package, served by the front itself: the page
+# where users paste their keys runs no script fetched from a CDN at view time
+SWAGGER_FILES = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css"}
+
+
+@functools.cache
+def swagger_file(name: str) -> bytes | None:
+    """One of SWAGGER_FILES' bytes (None for any other name)."""
+    if name not in SWAGGER_FILES:
+        return None
+    spec = importlib.util.find_spec("swagger_ui")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return (Path(next(iter(spec.submodule_search_locations))) / "static" / name).read_bytes()
 
 
 def document(endpoints: list[Route], keys_on: bool = True) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from .clients import EngineAnswer, EngineUnavailable
 from .errors import Family, error_response
 from .model import ServedModel
 from .observe import FrontMetrics
-from .openapi import SWAGGER_PAGE, document
+from .openapi import SWAGGER_FILES, SWAGGER_PAGE, document, swagger_file
 from .route import Handler, Route
 from .serving import RELEASE, Need, NotReady, Serving, normalized, off_loop
 
@@ -406,6 +406,13 @@ class Api:
     async def docs(self, request: Request) -> Response:
         return HTMLResponse(SWAGGER_PAGE)
 
+    async def docs_file(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        data = swagger_file(name)
+        if data is None:
+            raise RequestError(f"no file {name} here: the page is /docs", status=404)
+        return Response(data, media_type=SWAGGER_FILES[name])
+
 
 def _target_model(request: Request) -> str | None:
     """The model SageMaker's X-Amzn-SageMaker-Target-Model header names: a model's name,
@@ -506,4 +513,6 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
           open=True),
         e("/docs", "GET", api.docs, "native", "API documentation page", "operations",
           open=True),
+        e("/docs/{name}", "GET", api.docs_file, "native", "The documentation page's own "
+          "script and style (Swagger UI)", "operations", open=True),
     ]  # fmt: skip
