@@ -71,6 +71,23 @@ class ImagePreprocessor:
         self.processor = AutoImageProcessor.from_pretrained(folder, backend="pil")
         self.shape = image_shape(self.processor)
 
+    @classmethod
+    def verified(cls, artifact: Path, manifest: Any) -> ImagePreprocessor:
+        """The artifact's image processor, loaded by transformers from a private copy of
+        the bytes checked against the manifest (transformers reads a folder: reading the
+        artifact's own after the check would leave a window to swap the file)."""
+        import tempfile
+
+        from .artifact import read_verified
+
+        with tempfile.TemporaryDirectory(prefix="ns-processor-") as tmp:
+            for name in (manifest.image.file, "config.json"):
+                if name in manifest.files:
+                    (Path(tmp) / Path(name).name).write_bytes(
+                        read_verified(artifact, manifest, name)
+                    )
+            return cls(Path(tmp))
+
     def pixels(self, images: Sequence[Any]) -> np.ndarray:
         """(n, channels, height, width) float32 for PIL images, in one processor call."""
         out = self.processor(images=list(images), return_tensors="np")["pixel_values"]

@@ -92,9 +92,8 @@ class Runner:
             return TextTokenizer(
                 self.artifact_dir / m.tokenizer.file, m.tokenizer.max_length, text
             ), None
-        if m.image is not None:  # checked, then loaded by transformers from the folder
-            read_verified(self.artifact_dir, m, m.image.file)
-            return None, ImagePreprocessor(self.artifact_dir)
+        if m.image is not None:
+            return None, ImagePreprocessor.verified(self.artifact_dir, m)
         return None, None
 
     @property

@@ -399,3 +399,19 @@ def test_the_front_refuses_a_run_directory_that_is_not_its_users_own(
     assert f"run directory {run_dir.resolve()}" in r.stderr + r.stdout
     target = tmp_path / "elsewhere" if plant == "symlink" else run_dir
     assert list(target.iterdir()) == []  # no key, settings or pid file written
+
+
+def test_the_front_tokenizes_with_the_bytes_it_verified(tmp_path, tiny_artifact):
+    """The front's tokenizer comes from tokenizer.json's checked bytes: one altered after
+    the manifest was written is refused, not loaded."""
+    from neuronserve.artifact import read_manifest
+    from neuronserve.serve.front.model import ServedModel
+
+    copy = tmp_path / "tiny"
+    shutil.copytree(tiny_artifact, copy)
+    manifest = read_manifest(copy, verify=False)
+    assert ServedModel.tokenizer_of(manifest, copy).tokens(["hello"])[0]
+    tok = copy / manifest.tokenizer.file
+    tok.write_text(tok.read_text().replace('"hello"', '"hullo"', 1) + " ")
+    with pytest.raises(ArtifactError, match="does not match its sha256"):
+        ServedModel.tokenizer_of(manifest, copy)

@@ -34,8 +34,15 @@ class ServedModel:
 
     @staticmethod
     def tokenizer_of(manifest: Manifest, artifact: Path) -> TextTokenizer | None:
+        """The model's tokenizer, loaded from the bytes checked against the manifest (not
+        from the file again, which could have been swapped after the check)."""
+        from ...artifact import read_verified
+
         tok = manifest.tokenizer
-        return TextTokenizer(Path(artifact) / tok.file, tok.max_length) if tok else None
+        if tok is None:
+            return None
+        text = read_verified(Path(artifact), manifest, tok.file).decode()
+        return TextTokenizer(Path(artifact) / tok.file, tok.max_length, text)
 
     @property
     def task(self) -> str:
