@@ -138,6 +138,13 @@ def main() -> int:
     try:
         try:
             on_sagemaker = platform() == "sagemaker"
+            if on_sagemaker and "NEURONSERVE_PLATFORM" not in os.environ:
+                # SageMaker gives its container no mark of its own: said at every start
+                log.warning(
+                    "SageMaker's contract: no API key, on every address of this host. "
+                    "Outside SageMaker set NEURONSERVE_PLATFORM=kubernetes and "
+                    "NEURONSERVE_API_KEY for a front with keys"
+                )
             spec = sagemaker_spec(work)
             config = FrontConfig.from_spec(spec, sagemaker=on_sagemaker)
         except Exception as e:  # noqa: BLE001 - a bad setting must end the container, said why
