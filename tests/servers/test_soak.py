@@ -2,9 +2,10 @@
 front: thousands of requests at concurrency 32, a fifth of them malformed, one worker
 SIGKILLed 40% of the way through. The command checks every answer against the Runner
 and exits 1 on any defect; the report is read back here for what each path must show.
-Directly, the kill costs at most the requests the killed worker held (one batch) and the
-other workers serve on (Triton's healer replaces the dead instance alone); through the
-front it costs nothing (the front sends a request whose worker died once more). Either
+Directly, the kill costs at most the requests the killed worker held and those the
+engine handed it before it was out of rotation (two batches), and the other workers
+serve on (Triton's healer replaces the dead instance alone); through the front it costs
+nothing (the front sends a request whose worker died once more). Either
 way the replacement serves within 30 s, 20 of 20 sequential requests succeed after it,
 and the stop leaves nothing behind."""
 
@@ -46,8 +47,9 @@ def soak(artifact, tmp_path, engine: str, via: str, requests: int) -> dict:
         assert report["lost_at_kill"] == 0 and report["unavailable"] == 0
         assert all(s == "200" or s.startswith("4") for s in report["statuses"]), report
     else:
-        # at most the one batch the killed worker held (the grid's largest)
-        assert report["lost_at_kill"] <= report["lost_allowed"] <= 32
+        # at most what the killed worker held, and what Triton handed it before the
+        # healer had it out of rotation: two batches of the grid's largest
+        assert report["lost_at_kill"] <= report["lost_allowed"] <= 64
         assert report["unavailable"] == 0
     return report
 
