@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from email.parser import BytesParser
 from email.policy import HTTP
@@ -101,18 +102,12 @@ class ImagePreprocessor:
 
 
 def open_image(data: bytes, index: int = 0) -> Any:
-    """A PIL image in RGB from encoded bytes, or a 400 naming what is wrong."""
-    from PIL import Image, UnidentifiedImageError
+    """A PIL image in RGB from encoded bytes, or a 4xx naming what is wrong."""
+    from PIL import Image
     from transformers.image_utils import load_image
 
-    try:
+    with _unreadable(index):
         image = Image.open(io.BytesIO(data))  # the header only
-    except UnidentifiedImageError:
-        raise RequestError(
-            f"image {index} is not an image Pillow can read (JPEG, PNG, WebP, GIF, BMP, TIFF)"
-        ) from None
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
-        raise RequestError(f"image {index} cannot be read: {e}") from None
     pixels = image.width * image.height
     if pixels > MAX_IMAGE_PIXELS:
         raise RequestError(
@@ -120,15 +115,24 @@ def open_image(data: bytes, index: int = 0) -> Any:
             f"server decodes at most {MAX_IMAGE_PIXELS:,}: send a smaller image",
             status=413,
         )
-    try:
+    with _unreadable(index):
         image.load()
+    return load_image(image)
+
+
+@contextlib.contextmanager
+def _unreadable(index: int) -> Iterator[None]:
+    """Pillow's errors reading image `index`, as the 400 that names what is wrong."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        yield
     except UnidentifiedImageError:
         raise RequestError(
             f"image {index} is not an image Pillow can read (JPEG, PNG, WebP, GIF, BMP, TIFF)"
         ) from None
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise RequestError(f"image {index} cannot be read: {e}") from None
-    return load_image(image)
 
 
 def decode_images(
