@@ -158,6 +158,7 @@ class SageMakerServe:
             **os.environ,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
             "PYTHONPATH": str(ctx / "python"),
+            "NEURONSERVE_PLATFORM": "sagemaker",
             "NEURONSERVE_MODEL_DIR": str(model_dir),
             "NEURONSERVE_CONFIG": str(ctx / "neuronserve.json"),
             "NEURONSERVE_BIND": "127.0.0.1",

@@ -214,6 +214,7 @@ class SageMakerServer:
         work = Path(self.tmp.name)
         env = {
             **os.environ,
+            "NEURONSERVE_PLATFORM": "sagemaker",
             "NEURONSERVE_MODEL_DIR": str(self.artifact.resolve()),
             "NEURONSERVE_ENGINE": self.engine,
             "NEURONSERVE_BIND": "127.0.0.1",

@@ -145,7 +145,9 @@ def triton_cmd(
 @app.command("sagemaker")
 def sagemaker_cmd() -> None:
     """Run the SageMaker container entrypoint (what the image's `serve` runs): the front
-    with SageMaker's settings, in this process. Reads SAGEMAKER_BIND_TO_PORT,
+    with SageMaker's settings, in this process. NEURONSERVE_PLATFORM says where it runs:
+    sagemaker (SageMaker's contract: no API key, every address) or kubernetes (keys);
+    unset, it refuses to start. Reads SAGEMAKER_BIND_TO_PORT,
     SAGEMAKER_MODEL_SERVER_WORKERS, SAGEMAKER_MODEL_SERVER_TIMEOUT and the model in
     /opt/ml/model (NEURONSERVE_MODEL_DIR) or baked into the image."""
     from ..serve.sagemaker import main as sagemaker_main

@@ -43,8 +43,17 @@ class PlatformError(RuntimeError):
 
 
 def platform() -> str:
-    """NEURONSERVE_PLATFORM: sagemaker (no key, SageMaker's contract) or kubernetes."""
-    name = os.environ.get("NEURONSERVE_PLATFORM", "sagemaker")
+    """NEURONSERVE_PLATFORM: sagemaker (no key, SageMaker's contract) or kubernetes. Said
+    explicitly: SageMaker gives its container no mark of its own (it runs `docker run
+    image serve`, as anyone may), and the image run elsewhere must not answer every
+    address without a key by default."""
+    name = os.environ.get("NEURONSERVE_PLATFORM", "")
+    if not name:
+        raise PlatformError(
+            "NEURONSERVE_PLATFORM is not set: sagemaker for SageMaker's contract (no API "
+            "key, every address; set it in the model's environment), or kubernetes (API "
+            "keys, NEURONSERVE_API_KEY)"
+        )
     if name not in PLATFORMS:
         raise PlatformError(f"NEURONSERVE_PLATFORM={name!r}: use {' or '.join(PLATFORMS)}")
     if name == "kubernetes" and not os.environ.get(ENV_KEY, "").strip():
@@ -138,13 +147,6 @@ def main() -> int:
     try:
         try:
             on_sagemaker = platform() == "sagemaker"
-            if on_sagemaker and "NEURONSERVE_PLATFORM" not in os.environ:
-                # SageMaker gives its container no mark of its own: said at every start
-                log.warning(
-                    "SageMaker's contract: no API key, on every address of this host. "
-                    "Outside SageMaker set NEURONSERVE_PLATFORM=kubernetes and "
-                    "NEURONSERVE_API_KEY for a front with keys"
-                )
             spec = sagemaker_spec(work)
             config = FrontConfig.from_spec(spec, sagemaker=on_sagemaker)
         except Exception as e:  # noqa: BLE001 - a bad setting must end the container, said why

@@ -213,5 +213,9 @@ def test_kubernetes_mode_needs_its_key(monkeypatch):
     monkeypatch.setenv("NEURONSERVE_PLATFORM", "ecs")
     with pytest.raises(sagemaker.PlatformError, match="sagemaker or kubernetes"):
         sagemaker.platform()
-    monkeypatch.delenv("NEURONSERVE_PLATFORM")
+    monkeypatch.setenv("NEURONSERVE_PLATFORM", "sagemaker")
     assert sagemaker.platform() == "sagemaker"
+    # unset: the image run outside SageMaker does not answer without a key by default
+    monkeypatch.delenv("NEURONSERVE_PLATFORM")
+    with pytest.raises(sagemaker.PlatformError, match="NEURONSERVE_PLATFORM is not set"):
+        sagemaker.platform()
