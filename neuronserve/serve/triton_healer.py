@@ -200,11 +200,13 @@ class Healer:
         config = self._config(model)
         gone = {n.rpartition("_")[0] for n in dead}
         present = [g for g in config["instance_group"] if g["name"] not in gone]
-        if present and len(present) < len(config["instance_group"]):
-            self._load(model, {**config, "instance_group": present})
-        # out of rotation now: a request sent again reaches a live instance
-        self.states[model].instances.update(dict.fromkeys(dead))
-        self.write_status()
+        if present:
+            if len(present) < len(config["instance_group"]):
+                self._load(model, {**config, "instance_group": present})
+            # out of rotation now: a request sent again reaches a live instance (with
+            # every instance dead, none is taken out: they stay until replaced)
+            self.states[model].instances.update(dict.fromkeys(dead))
+            self.write_status()
         groups = copy.deepcopy(self.groups[model])
         for g in groups:
             if g["name"] in gone:
