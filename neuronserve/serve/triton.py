@@ -429,12 +429,14 @@ def _start_healer(run_dir: Path) -> None:
     record_pid(run_dir / HEALER_PID, proc.pid)
 
 
-def _log_errors(path: Path) -> str:
+def _log_errors(path: Path, errors_only: bool = True) -> str:
+    """The log's last error lines (its last lines where it has none, or with
+    `errors_only` off: what a server stuck loading did last)."""
     lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
     picked = [
         ln for ln in lines if "neuronserve" in ln or ln.startswith("E") or "error" in ln.lower()
     ]
-    return "\n  ".join((picked or lines)[-12:])
+    return "\n  ".join(((errors_only and picked) or lines)[-12:])
 
 
 def wait_ready(
@@ -447,32 +449,39 @@ def wait_ready(
             raise ServeError(
                 f"tritonserver exited during start; from {inst.log}:\n  " + _log_errors(inst.log)
             )
-        ready = []
         counts = inst.instances()
-        for m in models:
-            try:
-                # Connection: close, so no idle keep-alive of ours is left for tritonserver
-                # to wait on (up to its exit timeout) when it is stopped
-                r = requests.get(
-                    f"{inst.http_url}/v2/models/{m}/ready",
-                    timeout=5,
-                    headers={"Connection": "close"},
-                )
-                # READY before every stub is up is Triton's word, not the truth
-                ready.append(r.status_code == 200 and counts[m].whole)
-            except requests.RequestException:
-                ready.append(False)
-        summary = ", ".join(
-            f"{m}: {'READY' if ok else 'loading'}" for m, ok in zip(models, ready, strict=True)
-        )
+        states = {m: _readiness(inst, m, counts[m]) for m in models}
+        summary = ", ".join(f"{m}: {'loading' if why else 'READY'}" for m, why in states.items())
         if summary != last:
             log(f"  {summary}")
             last = summary
-        if all(ready):
+        if not any(states.values()):
             return
         if time.monotonic() > deadline:
-            raise ServeError(f"models not READY after {timeout_s:.0f}s; see {inst.log}")
+            waiting = "; ".join(f"{m}: {why}" for m, why in states.items() if why)
+            raise ServeError(
+                f"models not READY after {timeout_s:.0f}s ({waiting}); the end of {inst.log}:"
+                "\n  " + _log_errors(inst.log, errors_only=False)
+            )
         time.sleep(poll_s)
+
+
+def _readiness(inst: TritonInstance, model: str, count: Count) -> str:
+    """Why `model` is not ready yet ("" once it is): Triton's answer, or too few stubs
+    (Triton says READY before every stub is up)."""
+    try:
+        # Connection: close, so no idle keep-alive of ours is left for tritonserver to
+        # wait on (up to its exit timeout) when it is stopped
+        r = requests.get(
+            f"{inst.http_url}/v2/models/{model}/ready", timeout=5, headers={"Connection": "close"}
+        )
+    except requests.RequestException as e:
+        return f"no answer from tritonserver ({type(e).__name__})"
+    if r.status_code != 200:
+        return f"Triton answers {r.status_code}, {count.alive} of {count.expected} stubs alive"
+    if not count.whole:
+        return f"{count.alive} of {count.expected} stubs alive"
+    return ""
 
 
 def running(run_dir: Path) -> TritonInstance | None:
