@@ -94,8 +94,16 @@ class Manifest(BaseModel):
     # bucket key -> module file; a dynamic-shape target has the single key "dynamic"
     modules: dict[str, str]
     labels: list[str] | None = None
+    # cls | mean | splade (sparse-embedding)
     pooling: str | None = None
     normalize: bool | None = None
+    # feature-extraction: the module answers every token's vector after the pooled one
+    # ((1 + tokens) x dim per text), for /embed_all
+    token_embeddings: bool = False
+    # sentence-transformers' prompts (config_sentence_transformers.json): name -> text put
+    # before an input, and the one applied when a request names none
+    prompts: dict[str, str] = Field(default_factory=dict)
+    default_prompt_name: str | None = None
     # what a task's answers need beyond the labels (fill-mask: the predictions kept per
     # token; rerank: the label scored)
     task_settings: dict[str, Any] = Field(default_factory=dict)
@@ -149,6 +157,8 @@ class Manifest(BaseModel):
         t = self.tokenizer
         return {
             "labels": self.labels,
+            "output_dim": self.output_dim,
+            "token_embeddings": self.token_embeddings,
             **self.task_settings,
             "mask_token_id": t.mask_token_id if t else None,
             "unk_token_id": t.unk_token_id if t else None,

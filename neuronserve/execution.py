@@ -77,6 +77,9 @@ class InputLayout:
     pad_values: dict[str, int]
     per_token: bool = False
     image_shape: tuple[int, int, int] | None = None
+    # rows a per-token module answers before a text's tokens (a token-embeddings
+    # module's pooled vector)
+    leading: int = 0
 
     @classmethod
     def of(cls, manifest: Manifest) -> InputLayout:
@@ -85,8 +88,9 @@ class InputLayout:
         return cls(
             tuple(i.name for i in manifest.inputs),
             {i.name: i.pad_value for i in manifest.inputs},
-            per_token=get_task(manifest.task).per_token,
+            per_token=get_task(manifest.task).per_token or manifest.token_embeddings,
             image_shape=manifest.image.shape if manifest.image else None,
+            leading=int(manifest.token_embeddings),
         )
 
     def length(self, row: Row) -> int:
@@ -131,7 +135,11 @@ class Executor:
         module = (module_for or self.module_for)(bucket)
         with torch.inference_mode():
             out = module(*(torch.from_numpy(arrays[n]) for n in self.layout.names))
-        lengths = [self.layout.length(r) for r in rows] if self.layout.per_token else None
+        lengths = (
+            [self.layout.length(r) + self.layout.leading for r in rows]
+            if self.layout.per_token
+            else None
+        )
         return unpad(out.float().numpy(), len(rows), lengths)
 
     def run(self, rows: Sequence[Row], report: RunReport | None = None) -> RowOutputs:

@@ -22,7 +22,7 @@ from .compile.targets import get_target
 from .execution import Executor, InputLayout, Module, Row, RunReport
 from .images import ImagePreprocessor
 from .tasks import RequestError, TaskRequest, get_task
-from .tasks.base import RequestLimits, Text, internal_error
+from .tasks.base import RequestLimits, Text, internal_error, prompted
 from .tokenization import Encoded, TextTokenizer
 
 log = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class Runner:
         """
         report = report if report is not None else RunReport()
         results: list[Outputs | None] = [
-            r if isinstance(r, RequestError) else self.limits.check(r) for r in requests
+            r if isinstance(r, RequestError) else self._admit(r) for r in requests
         ]
         live = [
             (i, r)
@@ -202,6 +202,20 @@ class Runner:
             pos += n
         # every slot is filled now: refused at parse, refused here, or given its results
         return cast(list[Outputs], results)
+
+    def _admit(self, request: TaskRequest) -> RequestError | None:
+        """The request's 413 over this worker's limits, or None after putting the prompt
+        it names (or the model's default prompt) before its texts."""
+        refused = self.limits.check(request)
+        if refused is not None or not self.task.takes_prompts:
+            return refused
+        m = self.manifest
+        try:
+            name = request.parameters.get("prompt_name")
+            request.texts = prompted(request.texts, m.prompts, m.default_prompt_name, name)
+        except RequestError as e:
+            return e
+        return None
 
     def _finish(self, rows: Any, encoded: list[list[Encoded]], request: TaskRequest) -> Outputs:
         try:

@@ -24,6 +24,7 @@ from .names import safe_name
 
 Task = Literal[
     "feature-extraction",
+    "sparse-embedding",
     "text-classification",
     "rerank",
     "token-classification",
@@ -33,7 +34,7 @@ Task = Literal[
     "image-feature-extraction",
 ]
 Target = Literal["cpu", "neuronx", "neuron"]
-Pooling = Literal["auto", "mean", "cls"]
+Pooling = Literal["auto", "mean", "cls", "splade"]
 Precision = Literal["auto", "fp32", "bf16", "fp16", "int8"]
 ModuleFormat = Literal["auto", "torchscript", "onnx", "openvino"]
 Layout = Literal["throughput", "latency"]
@@ -88,7 +89,8 @@ class DeploySpec(BaseModel):
     )
     task: Task = Field(
         "feature-extraction",
-        description="feature-extraction | text-classification | rerank (a cross-encoder) | "
+        description="feature-extraction | sparse-embedding (SPLADE) | text-classification | "
+        "rerank (a cross-encoder) | "
         "token-classification (NER) | question-answering (extractive) | fill-mask | "
         "image-classification | image-feature-extraction (ViT)",
     )
@@ -109,10 +111,17 @@ class DeploySpec(BaseModel):
         "auto",
         description="feature-extraction pooling: auto "
         "(sentence-transformers config, else cls), "
-        "mean, cls",
+        "mean, cls, or splade (sparse term weights of a masked-LM model, for /embed_sparse: "
+        "the sparse-embedding task; auto picks it for a SparseEncoder)",
     )
     normalize: bool | None = Field(
         None, description="L2-normalise embeddings (default: the sentence-transformers config)"
+    )
+    token_embeddings: bool = Field(
+        False,
+        description="feature-extraction: compile every token's vector as well as the pooled "
+        "one, for /embed_all (each call then also moves tokens x hidden floats per text off "
+        "the device)",
     )
     truncation: bool | None = Field(
         None,

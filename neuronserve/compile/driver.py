@@ -31,7 +31,7 @@ from ..buckets import BucketGrid
 from ..execution import InputLayout
 from ..images import PROCESSOR_FILE, ImagePreprocessor
 from ..spec import TRUNCATION_AT_COMPILE, DeploySpec
-from ..tasks import Task, WrappedModel, get_task
+from ..tasks import Task, WrappedModel, get_task, task_for
 from ..tokenization import TextTokenizer
 from .base import CompileError
 from .context import CompileContext
@@ -194,7 +194,11 @@ def _image_inputs(spec: DeploySpec, model_dir: Path, out: Path) -> Inputs:
 
 
 def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) -> Manifest:
-    task, target = get_task(spec.task), get_target(spec.target)
+    try:
+        task = get_task(task_for(spec.task, spec.pooling, model_dir))
+    except ValueError as e:
+        raise CompileError(str(e)) from None
+    target = get_target(spec.target)
     refuse_pickle_weights(model_dir, spec.allow_pickle_weights)
     # the model first: a task its architecture has no head for is the error to name
     model = load_for_task(task, model_dir)
@@ -214,6 +218,8 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
         {
             "pooling": spec.pooling,
             "normalize": spec.normalize,
+            "token_embeddings": spec.token_embeddings,
+            "allow_pickle_weights": spec.allow_pickle_weights,
             "input_names": list(names),
             "max_top_k": spec.max_top_k,
             "relevance_label": spec.relevance_label,
@@ -230,8 +236,9 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
         layout=InputLayout(
             names,
             inputs.pad_values,
-            per_token=task.per_token,
+            per_token=task.per_token or bool(wrapped.manifest_fields.get("token_embeddings")),
             image_shape=inputs.image.shape if inputs.image else None,
+            leading=int(bool(wrapped.manifest_fields.get("token_embeddings"))),
         ),
         options=spec.compiler_options(),
         progress=progress,

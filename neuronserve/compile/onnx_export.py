@@ -39,7 +39,8 @@ def export_eager_attention(
     names = input_names[: len(example)]
     # token inputs vary in batch and length; an image's pixels only in batch
     axes = {n: {0: "batch"} if n == "pixel_values" else {0: "batch", 1: "sequence"} for n in names}
-    axes["output"] = {0: "batch", 1: "sequence"} if per_token else {0: "batch"}
+    # per token: as many rows as tokens, or one more (a token-embeddings module's pooled row)
+    axes["output"] = {0: "batch", 1: "rows"} if per_token else {0: "batch"}
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings from transformers' masking code
         torch.onnx.export(

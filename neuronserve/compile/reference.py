@@ -74,7 +74,11 @@ class Reference:
     def save(self, path: Path) -> None:
         out = self.accuracy_outputs
         arrays: dict[str, np.ndarray] = (
-            {"accuracy/output_per_token": np.concatenate(out)}
+            {
+                "accuracy/output_per_token": np.concatenate(out),
+                # a text's rows: its tokens, and the rows a module puts before them
+                "accuracy/output_lengths": np.array([len(o) for o in out]),
+            }
             if isinstance(out, list)
             else {"accuracy/output": out}
         )
@@ -131,11 +135,13 @@ class Reference:
         )
         if "accuracy/output_per_token" in arrays:
             per_token = arrays["accuracy/output_per_token"]
+            counts = arrays.get("accuracy/output_lengths", lengths)
+            out_ends = np.cumsum(counts)
             return cls(
                 inputs,
                 outputs,
                 rows,
-                [per_token[e - n : e] for e, n in zip(ends, lengths, strict=True)],
+                [per_token[e - n : e] for e, n in zip(out_ends, counts, strict=True)],
             )
         return cls(inputs, outputs, rows, arrays["accuracy/output"])
 
@@ -201,7 +207,9 @@ def check_bucket(
                 f"differs from eager {want.shape}"
             )
         if layout.per_token:  # the padding tokens' outputs are dropped when serving
-            real = arrays["attention_mask"].astype(bool)
+            mask = arrays["attention_mask"].astype(bool)
+            lead = np.ones((mask.shape[0], layout.leading), dtype=bool)
+            real = np.concatenate((lead, mask), axis=1)
             got, want = got[real], want[real]
         got, want = judge.task.compared(got), judge.task.compared(want)
         d = float(np.max(np.abs(got - want)))

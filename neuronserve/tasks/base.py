@@ -22,7 +22,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -44,9 +44,12 @@ class RequestError(ValueError):
     # "[413] message": how a status travels through a protocol with fewer codes (Triton)
     _TAG = re.compile(r"^\[(\d{3})\] (.*)$", re.S)
 
-    def __init__(self, message: str, status: int = 400):
+    def __init__(self, message: str, status: int = 400, kind: str | None = None):
         super().__init__(message)
         self.status = status
+        # text-embeddings-inference's error type where the status alone does not tell it
+        # ("Empty": nothing was sent; "Tokenizer")
+        self.kind = kind
 
     @property
     def message(self) -> str:
@@ -133,6 +136,26 @@ class TaskRequest:
     # left) or refuse it; None keeps the deployment's `truncation`
     truncate: bool | None = None
     truncation_direction: str = "right"
+
+
+def prompted(
+    texts: list[Text], prompts: dict[str, str], default: str | None, name: str | None
+) -> list[Text]:
+    """`texts` with the prompt `name` (else the model's default prompt, if any) put before
+    each, as sentence-transformers and text-embeddings-inference do; `prompts`: the
+    model's (config_sentence_transformers.json, recorded in its manifest)."""
+    chosen = name if name is not None else default
+    if chosen is None:
+        return texts
+    if not isinstance(chosen, str) or chosen not in prompts:
+        known = ", ".join(repr(p) for p in sorted(prompts)) or "none"
+        raise RequestError(
+            f"prompt_name {chosen!r} is not one of this model's prompts ({known})", status=422
+        )
+    prefix = prompts[chosen]
+    if any(not isinstance(t, str) for t in texts):
+        raise RequestError("prompt_name cannot be set with text pairs", status=422)
+    return [prefix + cast(str, t) for t in texts]
 
 
 def truncation_parameters(parameters: dict[str, Any]) -> tuple[bool | None, str]:
@@ -244,6 +267,9 @@ class Task:
     pairs_required = False
     images = False
     input_tensor = "TEXT"
+    # a request may name one of the model's prompts (prompt_name), and the model's
+    # default prompt applies when it names none (Runner.outputs)
+    takes_prompts = False
 
     def decode(
         self, body: Any, content_type: str | None, max_depth: int = 32
@@ -357,9 +383,15 @@ class Task:
         """Output tensors for one request's results, named as in `output_tensors`."""
         raise NotImplementedError
 
-    def results_from(self, first_tensor: np.ndarray) -> Any:
-        """A request's results back from its first output tensor (the front, for Triton)."""
-        return first_tensor
+    def output_for(self, parameters: dict[str, Any]) -> str | None:
+        """The output tensor that carries a request's results (None: the first of
+        `output_tensors`)."""
+        return None
+
+    def results_from(self, tensor: np.ndarray, info: dict[str, Any]) -> Any:
+        """A request's results back from its output tensor (`output_for`; the front, for
+        Triton)."""
+        return tensor
 
 
 class JsonResultsTask(Task):
@@ -376,10 +408,8 @@ class JsonResultsTask(Task):
             self.result_tensor: bytes_rows([json.dumps(r, ensure_ascii=False) for r in results])
         }
 
-    def results_from(self, first_tensor: np.ndarray) -> Any:
-        return [
-            json.loads(v.decode() if isinstance(v, bytes) else v) for v in first_tensor.reshape(-1)
-        ]
+    def results_from(self, tensor: np.ndarray, info: dict[str, Any]) -> Any:
+        return [json.loads(v.decode() if isinstance(v, bytes) else v) for v in tensor.reshape(-1)]
 
     def respond(self, results: Any, request: TaskRequest, info: dict[str, Any]) -> Any:
         return results[0] if request.single else list(results)

@@ -6,42 +6,67 @@ on every target, and the server moves one vector per text instead of a matrix.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import Task, TaskRequest, TensorSpec, WrappedModel
+from .base import (
+    RequestError,
+    RowOutputs,
+    Task,
+    TaskRequest,
+    TensorSpec,
+    WrappedModel,
+    bytes_rows,
+    stacked,
+)
+from .sentence_transformers import DenseLayer, read_modules, read_prompts
 
 if TYPE_CHECKING:
     import torch
 
+    from ..tokenization import Encoded
 
-def sentence_transformers_pooling(model_dir: Path) -> tuple[str | None, bool | None]:
-    """(pooling, normalize) from a sentence-transformers layout, or (None, None)."""
-    modules_file = model_dir / "modules.json"
-    if not modules_file.is_file():
-        return None, None
-    modules = json.loads(modules_file.read_text())
-    pooling, normalize = None, False
-    for m in modules:
-        kind = m.get("type", "")
-        if kind.endswith("models.Pooling"):
-            cfg = json.loads((model_dir / m.get("path", "") / "config.json").read_text())
-            if cfg.get("pooling_mode_cls_token"):
-                pooling = "cls"
-            elif cfg.get("pooling_mode_mean_tokens"):
-                pooling = "mean"
-            else:
-                modes = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v]
-                raise ValueError(
-                    f"{model_dir}: sentence-transformers pooling {modes} is not supported; "
-                    "set `pooling: mean` or `pooling: cls` in the spec to override"
-                )
-        elif kind.endswith("models.Normalize"):
-            normalize = True
-    return pooling, normalize
+
+def load_dense(model_dir: Path, layers: tuple[DenseLayer, ...], allow_pickle: bool) -> Any:
+    """sentence-transformers' Dense modules of `model_dir` as one torch module (None when
+    there are none), weights read from each module's model.safetensors."""
+    if not layers:
+        return None
+    import torch
+
+    from .heads import dense_layers
+
+    loaded = []
+    for layer in layers:
+        folder = Path(model_dir) / layer.folder
+        state = _dense_weights(folder, allow_pickle)
+        linear = torch.nn.Linear(layer.in_features, layer.out_features, bias=layer.bias)
+        linear.load_state_dict(
+            {k.removeprefix("linear."): v for k, v in state.items() if k.startswith("linear.")}
+        )
+        loaded.append((linear, layer.activation))
+    return dense_layers(loaded).eval()
+
+
+def _dense_weights(folder: Path, allow_pickle: bool) -> dict[str, Any]:
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        return load_file(str(folder / "model.safetensors"))
+    if (folder / "pytorch_model.bin").is_file():
+        if not allow_pickle:
+            raise ValueError(
+                f"the Dense module in {folder} holds its weights only in pytorch_model.bin, a "
+                "Python pickle that can run code: convert it to model.safetensors, or pass "
+                "--allow-pickle-weights for a model you trust"
+            )
+        import torch
+
+        return torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    raise ValueError(f"the Dense module in {folder} has no weights (model.safetensors)")
 
 
 def cosines(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
@@ -51,43 +76,121 @@ def cosines(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
     return {"min_cosine": float(cos.min()), "mean_cosine": float(cos.mean())}
 
 
+TOKEN_EMBEDDINGS = "TOKEN_EMBEDDINGS"
+
+
 class FeatureExtraction(Task):
+    """One embedding per text; with an artifact compiled with token embeddings, every
+    token's vector instead when a request asks (`token_embeddings`: /embed_all)."""
+
     auto_class = "AutoModel"
     name = "feature-extraction"
     accepts_pairs = False
-    parameters = frozenset()
+    parameters = frozenset({"prompt_name", "token_embeddings"})
+    takes_prompts = True
+
+    def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
+        tokens = parameters.get("token_embeddings", False)
+        if not isinstance(tokens, bool):
+            raise RequestError(f'"token_embeddings" must be true or false, got {tokens!r}')
+        name = parameters.get("prompt_name")
+        if name is not None and not isinstance(name, str):
+            raise RequestError(f'"prompt_name" must be a prompt\'s name, got {name!r}')
+        return dict(parameters)
 
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
     ) -> WrappedModel:
-        st_pooling, st_normalize = sentence_transformers_pooling(model_dir)
+        st = read_modules(model_dir)
         pooling = options.get("pooling", "auto")
         if pooling == "auto":
-            pooling = st_pooling or "cls"
+            pooling = st.pooling or "cls"
         normalize = options.get("normalize")
         if normalize is None:
-            normalize = bool(st_normalize)
+            normalize = st.normalize
+        tokens = bool(options.get("token_embeddings"))
         from .heads import PooledEncoder
 
-        module = PooledEncoder(model, pooling, normalize, options["input_names"]).eval()
+        dense = load_dense(model_dir, st.dense, bool(options.get("allow_pickle_weights")))
+        module = PooledEncoder(
+            model, pooling, normalize, options["input_names"], dense, tokens
+        ).eval()
         return WrappedModel(
             module=module,
             output_name="embedding",
-            manifest_fields={"pooling": pooling, "normalize": normalize, "labels": None},
+            manifest_fields={
+                "pooling": pooling,
+                "normalize": normalize,
+                "labels": None,
+                "token_embeddings": tokens,
+                **prompt_fields(model_dir),
+            },
         )
 
     accuracy_metric = "min_cosine"
     accuracy_floor_field = "min_cosine"
 
     def accuracy(self, got: Any, want: Any) -> dict[str, float]:
-        return {**super().accuracy(got, want), **cosines(got, want)}
+        # a token-embeddings module's rows: every pooled and every token vector compared
+        return {**super().accuracy(got, want), **cosines(stacked(got), stacked(want))}
 
-    def respond(self, outputs: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
-        vectors = outputs.astype(np.float32).tolist()
+    def check_encoded(
+        self, encoded: Sequence[Sequence[Encoded]], request: TaskRequest, info: dict[str, Any]
+    ) -> RequestError | None:
+        if request.parameters.get("token_embeddings") and not info.get("token_embeddings"):
+            return RequestError(
+                "this model was compiled without every token's vector: compile it with "
+                "--token-embeddings to serve token embeddings (/embed_all)",
+                status=424,
+            )
+        return None
+
+    def finish(
+        self,
+        outputs: RowOutputs,
+        encoded: Sequence[Sequence[Encoded]],
+        request: TaskRequest,
+        info: dict[str, Any],
+    ) -> Any:
+        if not isinstance(outputs, list):
+            return outputs  # pooled vectors only
+        # each text's rows: its pooled vector, then one per token
+        if request.parameters.get("token_embeddings"):
+            return [rows[1:] for rows in outputs]
+        return np.stack([rows[0] for rows in outputs])
+
+    def respond(self, outputs: Any, request: TaskRequest, info: dict[str, Any]) -> Any:
+        vectors = (
+            [rows.astype(np.float32).tolist() for rows in outputs]
+            if isinstance(outputs, list)
+            else outputs.astype(np.float32).tolist()
+        )
         return vectors[0] if request.single else vectors
 
     def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
-        return [TensorSpec("EMBEDDING", "float32", (output_dim,))]
+        # token embeddings: each text's (tokens x dim) float32 matrix as bytes, one element
+        # per text (texts differ in length, a tensor's rows may not)
+        return [
+            TensorSpec("EMBEDDING", "float32", (output_dim,)),
+            TensorSpec(TOKEN_EMBEDDINGS, "bytes", (1,)),
+        ]
 
-    def tensors(self, outputs: np.ndarray, info: dict[str, Any]) -> dict[str, np.ndarray]:
+    def output_for(self, parameters: dict[str, Any]) -> str | None:
+        return TOKEN_EMBEDDINGS if parameters.get("token_embeddings") else None
+
+    def tensors(self, outputs: Any, info: dict[str, Any]) -> dict[str, np.ndarray]:
+        if isinstance(outputs, list):
+            return {TOKEN_EMBEDDINGS: bytes_rows([r.astype("<f4").tobytes() for r in outputs])}
         return {"EMBEDDING": outputs.astype(np.float32)}
+
+    def results_from(self, tensor: np.ndarray, info: dict[str, Any]) -> Any:
+        if tensor.dtype != object:
+            return tensor
+        dim = int(info["output_dim"])
+        return [np.frombuffer(v, dtype="<f4").reshape(-1, dim) for v in tensor.reshape(-1)]
+
+
+def prompt_fields(model_dir: Path) -> dict[str, Any]:
+    """What the manifest records of the model's sentence-transformers prompts."""
+    prompts = read_prompts(model_dir)
+    return {"prompts": prompts.prompts, "default_prompt_name": prompts.default}

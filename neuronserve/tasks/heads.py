@@ -40,12 +40,24 @@ class EncoderModule(torch.nn.Module):
 
 
 class PooledEncoder(EncoderModule):
-    def __init__(
-        self, model: torch.nn.Module, pooling: str, normalize: bool, input_names: list[str]
+    """Pooling, then sentence-transformers' Dense layers (`dense`, in order) and
+    Normalize, as its modules.json lists them. With `tokens`, every token's hidden state
+    follows the pooled vector: (batch, 1 + tokens, dim)."""
+
+    def __init__(  # noqa: PLR0913 - the model, and each module after it
+        self,
+        model: torch.nn.Module,
+        pooling: str,
+        normalize: bool,
+        input_names: list[str],
+        dense: torch.nn.Module | None = None,
+        tokens: bool = False,
     ):
         super().__init__(model, input_names)
         self.cls_pooling = pooling == "cls"
         self.normalize = normalize
+        self.dense = dense if dense is not None else torch.nn.Identity()
+        self.tokens = tokens
 
     def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = out.last_hidden_state
@@ -54,9 +66,45 @@ class PooledEncoder(EncoderModule):
         else:
             mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
             pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        pooled = self.dense(pooled)
         if self.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
+        if self.tokens:
+            return torch.cat((pooled.unsqueeze(1), hidden), dim=1).float()
         return pooled.float()
+
+
+class SpladeEncoder(EncoderModule):
+    """SPLADE: a masked-LM's logits over the real tokens, log(1 + relu(.)) (twice with
+    `log1p_relu`), then max (or sum) over the tokens: one vocabulary-sized vector per
+    text, so only that leaves the device (sentence-transformers' SpladePooling)."""
+
+    def __init__(
+        self, model: torch.nn.Module, input_names: list[str], strategy: str, activation: str
+    ):
+        super().__init__(model, input_names)
+        self.use_max = strategy == "max"
+        self.twice = activation == "log1p_relu"
+
+    def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
+        logits = out.logits.float() * attention_mask.unsqueeze(-1).to(torch.float32)
+        weights = torch.log1p(torch.relu(logits))
+        if self.twice:
+            weights = torch.log1p(weights)
+        # padded positions weigh 0, which neither max (every weight is >= 0) nor sum changes
+        return weights.amax(dim=1) if self.use_max else weights.sum(dim=1)
+
+
+def dense_layers(layers: list[tuple[torch.nn.Linear, str]]) -> torch.nn.Module:
+    """sentence-transformers' Dense modules as one torch module: each a linear map, then
+    its activation (identity, tanh, relu, gelu)."""
+    activations = {
+        "identity": torch.nn.Identity,
+        "tanh": torch.nn.Tanh,
+        "relu": torch.nn.ReLU,
+        "gelu": torch.nn.GELU,
+    }
+    return torch.nn.Sequential(*(m for linear, act in layers for m in (linear, activations[act]())))
 
 
 class LogitsClassifier(EncoderModule):

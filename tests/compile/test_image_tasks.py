@@ -152,7 +152,7 @@ def test_triton_tensors_carry_the_same_labels(classifier):
     tensors = task.tensors(results, runner.info)
     assert list(tensors) == ["LOGITS", "SCORES", "LABEL"]
     rebuilt = task.respond(
-        task.results_from(tensors["LOGITS"]), request, runner.manifest.task_info()
+        task.results_from(tensors["LOGITS"], {}), request, runner.manifest.task_info()
     )
     assert same_answers(rebuilt, runner.responses([request])[0], atol=1e-6)
 

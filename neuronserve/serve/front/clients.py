@@ -335,19 +335,24 @@ class TritonClient(EngineClient):
         for pairs in (False, True):
             idx = [i for i, t in enumerate(texts) if isinstance(t, tuple) == pairs]
             pieces += [idx[k : k + step] for k in range(0, len(idx), step)]
+        output = m.task.output_for(request.parameters) or m.output
         parts = await asyncio.gather(
-            *(self._infer(m, [texts[i] for i in piece], params) for piece in pieces),
+            *(self._infer(m, [texts[i] for i in piece], params, output) for piece in pieces),
             return_exceptions=True,
         )
         results: list[Any] = [None] * len(texts)
         for piece, part in zip(pieces, parts, strict=True):
             if isinstance(part, BaseException):
                 raise part
-            for i, result in zip(piece, m.task.results_from(part), strict=True):
+            for i, result in zip(piece, m.task.results_from(part, m.info), strict=True):
                 results[i] = result
-        return np.stack(results) if isinstance(results[0], np.ndarray) else results
+        # rows (a vector per text) stack; per-token results (a matrix per text) cannot
+        rows = isinstance(results[0], np.ndarray) and results[0].ndim == 1
+        return np.stack(results) if rows else results
 
-    async def _infer(self, m: _TritonModel, texts: list, params: dict[str, Any]) -> np.ndarray:
+    async def _infer(
+        self, m: _TritonModel, texts: list, params: dict[str, Any], output: str
+    ) -> np.ndarray:
         from tritonclient.http import InferInput, InferRequestedOutput
         from tritonclient.utils import InferenceServerException
 
@@ -365,7 +370,7 @@ class TritonClient(EngineClient):
                 return await self._client.infer(
                     self._name,
                     tensors,
-                    outputs=[InferRequestedOutput(m.output, binary_data=True)],
+                    outputs=[InferRequestedOutput(output, binary_data=True)],
                     parameters=params or None,
                     headers=self._headers,
                 )
@@ -383,7 +388,7 @@ class TritonClient(EngineClient):
                 raise EngineUnavailable(f"Triton did not answer: {e}") from None
 
         result = await once_more(send, f"a request to {self._name}", self._settle)
-        return result.as_numpy(m.output)
+        return result.as_numpy(output)
 
     async def _settle(self, died: WorkerDied) -> None:
         """Wait (at most SETTLE_S) until the healer has the dead instance out of rotation,
