@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from helpers import compile_artifact, tiny_model
+
 from neuronserve.artifact import read_manifest
 
 TEXTS = ["what is the capital of France?", "a", "Paris is the capital and largest city of France."]
@@ -65,9 +65,7 @@ def splade_dir(tmp_path_factory, minilm_dir) -> Path:
 
     work = tmp_path_factory.mktemp("splade")
     mlm = tiny_model(work / "mlm", minilm_dir, "fill-mask", seed=21)
-    SparseEncoder(modules=[MLMTransformer(str(mlm)), SpladePooling("max")]).save(
-        str(work / "st")
-    )
+    SparseEncoder(modules=[MLMTransformer(str(mlm)), SpladePooling("max")]).save(str(work / "st"))
     return work / "st"
 
 
@@ -175,8 +173,9 @@ def test_token_embeddings_equal_the_eager_hidden_states(tmp_path, tiny_embedder_
                                 module_format=module_format)  # fmt: skip
     assert manifest.token_embeddings
     runner = Runner(tmp_path / "a")
-    tok, model = AutoTokenizer.from_pretrained(tiny_embedder_dir), AutoModel.from_pretrained(
-        tiny_embedder_dir
+    tok, model = (
+        AutoTokenizer.from_pretrained(tiny_embedder_dir),
+        AutoModel.from_pretrained(tiny_embedder_dir),
     )
     # a batch whose texts differ in length, so each is cut back to its own tokens
     tokens = _answer(runner, TEXTS, token_embeddings=True)
@@ -222,5 +221,5 @@ def test_a_dense_layer_whose_weights_are_a_pickle_is_refused(tmp_path, dense_st_
     dense = next(folder.glob("*_Dense"))
     torch.save(load_file(str(dense / "model.safetensors")), dense / "pytorch_model.bin")
     (dense / "model.safetensors").unlink()
-    with pytest.raises(ValueError, match="pytorch_model.bin"):
+    with pytest.raises(ValueError, match=r"pytorch_model\.bin"):
         compile_artifact(tmp_path / "a", folder, "feature-extraction")
