@@ -115,6 +115,11 @@ class TextTokenizer:
             for e in (first, *first.overflowing)
         ]
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to this, special tokens included."""
+        return int(self._full.get_vocab_size(with_added_tokens=True))
+
     def id_to_token(self, token_id: int) -> str:
         return self._full.id_to_token(token_id) or ""
 

@@ -79,12 +79,3 @@ def sparse(vector: np.ndarray) -> list[dict[str, Any]]:
     """The weights of a SPLADE vector that are not zero, by term id."""
     (index,) = np.nonzero(vector)
     return [{"index": int(i), "value": float(vector[i])} for i in index]
-
-
-def dense(terms: list[dict[str, Any]], size: int) -> list[float]:
-    """A sparse answer back as the whole vector (text-embeddings-inference's /embed on a
-    SPLADE model)."""
-    vector = np.zeros(size, dtype=np.float32)
-    for t in terms:
-        vector[t["index"]] = t["value"]
-    return vector.tolist()

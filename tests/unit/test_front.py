@@ -117,7 +117,7 @@ def test_routes_find_their_model_by_name_or_by_task(two, tiny_runner, classifier
     assert client.post("/predict", json={"inputs": "ok", "model": "tiny-classifier"}).json() == want
     # a model the route does not apply to, an unknown one, several that fit and none named
     wrong = client.post("/embed", json={"inputs": "x", "model": "tiny-classifier"})
-    assert wrong.status_code == 404
+    assert wrong.status_code == 424 and wrong.json()["error_type"] == "Backend"
     assert (
         "tiny-classifier is text-classification (this server's tiny would)" in wrong.json()["error"]
     )
@@ -125,10 +125,10 @@ def test_routes_find_their_model_by_name_or_by_task(two, tiny_runner, classifier
     assert unknown.status_code == 404
     assert unknown.json()["error"] == "no model 'nope' here; served: tiny, tiny-classifier"
     several = client.post("/tokenize", json={"inputs": "x"})
-    assert several.status_code == 400 and "tiny, tiny-classifier" in several.json()["error"]
+    assert several.status_code == 422 and "tiny, tiny-classifier" in several.json()["error"]
     assert client.post("/tokenize", json={"inputs": "x", "model": "tiny"}).status_code == 200
     rerank = client.post("/rerank", json={"query": "q", "texts": ["a"]})
-    assert rerank.status_code == 404 and "cross-encoder" in rerank.json()["error"]
+    assert rerank.status_code == 424 and "cross-encoder" in rerank.json()["error"]
     # the other models keep answering
     assert client.post("/embed", json={"inputs": "still"}).status_code == 200
 
@@ -172,8 +172,9 @@ def test_openai_client_names_its_model(two, tiny_runner):
     assert np.allclose([d.embedding for d in cut.data], expect, atol=1e-6)
     with pytest.raises(openai.NotFoundError, match="served: tiny, tiny-classifier"):
         oa.embeddings.create(model="text-embedding-3-small", input="x")
-    with pytest.raises(openai.NotFoundError, match="needs a feature-extraction model"):
+    with pytest.raises(openai.APIStatusError, match="needs a feature-extraction model") as e:
         oa.embeddings.create(model="tiny-classifier", input="x")
+    assert e.value.status_code == 424
     r = client.post(
         "/v1/embeddings", json={"input": "x", "model": "tiny", "encoding_format": "base64"}
     )
@@ -223,11 +224,12 @@ def test_limits_refuse_one_request_and_serve_the_next(tmp_path, tiny_runner):
     )
     big = client.post("/embed", json={"inputs": "x" * 3_000})
     assert big.status_code == 413 and "max_body_bytes" in big.json()["error"]
+    # too many texts: 422, as text-embeddings-inference answers it
     many = client.post("/embed", json={"inputs": ["x"] * 5})
-    assert many.status_code == 413 and "max_client_batch" in many.json()["error"]
+    assert many.status_code == 422 and "max_client_batch" in many.json()["error"]
     assert engine.calls == 0  # refused before the engine was asked
-    bad = client.post("/v1/embeddings", json={"input": [1, 2], "model": "tiny"})
-    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    bad = client.post("/v1/embeddings", json={"input": [1.5, 2], "model": "tiny"})
+    assert bad.status_code == 422 and bad.json()["error"]["type"] == "invalid_request_error"
     assert client.post("/embed", json={"inputs": ["x"] * 4}).status_code == 200
 
 
@@ -305,25 +307,28 @@ def test_the_front_imports_no_torch():
 
 
 def test_a_cheap_request_cannot_cost_the_front_a_lot(tmp_path, tiny_runner):
-    """500,000 wrong items are one short 400 naming the first (it was a 23 MB answer and
+    """400,000 wrong items are one short 422 naming the first (it was a 23 MB answer and
     seconds of the event loop); /tokenize holds to max_text_chars and to what the model
     reads (a 1.9 MB text was a 65 MB answer); the neighbours are answered."""
     client, _, _ = front(tmp_path, {"tiny": tiny_runner}, max_text_chars=1000)
     json_type = {"content-type": "application/json"}
-    wrong = client.post("/embed", content=json.dumps({"inputs": [1] * 500_000}), headers=json_type)
-    assert wrong.status_code == 400 and len(wrong.content) < 1000, len(wrong.content)
+    wrong = client.post("/embed", content=json.dumps({"inputs": [-1] * 400_000}), headers=json_type)
+    assert wrong.status_code == 422 and len(wrong.content) < 1000, len(wrong.content)
     assert "inputs.0" in wrong.json()["error"]
+    # as many token ids: one text longer than the model reads, refused before decoding
+    ids = client.post("/embed", content=json.dumps({"inputs": [1] * 500_000}), headers=json_type)
+    assert ids.status_code == 422 and "500000 token ids" in ids.json()["error"]
     assert client.post("/embed", json={"inputs": ["fine"] * 3}).status_code == 200
     over = client.post("/tokenize", json={"inputs": ["ok", "x" * 1001]})
-    assert over.status_code == 413 and "max_text_chars" in over.json()["error"]
+    assert over.status_code == 422 and "max_text_chars" in over.json()["error"]
     limit = tiny_runner.manifest.tokenizer.max_length
     words = client.post("/tokenize", json={"inputs": "a " * (limit + 1)})
-    assert words.status_code == 413 and f"reads at most {limit}" in words.json()["error"]
+    assert words.status_code == 422 and f"reads at most {limit}" in words.json()["error"]
     ok = client.post("/tokenize", json={"inputs": ["hello world", "a " * (limit // 2)]})
     assert ok.status_code == 200 and len(ok.json()) == 2
     # a query read once per text: 100 KB x 30 texts is more than a body may hold
     paired = client.post("/rerank", json={"query": "q" * 100_000, "texts": ["a"] * 30})
-    assert paired.status_code == 413 and "max_body_bytes" in paired.json()["error"]
+    assert paired.status_code == 422 and "max_body_bytes" in paired.json()["error"]
 
 
 def test_the_docs_page_runs_only_scripts_the_front_serves(tmp_path, tiny_runner):

@@ -95,7 +95,8 @@ def test_two_embedders_of_other_widths_share_a_variable_output(tmp_path, tiny_ar
         o.name: list(o.dims)
         for o in model_config(spec(tmp_path, tiny_artifact, wider), packaged).output
     }
-    assert outputs == {"EMBEDDING": [-1]}
+    # (every token's vector travels as bytes, one element per text, whatever the width)
+    assert outputs == {"EMBEDDING": [-1], "TOKEN_EMBEDDINGS": [1]}
 
 
 def test_two_models_of_one_name_and_two_targets_are_refused(

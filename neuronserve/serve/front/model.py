@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ... import __version__
+from ...tasks import get_task
+from ...tasks.base import Text, prompted
 from ...tokenization import TextTokenizer
 
 if TYPE_CHECKING:
@@ -48,27 +50,58 @@ class ServedModel:
     def task(self) -> str:
         return self.manifest.task
 
-    def info(self, config: FrontConfig) -> dict[str, Any]:
+    def prompted(self, texts: list[Text], name: str | None) -> list[Text]:
+        """`texts` with the prompt `name` (or the model's default) before each, as the
+        workers put it (tasks.base.prompted)."""
+        if not get_task(self.task).takes_prompts:
+            return texts
         m = self.manifest
-        if m.labels:
-            model_type: dict[str, Any] = {
-                "classifier": {"id2label": {str(i): label for i, label in enumerate(m.labels)}}
-            }
-        else:
-            model_type = {"embedding": {"pooling": m.pooling, "normalize": m.normalize}}
+        return prompted(texts, m.prompts, m.default_prompt_name, name)
+
+    def model_type(self) -> dict[str, Any]:
+        """text-embeddings-inference's model_type: embedding (with its pooling), reranker
+        (a cross-encoder) or classifier; another task under its own name."""
+        m = self.manifest
+        labels = m.labels or []
+        classes = {
+            "id2label": {str(i): label for i, label in enumerate(labels)},
+            "label2id": {label: i for i, label in enumerate(labels)},
+        }
+        if m.task in ("feature-extraction", "sparse-embedding", "image-feature-extraction"):
+            return {"embedding": {"pooling": m.pooling or "cls"}}
+        if m.task == "rerank" or (m.task == "text-classification" and len(labels) == 1):
+            return {"reranker": classes}
+        if m.task == "text-classification":
+            return {"classifier": classes}
+        return {m.task: classes}
+
+    def info(self, config: FrontConfig) -> dict[str, Any]:
+        """text-embeddings-inference's Info fields, then neuronserve's own."""
+        m = self.manifest
         return {
             "model_id": self.name,
+            "model_sha": None,
+            "model_dtype": m.precision,
+            "served_model_name": self.name,
+            "model_type": self.model_type(),
+            "max_concurrent_requests": config.max_in_flight,
+            "max_input_length": m.grid.max_seq,
+            "max_batch_tokens": m.grid.max_batch * m.grid.max_seq,
+            "max_batch_requests": m.grid.max_batch,
+            "max_client_batch_size": config.max_client_batch,
+            "auto_truncate": self.truncation,
+            "tokenization_workers": 1,
+            "version": __version__,
+            "sha": None,
+            "docker_label": None,
             "task": m.task,
             "target": m.target,
             "precision": m.precision,
             "engine": self.engine,
-            "model_type": model_type,
+            "prompts": dict(m.prompts),
+            "default_prompt_name": m.default_prompt_name,
             "batch_sizes": m.batch_sizes,
             "sequence_lengths": m.sequence_lengths,
-            "max_input_length": m.grid.max_seq,
-            "max_client_batch_size": config.max_client_batch,
-            "max_concurrent_requests": config.max_in_flight,
             "truncation": self.truncation,
             "versions": dict(m.versions),
-            "version": __version__,
         }

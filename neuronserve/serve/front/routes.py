@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import orjson
@@ -29,6 +29,7 @@ from .observe import FrontMetrics
 from .openapi import SWAGGER_FILES, SWAGGER_PAGE, document, swagger_file
 from .route import Handler, Route
 from .serving import RELEASE, Need, NotReady, Serving, normalized, off_loop
+from .tei import cosine_similarities, decoded, sparse_as_dense, texts_of
 
 if TYPE_CHECKING:
     from .multi_model import ModelCatalog
@@ -65,7 +66,7 @@ def guarded(family: Family, fn: Handler) -> Handler:
         except RequestError as e:
             # the engine's queue is full (or a request waited past its queue timeout)
             busy = {"Retry-After": RETRY_AFTER_S} if e.status in (429, 503) else None
-            return error_response(family, e.status, e.message, busy)
+            return error_response(family, e.status, e.message, busy, e.kind)
         except NotReady:
             return error_response(
                 family, 503, "the model is still loading", {"Retry-After": RETRY_AFTER_S}
@@ -86,6 +87,9 @@ def guarded(family: Family, fn: Handler) -> Handler:
 
 # which models each route applies to
 EMBEDDINGS = Need.of("feature-extraction")
+SPARSE = Need(("sparse-embedding",), None, "a SPLADE model (pooling splade)")
+# dense vectors of either (a SPLADE model's with normalize off, as TEI's /embed)
+EMBEDDERS = Need.of("feature-extraction", "sparse-embedding")
 CLASSIFIER = Need.of("text-classification")
 RERANKER = Need(
     ("rerank", "text-classification"),
@@ -118,9 +122,7 @@ class Api:
             await request.body(), s.OpenAIEmbeddingsRequest
         )
         model = await self._model(request, "/v1/embeddings", body.model, EMBEDDINGS)
-        texts = [body.input] if isinstance(body.input, str) else body.input
-        if not texts:
-            raise RequestError("input is an empty list: send at least one text")
+        texts, _ = texts_of(model, body.input, "input")
         dims = _dimensions(model, body.dimensions)
         vectors = _vectors(await self.serving.predict(model, texts, {}))
         if dims is not None:
@@ -157,25 +159,88 @@ class Api:
 
     async def embed(self, request: Request) -> Response:
         body: s.EmbedRequest = s.parse_body(await request.body(), s.EmbedRequest)
-        model = await self._model(request, "/embed", body.model, EMBEDDINGS)
-        _no_prompt(body.prompt_name)
-        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        if not texts:
-            raise RequestError("inputs is an empty list: send at least one text")
+        model = await self._model(request, "/embed", body.model, EMBEDDERS)
+        texts, _ = texts_of(model, body.inputs, cut=body.parameters())
         dims = _dimensions(model, body.dimensions)
         compiled_normalized = bool(model.manifest.normalize)
+        if model.task == "sparse-embedding" and body.normalize:
+            raise RequestError(
+                "normalize is not available for SPLADE models: send normalize: false for the "
+                "whole vector of term weights, or use /embed_sparse",
+                status=424,
+            )
         if compiled_normalized and not body.normalize:
             raise RequestError(
                 f"{model.name} normalises its embeddings inside the compiled model; compile "
-                "it with `normalize: false` to get them unnormalised"
+                "it with `normalize: false` to get them unnormalised",
+                status=424,
             )
-        prediction = await self.serving.predict(model, texts, body.parameters())
-        if dims is None and body.normalize == compiled_normalized:
-            return raw_json(prediction.raw)  # TorchServe's bytes, passed on as they came
-        vectors = _vectors(prediction)
+        params = {**body.parameters(), **_prompt(body.prompt_name)}
+        if model.task == "feature-extraction" and dims is None:
+            prediction = await self.serving.predict(model, texts, params)
+            if body.normalize == compiled_normalized:
+                return raw_json(prediction.raw)  # TorchServe's bytes, passed on as they came
+            return json_response(normalized(_vectors(prediction)))
+        vectors = await self._dense(model, texts, params)
         if dims is not None:
             vectors = vectors[:, :dims]
         return json_response(normalized(vectors) if body.normalize else vectors)
+
+    async def _dense(
+        self, model: ServedModel, texts: list[str], params: dict[str, Any]
+    ) -> np.ndarray:
+        """The embeddings of `texts` as one float32 array (a SPLADE model's as the whole
+        vector of term weights)."""
+        prediction = await self.serving.predict(model, texts, params)
+        if model.task == "sparse-embedding":
+            return sparse_as_dense(prediction.value, model.manifest.output_dim)
+        return _vectors(prediction)
+
+    async def embed_all(self, request: Request) -> Response:
+        body: s.EmbedAllRequest = s.parse_body(await request.body(), s.EmbedAllRequest)
+        model = await self._model(request, "/embed_all", body.model, EMBEDDINGS)
+        if not model.manifest.token_embeddings:
+            raise RequestError(
+                f"{model.name} was compiled without every token's vector: compile it with "
+                "--token-embeddings to serve /embed_all",
+                status=424,
+            )
+        texts, _ = texts_of(model, body.inputs, cut=body.parameters())
+        params = {**body.parameters(), **_prompt(body.prompt_name), "token_embeddings": True}
+        return raw_json((await self.serving.predict(model, texts, params)).raw)
+
+    async def embed_sparse(self, request: Request) -> Response:
+        body: s.EmbedSparseRequest = s.parse_body(await request.body(), s.EmbedSparseRequest)
+        model = await self._model(request, "/embed_sparse", body.model, SPARSE)
+        texts, _ = texts_of(model, body.inputs, cut=body.parameters())
+        params = {**body.parameters(), **_prompt(body.prompt_name)}
+        return raw_json((await self.serving.predict(model, texts, params)).raw)
+
+    async def similarity(self, request: Request) -> Response:
+        body: s.SimilarityRequest = s.parse_body(await request.body(), s.SimilarityRequest)
+        model = await self._model(request, "/similarity", body.model, EMBEDDERS)
+        if not body.inputs.sentences:
+            raise RequestError(
+                "inputs.sentences is an empty list: send at least one text", kind="Empty"
+            )
+        texts = [body.inputs.source_sentence, *body.inputs.sentences]
+        params = {**body.parameters(), **_prompt(body.prompt_name)}
+        vectors = await self._dense(model, texts, params)
+        return json_response(cosine_similarities(vectors[0], vectors[1:]))
+
+    async def decode(self, request: Request) -> Response:
+        body: s.DecodeRequest = s.parse_body(await request.body(), s.DecodeRequest)
+        model = await self._model(request, "/decode", body.model, TEXT_MODEL)
+        one = not body.ids or isinstance(body.ids[0], int)
+        batch = cast(list[list[int]], [body.ids] if one else body.ids)
+        if not batch:
+            raise RequestError("ids is an empty list: send at least one text's ids", kind="Empty")
+        if len(batch) > self.serving.config.max_client_batch:
+            raise self.serving.too_many(len(batch))
+        skip = body.skip_special_tokens
+        return json_response(
+            [decoded(model, ids, f"ids[{i}]", skip) for i, ids in enumerate(batch)]
+        )
 
     async def predict(self, request: Request) -> Response:
         body: s.PredictRequest = s.parse_body(await request.body(), s.PredictRequest)
@@ -250,14 +315,16 @@ class Api:
     async def tokenize(self, request: Request) -> Response:
         body: s.TokenizeRequest = s.parse_body(await request.body(), s.TokenizeRequest)
         model = await self._model(request, "/tokenize", body.model, TEXT_MODEL)
-        _no_prompt(body.prompt_name)
         tokenizer = model.tokenizer
         assert tokenizer is not None  # TEXT_MODEL
         texts: list[str] = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        if not texts:
+            raise RequestError("inputs is an empty list: send at least one text", kind="Empty")
         limits = RequestLimits(self.serving.config.max_client_batch, model.max_text_chars)
         refused = limits.check(TaskRequest(texts=list(texts), single=False))
         if refused is not None:
             raise refused
+        texts = model.prompted(texts, body.prompt_name)
         tokens = await off_loop(
             lambda: tokenizer.tokens(texts, body.add_special_tokens),
             sum(len(t) for t in texts),
@@ -286,6 +353,10 @@ class Api:
 
     async def health(self, request: Request) -> Response:
         status, body = await self._health()
+        if status == 503:
+            # text-embeddings-inference's ErrorResponse fields, beside the counts
+            body = {**body, "error": f"no worker can serve ({body['status']})",
+                    "error_type": "Unhealthy"}  # fmt: skip
         return json_response(body, status)
 
     async def _health(self) -> tuple[int, dict[str, Any]]:
@@ -435,9 +506,9 @@ def _vectors(prediction: EngineAnswer) -> np.ndarray:
     return np.asarray(prediction.value, dtype=np.float32).reshape(len(prediction.value), -1)
 
 
-def _no_prompt(prompt_name: str | None) -> None:
-    if prompt_name is not None:
-        raise RequestError("prompt_name is not supported: put the prompt in the text itself")
+def _prompt(prompt_name: str | None) -> dict[str, str]:
+    """The request parameter that names a prompt (the worker puts it before each text)."""
+    return {} if prompt_name is None else {"prompt_name": prompt_name}
 
 
 def predict_inputs(inputs: str | list[str | list[str]]) -> tuple[list[Any], bool]:
@@ -463,6 +534,7 @@ def predict_inputs(inputs: str | list[str | list[str]]) -> tuple[list[Any], bool
 
 def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
     """Every route of the front, in the order the documentation lists them."""
+    # long: the one table of routes, a row each
     e = Route
     tei = "text-embeddings-inference"
     return [
@@ -473,6 +545,15 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
           "lists models", "OpenAI", None, s.OpenAIModels, s.OpenAIError),
         e("/embed", "POST", api.embed, "tei", "Embeddings", tei, s.EmbedRequest,
           s.EmbedResponse, s.TEIError, work=True),
+        e("/embed_all", "POST", api.embed_all, "tei", "Every token's vector (a model "
+          "compiled with --token-embeddings)", tei, s.EmbedAllRequest, s.EmbedAllResponse,
+          s.TEIError, work=True),
+        e("/embed_sparse", "POST", api.embed_sparse, "tei", "Sparse embeddings: each text's "
+          "terms with their weights (a SPLADE model)", tei, s.EmbedSparseRequest,
+          s.EmbedSparseResponse, s.TEIError, work=True),
+        e("/similarity", "POST", api.similarity, "tei", "Cosine similarity of each sentence "
+          "to the source sentence", tei, s.SimilarityRequest, s.SimilarityResponse,
+          s.TEIError, work=True),
         e("/predict", "POST", api.predict, "tei", "Classify texts or text pairs", tei,
           s.PredictRequest, s.PredictResponse, s.TEIError, work=True),
         e("/rerank", "POST", api.rerank, "tei", "Rank documents against a query "
@@ -480,6 +561,8 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
           s.RerankResponse, s.TEIError, work=True),
         e("/tokenize", "POST", api.tokenize, "tei", "The model's tokens for texts", tei,
           s.TokenizeRequest, s.TokenizeResponse, s.TEIError, work=True),
+        e("/decode", "POST", api.decode, "tei", "The text of token ids", tei,
+          s.DecodeRequest, s.DecodeResponse, s.TEIError),
         e("/info", "GET", api.info, "tei", "The served model: task, buckets, precision, "
           "versions", tei, None, s.Info, s.TEIError),
         e("/health", "GET", api.health, "tei", "200 while a worker serves (`degraded` while "

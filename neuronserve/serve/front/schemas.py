@@ -35,6 +35,10 @@ class _FailFast(FailFast):
 # A list a client sends stops at its first wrong item: 500,000 wrong items are one error
 # to report, not 500,000 (which took seconds of the event loop and a 23 MB answer)
 Texts = Annotated[list[str], _FailFast()]
+# a text as token ids (TEI's InputType), decoded by the model's tokenizer
+TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], _FailFast()]
+# TEI's Input: one text (or token ids), or a list of them
+Inputs = str | TokenIds | Annotated[list[str | TokenIds], _FailFast()]
 # at most this many problems are named in one 400
 MAX_PROBLEMS = 10
 
@@ -114,7 +118,7 @@ class Truncation(Body):
 
 
 class OpenAIEmbeddingsRequest(Body):
-    input: str | Texts = Field(description="one text or a list of texts")
+    input: Inputs = Field(description="one text or a list of texts (or token ids)")
     model: str | None = Field(
         None,
         description="the served model to use (GET /v1/models lists them); optional when one "
@@ -172,17 +176,64 @@ class OpenAIError(BaseModel):
 
 # text-embeddings-inference
 
+PROMPT = (
+    "the name of one of the model's sentence-transformers prompts (GET /info lists them), "
+    "put before each text; unset: the model's default prompt, if it has one"
+)
 
-class EmbedRequest(Truncation):
-    inputs: str | Texts = Field(description="one text or a list of texts")
+
+class EmbedAllRequest(Truncation):
+    inputs: Inputs = Field(description="one text or a list of texts (or token ids)")
+    prompt_name: str | None = Field(None, description=PROMPT)
+
+
+class EmbedSparseRequest(EmbedAllRequest):
+    pass
+
+
+class EmbedRequest(EmbedAllRequest):
     normalize: bool = Field(True, description="L2-normalise each embedding")
     dimensions: int | None = Field(
         None, ge=1, description="keep the first N dimensions (then normalise, if asked)"
     )
-    prompt_name: str | None = Field(None, description="not supported: leave unset")
 
 
 EmbedResponse = RootModel[list[list[float]]]
+EmbedAllResponse = RootModel[list[list[list[float]]]]
+
+
+class SparseValue(BaseModel):
+    index: int = Field(description="the term's token id")
+    value: float = Field(description="its weight (only terms that weigh anything are listed)")
+
+
+EmbedSparseResponse = RootModel[list[list[SparseValue]]]
+
+
+class SimilarityInput(Body):
+    source_sentence: str = Field(description="the text the others are compared with")
+    sentences: Texts = Field(description="the texts compared with source_sentence")
+
+
+class SimilarityRequest(Truncation):
+    inputs: SimilarityInput
+    prompt_name: str | None = Field(None, description=PROMPT)
+
+
+SimilarityResponse = RootModel[list[float]]
+
+
+class DecodeRequest(Body):
+    model: str | None = Field(
+        None, description="which served model's tokenizer: needed when several are served"
+    )
+    ids: TokenIds | Annotated[list[TokenIds], _FailFast()] = Field(
+        description="one text's token ids, or a list of them"
+    )
+    skip_special_tokens: bool = True
+
+
+DecodeResponse = RootModel[list[str]]
 
 
 class PredictRequest(Truncation):
@@ -223,7 +274,7 @@ class TokenizeRequest(Body):
     )
     inputs: str | Texts
     add_special_tokens: bool = True
-    prompt_name: str | None = Field(None, description="not supported: leave unset")
+    prompt_name: str | None = Field(None, description=PROMPT)
 
 
 class Token(BaseModel):
@@ -236,27 +287,46 @@ class Token(BaseModel):
 
 TokenizeResponse = RootModel[list[list[Token]]]
 
+ErrorType = Literal["Unhealthy", "Backend", "Overloaded", "Validation", "Tokenizer", "Empty"]
+
 
 class TEIError(BaseModel):
     error: str
-    error_type: str
+    error_type: ErrorType
 
 
 class Info(BaseModel):
-    model_id: str
+    """text-embeddings-inference's Info (its required fields first), then neuronserve's."""
+
+    model_id: str = Field(description="the model's name here (its artifact's, or the spec's)")
+    model_sha: str | None = Field(description="the artifact's manifest digest (sha256)")
+    model_dtype: str = Field(description="the precision the compiled model computes in")
+    served_model_name: str
+    model_type: dict[str, Any] = Field(
+        description='{"embedding": {"pooling"}}, {"classifier": {"id2label", "label2id"}} or '
+        '{"reranker": {...}} as text-embeddings-inference spells them; other tasks '
+        '{"<task>": {...}}'
+    )
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int = Field(description="the largest bucket's tokens (batch x sequence)")
+    max_batch_requests: int | None = Field(description="the largest compiled batch")
+    max_client_batch_size: int
+    auto_truncate: bool = Field(description="whether over-long text is cut by default")
+    tokenization_workers: int = Field(description="tokenizers per worker (one)")
+    version: str = Field(description="neuronserve's version")
+    sha: str | None = None
+    docker_label: str | None = None
     task: str
     target: str
     precision: str
     engine: str
-    model_type: dict[str, Any] = Field(description="embedding (pooling) or classifier (labels)")
+    prompts: dict[str, str] = Field(description="the prompts prompt_name chooses from")
+    default_prompt_name: str | None
     batch_sizes: list[int]
     sequence_lengths: list[int]
-    max_input_length: int
-    max_client_batch_size: int
-    max_concurrent_requests: int
-    truncation: bool
+    truncation: bool = Field(description="the same as auto_truncate")
     versions: dict[str, str]
-    version: str = Field(description="neuronserve's version")
     models: list[dict[str, Any]] = Field(
         default_factory=list,
         description="every served model, each with the fields above (the top level is the "
@@ -268,6 +338,9 @@ class Health(BaseModel):
     status: Literal["ok", "degraded", "loading", "unhealthy"]
     workers_ready: int
     workers_expected: int
+    # on a 503: text-embeddings-inference's ErrorResponse
+    error: str | None = None
+    error_type: ErrorType | None = None
 
 
 # SageMaker and the engines' own contract

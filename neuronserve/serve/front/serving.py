@@ -151,15 +151,16 @@ class Serving:
                     f"no model {name!r} here; served: {', '.join(self.models)}", status=404
                 )
             if not need.fits(model):
-                raise RequestError(f"{route} {need.why(model)}{self._fitting(need)}", status=404)
+                raise RequestError(f"{route} {need.why(model)}{self._fitting(need)}", status=424)
             return model
         fits = [m for m in self.models.values() if need.fits(m)]
         if len(fits) == 1:
             return fits[0]
+        # 424, as text-embeddings-inference answers a route its model does not serve
         if not fits:
             if len(self.models) == 1:
-                raise RequestError(f"{route} {need.why(next(iter(self.models.values())))}", 404)
-            raise RequestError(f"{route} needs {need.what}; {self._served()}", status=404)
+                raise RequestError(f"{route} {need.why(next(iter(self.models.values())))}", 424)
+            raise RequestError(f"{route} needs {need.what}; {self._served()}", status=424)
         raise RequestError(
             f"{len(fits)} models here serve {route}: name one in {ask} "
             f"({', '.join(m.name for m in fits)})"
@@ -182,7 +183,7 @@ class Serving:
         if len(inputs) <= limit:
             return await client.predict(model.worker_name, inputs, parameters)
         if not self.config.split_client_batches:
-            raise self._too_many(len(inputs))
+            raise self.too_many(len(inputs))
         parts = await asyncio.gather(
             *(
                 client.predict(model.worker_name, inputs[i : i + limit], parameters)
@@ -198,10 +199,10 @@ class Serving:
         (a rerank's documents are ranked against each other)."""
         client = self.ready()
         if count > self.config.max_client_batch:
-            raise self._too_many(count)
+            raise self.too_many(count)
         return await client.predict(model.worker_name, inputs, parameters)
 
-    def _too_many(self, count: int) -> RequestError:
+    def too_many(self, count: int) -> RequestError:
         return RequestError(
             f"{count} inputs in one request; this server takes at most "
             f"{self.config.max_client_batch} (max_client_batch): send fewer per request",
@@ -219,11 +220,13 @@ class Serving:
     async def count_tokens(
         self, model: ServedModel, texts: Sequence[Text], truncate: bool | None
     ) -> int:
-        """Tokens the model reads for `texts` (what OpenAI's usage reports)."""
+        """Tokens the model reads for `texts`, its default prompt included (what OpenAI's
+        usage reports)."""
         cut = model.truncation if truncate is None else truncate
         tokenizer = model.tokenizer
         if tokenizer is None:
             return 0  # an image model reads no tokens
+        texts = model.prompted(list(texts), None)
 
         def count() -> int:
             encoded = tokenizer.encode(texts, cut)
