@@ -262,3 +262,34 @@ def _task_models(root: Path, minilm_dir: Path) -> Path:
         )
         assert (model, artifact) == (root / name, root / f"{name}-artifact")
     return root
+
+
+# sentence-transformers prompts of the TEI test embedder
+PROMPTS = {"query": "query: ", "passage": "passage: "}
+
+
+@pytest.fixture(scope="session")
+def tei_models(built_once, tiny_embedder_dir, minilm_dir) -> dict[str, Path]:
+    """What only text-embeddings-inference's further routes need: an embedder compiled
+    with every token's vector and with sentence-transformers prompts ("embedder"), and a
+    SPLADE model ("splade"); TorchScript, batches 1 and 4, 16 and 32 tokens."""
+    root = built_once("tei-models", lambda out: _tei_models(out, tiny_embedder_dir, minilm_dir))
+    return {name: root / name for name in ("embedder", "splade")}
+
+
+def _tei_models(root: Path, embedder_dir: Path, minilm_dir: Path) -> Path:
+    import json
+    import shutil
+
+    from helpers import compile_artifact
+
+    folder = root / "embedder-model"
+    shutil.copytree(embedder_dir, folder)
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({"prompts": PROMPTS}))
+    compile_artifact(root / "embedder", folder, "feature-extraction", name="embedder",
+                     pooling="mean", normalize=True, token_embeddings=True,
+                     module_format="torchscript")  # fmt: skip
+    mlm = tiny_model(root / "mlm", minilm_dir, "fill-mask", seed=7)
+    compile_artifact(root / "splade", mlm, "feature-extraction", name="splade",
+                     pooling="splade", module_format="torchscript")  # fmt: skip
+    return root

@@ -271,7 +271,7 @@ class Api:
         if model.task == "rerank":
             return await self._rerank_task(model, body)
         if not body.texts:
-            raise RequestError("texts is an empty list: send at least one document")
+            raise RequestError("texts is an empty list: send at least one document", kind="Empty")
         items = [{"text": body.query, "text_pair": t} for t in body.texts]
         params = {
             "top_k": None,
@@ -292,7 +292,7 @@ class Api:
     async def _rerank_task(self, model: ServedModel, body: s.RerankRequest) -> Response:
         """/rerank on a rerank model: the task ranks, the route renames its answer."""
         if not body.texts:
-            raise RequestError("texts is an empty list: send at least one document")
+            raise RequestError("texts is an empty list: send at least one document", kind="Empty")
         params = {
             "top_n": body.top_n,
             "return_documents": body.return_text,
@@ -514,17 +514,19 @@ def _prompt(prompt_name: str | None) -> dict[str, str]:
 def predict_inputs(inputs: str | list[str | list[str]]) -> tuple[list[Any], bool]:
     """(native inputs, whether one input was sent) by text-embeddings-inference's rule:
     a string is one text; a list of exactly two strings is one pair; any other list is
-    a batch whose items are texts or two-string pairs."""
+    a batch whose items are texts, one-string lists or two-string pairs."""
     if isinstance(inputs, str):
         return [inputs], True
     if len(inputs) == 2 and all(isinstance(x, str) for x in inputs):
         return [{"text": inputs[0], "text_pair": inputs[1]}], True
     if not inputs:
-        raise RequestError("inputs is an empty list: send at least one text")
+        raise RequestError("inputs is an empty list: send at least one text", kind="Empty")
     items: list[Any] = []
     for i, item in enumerate(inputs):
         if isinstance(item, str):
             items.append(item)
+        elif len(item) == 1:  # TEI's batch item: a text alone in a list, or a pair
+            items.append(item[0])
         elif len(item) == 2:
             items.append({"text": item[0], "text_pair": item[1]})
         else:
