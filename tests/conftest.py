@@ -264,10 +264,6 @@ def _task_models(root: Path, minilm_dir: Path) -> Path:
     return root
 
 
-# sentence-transformers prompts of the TEI test embedder
-PROMPTS = {"query": "query: ", "passage": "passage: "}
-
-
 @pytest.fixture(scope="session")
 def tei_models(built_once, tiny_embedder_dir, minilm_dir) -> dict[str, Path]:
     """What only text-embeddings-inference's further routes need: an embedder compiled
@@ -282,6 +278,7 @@ def _tei_models(root: Path, embedder_dir: Path, minilm_dir: Path) -> Path:
     import shutil
 
     from helpers import compile_artifact
+    from tei_document import PROMPTS
 
     folder = root / "embedder-model"
     shutil.copytree(embedder_dir, folder)

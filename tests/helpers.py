@@ -444,6 +444,7 @@ AUTO_CLASSES = {
     "token-classification": "AutoModelForTokenClassification",
     "question-answering": "AutoModelForQuestionAnswering",
     "fill-mask": "AutoModelForMaskedLM",
+    "sparse-embedding": "AutoModelForMaskedLM",
 }
 NER_LABELS = ["O", "B-PER", "I-PER", "B-LOC", "I-LOC", "MISC"]
 

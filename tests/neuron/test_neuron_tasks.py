@@ -25,6 +25,8 @@ BODIES = {
     },
     "fill-mask": {"inputs": ["Ana met [MASK] in Paris", "[MASK] and [MASK]"]},
     "rerank": {"query": "where?", "documents": ["Paris", "a lake in Zürich", "x", "y", "z"]},
+    # SPLADE: the max over tokens runs inside each bucket's module, padding masked
+    "sparse-embedding": {"inputs": ["Ana met Bob in Paris", "a", "naïve café 🎉 in Zürich"]},
 }
 
 
@@ -39,6 +41,23 @@ def test_neuronx_answers_equal_the_cpu_build(tmp_path, minilm_dir, task):
         got = Runner(artifact).responses_for_bodies([(json.dumps(BODIES[task]), None)])[0]
     want = cpu.responses_for_bodies([(json.dumps(BODIES[task]), None)])[0]
     assert same_answers(got, want), task
+
+
+def test_neuronx_token_embeddings_equal_the_cpu_build(tmp_path, minilm_dir):
+    """Every token's vector after the pooled one, unpadded per text as on the CPU."""
+    model = tiny_model(tmp_path / "model", minilm_dir, "feature-extraction", seed=7)
+    fields = {"pooling": "mean", "token_embeddings": True}
+    body = json.dumps({"inputs": BODIES["sparse-embedding"]["inputs"],
+                       "parameters": {"token_embeddings": True}})  # fmt: skip
+    cpu = Runner(compile_artifact(tmp_path / "cpu", model, "feature-extraction", **fields))
+    with standin_process(4):
+        artifact = compile_artifact(
+            tmp_path / "neuronx", model, "feature-extraction", target="neuronx", **fields
+        )
+        got = Runner(artifact).responses_for_bodies([(body, None)])[0]
+    want = cpu.responses_for_bodies([(body, None)])[0]
+    assert [len(rows) for rows in got] == [len(rows) for rows in want]
+    assert same_answers(got, want)
 
 
 def test_inf1_compiles_a_token_task_and_leaves_its_check_to_the_host(tmp_path, minilm_dir):
@@ -71,7 +90,7 @@ def test_neuronx_compiles_a_module_per_batch_at_the_image_size(tmp_path):
     assert same_answers(got, cpu.responses_for_bodies([(body, None)])[0])
 
 
-@pytest.mark.parametrize("task", ["question-answering", "image-classification"])
+@pytest.mark.parametrize("task", ["question-answering", "image-classification", "sparse-embedding"])
 def test_inf1_builds_are_checked_on_a_host_and_serve(tmp_path, minilm_dir, task):
     """Inf1 runs bf16 (its fast math): each build is judged by the task's own measure on
     a host with NeuronCores, and serves the task's answers."""
@@ -85,6 +104,9 @@ def test_inf1_builds_are_checked_on_a_host_and_serve(tmp_path, minilm_dir, task)
         model = tiny_vit(tmp_path / "model", task, seed=7)
         body = {"inputs": [base64.b64encode(b).decode() for b in sample_images(3)]}
         metric = "top1_agreement"
+    elif task == "sparse-embedding":
+        model = tiny_model(tmp_path / "model", minilm_dir, task, seed=7)
+        body, metric = BODIES[task], "min_cosine"
     else:
         model = tiny_model(tmp_path / "model", minilm_dir, task, seed=7)
         body = {"question": "Who met Bob?", "context": BODIES[task]["context"]}
@@ -99,6 +121,8 @@ def test_inf1_builds_are_checked_on_a_host_and_serve(tmp_path, minilm_dir, task)
         answer = Runner(artifact).responses_for_bodies([(json.dumps(body), None)])[0]
     if task == "image-classification":
         assert [len(a) for a in answer] == [5, 5, 5] and {"label", "score"} <= set(answer[0][0])
+    elif task == "sparse-embedding":
+        assert len(answer) == 3 and all(t["value"] > 0 for terms in answer for t in terms)
     else:
         assert set(answer) == {"score", "start", "end", "answer"}
         assert BODIES[task]["context"][answer["start"] : answer["end"]] == answer["answer"]
