@@ -23,6 +23,9 @@ def compile_cmd(
     normalize: Annotated[
         bool | None, spec_option("normalize", "--normalize/--no-normalize")
     ] = None,
+    token_embeddings: Annotated[
+        bool | None, spec_option("token_embeddings", "--token-embeddings/--pooled-only")
+    ] = None,
     truncation: Truncation = None,
     allow_pickle_weights: Annotated[
         bool | None,
@@ -65,6 +68,7 @@ def compile_cmd(
         name=name,
         pooling=pooling,
         normalize=normalize,
+        token_embeddings=token_embeddings,
         truncation=truncation,
         allow_pickle_weights=allow_pickle_weights,
         tolerance=tolerance,

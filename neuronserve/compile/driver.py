@@ -317,6 +317,7 @@ def describe(path: Path) -> str:
         f"{data['name']}: {data['task']} ({data['architecture']}) for {data['target']}, "
         f"precision {data.get('precision', 'fp32')}"
     ]
+    lines += _embedding_lines(data)
     kept = (data.get("precision"), data.get("compiler", {}).get("module_format"))
     for t in data.get("precision_trials", []):
         acc = ", ".join(f"{k} {v:.5g}" for k, v in t["accuracy"].items() if k != "texts")
@@ -339,3 +340,23 @@ def describe(path: Path) -> str:
             f"max |compiled - eager| = {v['max_abs_diff']:.2e}"
         )
     return "\n".join(lines)
+
+
+def _embedding_lines(data: dict[str, Any]) -> list[str]:
+    """What an embedder's summary says of its pooling and its prompts."""
+    lines = []
+    if data.get("pooling"):
+        lines.append(
+            f"  pooling {data['pooling']}"
+            + (", normalised" if data.get("normalize") else "")
+            + (", and every token's vector (/embed_all)" if data.get("token_embeddings") else "")
+        )
+    prompts = data.get("prompts") or {}
+    if prompts:
+        default = data.get("default_prompt_name")
+        lines.append(
+            "  prompts (prompt_name): "
+            + ", ".join(f"{k} {v!r}" for k, v in prompts.items())
+            + (f"; default {default}" if default else "")
+        )
+    return lines

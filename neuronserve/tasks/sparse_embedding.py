@@ -31,6 +31,8 @@ class SparseEmbedding(JsonResultsTask):
     accepts_pairs = False
     parameters = frozenset({"prompt_name"})
     takes_prompts = True
+    # Triton: each text's terms as JSON, one element per text (their count varies)
+    result_tensor = "TERMS"
 
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         name = parameters.get("prompt_name")

@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from ...tasks import RequestError, TaskRequest, get_task
-from ...tasks.base import RequestLimits
+from ...tasks.base import RequestLimits, Text
 from . import schemas as s
 from .clients import EngineAnswer, EngineUnavailable
 from .errors import Family, error_response
@@ -324,7 +324,7 @@ class Api:
         refused = limits.check(TaskRequest(texts=list(texts), single=False))
         if refused is not None:
             raise refused
-        texts = model.prompted(texts, body.prompt_name)
+        texts = cast(list[str], model.prompted(cast(list[Text], texts), body.prompt_name))
         tokens = await off_loop(
             lambda: tokenizer.tokens(texts, body.add_special_tokens),
             sum(len(t) for t in texts),
