@@ -139,15 +139,15 @@ def test_openai_errors_in_openai_shape(front):
 
     with pytest.raises(openai.AuthenticationError):
         client("wrong").embeddings.create(model="minilm", input="x")
-    with pytest.raises(openai.BadRequestError, match="more than this model's 384"):
+    with pytest.raises(openai.UnprocessableEntityError, match="more than this model's 384"):
         client(KEYS[0]).embeddings.create(model="minilm", input="x", dimensions=1000)
     with pytest.raises(openai.APIStatusError, match="max_client_batch") as e:
         client(KEYS[0]).embeddings.create(model="minilm", input=["x"] * 17)
-    assert e.value.status_code == 413
+    assert e.value.status_code == 422  # as text-embeddings-inference answers it
     with pytest.raises(openai.NotFoundError, match="served: minilm, rerank, tiny-classifier"):
         client(KEYS[0]).embeddings.create(model="text-embedding-3-small", input="x")
-    r = front.post("/v1/embeddings", {"input": [1, 2], "model": "minilm"})
-    assert r.status_code == 400 and r.json()["error"]["message"].startswith("input")
+    r = front.post("/v1/embeddings", {"input": [1.5, 2], "model": "minilm"})
+    assert r.status_code == 422 and r.json()["error"]["message"].startswith("input")
     assert r.json()["error"]["type"] == "invalid_request_error"
 
 
@@ -163,7 +163,7 @@ def test_tei_routes(front, minilm_runner, minilm_dir):
     expect = want[:2, :32] / np.linalg.norm(want[:2, :32], axis=1, keepdims=True)
     assert np.allclose(cut.json(), expect, atol=1e-5)
     raw = front.post("/embed", {"inputs": "x", "normalize": False})
-    assert raw.status_code == 400 and "normalize: false" in raw.json()["error"]
+    assert raw.status_code == 424 and "normalize: false" in raw.json()["error"]
 
     text = SENTENCES[5]  # unicode, CJK and emoji
     tokens = front.post("/tokenize", {"inputs": [text, "hello"], "model": "minilm"}).json()
@@ -192,7 +192,7 @@ def test_tei_routes(front, minilm_runner, minilm_dir):
     assert schemas.Health.model_validate(health.json()).workers_ready == 2
     assert front.get("/predict").status_code == 405
     wrong_task = front.post("/predict", {"inputs": "x", "model": "minilm"})
-    assert wrong_task.status_code == 404 and wrong_task.json()["error_type"] == "Validation"
+    assert wrong_task.status_code == 424 and wrong_task.json()["error_type"] == "Backend"
 
 
 def test_each_model_answers_as_it_would_alone(
@@ -310,7 +310,7 @@ def test_limits_refuse_one_request_and_serve_the_next(front, minilm_runner):
     assert chunked.status_code == 413 and "max_body_bytes" in chunked.json()["error"]
 
     batch = front.post("/embed", {"inputs": ["x"] * 17})
-    assert batch.status_code == 413 and "at most 16 (max_client_batch)" in batch.json()["error"]
+    assert batch.status_code == 422 and "at most 16 (max_client_batch)" in batch.json()["error"]
     # /invocations passes bodies through unread: the worker holds the same limit
     worker = front.post(
         "/invocations", {"inputs": ["x"] * 17}, headers={"X-Amzn-SageMaker-Target-Model": "minilm"}
@@ -320,9 +320,9 @@ def test_limits_refuse_one_request_and_serve_the_next(front, minilm_runner):
     broken = front.post("/embed", data=b'{"inputs": ', headers={"Content-Type": "application/json"})
     assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]
     typed = front.post("/embed", {"inputs": "x", "truncate": "yes"})
-    assert typed.status_code == 400 and typed.json()["error"].startswith("truncate")
+    assert typed.status_code == 422 and typed.json()["error"].startswith("truncate")
     unknown = front.post("/embed", {"inputs": "x", "pooling": "cls"})
-    assert unknown.status_code == 400 and "pooling" in unknown.json()["error"]
+    assert unknown.status_code == 422 and "pooling" in unknown.json()["error"]
     ok = front.post("/embed", {"inputs": "hello"})
     assert ok.status_code == 200
     assert np.allclose(ok.json()[0], runner_answer(minilm_runner, "hello"), atol=1e-5)
@@ -330,7 +330,7 @@ def test_limits_refuse_one_request_and_serve_the_next(front, minilm_runner):
 
 def test_over_long_text_is_refused_unless_the_request_asks_to_cut_it(front, minilm_runner):
     refused = front.post("/embed", {"inputs": LONG})
-    assert refused.status_code == 413 and "402 tokens" in refused.json()["error"]
+    assert refused.status_code == 422 and "402 tokens" in refused.json()["error"]
     for direction in ("right", "left"):
         r = front.post(
             "/embed",
@@ -476,7 +476,7 @@ def test_the_run_directory_serves_another_model_after_a_stop(
     assert r.status_code == 200 and r.json() == runner_answer(
         classifier_runner, "works", top_k=None
     )
-    assert front.post("/embed", {"inputs": "gone"}).status_code == 404
+    assert front.post("/embed", {"inputs": "gone"}).status_code == 424
     store = front.work / "front" / ENGINE_DIR / "store"
     assert sorted(p.name for p in store.iterdir()) == [
         "config.properties",

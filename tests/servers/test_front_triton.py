@@ -212,7 +212,7 @@ def test_rerank_ranks_like_the_eager_model(front, reranker_dir):
     assert np.allclose([x["score"] for x in top.json()], logits[best], atol=1e-4)
     assert "text" not in top.json()[0]
     empty = front.post("/rerank", {"query": QUERY, "texts": []})
-    assert empty.status_code == 400 and empty.json()["error_type"] == "Validation"
+    assert empty.status_code == 400 and empty.json()["error_type"] == "Empty"
 
 
 def test_predict_takes_texts_and_pairs_the_tei_way(front, reranker_dir):
@@ -286,18 +286,18 @@ def test_each_model_answers_as_it_would_alone(front, minilm_runner, classifier_r
 
 def test_routes_say_which_model_fits(front):
     tei = front.post("/embed", {"inputs": "x", "model": "reranker"})
-    assert tei.status_code == 404 and "reranker is text-classification" in tei.json()["error"]
+    assert tei.status_code == 424 and "reranker is text-classification" in tei.json()["error"]
     openai = front.post("/v1/embeddings", {"input": "x", "model": "reranker"})
-    assert openai.status_code == 404 and "feature-extraction" in openai.json()["error"]["message"]
+    assert openai.status_code == 424 and "feature-extraction" in openai.json()["error"]["message"]
     two = front.post("/predict", {"inputs": "x"})  # two classifiers: which one?
-    assert two.status_code == 400 and "reranker, tiny-classifier" in two.json()["error"]
+    assert two.status_code == 422 and "reranker, tiny-classifier" in two.json()["error"]
 
 
 def test_truncation_travels_in_triton_request_parameters(front, reranker_artifact):
     from neuronserve.runtime import Runner
 
     refused = front.post("/predict", {"inputs": [QUERY, LONG], "model": "reranker"})
-    assert refused.status_code == 413 and "tokens long" in refused.json()["error"], refused.text
+    assert refused.status_code == 422 and "tokens long" in refused.json()["error"], refused.text
     cut = front.post(
         "/predict",
         {"inputs": [QUERY, LONG], "truncate": True, "raw_scores": True, "model": "reranker"},
@@ -384,6 +384,6 @@ def test_the_run_directory_serves_another_model_after_a_stop(front, tiny_artifac
     r = front.post("/embed", {"inputs": "works"})
     want = tiny_runner.responses_for_bodies([({"inputs": "works"}, None)])[0]
     assert r.status_code == 200 and np.allclose(r.json(), [want], atol=1e-6)
-    assert front.post("/rerank", {"query": "q", "texts": ["a"]}).status_code == 404
+    assert front.post("/rerank", {"query": "q", "texts": ["a"]}).status_code == 424
     store = front.work / "front" / ENGINE_DIR / "store"
     assert sorted(p.name for p in store.iterdir()) == ["tiny"]

@@ -43,6 +43,9 @@ def family_of(path: str) -> Family:
     return "tei" if path in TEI_PATHS else "native"
 
 
+# a body that is not JSON at all: text-embeddings-inference's routes answer it 400, as
+# axum's JSON extractor does (a body of the wrong shape: 422)
+SYNTAX = "syntax"
 # text-embeddings-inference's error types and the status each answers with (its
 # router/src/http/server.rs, `impl From<&ErrorType> for StatusCode`)
 TEI_STATUS = {
@@ -63,6 +66,8 @@ def tei_error(status: int, kind: str | None = None) -> tuple[int, str]:
     serve, 424. 404 (no such model) and the guard's answers keep their status."""
     if kind in TEI_STATUS:
         return TEI_STATUS[kind], kind
+    if kind == SYNTAX:
+        return 400, "Validation"
     if status in (400, 413, 422):
         return 422, "Validation"
     if status in (424, 500):

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from ...tasks import RequestError
+from .errors import SYNTAX
 
 Direction = Literal["right", "left", "Right", "Left"]
 
@@ -52,11 +53,12 @@ class Body(BaseModel):
 def parse_body(body: bytes, model: type[Body]) -> Any:
     """`model` from JSON bytes, or a 400 naming each field that is wrong."""
     if not body:
-        raise RequestError("request body is empty: send a JSON object")
+        raise RequestError("request body is empty: send a JSON object", kind=SYNTAX)
     try:
         return model.model_validate_json(body)
     except ValidationError as e:
-        raise RequestError(validation_message(e)) from None
+        syntax = any(err["type"] == "json_invalid" for err in e.errors(include_url=False)[:1])
+        raise RequestError(validation_message(e), kind=SYNTAX if syntax else None) from None
 
 
 def validation_message(e: ValidationError) -> str:
