@@ -190,7 +190,8 @@ def test_tls_and_the_generated_key(front):
     assert (info.engine, info.task, info.model_type) == (
         "triton",
         "text-classification",
-        {"classifier": {"id2label": {"0": "LABEL_0"}}},
+        # one label: a cross-encoder, TEI's reranker
+        {"reranker": {"id2label": {"0": "LABEL_0"}, "label2id": {"LABEL_0": 0}}},
     )
 
 
