@@ -43,6 +43,7 @@ from .process import (
 from .triton_stubs import (
     Count,
     instance_counts,
+    kill_orphans,
     live_stubs,
     note_leftovers,
     remove_leftovers,
@@ -351,6 +352,8 @@ def start(
     if root is not None:
         check_glibc()
     private_dir(run_dir)
+    # a server of this run directory that died: its stubs would keep their cores
+    _clean_after_crash(run_dir, log)
     models = models_in(repository)
     compile_model_files(repository)
     # a healer's word from an earlier server would stand for this one's instances
@@ -451,6 +454,12 @@ def wait_ready(
             )
         counts = inst.instances()
         states = {m: _readiness(inst, m, counts[m]) for m in models}
+        failed = _failed_loads(inst, [m for m, why in states.items() if why])
+        if failed:
+            raise ServeError(
+                "tritonserver could not load "
+                + "; ".join(f"{m}: {reason}" for m, reason in failed.items())
+            )
         summary = ", ".join(f"{m}: {'loading' if why else 'READY'}" for m, why in states.items())
         if summary != last:
             log(f"  {summary}")
@@ -464,6 +473,29 @@ def wait_ready(
                 "\n  " + _log_errors(inst.log, errors_only=False)
             )
         time.sleep(poll_s)
+
+
+def _failed_loads(inst: TritonInstance, models: list[str]) -> dict[str, str]:
+    """Of `models`, those whose load failed (UNAVAILABLE in Triton's repository index),
+    with Triton's reason: waiting longer would not make them ready."""
+    if not models:
+        return {}
+    try:
+        key = (inst.run_dir / ADMIN_KEY_FILE).read_text().strip()
+        r = requests.post(
+            f"{inst.http_url}/v2/repository/index",
+            headers={ADMIN_HEADER: key, "Connection": "close"},
+            json={},
+            timeout=5,
+        )
+        index = r.json() if r.status_code == 200 else []
+    except (requests.RequestException, OSError, ValueError):
+        return {}
+    return {
+        e["name"]: e.get("reason") or "no reason given"
+        for e in index
+        if isinstance(e, dict) and e.get("name") in models and e.get("state") == "UNAVAILABLE"
+    }
 
 
 def _readiness(inst: TritonInstance, model: str, count: Count) -> str:
@@ -497,14 +529,12 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
     run_dir = Path(run_dir).resolve()
     pid = _pid(run_dir)
     if pid is None:
-        log(f"no tritonserver is running from {run_dir}")
+        if not _clean_after_crash(run_dir, log):
+            log(f"no tritonserver is running from {run_dir}")
         return False
     log(f"stopping tritonserver (pid {pid}) ...")
     # the healer first, so it does not take the unloading models for dead ones
-    healer = live_pid(run_dir / HEALER_PID)
-    if healer is not None:
-        stop_tree(healer, lambda: os.kill(healer, signal.SIGTERM), 10)
-    forget_pid(run_dir / HEALER_PID)
+    _stop_healer(run_dir)
     # Triton unloads its models and stops its stubs itself on SIGTERM
     stubs = stop_tree(pid, lambda: os.kill(pid, signal.SIGTERM), timeout_s)
     forget_pid(run_dir / PID_FILE)
@@ -513,6 +543,28 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
         f"tritonserver stopped ({stubs} stub process(es) with it"
         + (f"; removed {len(removed)} file(s) its killed processes left)" if removed else ")")
     )
+    return True
+
+
+def _stop_healer(run_dir: Path) -> None:
+    healer = live_pid(run_dir / HEALER_PID)
+    if healer is not None:
+        stop_tree(healer, lambda: os.kill(healer, signal.SIGTERM), 10)
+    forget_pid(run_dir / HEALER_PID)
+
+
+def _clean_after_crash(run_dir: Path, log: Callable[[str], object]) -> bool:
+    """What a tritonserver of `run_dir` that died left running (its healer, its stubs
+    holding their core leases) stopped, its files removed; whether there was one."""
+    try:
+        recorded = int((run_dir / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return False
+    _stop_healer(run_dir)
+    stubs = kill_orphans(recorded)
+    forget_pid(run_dir / PID_FILE)
+    remove_leftovers(run_dir)
+    log(f"tritonserver (pid {recorded}) had exited; stopped {stubs} stub process(es) it left")
     return True
 
 

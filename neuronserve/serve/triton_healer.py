@@ -52,6 +52,7 @@ from .process import alive
 from .triton import HEALER_STATUS_FILE as STATUS_FILE
 from .triton_stubs import (
     instance_of,
+    kill_orphans,
     live_stubs,
     note_leftovers,
     stub_regions,
@@ -147,7 +148,9 @@ class Healer:
                     self.heal(model, dead)
             self.write_status()
             self._wait(stubs)
-        log.info("tritonserver is gone: the healer stops")
+        # a server that crashed leaves its stubs running, holding their cores
+        killed = kill_orphans(self.server_pid)
+        log.info("tritonserver is gone: the healer stops (%d stub(s) it left killed)", killed)
 
     def _wait(self, stubs: dict[str, list[psutil.Process]]) -> None:
         """Sleep POLL_S, or less: until one of `stubs` exits (each watched by a pidfd,

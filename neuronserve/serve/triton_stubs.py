@@ -71,6 +71,32 @@ def live_stubs(server_pid: int) -> dict[str, list[psutil.Process]]:
     return out
 
 
+def orphaned_stubs(server_pid: int) -> list[psutil.Process]:
+    """The stubs of the tritonserver `server_pid` still running after it died: they keep
+    its process group (it led a session of its own) and their core leases, and would keep
+    a new server's instances from loading. Only for a server that is gone: a live one's
+    stubs are in the same group."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            cmd = p.info["cmdline"] or [""]
+            if cmd[0].endswith(STUB) and os.getpgid(p.pid) == server_pid:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def kill_orphans(server_pid: int) -> int:
+    """Kill `orphaned_stubs(server_pid)`, wait until they are gone; how many there were."""
+    orphans = orphaned_stubs(server_pid)
+    for p in orphans:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(orphans, timeout=10)
+    return len(orphans)
+
+
 @dataclass(frozen=True)
 class Count:
     alive: int

@@ -303,6 +303,9 @@ class Task:
             raise RequestError(
                 f"unknown parameters {sorted(unknown)} for task {self.name} (allowed: {allowed})"
             )
+        name = own.get("prompt_name")
+        if name is not None and not isinstance(name, str):
+            raise RequestError(f'"prompt_name" must be a prompt\'s name, got {name!r}')
         return self.check_parameters(own)
 
     def _parse_item(self, item: Any, where: str) -> Text:

@@ -19,6 +19,7 @@ from .base import (
     TaskRequest,
     TensorSpec,
     WrappedModel,
+    boolean,
     bytes_rows,
     stacked,
 )
@@ -90,12 +91,7 @@ class FeatureExtraction(Task):
     takes_prompts = True
 
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
-        tokens = parameters.get("token_embeddings", False)
-        if not isinstance(tokens, bool):
-            raise RequestError(f'"token_embeddings" must be true or false, got {tokens!r}')
-        name = parameters.get("prompt_name")
-        if name is not None and not isinstance(name, str):
-            raise RequestError(f'"prompt_name" must be a prompt\'s name, got {name!r}')
+        boolean(parameters, "token_embeddings", False)
         return dict(parameters)
 
     def wrap(

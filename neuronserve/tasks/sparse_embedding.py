@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .base import JsonResultsTask, RequestError, RowOutputs, TaskRequest, WrappedModel
+from .base import JsonResultsTask, RowOutputs, TaskRequest, WrappedModel
 from .feature_extraction import cosines, prompt_fields
 from .sentence_transformers import Splade, read_modules
 
@@ -33,12 +33,6 @@ class SparseEmbedding(JsonResultsTask):
     takes_prompts = True
     # Triton: each text's terms as JSON, one element per text (their count varies)
     result_tensor = "TERMS"
-
-    def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
-        name = parameters.get("prompt_name")
-        if name is not None and not isinstance(name, str):
-            raise RequestError(f'"prompt_name" must be a prompt\'s name, got {name!r}')
-        return dict(parameters)
 
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]

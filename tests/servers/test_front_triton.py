@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 import requests
 import torch
@@ -388,3 +389,20 @@ def test_the_run_directory_serves_another_model_after_a_stop(front, tiny_artifac
     assert front.post("/rerank", {"query": "q", "texts": ["a"]}).status_code == 424
     store = front.work / "front" / ENGINE_DIR / "store"
     assert sorted(p.name for p in store.iterdir()) == ["tiny"]
+
+
+def test_a_crashed_tritonserver_leaves_no_stub_holding_its_cores(front, tiny_artifact, tiny_runner):
+    """Last: tritonserver killed outright (as when it aborts) leaves its stubs running,
+    each holding its core group: the healer stops them, and the next start serves."""
+    server = psutil.Process(front.engine().pid())
+    stubs = [p for ps in live_stubs(server.pid).values() for p in ps]
+    assert len(stubs) == 2
+    server.kill()
+    _, alive = psutil.wait_procs(stubs, timeout=30)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=front.work, env=front.env,
+            check=False)  # fmt: skip
+    run_cli("serve", "front", tiny_artifact, "--spec", "deploy.yaml", cwd=front.work, env=front.env)
+    r = front.post("/embed", {"inputs": "again"})
+    want = tiny_runner.responses_for_bodies([({"inputs": "again"}, None)])[0]
+    assert r.status_code == 200 and np.allclose(r.json(), [want], atol=1e-6)

@@ -104,3 +104,48 @@ def test_the_healer_replaces_one_instance_only_where_each_group_is_one_core_grou
     several = [{"name": "m_0", "count": 2, "host_policy": ""}]
     assert not partitioned(same_policy) and not partitioned(several)
     assert instance_names(several) == ["m_0_0", "m_0_1"]
+
+
+def test_a_crashed_servers_stubs_are_stopped_before_the_next_start(tmp_path):
+    """A tritonserver that died leaves its stubs running in its process group, holding
+    their core leases; the next start (or stop) from its run directory kills them, and
+    only them."""
+    import os
+    import signal
+    import subprocess
+
+    import psutil
+
+    from neuronserve.serve.triton_stubs import STUB
+
+    stub = tmp_path / STUB
+    stub.symlink_to("/bin/sleep")
+    # a "server" leading its own session, with a "stub" child, as tritonserver runs
+    server = subprocess.Popen(
+        ["/bin/bash", "-c", f"{stub} 300 & exec /bin/sleep 300"], start_new_session=True
+    )
+    bystander = subprocess.Popen([str(stub), "300"])  # a stub of another server
+    try:
+        orphan = None
+        for _ in range(100):
+            kids = psutil.Process(server.pid).children()
+            if kids:
+                orphan = kids[0]
+                break
+            psutil.wait_procs([], timeout=0.05)
+        assert orphan is not None
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait()
+        assert orphan.is_running()  # orphaned, still holding what it held
+        run_dir = tmp_path / "run"
+        run_dir.mkdir(mode=0o700)
+        (run_dir / triton.PID_FILE).write_text(f"{server.pid}\n")
+        said: list[str] = []
+        assert triton.stop(run_dir, log=said.append) is False
+        assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE
+        assert bystander.poll() is None, "a stub of another server was stopped"
+        assert "stopped 1 stub process(es) it left" in said[0]
+        assert not (run_dir / triton.PID_FILE).exists()
+    finally:
+        bystander.kill()
+        server.kill()
