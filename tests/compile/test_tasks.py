@@ -338,7 +338,9 @@ def test_triton_tensors_carry_the_same_answers(request, which):
     specs = task.output_tensors(runner.manifest.output_dim, runner.manifest.labels)
     assert [s.name for s in specs] == list(tensors)
     rebuilt = task.respond(
-        task.results_from(tensors[specs[0].name]), parsed, runner.manifest.task_info()
+        task.results_from(tensors[specs[0].name], runner.manifest.task_info()),
+        parsed,
+        runner.manifest.task_info(),
     )
     assert same_answers(rebuilt, runner.responses([parsed])[0], atol=1e-6)
 

@@ -40,6 +40,12 @@ def test_neuronx_answers_equal_the_cpu_build(tmp_path, minilm_dir, task):
         assert sorted(manifest.modules) == ["b1_s16", "b1_s32", "b4_s16", "b4_s32"]
         got = Runner(artifact).responses_for_bodies([(json.dumps(BODIES[task]), None)])[0]
     want = cpu.responses_for_bodies([(json.dumps(BODIES[task]), None)])[0]
+    if task == "sparse-embedding":
+        # a term whose weight is about 0 may be listed by one build and not the other
+        got, want = ([{t["index"]: t["value"] for t in terms} for terms in a] for a in (got, want))
+        for g, w in zip(got, want, strict=True):
+            assert all(abs(g.get(i, 0.0) - w.get(i, 0.0)) < 1e-4 for i in set(g) | set(w))
+        return
     assert same_answers(got, want), task
 
 
