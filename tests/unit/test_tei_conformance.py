@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import wait_for
 from in_process_front import front
 from tei_document import DOCUMENT, TEXTS, conforms
 
@@ -212,13 +212,14 @@ def test_info_carries_teis_fields(fronts, kind):
     assert info["max_client_batch_size"] == 4 and info["max_input_length"] == want_length
 
 
-def test_health_and_overload(tmp_path, fronts):
+def test_health_and_overload(tmp_path, fronts, monkeypatch):
+    from neuronserve.serve.front import serving
     from neuronserve.serve.front.clients import WorkerCounts
 
+    monkeypatch.setattr(serving, "HEALTH_TTL_S", 0.0)  # every probe asks the engine
     engine = fronts["embedder"][1]
     call(fronts, "embedder", "GET", "/health", None, 200)
     engine.counts = WorkerCounts(0, 2)
-    time.sleep(1.1)  # past the front's cached health answer
     try:
         assert call(fronts, "embedder", "GET", "/health", None, 503).json()["workers_ready"] == 0
     finally:
@@ -228,8 +229,7 @@ def test_health_and_overload(tmp_path, fronts):
     engine.hold = threading.Event()
     held = threading.Thread(target=lambda: busy.post("/embed", json={"inputs": "x"}))
     held.start()
-    while engine.calls == 0:
-        time.sleep(0.01)
+    wait_for(lambda: engine.calls > 0, timeout=30, what="the held request to reach the engine")
     over = busy.post("/embed", json={"inputs": "y"})
     conforms("/embed", "POST", over)
     assert over.status_code == 429 and over.json()["error_type"] == "Overloaded"
