@@ -5,7 +5,7 @@ import importlib.util
 import sys
 
 import pytest
-from helpers import REPO
+from helpers import REPO, wait_for
 
 from neuronserve.serve import triton
 from neuronserve.serve.process import ServeError
@@ -126,14 +126,8 @@ def test_a_crashed_servers_stubs_are_stopped_before_the_next_start(tmp_path):
     )
     bystander = subprocess.Popen([str(stub), "300"])  # a stub of another server
     try:
-        orphan = None
-        for _ in range(100):
-            kids = psutil.Process(server.pid).children()
-            if kids:
-                orphan = kids[0]
-                break
-            psutil.wait_procs([], timeout=0.05)
-        assert orphan is not None
+        wait_for(lambda: psutil.Process(server.pid).children(), timeout=10, what="the stub")
+        orphan = psutil.Process(server.pid).children()[0]
         os.kill(server.pid, signal.SIGKILL)
         server.wait()
         assert orphan.is_running()  # orphaned, still holding what it held
