@@ -122,7 +122,7 @@ class Api:
             await request.body(), s.OpenAIEmbeddingsRequest
         )
         model = await self._model(request, "/v1/embeddings", body.model, EMBEDDINGS)
-        texts, _ = texts_of(model, body.input, "input")
+        texts = await _texts(model, body.input, "input")
         dims = _dimensions(model, body.dimensions)
         vectors = _vectors(await self.serving.predict(model, texts, {}))
         if dims is not None:
@@ -160,7 +160,7 @@ class Api:
     async def embed(self, request: Request) -> Response:
         body: s.EmbedRequest = s.parse_body(await request.body(), s.EmbedRequest)
         model = await self._model(request, "/embed", body.model, EMBEDDERS)
-        texts, _ = texts_of(model, body.inputs, cut=body.parameters())
+        texts = await _texts(model, body.inputs, "inputs", body.parameters())
         dims = _dimensions(model, body.dimensions)
         compiled_normalized = bool(model.manifest.normalize)
         if model.task == "sparse-embedding" and body.normalize:
@@ -205,14 +205,14 @@ class Api:
                 "--token-embeddings to serve /embed_all",
                 status=424,
             )
-        texts, _ = texts_of(model, body.inputs, cut=body.parameters())
+        texts = await _texts(model, body.inputs, "inputs", body.parameters())
         params = {**body.parameters(), **_prompt(body.prompt_name), "token_embeddings": True}
         return raw_json((await self.serving.predict(model, texts, params)).raw)
 
     async def embed_sparse(self, request: Request) -> Response:
         body: s.EmbedSparseRequest = s.parse_body(await request.body(), s.EmbedSparseRequest)
         model = await self._model(request, "/embed_sparse", body.model, SPARSE)
-        texts, _ = texts_of(model, body.inputs, cut=body.parameters())
+        texts = await _texts(model, body.inputs, "inputs", body.parameters())
         params = {**body.parameters(), **_prompt(body.prompt_name)}
         return raw_json((await self.serving.predict(model, texts, params)).raw)
 
@@ -238,9 +238,11 @@ class Api:
         if len(batch) > self.serving.config.max_client_batch:
             raise self.serving.too_many(len(batch))
         skip = body.skip_special_tokens
-        return json_response(
-            [decoded(model, ids, f"ids[{i}]", skip) for i, ids in enumerate(batch)]
+        texts = await off_loop(
+            lambda: [decoded(model, ids, f"ids[{i}]", skip) for i, ids in enumerate(batch)],
+            sum(len(ids) for ids in batch),
         )
+        return json_response(texts)
 
     async def predict(self, request: Request) -> Response:
         body: s.PredictRequest = s.parse_body(await request.body(), s.PredictRequest)
@@ -504,6 +506,18 @@ def _dimensions(model: ServedModel, dims: int | None) -> int | None:
 
 def _vectors(prediction: EngineAnswer) -> np.ndarray:
     return np.asarray(prediction.value, dtype=np.float32).reshape(len(prediction.value), -1)
+
+
+async def _texts(
+    model: ServedModel, inputs: Any, field: str, cut: dict[str, Any] | None = None
+) -> list[str]:
+    """The texts of TEI's Input (tei.texts_of): token ids are decoded off the event loop
+    when there are many."""
+    ids = 0
+    if not isinstance(inputs, str):
+        ids = sum(1 if isinstance(i, int) else len(i) for i in inputs if not isinstance(i, str))
+    texts, _ = await off_loop(lambda: texts_of(model, inputs, field, cut), ids)
+    return cast(list[str], texts)
 
 
 def _prompt(prompt_name: str | None) -> dict[str, str]:
