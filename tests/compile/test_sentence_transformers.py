@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,10 @@ def splade_dir(tmp_path_factory, minilm_dir) -> Path:
 
     work = tmp_path_factory.mktemp("splade")
     mlm = tiny_model(work / "mlm", minilm_dir, "fill-mask", seed=21)
-    SparseEncoder(modules=[MLMTransformer(str(mlm)), SpladePooling("max")]).save(str(work / "st"))
+    encoder = SparseEncoder(modules=[MLMTransformer(str(mlm)), SpladePooling("max")])
+    with warnings.catch_warnings():  # torch's "sparse CSR is beta", from its model card
+        warnings.simplefilter("ignore", UserWarning)
+        encoder.save(str(work / "st"))
     return work / "st"
 
 
