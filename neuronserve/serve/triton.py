@@ -90,6 +90,12 @@ class TritonInstance:
             return {}
         return {ADMIN_HEADER: (self.run_dir / ADMIN_KEY_FILE).read_text().strip()}
 
+    def grpc_headers(self) -> dict[str, str]:
+        """`headers()` as gRPC metadata: tritonserver expects a restricted protocol's
+        header under the prefix `triton-grpc-protocol-` (measured on 2.51: the bare name
+        is refused with "expecting header 'triton-grpc-protocol-...'")."""
+        return {GRPC_HEADER_PREFIX + k: v for k, v in self.headers().items()}
+
     def pid(self) -> int | None:
         return _pid(self.run_dir)
 
@@ -226,6 +232,8 @@ def _env(run_dir: Path) -> dict[str, str]:
 # from the run directory, and an operator holding it may.
 RESTRICTED = "model-repository,model-config,shared-memory,statistics,trace,logging"
 ADMIN_HEADER = "neuronserve-admin-key"
+# what tritonserver puts before a header name of --grpc-restricted-protocol
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 ADMIN_KEY_FILE = "admin_key"
 
 
@@ -632,7 +640,7 @@ class Triton(Engine[TritonInstance]):
         inst = self.instance
         return [
             NativeRoute("triton-http", inst.http_url, model, inst.headers()),
-            NativeRoute("triton-grpc", inst.grpc_url, model, inst.headers()),
+            NativeRoute("triton-grpc", inst.grpc_url, model, inst.grpc_headers()),
         ]
 
     @property

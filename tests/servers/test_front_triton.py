@@ -128,6 +128,11 @@ def self_signed(work: Path) -> tuple[Path, Path]:
     return cert_path, key_path
 
 
+def engine_routes(front, model: str = "models"):
+    """The engine's own routes (protocol, url, model, headers) behind `front`."""
+    return running_engine(front.work / "front" / ENGINE_DIR, "triton").native_routes(model)
+
+
 class Front:
     def __init__(self, work: Path, port: int, cert: Path, key: str):
         self.work, self.cert = work, cert
@@ -266,6 +271,24 @@ def test_invocations_equal_triton_asked_directly(front):
     finally:
         client.close()
     assert np.allclose([row[0]["score"] for row in ours.json()], sigmoid(logits), atol=1e-6)
+    # and over gRPC, as the engine's native route gives it (its header, gRPC's way)
+    import tritonclient.grpc as grpcclient
+
+    (route,) = [r for r in engine_routes(front) if r.protocol == "triton-grpc"]
+    channel = grpcclient.InferenceServerClient(route.url)
+    try:
+        tensors = []
+        for name, values in (("TEXT", [QUERY] * 4), ("TEXT_PAIR", DOCS[:4])):
+            t = grpcclient.InferInput(name, [4, 1], "BYTES")
+            t.set_data_from_numpy(np.array([[v.encode()] for v in values], dtype=object))
+            tensors.append(t)
+        with pytest.raises(InferenceServerException, match="restricted"):
+            channel.infer("models", tensors, parameters={"model": "reranker"})
+        got = channel.infer("models", tensors, parameters={"model": "reranker"},
+                            headers=route.headers)  # fmt: skip
+        assert np.allclose(got.as_numpy("LOGITS")[:, 0], logits, atol=1e-6)
+    finally:
+        channel.close()
 
 
 def test_each_model_answers_as_it_would_alone(front, minilm_runner, classifier_runner):
