@@ -66,6 +66,13 @@ class RunReport:
         return (total - real) / max(real, 1)
 
 
+def token_rows(task: str, token_embeddings: bool) -> tuple[bool, int]:
+    """(whether a module of `task` answers per token, how many rows it puts before a
+    text's tokens): a token-embeddings module answers its pooled vector, then a vector
+    per token."""
+    return get_task(task).per_token or token_embeddings, int(token_embeddings)
+
+
 @dataclass(frozen=True)
 class InputLayout:
     """How rows become the module's tensors (input names in call order and the value
@@ -85,12 +92,13 @@ class InputLayout:
     def of(cls, manifest: Manifest) -> InputLayout:
         """How an artifact's modules take their rows and answer (the Runner's, compile's
         and validate's)."""
+        per_token, leading = token_rows(manifest.task, manifest.token_embeddings)
         return cls(
             tuple(i.name for i in manifest.inputs),
             {i.name: i.pad_value for i in manifest.inputs},
-            per_token=get_task(manifest.task).per_token or manifest.token_embeddings,
+            per_token=per_token,
             image_shape=manifest.image.shape if manifest.image else None,
-            leading=int(manifest.token_embeddings),
+            leading=leading,
         )
 
     def length(self, row: Row) -> int:

@@ -28,7 +28,7 @@ from ..artifact import (
     write_manifest,
 )
 from ..buckets import BucketGrid
-from ..execution import InputLayout
+from ..execution import InputLayout, token_rows
 from ..images import PROCESSOR_FILE, ImagePreprocessor
 from ..spec import TRUNCATION_AT_COMPILE, DeploySpec
 from ..tasks import Task, WrappedModel, get_task, task_for
@@ -233,13 +233,7 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
         eager=wrapped.module,
         examples=inputs.examples,
         grid=grid,
-        layout=InputLayout(
-            names,
-            inputs.pad_values,
-            per_token=task.per_token or bool(wrapped.manifest_fields.get("token_embeddings")),
-            image_shape=inputs.image.shape if inputs.image else None,
-            leading=int(bool(wrapped.manifest_fields.get("token_embeddings"))),
-        ),
+        layout=_layout(task, wrapped, names, inputs),
         options=spec.compiler_options(),
         progress=progress,
     )
@@ -252,6 +246,17 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
     shutil.rmtree(out / CANDIDATES)
     choice.reference.save(out / REFERENCE_FILE)
     return _manifest(ctx, wrapped, choice, out, inputs)
+
+
+def _layout(
+    task: Task, wrapped: WrappedModel, names: tuple[str, ...], inputs: Inputs
+) -> InputLayout:
+    """How the compiled modules take their rows and answer (as InputLayout.of reads it
+    back from the manifest)."""
+    tokens = bool(wrapped.manifest_fields.get("token_embeddings"))
+    per_token, leading = token_rows(task.name, tokens)
+    image_shape = inputs.image.shape if inputs.image else None
+    return InputLayout(names, inputs.pad_values, per_token, image_shape, leading)
 
 
 def _manifest(

@@ -236,6 +236,17 @@ def test_predict_takes_texts_and_pairs_the_tei_way(front, reranker_dir):
     assert np.isclose(pair.json()[0]["score"], want[0], atol=1e-4)  # one pair: one answer
 
 
+def query_and_documents(client_module) -> list:
+    """TEXT and TEXT_PAIR tensors of QUERY against the first four DOCS, for either of
+    tritonclient's protocols."""
+    tensors = []
+    for name, values in (("TEXT", [QUERY] * 4), ("TEXT_PAIR", DOCS[:4])):
+        t = client_module.InferInput(name, [4, 1], "BYTES")
+        t.set_data_from_numpy(np.array([[v.encode()] for v in values], dtype=object))
+        tensors.append(t)
+    return tensors
+
+
 def test_invocations_equal_triton_asked_directly(front):
     import tritonclient.http as httpclient
 
@@ -251,11 +262,7 @@ def test_invocations_equal_triton_asked_directly(front):
     engine = front.engine()
     client = httpclient.InferenceServerClient(engine.http_url.removeprefix("http://"))
     try:
-        inputs = []
-        for name, values in (("TEXT", [QUERY] * 4), ("TEXT_PAIR", DOCS[:4])):
-            t = httpclient.InferInput(name, [4, 1], "BYTES")
-            t.set_data_from_numpy(np.array([[v.encode()] for v in values], dtype=object))
-            inputs.append(t)
+        inputs = query_and_documents(httpclient)
         # behind the front, Triton's inference takes the key the front holds: another
         # local user who finds the port gets nothing around the front's keys
         with pytest.raises(InferenceServerException) as refused:
@@ -277,11 +284,7 @@ def test_invocations_equal_triton_asked_directly(front):
     (route,) = [r for r in engine_routes(front) if r.protocol == "triton-grpc"]
     channel = grpcclient.InferenceServerClient(route.url)
     try:
-        tensors = []
-        for name, values in (("TEXT", [QUERY] * 4), ("TEXT_PAIR", DOCS[:4])):
-            t = grpcclient.InferInput(name, [4, 1], "BYTES")
-            t.set_data_from_numpy(np.array([[v.encode()] for v in values], dtype=object))
-            tensors.append(t)
+        tensors = query_and_documents(grpcclient)
         with pytest.raises(InferenceServerException, match="restricted"):
             channel.infer("models", tensors, parameters={"model": "reranker"})
         got = channel.infer("models", tensors, parameters={"model": "reranker"},

@@ -68,15 +68,11 @@ def tei_error(status: int, kind: str | None = None) -> tuple[int, str]:
         return TEI_STATUS[kind], kind
     if kind == SYNTAX:
         return 400, "Validation"
-    if status in (400, 413, 422):
-        return 422, "Validation"
-    if status in (424, 500):
-        return 424, "Backend"
-    if status == 429:
-        return 429, "Overloaded"
-    if status == 503:
-        return 503, "Unhealthy"
-    return status, "Validation" if status < 500 else "Backend"
+    if status in (400, 413):
+        status = 422
+    elif status == 500:
+        status = 424
+    return status, _tei_type(status)
 
 
 def _tei_type(status: int) -> str:
