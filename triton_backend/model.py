@@ -24,6 +24,7 @@ its per-text results. Outputs: the task's tensors (`Task.output_tensors`).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import sys
@@ -81,6 +82,11 @@ def restore_pythonpath() -> None:
 class TritonPythonModel:
     def initialize(self, args):
         restore_pythonpath()
+        from neuronserve.serve.triton_stubs import STACKS_SIGNAL
+
+        # `neuronserve serve triton` asks for every thread's stack when a start stalls
+        # (serve/triton.py); the stub's stderr is the server log
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
         from neuronserve.worker import MODEL_PARAMETER, WorkerSettings, start_worker
 
         self.model_parameter = MODEL_PARAMETER

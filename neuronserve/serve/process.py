@@ -191,3 +191,28 @@ def scrub_command_line(pid: int, secret: str) -> bool:
     except (OSError, IndexError, ValueError):
         return False
     return True
+
+
+def thread_states(pid: int) -> str:
+    """What each process of `pid`'s tree and each of its threads is doing: name, state
+    and the kernel function it waits in (/proc's wchan), identical threads counted once.
+    For a server that stopped making progress without exiting."""
+    lines = []
+    for p in process_tree(pid):
+        try:
+            head = f"pid {p.pid} {p.name()} ({' '.join(p.cmdline()[:2])})"
+        except psutil.Error:
+            continue
+        seen: dict[str, int] = {}
+        for task in sorted(Path(f"/proc/{p.pid}/task").glob("*")):
+            try:
+                comm = (task / "comm").read_text().strip()
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                wchan = (task / "wchan").read_text().strip() or "-"
+            except OSError:
+                continue
+            key = f"{comm} {state} {wchan}"
+            seen[key] = seen.get(key, 0) + 1
+        lines.append(head)
+        lines.extend(f"  {n} x {key}" for key, n in seen.items())
+    return "\n".join(lines)

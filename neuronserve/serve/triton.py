@@ -14,6 +14,7 @@ import dataclasses
 import glob
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
 import requests
 
 from ..cores import DEPLOYMENT_ENV
@@ -39,8 +41,10 @@ from .process import (
     record_pid,
     scrub_command_line,
     stop_tree,
+    thread_states,
 )
 from .triton_stubs import (
+    STACKS_SIGNAL,
     Count,
     instance_counts,
     kill_orphans,
@@ -56,6 +60,9 @@ if TYPE_CHECKING:
     from .front.clients import EngineClient, ServedModel
 
 PID_FILE = "tritonserver.pid"
+# what a start that stalled leaves in the run directory (`wait_ready`)
+STALL_REPORT = "stalled-start.txt"
+STALLED_LOG = "tritonserver-stalled.log"
 # the healer's files in the run directory (triton_healer.py)
 HEALER_PID = "healer.pid"
 HEALER_LOG = "healer.log"
@@ -362,29 +369,50 @@ def start(
     private_dir(run_dir)
     # a server of this run directory that died: its stubs would keep their cores
     _clean_after_crash(run_dir, log)
-    models = models_in(repository)
     compile_model_files(repository)
+    cmd = _command((binary, root), repository, run_dir, listen)
+    inst = listen.instance(
+        run_dir, {m: instance_count(repository / m) for m in models_in(repository)}
+    )
+    try:
+        return _launch(cmd, inst, timeout_s, log)
+    except StartStalled as e:
+        # a hang in Triton's Python backend, not in this deployment: a second start loads
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir / LOG_FILE).replace(run_dir / STALLED_LOG)
+        log(f"warning: {e} (the log kept as {run_dir / STALLED_LOG}); starting it once more")
+        return _launch(cmd, inst, timeout_s, log)
+
+
+def _launch(
+    cmd: list[str], inst: TritonInstance, timeout_s: float, log: Callable[[str], object]
+) -> TritonInstance:
+    """Start tritonserver (`cmd`), its key hidden and its pid recorded; wait until its
+    models are READY, then start the healer; on any failure stop the server again."""
+    run_dir = inst.run_dir
     # a healer's word from an earlier server would stand for this one's instances
     (run_dir / HEALER_STATUS_FILE).unlink(missing_ok=True)
     envs_before = set(glob.glob(PYTHON_ENVS))
-    cmd = _command((binary, root), repository, run_dir, listen)
-    env = _env(run_dir)
-    log(f"starting tritonserver {binary} (run directory {run_dir}) ...")
+    log(f"starting tritonserver {cmd[0]} (run directory {run_dir}) ...")
     with private_file(run_dir / LOG_FILE) as out:
         # Its own session, so the server and its stub processes outlive this command and
         # `--stop` can signal the whole group.
         proc = subprocess.Popen(
-            cmd, cwd=run_dir, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            cmd,
+            cwd=run_dir,
+            env=_env(run_dir),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     # first hidden, then recorded: the identity `--stop` checks is the command line as
     # it stays
     _hide_key(proc, run_dir, log)
     record_pid(run_dir / PID_FILE, proc.pid)
-    inst = listen.instance(run_dir, {m: instance_count(repository / m) for m in models})
     endpoints = {k: v for k, v in dataclasses.asdict(inst).items() if k != "run_dir"}
     (run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints))
     try:
-        wait_ready(inst, models, timeout_s=timeout_s, log=log)
+        wait_ready(inst, list(inst.expected), timeout_s=timeout_s, log=log)
         envs = set(glob.glob(PYTHON_ENVS)) - envs_before
         note_leftovers(run_dir, stub_regions(live_stubs(proc.pid)) | envs)
         _start_healer(run_dir)
@@ -455,6 +483,7 @@ def wait_ready(
 ) -> None:
     deadline = time.monotonic() + timeout_s
     last = None
+    stalled_since: float | None = None
     while True:
         if inst.pid() is None:
             raise ServeError(
@@ -474,6 +503,9 @@ def wait_ready(
             last = summary
         if not any(states.values()):
             return
+        stalled_since = _stalled(inst, states, stalled_since)
+        if stalled_since is not None and time.monotonic() - stalled_since > STALL_S:
+            raise StartStalled(_report_stall(inst))
         if time.monotonic() > deadline:
             waiting = "; ".join(f"{m}: {why}" for m, why in states.items() if why)
             raise ServeError(
@@ -481,6 +513,49 @@ def wait_ready(
                 "\n  " + _log_errors(inst.log, errors_only=False)
             )
         time.sleep(poll_s)
+
+
+# Seconds tritonserver may go on not answering once every instance has said it is ready.
+# Measured: it answers within a second of the last; 2.51's Python backend was seen (on a
+# busy host, about once in a few hundred starts) never to finish a load whose instances
+# had all initialized, no progress for ten minutes, nothing logged.
+STALL_S = 60
+# the line model.py logs when an instance has loaded and warmed up its models
+_INSTANCE_READY = re.compile(r"neuronserve: (\S+ pid \d+) .* ready after")
+
+
+class StartStalled(ServeError):
+    """Every instance initialized, and tritonserver still does not answer."""
+
+
+def _stalled(inst: TritonInstance, states: dict[str, str], since: float | None) -> float | None:
+    """Since when the start has been stalled (None while it is not): no answer from
+    tritonserver although each of its instances has logged that it is ready."""
+    if not all("no answer" in why for why in states.values() if why):
+        return None
+    text = inst.log.read_text(errors="replace") if inst.log.is_file() else ""
+    if len(set(_INSTANCE_READY.findall(text))) < sum(inst.expected.values()):
+        return None
+    return since if since is not None else time.monotonic()
+
+
+def _report_stall(inst: TritonInstance) -> str:
+    """Where the stalled server's processes and threads wait, kept in the run directory;
+    each stub prints its Python threads' stacks into the server log (model.py registered
+    the signal for it)."""
+    pid = inst.pid()
+    report = thread_states(pid) if pid else "tritonserver is gone"
+    for stubs in live_stubs(pid).values() if pid else ():
+        for p in stubs:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(STACKS_SIGNAL)
+    time.sleep(1)  # for the stacks to reach the log
+    path = inst.run_dir / STALL_REPORT
+    path.write_text(report + "\n")
+    return (
+        f"tritonserver did not answer {STALL_S}s after every instance said it was ready; "
+        f"where its threads wait: {path}; the stubs' Python stacks are in its log"
+    )
 
 
 def _failed_loads(inst: TritonInstance, models: list[str]) -> dict[str, str]:

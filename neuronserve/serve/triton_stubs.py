@@ -8,12 +8,16 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 STUB = "triton_python_backend_stub"
+# the signal on which a stub prints its Python threads' stacks into the server log
+# (model.py registers it; a start that stalls asks for them)
+STACKS_SIGNAL = signal.SIGUSR1
 # a stub's command line: the stub, model.py, its shared-memory region, ..., its instance
 _MODEL_PY_ARG, _REGION_ARG, _INSTANCE_ARG = 1, 2, 8
 

@@ -3,6 +3,7 @@ the numpy guard of `serve triton`."""
 
 import importlib.util
 import sys
+import time
 
 import pytest
 from helpers import REPO, wait_for
@@ -143,3 +144,103 @@ def test_a_crashed_servers_stubs_are_stopped_before_the_next_start(tmp_path):
     finally:
         bystander.kill()
         server.kill()
+
+
+STUB_SCRIPT = """
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)
+print("stub up", flush=True)
+def waiting_forever():
+    while True:
+        time.sleep(0.05)
+waiting_forever()
+"""
+
+
+def test_a_start_that_stalls_after_every_instance_is_ready_says_where_it_waits(
+    tmp_path, monkeypatch
+):
+    """tritonserver whose instances all logged ready but which never answers: the wait
+    gives up after STALL_S (not the whole timeout) with StartStalled, having kept where
+    the server's threads wait and had each stub print its Python stacks into the log."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from neuronserve.serve.process import free_ports, record_pid
+    from neuronserve.serve.triton_stubs import STUB
+
+    monkeypatch.setattr(triton, "STALL_S", 0.5)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    (tmp_path / STUB).symlink_to(sys.executable)
+    (tmp_path / "stub.py").write_text(STUB_SCRIPT)
+    log = run_dir / triton.LOG_FILE
+    with log.open("w") as out:
+        # a "server" whose two "stubs" serve model m (a stub's first argument is model.py)
+        server = subprocess.Popen(
+            [
+                "/bin/bash",
+                "-c",
+                f"for i in 1 2; do {tmp_path / STUB} {tmp_path}/stub.py & done; wait",
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        record_pid(run_dir / triton.PID_FILE, server.pid)
+        wait_for(lambda: log.read_text().count("stub up") == 2, timeout=30, what="the stubs")
+        stubs = psutil.Process(server.pid).children()
+        port = free_ports(1)[0]  # nothing listens there
+        inst = triton.TritonInstance(run_dir, f"http://127.0.0.1:{port}", "", "", {"m": 2})
+        ready = 'model.py:100] "neuronserve: cores{}_0 pid {} leased ...; ready after 1.00s"\n'
+        with log.open("a") as out:
+            out.write(ready.format(0, stubs[0].pid))
+        with pytest.raises(triton.ServeError, match="not READY"):
+            # one instance of two said it is ready: a slow load, not a stall
+            triton.wait_ready(inst, ["m"], timeout_s=2, log=lambda *_: None, poll_s=0.1)
+        with log.open("a") as out:
+            out.write(ready.format(1, stubs[1].pid))
+        t0 = time.monotonic()
+        with pytest.raises(triton.StartStalled, match="did not answer"):
+            triton.wait_ready(inst, ["m"], timeout_s=60, log=lambda *_: None, poll_s=0.1)
+        assert time.monotonic() - t0 < 30
+        report = (run_dir / triton.STALL_REPORT).read_text()
+        assert f"pid {server.pid} bash" in report and all(f"pid {p.pid}" in report for p in stubs)
+        wait_for(lambda: log.read_text().count("waiting_forever") >= 2, 10, what="the stacks")
+    finally:
+        subprocess.run(["pkill", "-KILL", "-g", str(server.pid)], check=False)
+        server.wait()
+
+
+def test_a_stalled_start_is_tried_once_more_with_its_log_kept(tmp_path, monkeypatch):
+    repo, run_dir = tmp_path / "repo", tmp_path / "run"
+    (repo / "m" / "1").mkdir(parents=True)
+    (repo / "m" / "config.pbtxt").write_text('name: "m"\nbackend: "python"\n')
+    tries: list[list[str]] = []
+
+    def launch(cmd, inst, timeout_s, log):
+        tries.append(cmd)
+        inst.log.write_text(f"try {len(tries)}\n")
+        if len(tries) == 1:
+            raise triton.StartStalled("stalled")
+        return inst
+
+    monkeypatch.setattr(triton, "_launch", launch)
+    said: list[str] = []
+    inst = triton.start(repo, run_dir, log=said.append)
+    assert len(tries) == 2 and tries[0] == tries[1] and inst.expected == {"m": 1}
+    assert (run_dir / triton.STALLED_LOG).read_text() == "try 1\n"
+    assert inst.log.read_text() == "try 2\n"
+    assert any("stalled" in s and "once more" in s for s in said)
+
+    def stalls(cmd, inst, timeout_s, log):
+        tries.append(cmd)
+        raise triton.StartStalled("stalled again")
+
+    monkeypatch.setattr(triton, "_launch", stalls)
+    with pytest.raises(triton.StartStalled, match="stalled again"):
+        triton.start(repo, tmp_path / "run2", log=said.append)
+    assert len(tries) == 4  # once more, not again and again
