@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from .work import Batch, Vanilla
+from .wrk import WrkRequest
 
 
 class RequestFailed(RuntimeError):
@@ -53,6 +54,10 @@ class Endpoint:
 
     def connect(self) -> Send:
         raise NotImplementedError
+
+    def wrk_request(self, payload: Any) -> WrkRequest | None:
+        """`payload` as wrk sends it, where wrk can drive this endpoint (plain HTTP)."""
+        return None
 
     def close(self) -> None:
         pass
@@ -173,6 +178,9 @@ class HttpJsonEndpoint(Endpoint):
     def payload(self, batch: Batch) -> bytes:
         return batch.native if self.field == "inputs" else json_body(batch.texts, self.field)
 
+    def wrk_request(self, payload: bytes) -> WrkRequest:
+        return WrkRequest(self.url, payload, self.headers)
+
     def async_connect(self) -> AsyncSend:
         """A coroutine function sending one request on its own connection (the load
         generator runs these on one event loop)."""
@@ -224,6 +232,27 @@ class TritonEndpoint(Endpoint):
             # through tritonclient on one thread per client
             self.async_connect = self._async_connect
 
+    def _binary_request(self, columns: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
+        """KServe v2's binary tensor extension, as tritonclient builds it: a JSON header,
+        then the tensors' bytes (images are not JSON strings); the body and its headers."""
+        from tritonclient.http import InferenceServerClient
+
+        body, json_size = InferenceServerClient.generate_request_body(
+            _triton_inputs(self.client_module("http"), columns)
+        )
+        headers = {
+            **self.headers,
+            "Content-Type": "application/octet-stream",
+            "Inference-Header-Content-Length": str(json_size),
+        }
+        return body, headers
+
+    def wrk_request(self, payload: dict[str, np.ndarray]) -> WrkRequest | None:
+        if self.protocol != "http":
+            return None
+        body, headers = self._binary_request(payload)
+        return WrkRequest(f"http://{self.url}/v2/models/{self.model}/infer", body, headers)
+
     def _async_connect(self) -> AsyncSend:
         host, _, port = self.url.partition(":")
         conn = AsyncHttpConnection(host, int(port or 80))
@@ -233,18 +262,7 @@ class TritonEndpoint(Endpoint):
         async def send(columns: dict[str, np.ndarray]) -> None:
             raw = built.get(id(columns))
             if raw is None:
-                # KServe v2's binary tensor extension, as tritonclient builds it: a JSON
-                # header, then the tensors' bytes (images are not JSON strings)
-                from tritonclient.http import InferenceServerClient
-
-                body, json_size = InferenceServerClient.generate_request_body(
-                    _triton_inputs(self.client_module("http"), columns)
-                )
-                headers = {
-                    **self.headers,
-                    "Content-Type": "application/octet-stream",
-                    "Inference-Header-Content-Length": str(json_size),
-                }
+                body, headers = self._binary_request(columns)
                 raw = built[id(columns)] = raw_post(host, int(port or 80), path, body, headers)
             status, data = await conn.request(raw)
             if status != 200:

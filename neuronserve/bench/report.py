@@ -28,6 +28,7 @@ COLUMNS = [
     "texts_per_s",
     "ratio_vs_vanilla",
     "client_cores",
+    "generator",
     "mean_ms",
     "queue_ms",
     "server_ms",
@@ -86,6 +87,7 @@ def markdown(results: dict[str, Any], title: str) -> str:
         f"- machine: {m['cpu']}, {m['cores']} cores ({_flags(m)}), {m['memory_gib']} GiB; "
         f"Python {m['python']}, torch {m['torch']}",
         f"- command: `{results['command']}`",
+        *generator_lines(points),
         "",
     ]
     for texts in sorted({r["texts"] for r in points}):
@@ -98,6 +100,22 @@ def markdown(results: dict[str, Any], title: str) -> str:
     lines += baseline_check(points)
     lines += every_point_table(points)
     return "\n".join(lines) + "\n"
+
+
+def generator_lines(points: list[dict[str, Any]]) -> list[str]:
+    """Which load generator drove the points, and the most of the machine it took."""
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in points:
+        by[r.get("generator", "python")].append(r)
+    names = {
+        "wrk": "wrk (C, one thread)",
+        "python": "neuronserve bench's own (HTTP on one event loop, gRPC a thread per client)",
+    }
+    return [
+        f"- load generator: {names.get(g, g)} for {len(rows)} point(s), using at most "
+        f"{max(r.get('client_cores', 0.0) for r in rows):.2f} of a core (the client cores column)"
+        for g, rows in sorted(by.items())
+    ]
 
 
 def best_table(points: list[dict[str, Any]], texts: int) -> list[str]:

@@ -92,9 +92,25 @@ class BenchConfig:
     headers: dict[str, str] = field(default_factory=dict)
     tokenizer: Path | None = None  # tokenizer.json that counts tokens (default: an artifact's)
     task: str | None = None
-    # cross-check the first HTTP JSON endpoint at (wrk_seq, 1 text, largest concurrency)
+    # what drives the HTTP points: "wrk" (C, one thread), "python" (this process, one
+    # event loop), "auto" (wrk where it is installed)
+    generator: str = "auto"
+    # with the python generator: cross-check the first HTTP JSON endpoint with wrk at
+    # (wrk_seq, 1 text, largest concurrency)
     wrk: bool = True
     wrk_seq: int | None = None
+
+    def drives_with_wrk(self) -> bool:
+        from . import wrk
+
+        if self.generator not in GENERATORS:
+            raise ValueError(f"unknown load generator {self.generator!r}: {GENERATORS}")
+        if self.generator == "wrk" and not wrk.available():
+            raise ValueError("--generator wrk: wrk is not installed (apt-get install wrk)")
+        return self.generator == "wrk" or (self.generator == "auto" and wrk.available())
+
+
+GENERATORS = ("auto", "wrk", "python")
 
 
 def _is_url(where: str) -> bool:
@@ -338,7 +354,10 @@ class Sweep:
             mask = mask_token(tokenizer) if task == "fill-mask" else None
         self.work = Work(task, texts, mask)
         self.rows: list[dict[str, Any]] = []
-        self.wrk_check: dict[str, Any] | None = None
+        self.use_wrk = config.drives_with_wrk()
+        self.wrk_check: dict[str, Any] | None = (
+            {"skipped": "wrk drove every HTTP point"} if self.use_wrk else None
+        )
 
     def run_session(self, session: Session) -> None:
         """Start the session's server (if any), measure its endpoints, stop it."""
@@ -400,9 +419,7 @@ class Sweep:
         before = settled_scrape(metrics_url, server.name) if metrics_url else {}
         try:
             got = wrk.run_wrk(
-                endpoint.url,
-                endpoint.payload(self.work.batch(seq, 1)),
-                endpoint.headers,
+                endpoint.wrk_request(endpoint.payload(self.work.batch(seq, 1))),
                 c,
                 max(config.window.duration_s, 5),
             )
@@ -457,7 +474,7 @@ class Sweep:
 
         self.bar.set_postfix_str(f"{endpoint.label} seq={seq} texts={n} c={c}")
         payload = endpoint.payload(self.work.batch(seq, n))
-        result = run_load(endpoint, payload, c, self.config.window, probe)
+        request = endpoint.wrk_request(payload) if self.use_wrk else None
         row: dict[str, Any] = {
             "endpoint": endpoint.label,
             "type": endpoint.type,
@@ -467,9 +484,12 @@ class Sweep:
             "seq": seq,
             "texts": n,
             "concurrency": c,
-            "errors": result.errors,
         }
-        row.update(_summary(result, n))
+        if request is not None:
+            row.update(generator="wrk", **_wrk_point(request, c, self.config.window, probe, n))
+        else:
+            result = run_load(endpoint, payload, c, self.config.window, probe)
+            row.update(generator="python", errors=result.errors, **_summary(result, n))
         row.update(_arithmetic(server, seq, n))
         if isinstance(endpoint, VanillaEndpoint) and row.get("req_per_s"):
             self.bar.set_postfix_str(f"{endpoint.label} seq={seq}: a plain pipeline() loop")
@@ -479,6 +499,35 @@ class Sweep:
             row["torch_threads"] = torch_threads()
         self.bar.update(1)
         return row
+
+
+def _wrk_point(
+    request: Any, c: int, window: Window, probe: Callable[[], Any], texts: int
+) -> dict[str, Any]:
+    """One point driven by wrk: warmed up, then measured for the window's duration, with
+    the probe around it; the same figures as a point of ours."""
+    from . import wrk
+
+    if window.warmup_s > 0:
+        wrk.run_wrk(request, c, window.warmup_s)
+    start = probe()
+    got = wrk.run_wrk(request, c, window.duration_s)
+    end = probe()
+    out = {k: got[k] for k in ("wall_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms")}
+    out.update(
+        requests=got["requests"],
+        req_per_s=got["req_per_s"],
+        texts_per_s=got["req_per_s"] * texts,
+        errors=got["non_2xx"] + got["socket_errors"],
+        client_cores=round(got["cpu_s"] / got["wall_s"], 3) if got["wall_s"] else 0.0,
+    )
+    if got["requests"]:
+        out.update(time_split(start, end, got["requests"], got["cpu_s"]))
+    if out["errors"]:
+        out["error_sample"] = (
+            f"{got['non_2xx']} non-2xx answers, {got['socket_errors']} socket errors"
+        )
+    return out
 
 
 def settled_scrape(metrics_url: str, model: str, timeout_s: float = 5.0) -> dict[str, float]:

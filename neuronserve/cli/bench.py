@@ -77,9 +77,20 @@ def bench_cmd(
         list[str] | None,
         typer.Option(help="extra HTTP header 'Name: value' (e.g. TorchServe's token), repeatable"),
     ] = None,
+    generator: Annotated[
+        str,
+        typer.Option(
+            help="what drives the HTTP points: wrk (C, one thread: its CPU share is reported), "
+            "python (bench's own event loop, also for gRPC and in-process points), auto (wrk "
+            "where installed)"
+        ),
+    ] = "auto",
     wrk: Annotated[
         bool,
-        typer.Option("--wrk/--no-wrk", help="cross-check one point with wrk (largest concurrency)"),
+        typer.Option(
+            "--wrk/--no-wrk",
+            help="with the python generator, cross-check one point with wrk (largest concurrency)",
+        ),
     ] = True,
     wrk_seq: Annotated[
         int | None,
@@ -125,6 +136,7 @@ def bench_cmd(
             headers=headers,
             tokenizer=tokenizer,
             task=task,
+            generator=generator,
             wrk=wrk,
             wrk_seq=wrk_seq,
         )
