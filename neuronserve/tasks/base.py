@@ -440,10 +440,15 @@ def boolean(parameters: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
+def bytes_element(value: str | bytes) -> bytes:
+    """One element of a BYTES tensor as Triton takes and gives them: text as UTF-8,
+    bytes (an encoded image) as they are."""
+    return value if isinstance(value, bytes) else value.encode()
+
+
 def bytes_rows(values: Sequence[str | bytes]) -> np.ndarray:
-    """A BYTES tensor of one element per row ([n, 1]) as Triton takes and gives them:
-    text as UTF-8, bytes (an encoded image) as they are."""
-    return np.array([[v if isinstance(v, bytes) else v.encode()] for v in values], dtype=object)
+    """A BYTES tensor of one element per row ([n, 1]) (`bytes_element`)."""
+    return np.array([[bytes_element(v)] for v in values], dtype=object)
 
 
 @dataclass(frozen=True)
