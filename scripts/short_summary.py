@@ -9,10 +9,12 @@ CPU share. Ratios are taken run by run, then given as median (min-max) over the 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from neuronserve.bench.spread import spread
 
 # what each row of the tables is called, and the bench endpoint label it comes from
 ENDPOINTS = {
@@ -29,13 +31,8 @@ ENGINES = ("TorchServe", "Triton HTTP", "Triton gRPC")
 FRONTS = {"TorchServe": "front on TorchServe, /embed", "Triton HTTP": "front on Triton, /embed"}
 
 
-def spread(values: list[float], digits: int = 2) -> str:
-    if not values:
-        return "-"
-    med = statistics.median(values)
-    if len(values) == 1:
-        return f"{med:.{digits}f}"
-    return f"{med:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+def cell(values: list[float], digits: int = 2) -> str:
+    return spread(values, digits) or "-"
 
 
 def load(run: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -56,6 +53,7 @@ def lone(points: list[dict[str, Any]], label: str, seq: int) -> dict[str, Any] |
 
 
 Runs = list[tuple[list[dict[str, Any]], dict[str, Any]]]
+Measure = Callable[[list[dict[str, Any]], dict[str, Any], int], float | None]
 
 
 def header(seqs: list[int]) -> list[str]:
@@ -69,23 +67,28 @@ def best_table(data: Runs, seqs: list[int]) -> list[str]:
         cells = []
         for s in seqs:
             vals = [b["req_per_s"] for points, _ in data if (b := best(points, label, s))]
-            cells.append(spread(vals, 0))
+            cells.append(cell(vals, 0))
         out.append(f"| {name} | " + " | ".join(cells) + " |")
-    cells = [spread([o[str(s)]["texts_per_s"] for _, o in data if str(s) in o], 0) for s in seqs]
+    cells = [cell([o[str(s)]["texts_per_s"] for _, o in data if str(s) in o], 0) for s in seqs]
     name = "offline: the artifact's OpenVINO model in process, batches of 32"
     return [*out, f"| {name} | " + " | ".join(cells) + " |", ""]
 
 
-def ratio_cells(data: Runs, seqs: list[int], top: str, bottom: str) -> list[str]:
+def column(data: Runs, seqs: list[int], measure: Measure, digits: int = 2) -> list[str]:
+    """One table row: `measure` of each run at each length, as median (min-max)."""
     cells = []
     for s in seqs:
-        vals = []
-        for points, _ in data:
-            a, b = best(points, ENDPOINTS[top], s), best(points, ENDPOINTS[bottom], s)
-            if a and b:
-                vals.append(a["req_per_s"] / b["req_per_s"])
-        cells.append(spread(vals))
+        vals = [v for points, offline in data if (v := measure(points, offline, s)) is not None]
+        cells.append(cell(vals, digits))
     return cells
+
+
+def ratio_cells(data: Runs, seqs: list[int], top: str, bottom: str) -> list[str]:
+    def ratio(points: list[dict[str, Any]], _: Any, s: int) -> float | None:
+        a, b = best(points, ENDPOINTS[top], s), best(points, ENDPOINTS[bottom], s)
+        return a["req_per_s"] / b["req_per_s"] if a and b else None
+
+    return column(data, seqs, ratio)
 
 
 def ratio_table(data: Runs, seqs: list[int]) -> list[str]:
@@ -93,14 +96,14 @@ def ratio_table(data: Runs, seqs: list[int]) -> list[str]:
     rows = {"TorchServe / Triton HTTP": ratio_cells(data, seqs, "TorchServe", "Triton HTTP")}
     for engine, front in FRONTS.items():
         rows[f"{front} / {engine} asked directly"] = ratio_cells(data, seqs, front, engine)
-    cells = []
-    for s in seqs:
-        vals = []
-        for points, offline in data:
-            engines = [b["req_per_s"] for e in ENGINES if (b := best(points, ENDPOINTS[e], s))]
-            if engines and str(s) in offline:
-                vals.append(max(engines) / offline[str(s)]["texts_per_s"])
-        cells.append(spread(vals))
+
+    def over_offline(points: list[dict[str, Any]], offline: dict[str, Any], s: int) -> float | None:
+        engines = [b["req_per_s"] for e in ENGINES if (b := best(points, ENDPOINTS[e], s))]
+        return (
+            max(engines) / offline[str(s)]["texts_per_s"] if engines and str(s) in offline else None
+        )
+
+    cells = column(data, seqs, over_offline)
     rows["best engine / offline reference"] = cells
     return [*out, *(f"| {k} | " + " | ".join(v) + " |" for k, v in rows.items()), ""]
 
@@ -113,17 +116,15 @@ def lone_table(data: Runs, seqs: list[int]) -> list[str]:
         for s in seqs:
             rows = [r for points, _ in data if (r := lone(points, ENDPOINTS[engine], s))]
             over = [r["p50_ms"] - r["model_ms"] for r in rows if r.get("model_ms")]
-            cells.append(f"{spread([r['p50_ms'] for r in rows], 1)}; +{spread(over, 1)}")
+            cells.append(f"{cell([r['p50_ms'] for r in rows], 1)}; +{cell(over, 1)}")
         out.append(f"| {engine} | " + " | ".join(cells) + " |")
     for engine, front in FRONTS.items():
-        cells = []
-        for s in seqs:
-            vals = []
-            for points, _ in data:
-                f, e = lone(points, ENDPOINTS[front], s), lone(points, ENDPOINTS[engine], s)
-                if f and e:
-                    vals.append(f["p50_ms"] - e["p50_ms"])
-            cells.append("+" + spread(vals, 2))
+
+        def added(points: list[dict[str, Any]], _: Any, s: int) -> float | None:
+            f, e = lone(points, ENDPOINTS[front], s), lone(points, ENDPOINTS[engine], s)  # noqa: B023
+            return f["p50_ms"] - e["p50_ms"] if f and e else None
+
+        cells = ["+" + c for c in column(data, seqs, added)]
         out.append(f"| {front}, added to {engine} asked directly | " + " | ".join(cells) + " |")
     return [*out, ""]
 
@@ -134,7 +135,7 @@ def generator_lines(data: Runs) -> list[str]:
         rows = [p for points, _ in data for p in points if p["endpoint"] == label]
         vals = [p["client_cores"] for p in rows if p["concurrency"] == 32 and p.get("req_per_s")]
         gens = ", ".join(sorted({p.get("generator") or "python" for p in rows}))
-        out.append(f"- {name} ({gens}): {spread(vals)}")
+        out.append(f"- {name} ({gens}): {cell(vals)}")
     return out
 
 
