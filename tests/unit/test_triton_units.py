@@ -147,12 +147,11 @@ def test_a_crashed_servers_stubs_are_stopped_before_the_next_start(tmp_path):
 
 
 STUB_SCRIPT = """
-import faulthandler, signal, sys, time
+import faulthandler, signal, threading
 faulthandler.register(signal.SIGUSR1, all_threads=True)
 print("stub up", flush=True)
 def waiting_forever():
-    while True:
-        time.sleep(0.05)
+    threading.Event().wait()
 waiting_forever()
 """
 
