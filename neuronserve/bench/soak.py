@@ -300,9 +300,14 @@ async def _honour_retry_after(answer: tuple[int, bytes, Any]) -> None:
 
 
 def memory_mb(workers: list[psutil.Process]) -> dict[str, float]:
+    """Each live worker's resident memory (MiB). A killed worker not yet reaped (a
+    zombie) holds none and reads 0: it is left out, or a growth judged against it would
+    divide by zero (seen when the kill came within a second of the warm-up's end)."""
     out = {}
     for p in workers:
         with contextlib.suppress(psutil.Error):
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
             out[str(p.pid)] = round(p.memory_info().rss / 2**20, 1)
     return out
 

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import wait_for
 
 from neuronserve.bench import wrk
 from neuronserve.bench.endpoints import Endpoint, RequestFailed
@@ -571,3 +572,25 @@ def test_soak_judges_only_its_own_temporary_folder_and_shared_memory(tmp_path):
         worker.wait()
         for path in (ours, theirs):
             path.unlink(missing_ok=True)
+
+
+def test_a_killed_worker_not_yet_reaped_is_not_sampled():
+    """A zombie reads 0 MiB; the soak's memory growth is judged against the first sample."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from neuronserve.bench.soak import memory_mb
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        zombie = psutil.Process(dead.pid)
+        wait_for(lambda: zombie.status() == psutil.STATUS_ZOMBIE, 10, what="the zombie")
+        got = memory_mb([psutil.Process(live.pid), zombie])
+        assert set(got) == {str(live.pid)} and got[str(live.pid)] > 0
+    finally:
+        live.kill()
+        live.wait()
+        dead.wait()
