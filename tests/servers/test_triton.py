@@ -429,7 +429,7 @@ def test_dynamic_batching_forms_batches_under_concurrency(server, minilm_runner)
     before = scrape(server.metrics_url, STACK)
     with ThreadPoolExecutor(len(texts) + len(stubs)) as pool:
         held = [pool.submit(call_long, server, long) for _ in stubs]
-        busy = zip(stubs, busy_before, strict=True)
+        busy = list(zip(stubs, busy_before, strict=True))  # read on every poll
         wait_for(
             lambda: all(p.cpu_times().user - b > 0.05 for p, b in busy),
             timeout=30,
@@ -440,15 +440,23 @@ def test_dynamic_batching_forms_batches_under_concurrency(server, minilm_runner)
         assert all(h.result().shape == (8, 384) for h in held)
     # batched with others, so padded to another bucket: equal to float32 rounding
     assert np.allclose(out, ref, atol=1e-5)
-    after = scrape(server.metrics_url, STACK)
-    metrics = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
+
     # Triton's own counters: every text counted once, in fewer executions than texts.
     # (How the handler then splits a batch into bucket runs follows the artifacts'
-    # measured bucket times, which may well favour batch-1 runs on a busy host.)
-    requests_done, executions = (
-        after[n] - before[n] - len(stubs) * m
-        for n, m in (("nv_inference_count", len(long)), ("nv_inference_exec_count", 1))
-    )
+    # measured bucket times, which may well favour batch-1 runs on a busy host.) Triton
+    # counts a batch a moment after its responses leave: seen in CI, a scrape taken at
+    # once missed the last batch.
+    def counted() -> tuple[float, float]:
+        after = scrape(server.metrics_url, STACK)
+        done, execs = (
+            after[n] - before[n] - len(stubs) * m
+            for n, m in (("nv_inference_count", len(long)), ("nv_inference_exec_count", 1))
+        )
+        return done, execs
+
+    wait_for(lambda: counted()[0] >= len(texts), timeout=10, what="Triton counting every text")
+    requests_done, executions = counted()
+    metrics = requests.get(f"{server.metrics_url}/metrics", timeout=10).text
     assert requests_done == len(texts) and executions < len(texts), (requests_done, executions)
     assert re.search(
         r'^neuronserve_bucket_runs\{batch_size="\d+",bucket="\w+",instance="\w+",model="minilm"',
