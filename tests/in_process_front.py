@@ -64,6 +64,10 @@ class InProcessEngine(EngineClient):
     def forget(self, worker_name: str) -> None:
         pass
 
+    def join_limit(self, worker_name: str) -> int:
+        # joined as Triton's are: up to the largest compiled batch
+        return int(self.runners[worker_name].manifest.grid.max_batch)
+
 
 def served(runner, max_text_chars: int | None = None) -> ServedModel:
     m = runner.manifest

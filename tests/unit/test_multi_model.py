@@ -97,6 +97,9 @@ class FollowingWorkers(EngineClient):
         for f in self.followers:
             f.stop()
 
+    def join_limit(self, worker_name: str) -> int:
+        return 1  # the header names the model, as TorchServe's
+
     def add(self, model: ServedModel) -> None:
         pass
 

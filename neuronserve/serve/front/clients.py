@@ -183,6 +183,11 @@ class EngineClient(ABC):
     def forget(self, worker_name: str) -> None:
         """A model the workers no longer hold."""
 
+    @abstractmethod
+    def join_limit(self, worker_name: str) -> int:
+        """The most texts the front may join into one call of this model from requests
+        that arrive together (coalescing.py); 1: send each request as it came."""
+
 
 def engine_error(status: int, body: bytes) -> RequestError:
     """The RequestError for an engine's non-200 answer: our handler's `{"code", "error"}`
@@ -269,6 +274,12 @@ class TorchServeClient(EngineClient):
 
     def forget(self, worker_name: str) -> None:
         pass
+
+    def join_limit(self, worker_name: str) -> int:
+        # TorchServe's batchSize counts requests, and it hands the first free worker
+        # everything queued up to it: joined calls left the other workers idle (8-token
+        # texts, 32 clients, two workers: 795 req/s joined in eights, 1,186 as they came)
+        return 1
 
     async def close(self) -> None:
         await self._session.close()
@@ -438,6 +449,12 @@ class TritonClient(EngineClient):
 
     def forget(self, worker_name: str) -> None:
         self._models.pop(worker_name, None)
+
+    def join_limit(self, worker_name: str) -> int:
+        # Triton's batcher counts rows: a joined call is a batch of its own, and its
+        # instances each take one while it waits
+        m = self._models.get(worker_name)
+        return m.max_batch if m is not None else 1
 
     async def close(self) -> None:
         await self._infer_session.close()

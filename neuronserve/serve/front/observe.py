@@ -45,7 +45,22 @@ class FrontMetrics:
             "Requests the front is working on (counted against max_in_flight)",
             registry=self.registry,
         )
+        # requests that arrive together go to the engine as one call (coalescing.py)
+        self.engine_calls, self.engine_requests = (
+            Counter(name, doc, ["model"], registry=self.registry)
+            for name, doc in (
+                ("neuronserve_front_engine_calls", "Calls the front made to the engine"),
+                ("neuronserve_front_engine_requests", "Requests those calls carried"),
+            )
+        )
 
+        self._add_model_metrics()
+
+        # label lookups cost more than the update: each series is looked up once
+        self._series: dict[tuple[str, int, str], tuple[Any, Any]] = {}
+        self._call_series: dict[str, tuple[Any, Any]] = {}
+
+    def _add_model_metrics(self) -> None:
         # multi-model: cold starts, by model (multi_model.py)
         self.model_loads = Counter(
             "neuronserve_model_loads",
@@ -77,9 +92,6 @@ class FrontMetrics:
             registry=self.registry,
         )
 
-        # label lookups cost more than the update: each series is looked up once
-        self._series: dict[tuple[str, int, str], tuple[Any, Any]] = {}
-
     def observe(self, route: str, status: int, seconds: float, model: str = "") -> None:
         key = (route, status, model)
         series = self._series.get(key)
@@ -91,3 +103,11 @@ class FrontMetrics:
             self._series[key] = series
         series[0].inc()
         series[1].observe(seconds)
+
+    def engine_call(self, model: str, requests: int) -> None:
+        series = self._call_series.get(model)
+        if series is None:
+            series = (self.engine_calls.labels(model), self.engine_requests.labels(model))
+            self._call_series[model] = series
+        series[0].inc()
+        series[1].inc(requests)

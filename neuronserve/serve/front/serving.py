@@ -16,6 +16,7 @@ import numpy as np
 from ...tasks import RequestError
 from ...tasks.base import Text
 from .clients import EngineAnswer, EngineClient, WorkerCounts
+from .coalescing import Coalescer
 from .config import FrontConfig
 from .model import ServedModel
 from .observe import FrontMetrics
@@ -76,6 +77,7 @@ class Serving:
         self.starting = False
         self.in_use: Counter[str] = Counter()
         self.last_used: dict[str, float] = {}
+        self._coalescer = Coalescer(self.metrics.engine_call)
 
     def attach(self, models: dict[str, ServedModel], client: EngineClient) -> None:
         self.models, self.client = dict(models), client
@@ -177,11 +179,12 @@ class Serving:
         self, model: ServedModel, inputs: list[Any], parameters: dict[str, Any]
     ) -> EngineAnswer:
         """The engine's answer for a list of inputs, within the client batch limit (or in
-        pieces of it, when the spec allows)."""
+        pieces of it, when the spec allows); joined with other requests that arrive at
+        once (coalescing.py)."""
         client = self.ready()
         limit = self.config.max_client_batch
         if len(inputs) <= limit:
-            return await client.predict(model.worker_name, inputs, parameters)
+            return await self._coalescer.predict(client, model, inputs, parameters)
         if not self.config.split_client_batches:
             raise self.too_many(len(inputs))
         parts = await asyncio.gather(

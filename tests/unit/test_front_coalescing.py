@@ -1,0 +1,131 @@
+"""The front joins requests that reach it together into one engine call (coalescing.py):
+each request still gets its own rows, its own error, and a lone request is sent at once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+
+from neuronserve.serve.front.clients import EngineAnswer
+from neuronserve.tasks import RequestError
+from tests.in_process_front import InProcessEngine, front
+
+
+class TorchServeLike(InProcessEngine):
+    """Answers as TorchServe's handler does (JSON bytes), and remembers what each call
+    carried."""
+
+    def __init__(self, runners: dict[str, Any]):
+        super().__init__(runners)
+        self.sizes: list[int] = []
+
+    async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
+        self.sizes.append(len(inputs))
+        answer = await super().predict(model, inputs, parameters)
+        return EngineAnswer(raw=answer.raw)
+
+
+@pytest.fixture
+def serving(tmp_path, tiny_runner):
+    _, _, serving = front(tmp_path, {"tiny": tiny_runner})
+    engine = TorchServeLike({"tiny": tiny_runner})
+    serving.attach(serving.models, engine)
+    return serving, engine, serving.models["tiny"]
+
+
+def _together(serving, model, requests: list[tuple[list[str], dict]]) -> list[Any]:
+    async def all_at_once() -> list[Any]:
+        calls = [serving.predict(model, texts, params) for texts, params in requests]
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    return asyncio.run(all_at_once())
+
+
+def _alone(tiny_runner, texts: list[str]) -> np.ndarray:
+    [rows] = tiny_runner.responses_for_bodies([({"inputs": texts}, None)])
+    return np.asarray(rows, dtype=np.float32)
+
+
+def _counted(serving, what: str) -> float:
+    return serving.metrics.registry.get_sample_value(what, {"model": "tiny"}) or 0.0
+
+
+def test_requests_that_arrive_together_go_as_one_call_and_each_gets_its_own_rows(
+    serving, tiny_runner
+):
+    serving, engine, model = serving
+    requests = [(["a short text"], {}), (["two texts", "in one request"], {}), (["x y z"], {})]
+    answers = _together(serving, model, requests)
+    assert engine.sizes == [4]  # one call, every text of the three requests
+    for (texts, _), answer in zip(requests, answers, strict=True):
+        # each request's rows, against the same texts sent alone
+        np.testing.assert_allclose(np.asarray(answer.value), _alone(tiny_runner, texts), atol=1e-5)
+        assert len(answer.value) == len(texts)
+        # its bytes, as a route passes them on, hold the same numbers
+        assert orjson.loads(answer.raw) == answer.value
+    assert _counted(serving, "neuronserve_front_engine_calls_total") == 1
+    assert _counted(serving, "neuronserve_front_engine_requests_total") == 3
+
+
+def test_a_lone_request_is_sent_alone_and_different_parameters_are_not_joined(serving):
+    serving, engine, model = serving
+    [answer] = _together(serving, model, [(["alone"], {})])
+    assert engine.sizes == [1] and len(answer.value) == 1
+    engine.sizes.clear()
+    _together(serving, model, [(["a"], {}), (["b"], {"prompt_name": None}), (["c"], {})])
+    assert sorted(engine.sizes) == [1, 2]
+
+
+def test_a_refused_request_fails_alone_and_its_neighbours_are_answered(serving, tiny_runner):
+    serving, engine, model = serving
+    too_long = " ".join(["word"] * 400)  # over the 128 tokens compiled, truncation off
+    answers = _together(serving, model, [(["fine"], {}), ([too_long], {}), (["also fine"], {})])
+    assert isinstance(answers[1], RequestError) and answers[1].status == 413
+    for texts, answer in ((["fine"], answers[0]), (["also fine"], answers[2])):
+        np.testing.assert_allclose(np.asarray(answer.value), _alone(tiny_runner, texts), atol=1e-5)
+    # the joined call, refused, then each of the three alone
+    assert engine.sizes == [3, 1, 1, 1]
+
+
+def test_calls_hold_at_most_the_largest_compiled_batch(serving, tiny_runner):
+    serving, engine, model = serving
+    largest = model.manifest.grid.max_batch
+    requests = [([f"text {i}", f"more {i}", f"last {i}"], {}) for i in range(6)]
+    answers = _together(serving, model, requests)
+    assert max(engine.sizes) <= largest and sum(engine.sizes) == 18
+    assert len(engine.sizes) == len(requests) * 3 // (largest // 3 * 3)
+    for (texts, _), answer in zip(requests, answers, strict=True):
+        np.testing.assert_allclose(np.asarray(answer.value), _alone(tiny_runner, texts), atol=1e-5)
+
+
+def test_an_engine_failure_reaches_every_request_of_the_call(serving):
+    serving, engine, model = serving
+
+    async def down(*_: Any) -> EngineAnswer:
+        raise ConnectionError("engine gone")
+
+    engine.predict = down  # type: ignore[method-assign]
+    answers = _together(serving, model, [(["a"], {}), (["b"], {})])
+    assert all(isinstance(a, ConnectionError) for a in answers)
+    # and the next requests are served once it is back
+    del engine.predict
+    answers = _together(serving, model, [(["a"], {}), (["b"], {})])
+    assert [len(a.value) for a in answers] == [1, 1]
+
+
+def test_a_cancelled_request_leaves_the_others_of_its_call_answered(serving):
+    serving, _, model = serving
+
+    async def one_gives_up() -> list[Any]:
+        calls = [asyncio.ensure_future(serving.predict(model, [t], {})) for t in "abc"]
+        await asyncio.sleep(0)
+        calls[1].cancel()
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    answers = asyncio.run(one_gives_up())
+    assert isinstance(answers[1], asyncio.CancelledError)
+    assert [len(answers[i].value) for i in (0, 2)] == [1, 1]
