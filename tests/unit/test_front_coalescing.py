@@ -1,5 +1,7 @@
 """The front joins requests that reach it together into one engine call (coalescing.py):
-each request still gets its own rows, its own error, and a lone request is sent at once."""
+each request still gets its own rows, its own error, and a lone request is sent at once.
+Here the first of each kind goes at once, and those that arrive while it is at the
+engine are joined."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class TorchServeLike(InProcessEngine):
 
     async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
         self.sizes.append(len(inputs))
+        await asyncio.sleep(0.005)  # a moment at the engine, as a real one
         answer = await super().predict(model, inputs, parameters)
         return EngineAnswer(raw=answer.raw)
 
@@ -60,14 +63,15 @@ def test_requests_that_arrive_together_go_as_one_call_and_each_gets_its_own_rows
     serving, engine, model = serving
     requests = [(["a short text"], {}), (["two texts", "in one request"], {}), (["x y z"], {})]
     answers = _together(serving, model, requests)
-    assert engine.sizes == [4]  # one call, every text of the three requests
+    # the first at once; the other two, which came while it was at the engine, as one
+    assert engine.sizes == [1, 3]
     for (texts, _), answer in zip(requests, answers, strict=True):
         # each request's rows, against the same texts sent alone
         np.testing.assert_allclose(np.asarray(answer.value), _alone(tiny_runner, texts), atol=1e-5)
         assert len(answer.value) == len(texts)
         # its bytes, as a route passes them on, hold the same numbers
         assert orjson.loads(answer.raw) == answer.value
-    assert _counted(serving, "neuronserve_front_engine_calls_total") == 1
+    assert _counted(serving, "neuronserve_front_engine_calls_total") == 2
     assert _counted(serving, "neuronserve_front_engine_requests_total") == 3
 
 
@@ -76,8 +80,11 @@ def test_a_lone_request_is_sent_alone_and_different_parameters_are_not_joined(se
     [answer] = _together(serving, model, [(["alone"], {})])
     assert engine.sizes == [1] and len(answer.value) == 1
     engine.sizes.clear()
-    _together(serving, model, [(["a"], {}), (["b"], {"prompt_name": None}), (["c"], {})])
-    assert sorted(engine.sizes) == [1, 2]
+    other = {"prompt_name": None}
+    requests = [(["a"], {}), (["b"], other), (["c"], {}), (["d"], other), (["e"], {})]
+    _together(serving, model, requests)
+    # a and b at once; c and e joined; d, alone of its kind, alone
+    assert sorted(engine.sizes) == [1, 1, 1, 2]
 
 
 def test_a_refused_request_fails_alone_and_its_neighbours_are_answered(serving, tiny_runner):
@@ -87,8 +94,8 @@ def test_a_refused_request_fails_alone_and_its_neighbours_are_answered(serving, 
     assert isinstance(answers[1], RequestError) and answers[1].status == 413
     for texts, answer in ((["fine"], answers[0]), (["also fine"], answers[2])):
         np.testing.assert_allclose(np.asarray(answer.value), _alone(tiny_runner, texts), atol=1e-5)
-    # the joined call, refused, then each of the three alone
-    assert engine.sizes == [3, 1, 1, 1]
+    # the first at once, then the joined call, refused, then each of its two alone
+    assert engine.sizes == [1, 2, 1, 1]
 
 
 def test_calls_hold_at_most_the_largest_compiled_batch(serving, tiny_runner):
@@ -96,8 +103,9 @@ def test_calls_hold_at_most_the_largest_compiled_batch(serving, tiny_runner):
     largest = model.manifest.grid.max_batch
     requests = [([f"text {i}", f"more {i}", f"last {i}"], {}) for i in range(6)]
     answers = _together(serving, model, requests)
-    assert max(engine.sizes) <= largest and sum(engine.sizes) == 18
-    assert len(engine.sizes) == len(requests) * 3 // (largest // 3 * 3)
+    # the first at once, the other five in calls of as many whole requests as fit
+    per_call = largest // 3
+    assert engine.sizes == [3] + [3 * per_call] * (5 // per_call) + [3] * (5 % per_call)
     for (texts, _), answer in zip(requests, answers, strict=True):
         np.testing.assert_allclose(np.asarray(answer.value), _alone(tiny_runner, texts), atol=1e-5)
 
@@ -106,10 +114,11 @@ def test_an_engine_failure_reaches_every_request_of_the_call(serving):
     serving, engine, model = serving
 
     async def down(*_: Any) -> EngineAnswer:
+        await asyncio.sleep(0.005)
         raise ConnectionError("engine gone")
 
     engine.predict = down  # type: ignore[method-assign]
-    answers = _together(serving, model, [(["a"], {}), (["b"], {})])
+    answers = _together(serving, model, [(["a"], {}), (["b"], {}), (["c"], {})])
     assert all(isinstance(a, ConnectionError) for a in answers)
     # and the next requests are served once it is back
     del engine.predict

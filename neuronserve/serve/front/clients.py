@@ -351,9 +351,12 @@ class TritonClient(EngineClient):
             idx = [i for i, t in enumerate(texts) if isinstance(t, tuple) == pairs]
             pieces += [idx[k : k + step] for k in range(0, len(idx), step)]
         output = m.task.output_for(request.parameters) or m.output
-        parts = await asyncio.gather(
-            *(self._infer(m, [texts[i] for i in piece], params, output) for piece in pieces),
-            return_exceptions=True,
+        calls = [self._infer(m, [texts[i] for i in piece], params, output) for piece in pieces]
+        # one piece (most requests) awaited as it is: gather would make it a task
+        parts = (
+            [await calls[0]]
+            if len(calls) == 1
+            else await asyncio.gather(*calls, return_exceptions=True)
         )
         results: list[Any] = [None] * len(texts)
         for piece, part in zip(pieces, parts, strict=True):

@@ -1,12 +1,13 @@
 """Requests that reach the front together go to the engine together.
 
-Requests for the same model with the same parameters whose handlers reach the engine
-call in the same turn of the event loop are sent as one engine call (up to the model's
-largest compiled batch of texts), and its answer rows are handed back to each. A lone
-request waits for nothing: the call goes out at the end of the turn it arrived in, so
-requests join only when the front is busy enough to have several at once, which is when
-the engine's per-request cost (HTTP, the worker's protocol, JSON) is what limits it.
-text-embeddings-inference's router batches the same way, for the same reason.
+A request for a model goes to the engine at once when no call with the same model and
+parameters is at the engine. While one is, requests of the same kind that reach the
+engine call in one turn of the event loop are sent together, as one call (up to the
+largest batch the engine takes in one, `EngineClient.join_limit`), at the end of that
+turn, and the answer's rows are handed back to each. So a lone request waits for
+nothing, and requests join only when the front is busy enough to have several at once,
+which is when the engine's per-request cost (HTTP, the worker's protocol, JSON) is what
+limits it. text-embeddings-inference's router batches for the same reason.
 
 An engine answers a list of inputs with one row per input (the contract
 `Serving.predict`'s splitting relies on too), so a joined answer splits by count. A
@@ -41,6 +42,7 @@ class _Waiting:
 class _Group:
     """The requests for one model and parameters that arrived in this turn."""
 
+    key: tuple[Any, ...]
     client: EngineClient
     model: ServedModel
     parameters: dict[str, Any]
@@ -55,6 +57,8 @@ class Coalescer:
         """`on_call(model, requests)`: told of every engine call and how many requests
         it carries (the front's metrics)."""
         self._open: dict[tuple[Any, ...], _Group] = {}
+        # calls at the engine, by key
+        self._busy: dict[tuple[Any, ...], int] = {}
         self._calls: set[asyncio.Task[None]] = set()
         self._on_call = on_call
 
@@ -73,12 +77,35 @@ class Coalescer:
         key = (loop, id(client), model.worker_name, params_key)
         group = self._open.get(key)
         if group is None:
-            group = _Group(client, model, parameters, cap)
+            if key not in self._busy:
+                return await self._at_once(key, client, model, inputs, parameters)
+            group = _Group(key, client, model, parameters, cap)
             self._open[key] = group
             loop.call_soon(self._send, key)
         waiting = _Waiting(inputs, loop.create_future())
         group.waiting.append(waiting)
         return await waiting.answer
+
+    async def _at_once(
+        self,
+        key: tuple[Any, ...],
+        client: EngineClient,
+        model: ServedModel,
+        inputs: list[Any],
+        parameters: dict,
+    ) -> EngineAnswer:
+        self._busy[key] = self._busy.get(key, 0) + 1
+        try:
+            return await self._alone(client, model, inputs, parameters)
+        finally:
+            self._done(key)
+
+    def _done(self, key: tuple[Any, ...]) -> None:
+        left = self._busy[key] - 1
+        if left:
+            self._busy[key] = left
+        else:
+            del self._busy[key]
 
     def _send(self, key: tuple[Any, ...]) -> None:
         group = self._open.pop(key)
@@ -88,6 +115,13 @@ class Coalescer:
             call.add_done_callback(self._calls.discard)
 
     async def _call(self, group: _Group, part: list[_Waiting]) -> None:
+        self._busy[group.key] = self._busy.get(group.key, 0) + 1
+        try:
+            await self._join(group, part)
+        finally:
+            self._done(group.key)
+
+    async def _join(self, group: _Group, part: list[_Waiting]) -> None:
         if len(part) == 1:
             await self._answer(group, part[0])
             return

@@ -7,6 +7,7 @@ objects and its JSON took about twice the front's CPU per request of a plain POS
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -78,7 +79,7 @@ def output_array(body: bytes, header_length: str | None, output: str) -> np.ndar
     at = size
     for o in header.get("outputs", []):
         shape = [int(d) for d in o["shape"]]
-        count = int(np.prod(shape)) if shape else 1
+        count = math.prod(shape)
         params = o.get("parameters") or {}
         length = int(params.get("binary_data_size", 0))
         raw = body[at : at + length]
