@@ -1,10 +1,12 @@
 """The front's HTTP protocol under clients that never finish: a connection whose headers
 do not end within the header timeout, or that never begins a request, is closed, while
 other clients are served meanwhile. A real uvicorn server on a socket, with the
-protocol the front runs (protocol.py) and a one-route app."""
+protocol the front runs (protocol.py) and a one-route app. And its transport, which
+sends what one turn of the event loop wrote in one send."""
 
 from __future__ import annotations
 
+import asyncio
 import select
 import socket
 import threading
@@ -17,7 +19,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from neuronserve.serve.front.protocol import with_deadlines
+from neuronserve.serve.front.protocol import _Corked, with_deadlines
 
 
 @pytest.fixture
@@ -80,3 +82,49 @@ def test_a_client_that_never_finishes_its_headers_is_cut_off(server):
     assert get(server).startswith(b"HTTP/1.1 200")
     for s in [*slow, silent]:
         s.close()
+
+
+class _Wire:
+    """A transport that records each send."""
+
+    def __init__(self) -> None:
+        self.sends: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.sends.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def get_extra_info(self, name: str) -> str:
+        return f"the wire's {name}"
+
+
+def test_an_answer_written_in_pieces_leaves_in_one_send_at_the_end_of_the_turn():
+    async def scenario() -> tuple[list[list[bytes]], _Wire]:
+        wire = _Wire()
+        corked = _Corked(wire, asyncio.get_running_loop())  # type: ignore[arg-type]
+        seen = []
+        corked.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n")
+        corked.write(b"ok")
+        seen.append(list(wire.sends))  # nothing sent within the turn
+        await asyncio.sleep(0)
+        seen.append(list(wire.sends))  # both pieces, one send
+        corked.write(b"x" * (1 << 16))  # a turn's worth past the bound goes at once
+        seen.append(list(wire.sends))
+        corked.write(b"last words")
+        corked.close()  # what is held leaves before the close
+        seen.append(list(wire.sends))
+        assert corked.get_extra_info("peername") == "the wire's peername"
+        return seen, wire
+
+    seen, wire = asyncio.run(scenario())
+    answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+    assert seen[0] == []
+    assert seen[1] == [answer]
+    assert seen[2] == [answer, b"x" * (1 << 16)]
+    assert seen[3] == [answer, b"x" * (1 << 16), b"last words"] and wire.closed
