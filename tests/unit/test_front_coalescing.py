@@ -126,6 +126,24 @@ def test_an_engine_failure_reaches_every_request_of_the_call(serving):
     assert [len(a.value) for a in answers] == [1, 1]
 
 
+def test_an_engine_that_cannot_take_a_joined_call_is_not_sent_each_request_again(serving):
+    serving, engine, model = serving
+    served = engine.predict
+
+    async def full(model_name: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
+        if engine.sizes:  # the first is answered; then the queue is full
+            engine.sizes.append(len(inputs))
+            await asyncio.sleep(0.005)
+            raise RequestError("the queue is full", status=503)
+        return await served(model_name, inputs, parameters)
+
+    engine.predict = full  # type: ignore[method-assign]
+    answers = _together(serving, model, [(["a"], {}), (["b"], {}), (["c"], {})])
+    assert len(answers[0].value) == 1
+    assert all(isinstance(a, RequestError) and a.status == 503 for a in answers[1:])
+    assert engine.sizes == [1, 2]  # the joined call, refused, and nothing more
+
+
 def test_a_cancelled_request_leaves_the_others_of_its_call_answered(serving):
     serving, _, model = serving
 

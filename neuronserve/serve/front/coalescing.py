@@ -12,7 +12,8 @@ limits it. text-embeddings-inference's router batches for the same reason.
 An engine answers a list of inputs with one row per input (the contract
 `Serving.predict`'s splitting relies on too), so a joined answer splits by count. A
 request the engine refuses fails only itself: when a joined call is refused, each of its
-requests is sent again alone, and each gets its own answer or error.
+requests is sent again alone, and each gets its own answer or error; an engine that
+cannot take the call (5xx: full, failing) fails it for all, without sending more.
 """
 
 from __future__ import annotations
@@ -131,14 +132,16 @@ class Coalescer:
                 group.client, group.model, inputs, group.parameters, len(part)
             )
             answers = _split(joined, [len(w.inputs) for w in part])
-        except (RequestError, _Unsplittable):
+        except (RequestError, _Unsplittable) as e:
+            if isinstance(e, RequestError) and e.status >= 500:
+                _fail(part, e)  # the engine's trouble (full, failing), not one request's
+                return
             # one of them was refused (or the answer has no row per input): each alone,
             # so that only the one at fault hears of it
             await asyncio.gather(*(self._answer(group, w) for w in part))
             return
         except BaseException as e:  # the engine's failure is each request's
-            for w in part:
-                _settle(w, exception=e)
+            _fail(part, e)
             if not isinstance(e, Exception):
                 raise
             return
@@ -196,6 +199,11 @@ def _split(answer: EngineAnswer, sizes: list[int]) -> list[EngineAnswer]:
         start += n
         answers.append(EngineAnswer(value=part))
     return answers
+
+
+def _fail(part: list[_Waiting], exception: BaseException) -> None:
+    for w in part:
+        _settle(w, exception=exception)
 
 
 def _settle(
