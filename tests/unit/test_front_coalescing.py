@@ -156,3 +156,16 @@ def test_a_cancelled_request_leaves_the_others_of_its_call_answered(serving):
     answers = asyncio.run(one_gives_up())
     assert isinstance(answers[1], asyncio.CancelledError)
     assert [len(answers[i].value) for i in (0, 2)] == [1, 1]
+
+
+def test_every_call_to_the_engine_is_counted_whichever_route_made_it(tmp_path, tiny_runner):
+    client, engine, serving = front(
+        tmp_path, {"tiny": tiny_runner}, max_client_batch=2, split_client_batches=True
+    )
+    assert client.post("/embed", json={"inputs": "one"}).status_code == 200
+    # three texts over a client batch of two: one request, two calls
+    assert client.post("/embed", json={"inputs": ["a", "b", "c"]}).status_code == 200
+    assert client.post("/invocations", json={"inputs": "sagemaker's"}).status_code == 200
+    assert engine.calls == 3  # the in-process engine's own count (invocations aside)
+    assert _counted(serving, "neuronserve_front_engine_calls_total") == 4
+    assert _counted(serving, "neuronserve_front_engine_requests_total") == 3

@@ -408,6 +408,7 @@ class Api:
                 f"unsupported Content-Type {content_type}: send application/json or text/plain",
                 status=415,
             )
+        self.metrics.engine_call(model.name, 1)
         status, data = await client.invoke(model.worker_name, await request.body(), content_type)
         return raw_json(data, status)
 

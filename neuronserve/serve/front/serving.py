@@ -187,11 +187,11 @@ class Serving:
             return await self._coalescer.predict(client, model, inputs, parameters)
         if not self.config.split_client_batches:
             raise self.too_many(len(inputs))
+        starts = range(0, len(inputs), limit)
+        for i in starts:  # one request, in as many calls
+            self.metrics.engine_call(model.name, 1 if i == 0 else 0)
         parts = await asyncio.gather(
-            *(
-                client.predict(model.worker_name, inputs[i : i + limit], parameters)
-                for i in range(0, len(inputs), limit)
-            )
+            *(client.predict(model.worker_name, inputs[i : i + limit], parameters) for i in starts)
         )
         return EngineAnswer(value=[row for part in parts for row in part.value])
 
@@ -203,6 +203,7 @@ class Serving:
         client = self.ready()
         if count > self.config.max_client_batch:
             raise self.too_many(count)
+        self.metrics.engine_call(model.name, 1)
         return await client.predict(model.worker_name, inputs, parameters)
 
     def too_many(self, count: int) -> RequestError:
