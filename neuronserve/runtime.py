@@ -27,7 +27,7 @@ from .tokenization import Encoded, TextTokenizer
 
 log = logging.getLogger(__name__)
 
-Response = Any  # a JSON-able response, or a RequestError for that request alone
+Response = Any  # a JSON-able response (numpy arrays: orjson), or a RequestError for it alone
 Outputs = Any  # one request's results (Task.finish), or its RequestError
 
 

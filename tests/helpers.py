@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import orjson
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -553,8 +555,29 @@ def qa_reference(model_dir: Path, question: str, context: str, max_length: int, 
     return answers[0] if len(answers) == 1 else answers
 
 
+def as_sent(answer):
+    """An answer as a client reads it: written as the servers write it (orjson: float32
+    in the fewest digits that read back as the same float32) and parsed again."""
+    return orjson.loads(orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY))
+
+
+def _significant(number: str) -> str:
+    return number.lower().split("e")[0].lstrip("-").replace(".", "").strip("0") or "0"
+
+
+def float32_in_fewest_digits(body: bytes) -> bool:
+    """Every number in a JSON body is written in the fewest significant digits that read
+    back as the same float32 (not a float64's 17)."""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?", body.decode())
+    return bool(numbers) and all(
+        _significant(n) == _significant(np.format_float_scientific(np.float32(n), unique=True))
+        for n in numbers
+    )
+
+
 def same_answers(got, want, atol: float = 1e-4) -> bool:
-    """Equal JSON answers, floats (scores) within `atol`."""
+    """Equal JSON answers, floats (scores) within `atol`; arrays as a client reads them."""
+    got, want = (x.tolist() if isinstance(x, np.ndarray) else x for x in (got, want))
     if isinstance(want, dict):
         return (
             isinstance(got, dict)

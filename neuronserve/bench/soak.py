@@ -275,8 +275,7 @@ class Checker:
 
 
 def _close(a: Any, b: Any, atol: float) -> bool:
-    if isinstance(b, np.ndarray):
-        b = b.tolist()
+    a, b = (x.tolist() if isinstance(x, np.ndarray) else x for x in (a, b))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_close(a[k], b[k], atol) for k in a)
     if isinstance(a, list) and isinstance(b, list):

@@ -374,7 +374,8 @@ class Task:
         return outputs
 
     def respond(self, results: Any, request: TaskRequest, info: dict[str, Any]) -> Any:
-        """JSON response for one request from its results (`finish`)."""
+        """JSON response for one request from its results (`finish`): Python values and
+        numpy arrays, written with orjson's numpy support (float32 in its shortest form)."""
         raise NotImplementedError
 
     def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:

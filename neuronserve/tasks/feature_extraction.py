@@ -156,10 +156,13 @@ class FeatureExtraction(Task):
         return np.stack([rows[0] for rows in outputs])
 
     def respond(self, outputs: Any, request: TaskRequest, info: dict[str, Any]) -> Any:
+        # float32 arrays, not lists of Python floats: orjson writes each number in the
+        # fewest digits that read back as the same float32 (as TEI does), about half the
+        # bytes of a float64's 17 digits, and without a Python object per number
         vectors = (
-            [rows.astype(np.float32).tolist() for rows in outputs]
+            [np.ascontiguousarray(rows, dtype=np.float32) for rows in outputs]
             if isinstance(outputs, list)
-            else outputs.astype(np.float32).tolist()
+            else np.ascontiguousarray(outputs, dtype=np.float32)
         )
         return vectors[0] if request.single else vectors
 

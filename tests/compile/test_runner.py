@@ -108,7 +108,7 @@ def test_bad_requests_fail_alone(runner, body, ctype, needle):
     )
     assert isinstance(out[1], RequestError) and out[1].status == 400
     assert needle in out[1].message
-    assert out[0] == out[2] and len(out[0]) == 384
+    assert np.array_equal(out[0], out[2]) and len(out[0]) == 384
 
 
 def test_plain_text_and_json_agree(runner):
@@ -119,7 +119,7 @@ def test_plain_text_and_json_agree(runner):
             (b"hello world", None),
         ]
     )
-    assert a == b == c
+    assert np.array_equal(a, b) and np.array_equal(b, c)
 
 
 def test_classifier_matches_eager(classifier_artifact, classifier_dir):

@@ -292,12 +292,14 @@ def test_a_two_core_worker_keeps_a_copy_per_core_and_uses_both(neuronx_artifact,
 
     with standin_process(4, log=log), cores.neuron_pinned((2, 3)):
         runner = Runner(neuronx_artifact, cores=2)
+        warmed = len(standin_events(log, "execute"))
         runner.responses_for_bodies([({"inputs": [f"text {i}" for i in range(8)]}, None)])
     loads = standin_events(log, "load")
     assert sorted({e["core"] for e in loads}) == [2, 3]
     assert len(loads) == 2 * len(read_manifest(neuronx_artifact).modules)
-    served = [e for e in standin_events(log, "execute") if e["shapes"][0][0] == 4]
-    assert {e["core"] for e in served[-2:]} == {2, 3}  # the batch of 8 split over both
+    # the batch of 8 split over both (into the buckets its measured times make cheapest)
+    served = standin_events(log, "execute")[warmed:]
+    assert {e["core"] for e in served} == {2, 3}
 
 
 # --- cores: containers, contiguity, compile leases one ---------------------------------

@@ -23,7 +23,7 @@ import numpy as np
 import psutil
 import pytest
 import requests
-from helpers import SENTENCES, free_port, run_cli, wait_for, write_spec
+from helpers import SENTENCES, as_sent, free_port, run_cli, wait_for, write_spec
 
 from neuronserve.runtime import Runner
 from neuronserve.serve.deployment import running_engine
@@ -91,7 +91,7 @@ def rerank_runner(task_models):
 
 def runner_answer(runner, inputs, **parameters):
     body = {"inputs": inputs, "parameters": parameters} if parameters else {"inputs": inputs}
-    return runner.responses_for_bodies([(body, None)])[0]
+    return as_sent(runner.responses_for_bodies([(body, None)])[0])
 
 
 def test_start_names_models_routes_and_the_key_file_never_a_key(front, tmp_path):

