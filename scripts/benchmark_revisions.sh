@@ -9,11 +9,12 @@
 #
 # Each revision runs from a worktree of its own on PYTHONPATH, with this checkout's .venv
 # (a revision whose dependencies differ needs a venv of its own), so the checkout may
-# change while it runs. SEQ, CONC, RUNS, ART, OUT override.
+# change while it runs. SEQ, CONC, RUNS, ART, OUT, DURATION override; ENDPOINTS too (bench's
+# `label=kind` before the artifact, e.g. ENDPOINTS="torchserve=torchserve").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BASE=${1:?usage: scripts/benchmark_revisions.sh <base revision> [new revision]}
-NEW=${2:-HEAD}
+BASE=$(git rev-parse --short "${1:?usage: scripts/benchmark_revisions.sh <base revision> [new revision]}")
+NEW=$(git rev-parse --short "${2:-HEAD}")  # resolved once: the checkout may move meanwhile
 [ -x .venv/bin/neuronserve ] || scripts/install.sh
 command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 2; }
 ROOT=$(pwd)
@@ -29,18 +30,18 @@ for rev in "$BASE" "$NEW"; do
   [ -d "$(tree "$rev")" ] || git worktree add --detach "$(tree "$rev")" "$rev"
 done
 rm -rf "$OUT" && mkdir -p "$OUT"
+read -r -a KINDS <<< "${ENDPOINTS:-torchserve=front triton=front-triton}"
+EPS=(); for k in "${KINDS[@]}"; do EPS+=(-e "$k:$ART"); done
 one() {  # $1: base or new, $2: round
   local rev; rev=$([ "$1" = base ] && echo "$BASE" || echo "$NEW")
   # outside the checkout, so that the revision on PYTHONPATH is the one imported
   (cd "$WORK" && PYTHONPATH=$(tree "$rev") "$ROOT/.venv/bin/neuronserve" \
-    bench --title "$1: $rev ($(git rev-parse --short "$rev")), round $2" \
-    -e "torchserve=front:$ART" -e "triton=front-triton:$ART" --generator wrk \
-    --sequence-lengths "${SEQ:-8}" --concurrency "${CONC:-1,32}" --warmup 2 --duration 4 \
+    bench --title "$1: $rev, round $2" "${EPS[@]}" --generator wrk \
+    --sequence-lengths "${SEQ:-8}" --concurrency "${CONC:-1,32}" --warmup 2 --duration "${DURATION:-4}" \
     --server-warmup 10 --out "$OUT/$1-$2")
 }
 for r in $(seq 1 "$RUNS"); do
   if [ $((r % 2)) = 1 ]; then one base "$r"; one new "$r"; else one new "$r"; one base "$r"; fi
 done
-.venv/bin/python scripts/revisions_summary.py "$OUT" \
-  "$NEW ($(git rev-parse --short "$NEW"))" "$BASE ($(git rev-parse --short "$BASE"))" > "$OUT/summary.md"
+.venv/bin/python scripts/revisions_summary.py "$OUT" "$NEW" "$BASE" > "$OUT/summary.md"
 cat "$OUT/summary.md"

@@ -362,15 +362,15 @@ class Sweep:
     def run_session(self, session: Session) -> None:
         """Start the session's server (if any), measure its endpoints, stop it."""
         server = session.server
-        if server is not None:
-            self.bar.set_postfix_str(f"starting {session.label}")
-            t0 = time.perf_counter()
-            server.start()
-            self.bar.write(
-                f"{session.label}: ready in {time.perf_counter() - t0:.0f}s "
-                f"({server.workers} worker(s) x {server.cores_per_worker} core(s))"
-            )
-        try:
+        try:  # a start interrupted (Ctrl-C, SIGTERM) stops what it had started
+            if server is not None:
+                self.bar.set_postfix_str(f"starting {session.label}")
+                t0 = time.perf_counter()
+                server.start()
+                self.bar.write(
+                    f"{session.label}: ready in {time.perf_counter() - t0:.0f}s "
+                    f"({server.workers} worker(s) x {server.cores_per_worker} core(s))"
+                )
             endpoints = session.make()
             if server is not None and self.config.server_warmup_s > 0:
                 self.warm_up(endpoints)

@@ -666,10 +666,6 @@ def start_target(
     return server, target
 
 
-def _interrupt(*_: object) -> None:
-    raise KeyboardInterrupt
-
-
 @contextlib.contextmanager
 def _own_temp_folder() -> Iterator[Path]:
     """A temporary folder for the run's servers (TMPDIR, which they inherit), so that
@@ -697,8 +693,6 @@ def soak_started(
 ) -> SoakReport:
     """Start `engine` for `artifact` (`via` engine, front or sagemaker), soak it, stop it
     and report what the stop left behind: processes of the run, leases, temporary files."""
-    # a SIGTERM (a CI timeout, `kill`) still stops what was started
-    signal.signal(signal.SIGTERM, _interrupt)
     with _own_temp_folder() as temp_dir:
         log(f"starting {engine} via {via} for {artifact} ...")
         server, target = start_target(artifact, engine, via, options.layout)

@@ -8,6 +8,7 @@ command line override the file's fields.
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import typer
@@ -34,7 +35,15 @@ app.add_typer(autoscale.app, name="autoscale")
 
 
 def main() -> None:
+    # `kill`, `timeout` and a container's stop end a command the way Ctrl-C does: its
+    # finally blocks run, so bench and soak stop the servers they started instead of
+    # leaving them running on their cores (a server in the foreground sets its own)
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         app()
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)

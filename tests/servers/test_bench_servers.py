@@ -4,12 +4,18 @@ No test asserts a time."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
+import psutil
 import pytest
-from helpers import run_cli
+from helpers import run_cli, wait_for
 
 from neuronserve.bench.floor import encoder_gflop
 
@@ -135,3 +141,48 @@ def _check_reports(out, data, ts):
         assert p["model_gflop"] == pytest.approx(encoder_gflop(MINILM_SHAPE, p["seq"]))
     floor = md.split("The model against the machine's floor")[1].split("###")[0]
     assert "| torchserve/throughput | 32 |" in floor
+
+
+def test_a_terminated_bench_stops_the_servers_it_started(tmp_path, tiny_artifact):
+    """`kill` (SIGTERM) ends bench the way Ctrl-C does: the front, TorchServe and its
+    workers it started are stopped, not left running on their cores."""
+    log = tmp_path / "bench.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "neuronserve.cli", "bench", "-e", f"front:{tiny_artifact}",
+             "--sequence-lengths", "16", "--concurrency", "1", "--warmup", "0",
+             "--server-warmup", "0", "--duration", "600", "--out", str(tmp_path / "bench")],
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    bench = psutil.Process(proc.pid)
+    folder = None
+    try:
+        wait_for(lambda: "ready in" in log.read_text(), timeout=300, what="the servers")
+        # measuring: the front, and TorchServe (a session of its own) with its workers,
+        # all named by the folder bench made for them
+        [front] = [p for p in bench.children() if "front.server" in " ".join(p.cmdline())]
+        folder = str(Path(front.cmdline()[-1]).parent.parent)
+        started = _processes_naming(folder)
+        kinds = {"ModelServer" if "ModelServer" in c else "worker" if "service_worker" in c
+                 else "front" if "front.server" in c else c
+                 for c in (" ".join(_cmdline(p)) for p in started)}  # fmt: skip
+        assert kinds == {"front", "ModelServer", "worker"}, kinds
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=240) == 128 + signal.SIGTERM
+        _, alive = psutil.wait_procs(started, timeout=60)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        for p in [bench, *(_processes_naming(folder) if folder else [])]:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+
+
+def _processes_naming(folder: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter() if folder in " ".join(_cmdline(p))]
+
+
+def _cmdline(p: psutil.Process) -> list[str]:
+    try:
+        return p.cmdline()
+    except psutil.Error:  # gone, or not ours to read
+        return []
