@@ -8,7 +8,6 @@ import contextlib
 import inspect
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import orjson
 import torch
+
+from neuronserve.serve.process import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "neuron_standin"
@@ -89,9 +90,12 @@ def label_scores(result: list[dict]) -> list[float]:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def ports_for(*fields: str) -> dict[str, int]:
+    """A distinct free port for each spec field."""
+    return dict(zip(fields, free_ports(len(fields)), strict=True))
 
 
 def wait_for(condition, timeout: float = 60, interval: float = 0.25, what: str = "condition"):
@@ -141,7 +145,7 @@ def write_spec(work: Path, **fields) -> dict:
     """deploy.yaml in `work` with free ports for every engine endpoint, plus `fields`."""
     import yaml
 
-    spec = {**{port: free_port() for port in PORT_FIELDS}, **fields}
+    spec = {**ports_for(*PORT_FIELDS), **fields}
     spec = {k: str(v) if isinstance(v, Path) else v for k, v in spec.items()}
     (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
     return spec

@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import os
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -159,12 +160,37 @@ def stop_tree(pid: int, ask: Callable[[], object], timeout_s: float) -> int:
     return max(len(procs) - 1, 0)
 
 
+# Linux's default: source ports of outgoing connections come from 32768-60999
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10000
+
+
 def free_ports(n: int) -> list[int]:
-    """`n` distinct loopback ports free at the moment of asking."""
-    socks = [socket.socket() for _ in range(n)]
+    """`n` distinct loopback ports free at the moment of asking, below the kernel's
+    ephemeral range: a port from that range (what binding port 0 gives) can become the
+    source port of any outgoing connection before the server given it binds it (seen:
+    tritonserver's metrics port, "already in use", beside busy HTTP clients)."""
     try:
-        for s in socks:
+        ephemeral = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(1000 if ephemeral - LOWEST_PORT >= 1000 else 0):
+            if len(socks) == n:
+                break
+            port = random.randrange(LOWEST_PORT, ephemeral)
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < n:  # nothing free below the range: let the kernel choose
+            s = socket.socket()
             s.bind(("127.0.0.1", 0))
+            socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:

@@ -30,7 +30,7 @@ from helpers import (
     SENTENCES,
     as_sent,
     float32_in_fewest_digits,
-    free_port,
+    ports_for,
     qa_reference,
     run_cli,
     same_answers,
@@ -72,8 +72,13 @@ def server(tmp_path_factory, minilm_artifact, classifier_artifact, task_models, 
         "workers": 2,
         "cores_per_worker": 1,
         "max_batch_delay_ms": 100,
-        **{f: free_port() for f in ("inference_port", "management_port", "metrics_port")},
-        **{f: free_port() for f in ("grpc_inference_port", "grpc_management_port")},
+        **ports_for(
+            "inference_port",
+            "management_port",
+            "metrics_port",
+            "grpc_inference_port",
+            "grpc_management_port",
+        ),
     }
     (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
     packaged = run_cli("package", "torchserve", "--spec", "deploy.yaml", cwd=work)

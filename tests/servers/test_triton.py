@@ -30,7 +30,7 @@ from helpers import (
     QA_CONTEXT,
     REPO,
     SENTENCES,
-    free_port,
+    ports_for,
     qa_reference,
     run_cli,
     same_answers,
@@ -106,7 +106,7 @@ def server(tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
         "workers": 2,
         "cores_per_worker": 1,
         "max_batch_delay_ms": 50,
-        **{f: free_port() for f in ("http_port", "grpc_port", "triton_metrics_port")},
+        **ports_for("http_port", "grpc_port", "triton_metrics_port"),
     }
     (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
     run_cli("package", "triton", "--spec", "deploy.yaml", cwd=work)

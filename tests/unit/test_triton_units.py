@@ -243,3 +243,19 @@ def test_a_stalled_start_is_tried_once_more_with_its_log_kept(tmp_path, monkeypa
     with pytest.raises(triton.StartStalled, match="stalled again"):
         triton.start(repo, tmp_path / "run2", log=said.append)
     assert len(tries) == 4  # once more, not again and again
+
+
+def test_ports_handed_to_servers_are_below_the_ephemeral_range():
+    """A port from the range the kernel takes outgoing connections' source ports from can
+    be taken before the server given it binds it (tritonserver's metrics port was):
+    free_ports picks distinct ports below that range, each free to bind."""
+    import socket
+
+    from neuronserve.serve.process import EPHEMERAL_RANGE, free_ports
+
+    ephemeral = int(EPHEMERAL_RANGE.read_text().split()[0])
+    ports = free_ports(8)
+    assert len(set(ports)) == 8 and all(p < ephemeral for p in ports), (ports, ephemeral)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
