@@ -19,6 +19,7 @@ cannot take the call (5xx: full, failing) fails it for all, without sending more
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +31,7 @@ from .clients import EngineAnswer, EngineClient
 from .model import ServedModel
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
 
 @dataclass
@@ -95,18 +96,21 @@ class Coalescer:
         inputs: list[Any],
         parameters: dict,
     ) -> EngineAnswer:
+        with self._at_engine(key):
+            return await self._alone(client, model, inputs, parameters)
+
+    @contextlib.contextmanager
+    def _at_engine(self, key: tuple[Any, ...]) -> Iterator[None]:
+        """A call of this kind is at the engine while the block runs."""
         self._busy[key] = self._busy.get(key, 0) + 1
         try:
-            return await self._alone(client, model, inputs, parameters)
+            yield
         finally:
-            self._done(key)
-
-    def _done(self, key: tuple[Any, ...]) -> None:
-        left = self._busy[key] - 1
-        if left:
-            self._busy[key] = left
-        else:
-            del self._busy[key]
+            left = self._busy[key] - 1
+            if left:
+                self._busy[key] = left
+            else:
+                del self._busy[key]
 
     def _send(self, key: tuple[Any, ...]) -> None:
         group = self._open.pop(key)
@@ -116,11 +120,8 @@ class Coalescer:
             call.add_done_callback(self._calls.discard)
 
     async def _call(self, group: _Group, part: list[_Waiting]) -> None:
-        self._busy[group.key] = self._busy.get(group.key, 0) + 1
-        try:
+        with self._at_engine(group.key):
             await self._join(group, part)
-        finally:
-            self._done(group.key)
 
     async def _join(self, group: _Group, part: list[_Waiting]) -> None:
         if len(part) == 1:
