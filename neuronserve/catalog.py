@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .private_folders import private_folder
+
 log = logging.getLogger(__name__)
 
 WANTED = "wanted.json"
@@ -47,7 +49,7 @@ def read_json(path: Path) -> Any:
 
 def write_wanted(folder: Path, models: dict[str, dict[str, Any]]) -> None:
     """What every worker is to hold: worker name -> {"artifact": path, "truncation"}."""
-    folder.mkdir(parents=True, exist_ok=True)
+    private_folder(folder)
     write_json(folder / WANTED, models)
 
 
@@ -135,7 +137,10 @@ class Follower:
         )
 
     def start(self) -> None:
-        """Hold what is wanted now (before the worker says it is ready), then follow."""
+        """Hold what is wanted now (before the worker says it is ready), then follow.
+        The folder's word is which artifacts to load: one another local user could write
+        (or a folder above it) is refused (NotPrivate) before anything is read."""
+        private_folder(self.folder)
         self._seen = self._stamp()
         self.sync()
         self._thread = threading.Thread(target=self._run, name="neuronserve-catalog", daemon=True)

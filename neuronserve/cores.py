@@ -15,13 +15,14 @@ import contextlib
 import fcntl
 import json
 import os
-import stat
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .private_folders import NotPrivate, private_folder
 
 LEASE_DIR_ENV = "NEURONSERVE_LEASE_DIR"
 # the deployment a worker serves (its engine's run directory), set by `serve` for the
@@ -266,39 +267,19 @@ def default_lease_dir() -> Path:
     return Path(tempfile.gettempdir()) / f"neuronserve-{os.getuid()}" / "leases"
 
 
-def not_private(folder: Path) -> str | None:
-    """What makes `folder` unfit to hold what only this user may write (leases, keys, pid
-    files, settings), or None: a symbolic link, not a directory, another user's, or
-    writable by others."""
-    st = os.lstat(folder)
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symbolic link"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a directory"
-    if st.st_uid != os.getuid():
-        return f"is owned by uid {st.st_uid}, not this user ({os.getuid()})"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
-    return None
-
-
 def secure_dir(path: Path, levels: int = 2) -> Path:
     """Create `path` (and up to `levels - 1` parents neuronserve owns) with mode 0700, and
     refuse it unless each is a real directory (not a symlink) owned by this user and not
-    writable by others: in a shared /tmp another user could otherwise create the folder
-    first, or plant a symlink, and read, redirect or hold every lease."""
-    path = Path(path)
-    chain = [path, *list(path.parents)[: max(levels - 1, 0)]]
-    for folder in reversed(chain):
-        with contextlib.suppress(FileExistsError):
-            folder.mkdir(mode=0o700)
-        problem = not_private(folder)
-        if problem:
-            raise LeaseDirError(
-                f"lease directory {folder} {problem}: remove it (or set {LEASE_DIR_ENV} to "
-                "a private directory) and start again"
-            )
-    return path
+    writable by others, under folders no other user can write (private_folders): in a
+    shared /tmp another user could otherwise create the folder first, or plant a
+    symlink, and read, redirect or hold every lease."""
+    try:
+        return private_folder(path, own=levels)
+    except NotPrivate as e:
+        raise LeaseDirError(
+            f"lease directory {e}: remove it (or set {LEASE_DIR_ENV} to a private "
+            "directory) and start again"
+        ) from None
 
 
 @dataclass

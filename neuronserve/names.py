@@ -16,6 +16,7 @@ def safe_name(value: str, what: str = "model name") -> str:
     if not isinstance(value, str) or not NAME.match(value):
         raise ValueError(
             f"{what} {value!r} is not a plain name: use letters, digits, '_', '.' and '-', "
-            "starting with a letter or digit (it becomes a folder name)"
+            "starting with a letter or digit, at most 128 characters (it becomes a folder "
+            "name)"
         )
     return value

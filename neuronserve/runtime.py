@@ -182,7 +182,11 @@ class Runner:
             mine = encoded.get(i)
             if mine is None:
                 continue  # refused while tokenizing
-            results[i] = self._too_long(mine) or self.task.check_encoded(mine, request, self.info)
+            results[i] = (
+                self._too_long(mine)
+                or self.task.check_encoded(mine, request, self.info)
+                or self._too_large(mine, request)
+            )
             if results[i] is None:
                 rows.extend(e.row() for windows in mine for e in windows)
                 owners.append((i, mine))
@@ -312,6 +316,16 @@ class Runner:
                     status=413,
                 )
         return None
+
+    def _too_large(
+        self, encoded: Sequence[Sequence[Any]], request: TaskRequest
+    ) -> RequestError | None:
+        """The 413 for a request whose answer would be over max_answer_bytes (every
+        token's vector of many long texts), found from its tokens before anything runs:
+        an answer TorchServe cannot carry would kill the worker sending it."""
+        tokens = [len(e.ids) for windows in encoded for e in windows if hasattr(e, "ids")]
+        found = self.task.answer_bytes(tokens, request.parameters, self.info)
+        return self.limits.check_answer(*found) if found else None
 
 
 def default_stride(max_length: int) -> int:

@@ -435,6 +435,15 @@ class DeploySpec(BaseModel):
         "before tokenizing (413 beyond)",
         json_schema_extra=REACHES_WORKERS,
     )
+    max_answer_bytes: int = Field(
+        64 * 2**20,
+        ge=2**20,
+        description="largest answer one request may get, as JSON: every token's vector "
+        "(/embed_all), a SPLADE model's whole vectors; refused (413) before the model runs "
+        "when its tokens say it would be larger, so one cheap request cannot make a worker "
+        "or the front build hundreds of MB (TorchServe's max_response_size follows it)",
+        json_schema_extra=REACHES_WORKERS,
+    )
     max_json_depth: int = Field(
         32,
         ge=2,

@@ -33,6 +33,7 @@ from .catalog import Follower
 if TYPE_CHECKING:
     from .execution import RunReport
     from .runtime import Runner
+    from .tasks.base import RequestLimits
 
 # TorchServe: the section of model-config.yaml holding the settings
 CONFIG_SECTION = "neuronserve"
@@ -69,6 +70,8 @@ class WorkerSettings(BaseModel):
     max_client_batch: int | None = None
     max_text_chars: int | None = None
     max_json_depth: int = 32
+    # the largest answer one request may get, as JSON (None: no limit)
+    max_answer_bytes: int | None = None
     # every model each worker loads, in the order packaging was given them
     models: list[ModelSettings] = []
     # multi-model: the catalog folder whose wanted models the worker follows (catalog.py)
@@ -124,6 +127,8 @@ class Worker:
     _turn: int = 0
     # multi-model: the thread that loads and drops models as the catalog says
     follower: Follower | None = None
+    # what one request may hold and get back (the spec's limits)
+    limits: RequestLimits | None = None
 
     def describe(self) -> str:
         g = self.lease.group
@@ -229,7 +234,10 @@ def start_worker(
         from .tasks.base import RequestLimits
 
         limits = RequestLimits(
-            settings.max_client_batch, settings.max_text_chars, settings.max_json_depth
+            settings.max_client_batch,
+            settings.max_text_chars,
+            settings.max_json_depth,
+            settings.max_answer_bytes,
         )
 
         def load(name: str, artifact: Path | str, truncation: bool | None) -> Runner:
@@ -244,7 +252,7 @@ def start_worker(
         runners = {m.name: load(m.name, m.artifact, m.truncation) for m in settings.models}
         if not runners and settings.catalog is None:
             raise ValueError("the packaged settings name no model to load")
-        worker = Worker(lease, runners, leased)
+        worker = Worker(lease, runners, leased, limits=limits)
         if settings.catalog is not None:
             worker.follower = Follower(
                 Path(settings.catalog),

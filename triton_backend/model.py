@@ -82,7 +82,13 @@ def restore_pythonpath() -> None:
 class TritonPythonModel:
     def initialize(self, args):
         restore_pythonpath()
-        from neuronserve.serve.triton_stubs import STACKS_SIGNAL
+        from neuronserve.serve.private_shm import make_region_private
+        from neuronserve.serve.triton_stubs import REGION_ARG, STACKS_SIGNAL
+
+        # before any request reaches this instance: where tritonserver shares the host's
+        # /dev/shm, the region requests come through is 0644 until made private here
+        with open("/proc/self/cmdline", "rb") as f:
+            make_region_private(f.read().decode().split("\0"), REGION_ARG)
 
         # `neuronserve serve triton` asks for every thread's stack when a start stalls
         # (serve/triton.py); the stub's stderr is the server log

@@ -156,6 +156,7 @@ def _worker_settings(
         max_client_batch=spec.max_client_batch,
         max_text_chars=spec.max_text_chars,
         max_json_depth=spec.max_json_depth,
+        max_answer_bytes=spec.max_answer_bytes,
         **models,
     )
 

@@ -115,10 +115,11 @@ def store_properties(spec: DeploySpec, store: Path) -> dict[str, str]:
         "default_response_timeout": str(spec.response_timeout_s),
         "job_queue_size": str(spec.max_queued),
         "install_py_dep_per_model": "false",
-        # the spec's body limit, the same as the front's; answers of a full client batch
-        # of long vectors as JSON go past TorchServe's 6.5 MB default
+        # the spec's body limit, the same as the front's; an answer TorchServe cannot take
+        # kills the worker that sent it (its frame decoder refuses it), so this is above
+        # the largest answer a worker lets out (max_answer_bytes, and the error in its place)
         "max_request_size": str(spec.max_body_bytes),
-        "max_response_size": str(max(6_553_500, spec.max_client_batch * 4096 * 24)),
+        "max_response_size": str(max(6_553_500, spec.max_answer_bytes + 2**20)),
         # models and workflows load from this store only, never from a URL
         "allowed_urls": "file://" + re.escape(str(store)) + "/.*",
         "workflow_store": str(store),

@@ -20,7 +20,7 @@ from ..artifact import read_manifest
 from ..packaging.model import recorded_unless_given, served_truncation
 from ..spec import DeploySpec, ModelEntry, load_spec
 from .engines import engine
-from .process import free_ports
+from .process import free_ports, private_dir
 
 if TYPE_CHECKING:
     from ..artifact import Manifest
@@ -83,7 +83,9 @@ class Deployment:
         settings: dict[str, Any],
         plan: placement.WorkerPlan | None = None,
     ):
-        self.work = Path(work)
+        # the engine's store, catalog and run folder: what its workers read as
+        # instructions, so this user's alone
+        self.work = private_dir(Path(work))
         self.engine = engine(engine_name, self.work / RUN_DIR)
         self.multi_model = bool(settings.get("multi_model"))
         if not models and not self.multi_model:

@@ -44,20 +44,86 @@ class FoundModel:
         return ModelEntry(artifact=self.artifact, name=self.name, truncation=self.truncation)
 
 
-def _check_extract_size(z: zipfile.ZipFile, names: list[str], work: Path, mar: Path) -> None:
-    """Refuse an archive that would unpack to more than the work folder's free space
-    (less a margin) before anything is written: zipfile stops each member at its
-    declared size, so the declared total is what extraction can write."""
-    import shutil
+# the most files an archive may hold: an artifact has a few, and one file per bucket on
+# Neuron; a tar of hundreds of thousands of empty members costs time, not bytes
+MAX_MEMBERS = 10_000
+# what an archive may unpack to beyond its own size (times): weights barely compress, so a
+# real model's archive is near its unpacked size; a 4 MB archive of zeros is not
+MAX_RATIO = 20
+# the least it may always unpack to (small artifacts compress well: a tokenizer, a config)
+MIN_ROOM = 256 * 2**20
+# what unpacking leaves free on the disk it writes to
+DISK_MARGIN = 1 << 30
 
+
+class UnpackLimits:
+    """How much an archive of `size` bytes may unpack to in `work`: at most MAX_MEMBERS
+    members and the least of MAX_RATIO times its size (at least MIN_ROOM), what the disk
+    has free less DISK_MARGIN, and `most` (a caller's own bound, such as a worker's
+    memory budget)."""
+
+    def __init__(self, size: int, work: Path, most: int | None = None):
+        import shutil
+
+        Path(work).mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(work).free - DISK_MARGIN
+        self.bytes = min(max(MAX_RATIO * size, MIN_ROOM), free, most if most else free)
+        self.members = MAX_MEMBERS
+        self.why = (
+            "the disk's free space (less 1 GiB)"
+            if self.bytes == free
+            else ("the memory budget of a worker" if self.bytes == most else
+                  f"{MAX_RATIO} times the archive's size (at least {MIN_ROOM >> 20} MiB)")
+        )  # fmt: skip
+
+    def check(self, what: str, members: int, total: int) -> None:
+        if members > self.members:
+            raise ModelSourceError(
+                f"{what} holds more than {self.members} files: not a neuronserve artifact "
+                "(not extracted)"
+            )
+        if total > self.bytes:
+            raise ModelSourceError(
+                f"{what} unpacks to more than {self.bytes / 2**20:.0f} MiB, {self.why}: "
+                "not extracted"
+            )
+
+
+def _check_extract_size(z: zipfile.ZipFile, names: list[str], work: Path, mar: Path) -> None:
+    """Refuse an archive that would unpack beyond its limits before anything is written:
+    zipfile stops each member at its declared size, so the declared total is what
+    extraction can write."""
+    limits = UnpackLimits(mar.stat().st_size, work)
     total = sum(z.getinfo(n).file_size for n in names if n in z.NameToInfo)
-    work.mkdir(parents=True, exist_ok=True)
-    room = shutil.disk_usage(work).free - (1 << 30)
-    if total > room:
-        raise ModelSourceError(
-            f"{mar} unpacks to {total / 2**30:.1f} GiB, more than the {max(room, 0) / 2**30:.1f}"
-            f" GiB free in {work} (less 1 GiB): not extracted"
-        )
+    limits.check(mar.name, len(names), total)
+
+
+def unpack_tar(tarball: Path, dest: Path, most: int | None = None) -> None:
+    """Extract `tarball` (gzip or not) into `dest` within UnpackLimits, member by member:
+    each header is checked before its member is written (tarfile writes exactly the size
+    a header declares), so a bomb stops at its limit, and whatever it wrote is removed.
+    Links, devices and paths out of `dest` are refused (tarfile's "data" filter)."""
+    import shutil
+    import tarfile
+
+    limits = UnpackLimits(tarball.stat().st_size, dest.parent, most)
+    members = total = 0
+    try:
+        with tarfile.open(tarball) as t:
+            for member in t:
+                members += 1
+                total += member.size
+                limits.check(tarball.name, members, total)
+                t.extract(member, dest, filter="data")
+    except (tarfile.TarError, OSError, ModelSourceError) as e:
+        shutil.rmtree(dest, ignore_errors=True)
+        if isinstance(e, ModelSourceError):
+            raise
+        if isinstance(e, tarfile.FilterError):
+            why = f"its member {e.tarinfo.name!r} is a link, a device or outside the archive"
+        else:  # an OSError's path is this host's business, its reason the caller's
+            why = (e.strerror or type(e).__name__) if isinstance(e, OSError) else str(e)
+        raise ModelSourceError(f"{tarball.name} is not a usable tar.gz: {why}") from None
 
 
 def find_models(source: Path, work: Path) -> list[FoundModel]:

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from ..cores import not_private
+from ..private_folders import NotPrivate, private_folder, shared_entry
 
 
 class ServeError(RuntimeError):
@@ -27,19 +27,32 @@ log = logging.getLogger(__name__)
 
 
 def private_dir(path: Path) -> Path:
-    """`path` made (with parents) and set to 0700: logs, keys, settings and pid files go
-    in it, so one that exists must be this user's own (a folder another local user made
-    or can write could hand neuronserve their settings, or a symlink to follow)."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    problem = not_private(path)
-    if problem:
+    """`path` made (with parents) and set to 0700: logs, keys, settings, pid files,
+    catalogs and engine stores go in it, so one that exists must be this user's own, and
+    no other user may write any folder above it (private_folders: a folder another local
+    user made or can write could hand neuronserve their settings, their models or their
+    handler, or a symlink to follow)."""
+    try:
+        return private_folder(path)
+    except NotPrivate as e:
         raise ServeError(
-            f"run directory {path} {problem}: neuronserve keeps keys, settings and pid "
-            "files there; remove it or choose another"
+            f"run directory {e}: neuronserve keeps keys, settings, catalogs and pid files "
+            "there; remove it, make it this user's own (chmod 700), or choose another"
+        ) from None
+
+
+def trusted_store(store: Path, what: str) -> None:
+    """Refuse to serve `store` (a model store, a Triton repository) if another local user
+    could change what the engine loads from it: its handler or model.py runs as this
+    user, and its config tells the engine what to start."""
+    found = shared_entry(store)
+    if found is not None:
+        path, problem = found
+        raise ServeError(
+            f"{what} {store}: {path} {problem}; the engine runs what it finds there as "
+            f"this user: make it this user's alone (chmod -R go-w {store}) or package "
+            "into another folder"
         )
-    path.chmod(0o700)
-    return path
 
 
 def private_file(path: Path) -> Any:

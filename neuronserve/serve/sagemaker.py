@@ -31,6 +31,7 @@ from .front.config import FrontConfig
 from .front.keys import ENV_KEY
 from .front.server import configure_logging, run
 from .model_source import ModelSourceError, engine_name, find_models, model_source
+from .process import private_dir
 
 log = logging.getLogger("neuronserve.sagemaker")
 
@@ -147,6 +148,8 @@ def main() -> int:
     try:
         try:
             on_sagemaker = platform() == "sagemaker"
+            # NEURONSERVE_WORK_DIR holds the catalog and the engine's store: this user's
+            private_dir(work)
             spec = sagemaker_spec(work)
             config = FrontConfig.from_spec(spec, sagemaker=on_sagemaker)
         except Exception as e:  # noqa: BLE001 - a bad setting must end the container, said why

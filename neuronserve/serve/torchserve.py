@@ -37,6 +37,7 @@ from .process import (
     private_file,
     record_pid,
     stop_tree,
+    trusted_store,
 )
 
 if TYPE_CHECKING:
@@ -162,6 +163,7 @@ def start(
             f"(pid {server_pid(run_dir)}); stop it with "
             "`neuronserve serve torchserve --stop`"
         )
+    trusted_store(model_store, "model store")
     # TorchServe's own logs and key file land here: this user's alone
     private_dir(run_dir)
     for sub in ("tmp", "logs"):

@@ -30,6 +30,7 @@ import psutil
 import requests
 
 from ..cores import DEPLOYMENT_ENV
+from . import private_shm
 from .engine import Engine, Log, NativeRoute
 from .process import (
     ServeError,
@@ -42,6 +43,7 @@ from .process import (
     scrub_command_line,
     stop_tree,
     thread_states,
+    trusted_store,
 )
 from .triton_stubs import (
     STACKS_SIGNAL,
@@ -362,6 +364,7 @@ def start(
             f"a tritonserver started from {run_dir} is already running "
             f"(pid {_pid(run_dir)}); stop it with `neuronserve serve triton --stop`"
         )
+    trusted_store(repository, "model repository")
     check_numpy()
     binary, root = find_tritonserver()
     if root is not None:
@@ -397,8 +400,10 @@ def _launch(
     with private_file(run_dir / LOG_FILE) as out:
         # Its own session, so the server and its stub processes outlive this command and
         # `--stop` can signal the whole group.
+        # in a mount namespace of its own where it may: its /dev/shm is private (the
+        # Python backend's regions, which carry the requests, are 0644 whatever the umask)
         proc = subprocess.Popen(
-            cmd,
+            [sys.executable, "-m", private_shm.__name__, *cmd],
             cwd=run_dir,
             env=_env(run_dir),
             stdout=out,
@@ -413,6 +418,12 @@ def _launch(
     (run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints))
     try:
         wait_ready(inst, list(inst.expected), timeout_s=timeout_s, log=log)
+        if not private_shm.private(proc.pid):
+            log(
+                "warning: tritonserver shares this host's /dev/shm (no mount namespace of "
+                "its own without CAP_SYS_ADMIN): each instance makes its request region "
+                "0600 as it starts; see the security guide"
+            )
         envs = set(glob.glob(PYTHON_ENVS)) - envs_before
         note_leftovers(run_dir, stub_regions(live_stubs(proc.pid)) | envs)
         _start_healer(run_dir)

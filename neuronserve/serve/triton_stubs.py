@@ -19,7 +19,7 @@ STUB = "triton_python_backend_stub"
 # (model.py registers it; a start that stalls asks for them)
 STACKS_SIGNAL = signal.SIGUSR1
 # a stub's command line: the stub, model.py, its shared-memory region, ..., its instance
-_MODEL_PY_ARG, _REGION_ARG, _INSTANCE_ARG = 1, 2, 8
+_MODEL_PY_ARG, REGION_ARG, _INSTANCE_ARG = 1, 2, 8
 
 # One instance group per core group, named after it, with a host policy of its own:
 # Triton's in-place instance update (a load whose config differs only in instance_group)
@@ -124,7 +124,7 @@ def stub_regions(stubs: dict[str, list[psutil.Process]]) -> set[str]:
     for processes in stubs.values():
         for p in processes:
             with contextlib.suppress(psutil.Error, IndexError):
-                regions.add("/dev/shm/" + p.cmdline()[_REGION_ARG])
+                regions.add("/dev/shm/" + p.cmdline()[REGION_ARG])
     return regions
 
 

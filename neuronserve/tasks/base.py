@@ -83,6 +83,11 @@ def internal_error(doing: str) -> RequestError:
 TRUNCATION_DIRECTIONS = ("right", "left")
 
 
+# the most bytes one float32 takes in a JSON answer: "-1.2345678e-38," (orjson writes
+# the fewest digits that read back as the same float32)
+FLOAT32_JSON_BYTES = 16
+
+
 @dataclass(frozen=True)
 class RequestLimits:
     """What one request may hold, checked before anything is tokenized so that a huge
@@ -92,6 +97,20 @@ class RequestLimits:
     texts: int | None = None
     chars: int | None = None
     json_depth: int = 32
+    # the largest answer one request may get, as JSON bytes (max_answer_bytes)
+    answer_bytes: int | None = None
+
+    def check_answer(self, estimate: int | None, what: str) -> RequestError | None:
+        """The 413 for a request whose answer would be about `estimate` bytes (described
+        by `what`), over `answer_bytes`; None when it fits or is not estimated."""
+        if estimate is None or self.answer_bytes is None or estimate <= self.answer_bytes:
+            return None
+        return RequestError(
+            f"the answer would be about {estimate / 2**20:.0f} MiB ({what}), more than this "
+            f"server sends for one request ({self.answer_bytes / 2**20:.0f} MiB, "
+            "max_answer_bytes): send fewer or shorter texts per request",
+            status=413,
+        )
 
     def check(self, request: TaskRequest) -> RequestError | None:
         if self.texts is not None and len(request.texts) > self.texts:
@@ -360,6 +379,14 @@ class Task:
     ) -> RequestError | None:
         """A 4xx for a request whose tokens cannot be served (fill-mask without a mask),
         before anything runs; `encoded`: each text's token rows."""
+        return None
+
+    def answer_bytes(
+        self, tokens: Sequence[int], parameters: dict[str, Any], info: dict[str, Any]
+    ) -> tuple[int, str] | None:
+        """For an answer that grows with each text's tokens (every token's vector): at
+        most how many bytes of JSON it takes for texts of `tokens` tokens, and how to say
+        what it is; None for the answers max_client_batch bounds well enough."""
         return None
 
     def finish(

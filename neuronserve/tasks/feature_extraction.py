@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .base import (
+    FLOAT32_JSON_BYTES,
     RequestError,
     RowOutputs,
     Task,
@@ -140,6 +141,14 @@ class FeatureExtraction(Task):
                 status=424,
             )
         return None
+
+    def answer_bytes(
+        self, tokens: Sequence[int], parameters: dict[str, Any], info: dict[str, Any]
+    ) -> tuple[int, str] | None:
+        if not parameters.get("token_embeddings"):
+            return None
+        dim = int(info["output_dim"])
+        return sum(tokens) * dim * FLOAT32_JSON_BYTES, f"{sum(tokens)} tokens x {dim} numbers"
 
     def finish(
         self,

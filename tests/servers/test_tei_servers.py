@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import openai
+import psutil
 import pytest
 import requests
 import torch
@@ -22,8 +23,14 @@ pytestmark = pytest.mark.server
 
 
 class Front:
-    def __init__(self, port: int):
+    def __init__(self, port: int, work: Path, engine: str):
         self.url = f"http://127.0.0.1:{port}"
+        self.work, self.engine = work, engine
+
+    def processes(self) -> set[int]:
+        """The front's process and everything under it: the engine and its workers."""
+        pid = int((self.work / "front" / "front.pid").read_text())
+        return {p.pid for p in psutil.Process(pid).children(recursive=True)} | {pid}
 
     def call(self, path: str, body, expect: int = 200):
         r = requests.post(f"{self.url}{path}", json=body, timeout=60)
@@ -36,10 +43,11 @@ class Front:
 def front(request, tmp_path_factory, tei_models):
     work = tmp_path_factory.mktemp(f"tei-{request.param}")
     port = free_port()
-    write_spec(work, engine=request.param, front_port=port, front_run_dir="front", workers=2)
+    write_spec(work, engine=request.param, front_port=port, front_run_dir="front", workers=2,
+               max_answer_bytes=8 * 2**20)  # fmt: skip
     models = [tei_models["embedder"], tei_models["splade"]]
     run_cli("serve", "front", *models, "--spec", "deploy.yaml", cwd=work)
-    yield Front(port)
+    yield Front(port, work, request.param)
     run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=work)
 
 
@@ -101,3 +109,40 @@ def test_info_names_each_models_type(front):
     prompts = {m["model_id"]: m["prompts"] for m in info.json()["models"]}
     assert prompts == {"embedder": PROMPTS, "splade": {}}
     assert json.loads(info.text)["max_input_length"] == 32
+
+
+def test_an_answer_too_large_to_carry_is_refused_and_no_worker_dies(front):
+    """The review's reproduction: every token's vector of many long texts, an answer over
+    what TorchServe carries (its worker died sending it, the retry killed the next).
+    Refused with the limit named, through the front and at the engine's own API, with
+    every process still the one it was; the next request is answered."""
+    before = front.processes()
+    long = "word " * 40
+    # 1024 texts x 32 tokens x 32 numbers: about 16 MiB of JSON, over the 8 MiB allowed
+    body = {"inputs": [long] * 1024, "model": "embedder", "truncate": True}
+    refused = front.call("/embed_all", body, 422)
+    assert "max_answer_bytes" in refused["error"]
+    if front.engine == "torchserve":
+        from neuronserve.serve.deployment import running_engine
+
+        work = front.work / "front" / "engine"
+        engine = running_engine(work, "torchserve")
+        [name] = engine.models_in(work / "store")
+        [route] = engine.native_routes(name)
+        direct = requests.post(
+            route.url,
+            json={"inputs": body["inputs"], "parameters": {"token_embeddings": True,
+                                                          "truncate": True}},
+            headers={**route.headers, "X-Neuronserve-Model": "embedder"},
+            timeout=60,
+        )  # fmt: skip
+        assert direct.status_code == 413 and "max_answer_bytes" in direct.text, direct.text
+        # what the tokens cannot foretell (a SPLADE model's terms), the handler bounds as
+        # written: this random model weighs most of its 30,522 terms, ~0.7 MB a text
+        sparse = front.call("/embed_sparse", {"inputs": ["x"] * 16, "model": "splade"}, 422)
+        assert "max_answer_bytes" in sparse["error"]
+    assert front.call("/embed_all", {"inputs": [long] * 2, "model": "embedder",
+                                     "truncate": True})  # fmt: skip
+    assert front.processes() == before
+    health = requests.get(f"{front.url}/health", timeout=10).json()
+    assert health["status"] == "ok", health

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -47,6 +48,8 @@ from neuronserve.images import sample_images
 from neuronserve.packaging.triton import model_config, read_config
 from neuronserve.runtime import Runner
 from neuronserve.serve import triton
+from neuronserve.serve.private_shm import private
+from neuronserve.serve.triton_stubs import REGION_ARG
 from neuronserve.tasks.text_classification import softmax
 from neuronserve.tokenization import TextTokenizer
 
@@ -568,3 +571,26 @@ def test_repository_and_config_apis_need_the_admin_key(server):
     assert key not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
     # what clients use stays open on loopback: health and inference
     assert requests.get(f"{base}/v2/health/ready", timeout=10).status_code == 200
+
+
+def test_no_other_user_can_read_the_request_regions(server, client):
+    """The Python backend's regions carry every request's text; Triton makes them 0644
+    (Boost's default, fchmod'ed past any umask), so any local user could read them in
+    /dev/shm. Each must now be out of their reach: in a /dev/shm only the server sees,
+    or 0600 where the server shares the host's."""
+    infer(client, "minilm", ["a secret text"])
+    stubs = [psutil.Process(pid) for pid in stub_pids(server)]
+    regions = [Path("/dev/shm") / p.cmdline()[REGION_ARG] for p in stubs]
+    assert len(regions) == 2
+    if private(server.pid()):
+        # the host's /dev/shm never held them
+        assert not any(r.exists() for r in regions), regions
+    else:
+        for region in regions:
+            assert stat.S_IMODE(region.stat().st_mode) == 0o600, region
+    # and either way, seen from the server itself, they are its user's alone
+    for p, region in zip(stubs, regions, strict=True):
+        seen = Path(f"/proc/{p.pid}/root") / str(region).lstrip("/")
+        mode = seen.stat().st_mode
+        folder = seen.parent.stat().st_mode
+        assert not mode & 0o077 or not folder & 0o077, (oct(mode), oct(folder))

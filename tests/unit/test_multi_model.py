@@ -9,6 +9,7 @@ stand-in: tests/servers/test_multi_model_servers.py."""
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
 import shutil
 import tarfile
@@ -47,9 +48,13 @@ class FollowingWorkers(EngineClient):
     def __init__(self, folder: Path):
         self.held: list[dict[str, Runner]] = [{} for _ in range(WORKERS)]
         self.followers = []
+        # cleared: every load waits until it is set again (a load that takes a while)
+        self.gate = threading.Event()
+        self.gate.set()
         for group in range(WORKERS):
 
             def load(name, artifact, truncation, group=group):
+                assert self.gate.wait(30)
                 return Runner(Path(artifact), truncation=truncation, name=name)
 
             f = catalog.Follower(
@@ -323,3 +328,213 @@ def test_an_idle_model_is_unloaded_and_loads_again_on_its_next_request(endpoint)
         time.sleep(0.05)
     assert embed(client, "a").status_code == 200
     assert client.get("/models/a").json()["state"] == "ready"
+
+
+# The third security review's findings on the multi-model API: each test fails on the
+# code before the fix.
+
+
+def _wait_loading(client, name):
+    deadline = time.monotonic() + 10
+    while client.get(f"/models/{name}").json().get("state") != "loading":
+        assert time.monotonic() < deadline, "never started loading"
+        time.sleep(0.01)
+
+
+def _nothing_left(client, workers, catalog_dir):
+    assert client.get("/models").json()["models"] == []
+    assert client.get("/v1/models").json()["data"] == []
+    assert client.get("/info").json()["models"] == []
+    assert all(h == {} for h in workers.held)
+    assert not any((catalog_dir / "sources").glob("*")), list((catalog_dir / "sources").glob("*"))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["../../../../victim", "/abs/olute", "x" * 256, "é" * 200, "modèle", "a\r\nforged: line", ""],
+)
+def test_a_model_name_that_is_not_plain_is_refused_at_the_door(endpoint, tmp_path, name):
+    client, models, serving, _ = endpoint
+    victim = tmp_path / "victim"
+    victim.mkdir(exist_ok=True)
+    (victim / "keep").write_text("keep me")
+    r = load(client, name, models / "a")
+    assert r.status_code == 400, r.text
+    assert "not a plain name" in r.json()["error"] and "at most 128" in r.json()["error"]
+    assert (victim / "keep").read_text() == "keep me"
+    assert serving.catalog.models == {}
+    assert not (tmp_path / "abs").exists()
+
+
+def test_names_in_the_path_follow_the_same_rule(endpoint):
+    client, models, _, _ = endpoint
+    assert load(client, "a", models / "a").status_code == 200
+    for method in ("get", "delete"):
+        r = getattr(client, method)("/models/mod%C3%A8le")
+        assert r.status_code == 400 and "not a plain name" in r.json()["error"], r.text
+    assert client.put("/models/mod%C3%A8le", json={"url": str(models / "b")}).status_code == 400
+    assert client.post("/models/mod%C3%A8le/invoke", json={"inputs": "x"}).status_code == 400
+    assert client.get("/models/a").status_code == 200
+
+
+def test_a_relative_url_is_refused_with_what_to_send(endpoint):
+    client, _, _, _ = endpoint
+    r = load(client, "a", "models/a")
+    assert r.status_code == 400 and "not an absolute path" in r.json()["error"], r.text
+
+
+def test_delete_during_a_registration_waits_for_it_then_unloads_no_ghost(endpoint, tmp_path):
+    client, models, _, workers = endpoint
+    workers.gate.clear()
+    with ThreadPoolExecutor(2) as pool:
+        posted = pool.submit(load, client, "a", models / "a")
+        _wait_loading(client, "a")
+        deleted = pool.submit(client.delete, "/models/a")
+        time.sleep(0.3)
+        assert not deleted.done()  # one name, one operation at a time, in order
+        workers.gate.set()
+        assert posted.result().status_code == 200
+        assert deleted.result().status_code == 200, deleted.result().text
+    _nothing_left(client, workers, tmp_path / "catalog")
+    assert client.delete("/models/a").status_code == 404
+    assert embed(client, "a").status_code == 404
+
+
+def test_delete_during_a_load_on_demand_leaves_no_ghost(endpoint, tmp_path):
+    client, models, serving, workers = endpoint
+    assert load(client, "a", models / "a").status_code == 200
+    entry = serving.catalog.models["a"]
+    client.portal.call(serving.catalog._evict, entry, "for the test")
+    workers.gate.clear()
+    with ThreadPoolExecutor(2) as pool:
+        asked = pool.submit(embed, client, "a")
+        _wait_loading(client, "a")
+        deleted = pool.submit(client.delete, "/models/a")
+        time.sleep(0.2)
+        workers.gate.set()
+        assert deleted.result().status_code == 200
+        assert asked.result().status_code == 404  # its model went while it waited
+    _nothing_left(client, workers, tmp_path / "catalog")
+
+
+def test_two_registrations_of_one_name_one_wins_the_other_is_409(endpoint):
+    client, models, serving, workers = endpoint
+    reading = threading.Event()
+    read = serving.catalog._read
+
+    def slow_read(*args):
+        assert reading.wait(30)
+        return read(*args)
+
+    serving.catalog._read = slow_read
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(load, client, "a", models / "a")
+        time.sleep(0.2)
+        second = pool.submit(load, client, "a", models / "b")
+        time.sleep(0.2)
+        reading.set()
+        answers = sorted([first.result().status_code, second.result().status_code])
+    assert answers == [200, 409], answers
+    assert client.get("/models/a").json()["modelUrl"] == str(models / "a")
+    assert all(set(h) == {"a"} for h in workers.held)
+
+
+def test_a_swap_during_a_delete_and_a_delete_during_a_swap(endpoint, tmp_path):
+    client, models, serving, workers = endpoint
+    # a DELETE first (held by a request in flight): the PUT waits, then finds nothing
+    assert load(client, "a", models / "a").status_code == 200
+    serving.in_use["a"] += 1
+    with ThreadPoolExecutor(2) as pool:
+        deleted = pool.submit(client.delete, "/models/a")
+        time.sleep(0.2)
+        swapped = pool.submit(client.put, "/models/a", json={"url": str(models / "cls")})
+        time.sleep(0.2)
+        client.portal.call(serving.release, {"neuronserve.model_held": "a"})
+        assert deleted.result().status_code == 200
+        assert swapped.result().status_code == 404
+    _nothing_left(client, workers, tmp_path / "catalog")
+    # a PUT first (a slow load): the DELETE waits for it, then unloads the new version
+    assert load(client, "a", models / "a").status_code == 200
+    workers.gate.clear()
+    with ThreadPoolExecutor(2) as pool:
+        swapped = pool.submit(client.put, "/models/a", json={"url": str(models / "cls")})
+        time.sleep(0.3)
+        deleted = pool.submit(client.delete, "/models/a")
+        time.sleep(0.2)
+        workers.gate.set()
+        assert swapped.result().status_code == 200
+        assert deleted.result().status_code == 200
+    _nothing_left(client, workers, tmp_path / "catalog")
+
+
+def _tar(path: Path, members: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as t:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_an_archive_is_bounded_while_it_unpacks_and_nothing_is_left(
+    endpoint, tmp_path, monkeypatch
+):
+    from neuronserve.serve import model_source
+
+    client, _, _, workers = endpoint
+    monkeypatch.setattr(model_source, "MIN_ROOM", 1 << 20, raising=False)
+    monkeypatch.setattr(model_source, "MAX_MEMBERS", 50, raising=False)
+    bomb = _tar(tmp_path / "bomb.tar.gz", {"weights.bin": b"\0" * (32 << 20)})
+    assert bomb.stat().st_size < 100_000
+    r = load(client, "bomb", bomb)
+    assert r.status_code == 400 and "unpacks to more than 1 MiB" in r.json()["error"], r.text
+    many = _tar(tmp_path / "many.tar.gz", {f"f{i}": b"" for i in range(100)})
+    r = load(client, "many", many)
+    assert r.status_code == 400 and "more than 50 files" in r.json()["error"], r.text
+    _nothing_left(client, workers, tmp_path / "catalog")
+
+
+def test_a_failed_load_a_delete_and_a_swap_leave_no_files(endpoint, tmp_path, tiny_artifact):
+    client, _, _, workers = endpoint
+    sources = tmp_path / "catalog" / "sources"
+    broken = _tar(tmp_path / "broken.tar.gz", {"manifest.json": b"{}"})
+    assert load(client, "x", broken).status_code == 400
+    packed = tmp_path / "a.tar.gz"
+    with tarfile.open(packed, "w:gz") as t:
+        for f in tiny_artifact.iterdir():
+            t.add(f, arcname=f.name)
+    assert load(client, "a", packed).status_code == 200
+    assert [p.name for p in sources.iterdir()] == ["a@1"]
+    assert client.put("/models/a", json={"url": str(packed)}).status_code == 200
+    assert [p.name for p in sources.iterdir()] == ["a@2"]
+    assert client.delete("/models/a").status_code == 200
+    _nothing_left(client, workers, tmp_path / "catalog")
+
+
+def test_errors_of_the_management_api_name_no_folder_of_the_host(endpoint, tmp_path):
+    client, _, _, _ = endpoint
+    broken = _tar(tmp_path / "broken.tar.gz", {"manifest.json": b"{}"})
+    r = load(client, "x", broken)
+    assert r.status_code == 400
+    assert str(tmp_path / "catalog") not in r.text and "sources" not in r.text, r.text
+
+
+def test_a_unicode_digit_in_max_results_is_a_400(endpoint):
+    client, _, _, _ = endpoint
+    for size in ("²", "٣", "0", "-1"):
+        r = client.get("/models", params={"max_results": size})
+        assert r.status_code == 400, (size, r.status_code)
+
+
+def test_a_deleted_model_leaves_no_series_in_the_metrics(endpoint):
+    client, models, _, _ = endpoint
+    for name in ("gone", "kept"):
+        assert load(client, name, models / "a").status_code == 200
+        assert embed(client, name).status_code == 200
+        assert client.post("/embed", json={"inputs": "x", "model": name}).status_code == 200
+    metrics = client.get("/metrics").text
+    assert 'model="gone"' in metrics and 'model="kept"' in metrics
+    assert client.delete("/models/gone").status_code == 200
+    metrics = client.get("/metrics").text
+    assert 'model="gone"' not in metrics, [m for m in metrics.splitlines() if "gone" in m]
+    assert 'model="kept"' in metrics

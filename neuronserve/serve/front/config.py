@@ -6,7 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...spec import DeploySpec
+from ...tasks.base import RequestLimits
 from .keys import Keys, resolve_admin_keys, resolve_keys
+
+# longest a model's load may take on every worker (multi-model) before it is called failed
+LOAD_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -16,6 +20,7 @@ class FrontConfig:
     run_dir: Path
     keys: Keys | None  # None: requests need no key
     max_body_bytes: int
+    max_answer_bytes: int
     max_client_batch: int
     split_client_batches: bool
     max_in_flight: int
@@ -44,6 +49,7 @@ class FrontConfig:
             run_dir=Path(spec.front_run_dir).resolve(),
             keys=resolve_keys(spec, sagemaker),
             max_body_bytes=spec.max_body_bytes,
+            max_answer_bytes=spec.max_answer_bytes,
             max_client_batch=spec.max_client_batch,
             split_client_batches=spec.split_client_batches,
             max_in_flight=spec.max_in_flight,
@@ -60,6 +66,11 @@ class FrontConfig:
             idle_unload_s=spec.idle_unload_s,
             multi_model=spec.multi_model,
         )
+
+    @property
+    def answer_limits(self) -> RequestLimits:
+        """What the front holds a request's answer to (the workers' own limit)."""
+        return RequestLimits(answer_bytes=self.max_answer_bytes)
 
     @property
     def scheme(self) -> str:

@@ -1,7 +1,9 @@
 """The front's outermost layer, as plain ASGI (Starlette's BaseHTTPMiddleware costs more
-per request than this whole layer): every request gets an id, the key check, a place
-under the in-flight bound, the body limit and a deadline (the spec's deadline_s, or the
-client's X-Request-Timeout in seconds when that is sooner), and is counted in the metrics.
+per request than this whole layer): every request to every route gets an id, the key
+check, a place under the in-flight bound (health probes excepted: they are answered
+however busy the front is), the body limit and a deadline (the spec's deadline_s, or
+the client's X-Request-Timeout in seconds when that is sooner; loading a model has its
+own), and is counted in the metrics.
 
 Order matters and is cheapest first: a request without a valid key is refused (401)
 before anything is read; one over the in-flight bound (429, Retry-After) before its
@@ -25,11 +27,12 @@ from starlette.requests import Request
 from starlette.routing import Match
 from starlette.routing import Route as StarletteRoute
 
-from .config import FrontConfig
+from .config import LOAD_TIMEOUT_S, FrontConfig
 from .errors import Family, error_body, family_of
 from .observe import FrontMetrics
 from .route import Route
 from .routes import MODEL, REQUEST_ID, guarded
+from .serving import RELEASE
 
 log = logging.getLogger("neuronserve.front")
 
@@ -40,6 +43,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _GOOD_ID = re.compile(rb"^[A-Za-z0-9._-]{1,64}$")
+# how long loading, swapping or unloading a model may take on every worker: the load's
+# own limit, and a margin for its answer to be the load's error rather than a 504
+LOAD_DEADLINE_S = LOAD_TIMEOUT_S + 60
 # seconds a client told 429 should wait: the engine clears a full front within this at
 # any throughput these machines reach
 RETRY_AFTER_BUSY = b"1"
@@ -134,6 +140,11 @@ class Guard:
             route = scope["path"] if call.endpoint is not None else "unmatched"
             model = scope.get(MODEL, "")
             self.metrics.observe(route, call.status, time.perf_counter() - started, model)
+            # counted first, released after: a model version dropped once its last
+            # request is released (a DELETE) takes its series with it, none comes back
+            release = scope.pop(RELEASE, None)
+            if release is not None:
+                release(scope)
 
     def _route(self, scope: Scope) -> Route | None:
         found = self.routes.get(scope["path"])
@@ -171,8 +182,11 @@ class Guard:
                 ((b"www-authenticate", b'Bearer realm="neuronserve"'),),
             )
             return
-        if endpoint is None or not endpoint.work:
+        if endpoint is None:  # no route: Starlette's 404 or 405, nothing read
             await self._dispatch(call.scope, call.receive, call.send)
+            return
+        if endpoint.probe:
+            await self._with_deadline(call, self.config.deadline_s)
             return
         if self.in_flight >= self.config.max_in_flight:
             await call.reply(
@@ -185,12 +199,14 @@ class Guard:
         self.in_flight += 1
         self.metrics.in_flight.inc()
         try:
-            await self._with_deadline(call)
+            await self._with_deadline(
+                call, LOAD_DEADLINE_S if endpoint.loads else self.config.deadline_s
+            )
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
 
-    async def _with_deadline(self, call: _Call) -> None:
+    async def _with_deadline(self, call: _Call, server_s: float) -> None:
         limit = self.config.max_body_bytes
         too_large = (
             f"request body over {limit} bytes (max_body_bytes): send fewer or shorter inputs"
@@ -199,7 +215,7 @@ class Guard:
         if length is not None and length.isdigit() and int(length) > limit:
             await call.reply(413, too_large)
             return
-        deadline = _deadline(call, self.config.deadline_s)
+        deadline = _deadline(call, server_s)
         if deadline is None:
             await call.reply(
                 400, "X-Request-Timeout must be a positive number of seconds, e.g. 2.5"
@@ -228,7 +244,7 @@ class Guard:
             if sys.version_info >= (3, 11):
                 task.uncancel()
             if not call.started:
-                why = "X-Request-Timeout" if deadline < self.config.deadline_s else "deadline_s"
+                why = "X-Request-Timeout" if deadline < server_s else "deadline_s"
                 await call.reply(504, f"no answer within {deadline:g} s ({why})")
         finally:
             timer.cancel()

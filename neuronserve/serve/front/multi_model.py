@@ -18,17 +18,19 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ... import catalog, placement
-from ...artifact import Manifest, read_manifest
+from ...artifact import ArtifactError, Manifest, read_manifest
+from ...names import safe_name
 from ...tasks import RequestError
-from ..model_source import ModelSourceError, find_models
+from ..model_source import ModelSourceError, find_models, unpack_tar
+from .config import LOAD_TIMEOUT_S
+from .schemas import model_name
 
 if TYPE_CHECKING:
     from collections import Counter
@@ -56,8 +58,6 @@ log = logging.getLogger("neuronserve.front")
 LOADING, READY, EVICTED = "loading", "ready", "evicted"
 # GET /models: models per page unless the caller asks for fewer
 PAGE_SIZE = 100
-# longest a load may take on every worker before it is called failed
-LOAD_TIMEOUT_S = 600.0
 
 
 class NoRoom(RequestError):
@@ -73,6 +73,8 @@ class Registered:
     url: str
     artifact: Path
     manifest: Manifest
+    # the folder its archive was unpacked into (removed with it)
+    work: Path
     # bytes one worker (one NeuronCore) holds of it
     cost: int
     version: int = 1
@@ -113,47 +115,90 @@ class ModelCatalog:
         self.models: dict[str, Registered] = {}
         # worker name -> artifact, what every worker is told to hold
         self._wanted: dict[str, dict[str, Any]] = {}
+        # one change to what the workers hold at a time
         self._lock = asyncio.Lock()
+        # names being registered, and each name's lock while an operation holds it
+        self._registering: set[str] = set()
+        self._names: dict[str, tuple[asyncio.Lock, int]] = {}
         self._idle_task: asyncio.Task[None] | None = None
 
     # what the routes call
 
     async def register(self, name: str, url: str) -> Registered:
-        """POST /models: 409 for a registered name, 507 when it cannot fit."""
-        if name in self.models:
+        """POST /models: 409 for a name registered or being registered, 507 when it
+        cannot fit."""
+        name = model_name(name)
+        if name in self.models or name in self._registering:
             raise RequestError(f"model {name!r} is already loaded", status=409)
-        entry = await asyncio.to_thread(self._read, name, url, 1)
-        self.models[name] = entry
+        self._registering.add(name)  # before any await: a second POST of it is a 409
         try:
-            await self.ensure(name, waited=False)
-        except BaseException:
-            self.models.pop(name, None)
-            raise
+            async with self._one_at_a_time(name):
+                entry = await asyncio.to_thread(self._read, name, url, 1)
+                self.models[name] = entry
+                try:
+                    await self._bring_in(entry)
+                except BaseException:
+                    if self.models.get(name) is entry:
+                        del self.models[name]
+                    _remove(entry.work)
+                    raise
+        finally:
+            self._registering.discard(name)
         return entry
 
     async def swap(self, name: str, url: str) -> Registered:
         """PUT /models/<name>: load `url` beside the served version, send new requests to
         it once every worker holds it, then drop the old one when its requests are done."""
-        old = self._get(name)
-        new = await asyncio.to_thread(self._read, name, url, old.version + 1)
-        async with self._lock:
-            await self._make_room(new.cost, keep=old)
-            await self._load(new)
-            self.models[name] = new
-            self._serve(new)
-        await self._drop(old)
+        name = model_name(name)
+        async with self._one_at_a_time(name):
+            old = self._get(name)
+            new = await asyncio.to_thread(self._read, name, url, old.version + 1)
+            try:
+                async with self._lock:
+                    await self._make_room(new.cost, keep=old)
+                    await self._load(new)
+                    self.models[name] = new
+                    self._serve(new)
+            except BaseException:
+                _remove(new.work)
+                raise
+            async with self._lock:
+                await self._drop(old)
+            _remove(old.work)
         return new
 
     async def unregister(self, name: str) -> None:
-        """DELETE /models/<name>: new requests get 404 at once; those in flight finish."""
-        entry = self._get(name)
-        self.models.pop(name, None)
-        self.serving.models.pop(name, None)
-        async with self._lock:
-            await self._drop(entry)
+        """DELETE /models/<name>: new requests get 404 at once; those in flight finish;
+        its files and its metrics go with it."""
+        name = model_name(name)
+        async with self._one_at_a_time(name):
+            entry = self._get(name)
+            del self.models[name]
+            self.serving.models.pop(name, None)
+            async with self._lock:
+                await self._drop(entry)
+            _remove(entry.work)
+            self.serving.metrics.forget_model(name)
+
+    @contextlib.asynccontextmanager
+    async def _one_at_a_time(self, name: str) -> AsyncIterator[None]:
+        """Operations on one name (register, swap, unregister) run one after another, in
+        the order they came: a DELETE during a load waits for the load, then unloads; a
+        PUT after a DELETE finds nothing (404). The lock goes when nobody waits on it."""
+        lock, users = self._names.get(name, (asyncio.Lock(), 0))
+        self._names[name] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._names[name]
+            if users == 1:
+                del self._names[name]
+            else:
+                self._names[name] = (lock, users - 1)
 
     def describe(self, name: str) -> dict[str, Any]:
-        return self._get(name).listed()
+        return self._get(model_name(name)).listed()
 
     def page(self, token: str | None, size: int | None) -> dict[str, Any]:
         """GET /models: names in order, `size` a page, after the name `token` holds."""
@@ -200,27 +245,41 @@ class ModelCatalog:
         return entry
 
     def _read(self, name: str, url: str, version: int) -> Registered:
-        """The artifact at `url` (a folder, or a .tar.gz of one as SageMaker hands it)."""
-        source = Path(url)
-        if not source.exists():
-            raise RequestError(f"url {url!r}: no such file or folder on this host")
-        work = self.folder / "sources" / f"{name}@{version}"
+        """The artifact at `url` (a folder, or a .tar.gz of one as SageMaker hands it),
+        unpacked within bounds into a folder of this version's own; nothing of it is left
+        when it cannot be used, and no message names this host's folders."""
+        work = self.folder / "sources" / f"{safe_name(name)}@{version}"
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
+        try:
+            return self._unpacked(name, url, version, work)
+        except RequestError as e:
+            _remove(work)
+            raise RequestError(self._public(e.message, work, url), e.status) from None
+        except BaseException:
+            _remove(work)
+            raise
+
+    def _unpacked(self, name: str, url: str, version: int, work: Path) -> Registered:
+        source = Path(url)
+        if not source.is_absolute():
+            raise RequestError(
+                f"url {url!r} is not an absolute path: give the artifact's folder (or its "
+                ".tar.gz) as this host sees it, starting with /"
+            )
+        if not source.exists():
+            raise RequestError(f"url {url!r}: no such file or folder on this host")
         tarballs = [source] if source.is_file() else sorted(source.glob("*.tar.gz"))
         if source.is_file() or (tarballs and not (source / "manifest.json").exists()):
             for tarball in tarballs:
                 try:
-                    with tarfile.open(tarball) as t:
-                        t.extractall(work / "unpacked", filter="data")
-                except (tarfile.TarError, OSError) as e:
-                    raise RequestError(
-                        f"url {url!r}: {tarball.name} is not a tar.gz: {e}"
-                    ) from None
+                    unpack_tar(tarball, work / "unpacked", self.budget)
+                except ModelSourceError as e:
+                    raise RequestError(f"url {url!r}: {e}") from None
             source = work / "unpacked"
         try:
             found = find_models(source, work)
-        except ModelSourceError as e:
+        except (ModelSourceError, ArtifactError) as e:
             raise RequestError(f"url {url!r}: {e}") from None
         if len(found) != 1:
             raise RequestError(f"url {url!r} holds {len(found)} models; load one at a time")
@@ -234,7 +293,13 @@ class ModelCatalog:
                 f"run {self.target} models"
             )
         cost = placement.model_memory(name, manifest, found[0].artifact, self.kind).total
-        return Registered(name, url, found[0].artifact, manifest, cost, version)
+        return Registered(name, url, found[0].artifact, manifest, work, cost, version)
+
+    def _public(self, message: str, work: Path, url: str) -> str:
+        """`message` as a caller may read it: what was unpacked is named by the caller's
+        url, and no other folder of this host's run folder is named."""
+        message = message.replace(str(work / "unpacked"), url)
+        return message.replace(str(work), "<unpacked>").replace(str(self.folder), "<catalog>")
 
     async def _bring_in(self, entry: Registered) -> None:
         async with self._lock:
@@ -242,6 +307,11 @@ class ModelCatalog:
                 return
             await self._make_room(entry.cost, keep=entry)
             await self._load(entry)
+            if self.models.get(entry.name) is not entry:
+                # unregistered (a DELETE) while the workers loaded it: off them again,
+                # never served, so no ghost is listed
+                await self._drop(entry)
+                return
             self._serve(entry)
 
     async def _make_room(self, cost: int, keep: Registered) -> None:
@@ -329,9 +399,10 @@ class ModelCatalog:
                 for s in states:
                     why = s["models"].get(loading.key, "")
                     if why.startswith(catalog.FAILED):
+                        why = why[len(catalog.FAILED) :]
                         raise RequestError(
                             f"{loading.name} failed to load on worker {s['group']}: "
-                            f"{why[len(catalog.FAILED) :]}",
+                            f"{self._public(why, loading.work, loading.url)}",
                             status=500,
                         )
             if len(states) >= self.workers and all(done(s["models"]) for s in states):
@@ -376,3 +447,7 @@ class ModelCatalog:
             self._idle_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._idle_task
+
+
+def _remove(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)

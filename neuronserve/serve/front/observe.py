@@ -5,6 +5,7 @@ reached no model (a probe, or one refused before its model was known)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from prometheus_client import (
@@ -111,3 +112,25 @@ class FrontMetrics:
             self._call_series[model] = series
         series[0].inc()
         series[1].inc(requests)
+
+    def forget_model(self, model: str) -> None:
+        """Drop every series of `model` (unloaded for good): registrations of new names
+        must not grow /metrics without bound."""
+        for metric in (
+            self.model_loads,
+            self.model_evictions,
+            self.model_load_seconds,
+            self.model_waited,
+            self.engine_calls,
+            self.engine_requests,
+        ):
+            with contextlib.suppress(KeyError):
+                metric.remove(model)
+        self._call_series.pop(model, None)
+        for key in [k for k in self._series if k[2] == model]:
+            route, status, _ = key
+            del self._series[key]
+            with contextlib.suppress(KeyError):
+                self.requests.remove(route, str(status), model)
+            with contextlib.suppress(KeyError):
+                self.latency.remove(route, model)

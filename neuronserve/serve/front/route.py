@@ -29,7 +29,12 @@ class Route:
     errors: Any = None
     # probes and documentation: no key needed
     open: bool = False
-    # model work: counted against max_in_flight, held to the deadline and body limit
-    work: bool = False
     # model management: the admin key outside SageMaker (FrontConfig.admin_keys)
     admin: bool = False
+    # health probes: answered however busy the front is (never 429), so a load balancer
+    # or SageMaker does not take a busy front out of rotation; every other route counts
+    # against max_in_flight
+    probe: bool = False
+    # loading or unloading a model on every worker: held to the load's own deadline
+    # (LOAD_DEADLINE_S) instead of deadline_s, which bounds inference
+    loads: bool = False

@@ -28,8 +28,16 @@ from .model import ServedModel
 from .observe import FrontMetrics
 from .openapi import SWAGGER_FILES, SWAGGER_PAGE, document, swagger_file
 from .route import Handler, Route
-from .serving import RELEASE, Need, NotReady, Serving, normalized, off_loop
-from .tei import cosine_similarities, decoded, sparse_as_dense, texts_of
+from .schemas import model_name
+from .serving import Need, NotReady, Serving, normalized, off_loop
+from .tei import (
+    cosine_similarities,
+    decoded,
+    dense_bytes,
+    sparse_as_dense,
+    sparse_cosine_similarities,
+    texts_of,
+)
 
 if TYPE_CHECKING:
     from .multi_model import ModelCatalog
@@ -76,11 +84,6 @@ def guarded(family: Family, fn: Handler) -> Handler:
             return error_response(
                 family, 503, "the model server is not answering", {"Retry-After": RETRY_AFTER_S}
             )
-        finally:
-            # the model version this request held (Serving.lookup) may now be dropped
-            release = request.scope.pop(RELEASE, None)
-            if release is not None:
-                release(request.scope)
 
     return endpoint
 
@@ -191,10 +194,21 @@ class Api:
     ) -> np.ndarray:
         """The embeddings of `texts` as one float32 array (a SPLADE model's as the whole
         vector of term weights)."""
-        prediction = await self.serving.predict(model, texts, params)
-        if model.task == "sparse-embedding":
-            return sparse_as_dense(prediction.value, model.manifest.output_dim)
-        return _vectors(prediction)
+        if model.task != "sparse-embedding":
+            return _vectors(await self.serving.predict(model, texts, params))
+        # a whole vector of term weights per text: bounded before and after the engine
+        # call (texts x vocabulary float32 in the front, and as JSON)
+        size, limits = model.manifest.output_dim, self.serving.config.answer_limits
+        what = f"{len(texts)} texts x {size} term weights"
+        refused = limits.check_answer(dense_bytes(len(texts), size), what)
+        if refused is not None:
+            raise refused
+        answer = (await self.serving.predict(model, texts, params)).value
+        terms = sum(len(t) for t in answer)
+        refused = limits.check_answer(dense_bytes(len(texts), size, terms), what)
+        if refused is not None:
+            raise refused
+        return sparse_as_dense(answer, size)
 
     async def embed_all(self, request: Request) -> Response:
         body: s.EmbedAllRequest = s.parse_body(await request.body(), s.EmbedAllRequest)
@@ -207,6 +221,13 @@ class Api:
             )
         texts = await _texts(model, body.inputs, "inputs", body.parameters())
         params = {**body.parameters(), **_prompt(body.prompt_name), "token_embeddings": True}
+        # every token's vector: a 200 KB request could ask for hundreds of MB, which no
+        # engine should build (TorchServe's worker dies sending what it cannot carry)
+        counts = await self.serving.token_counts(model, texts, params.get("truncate"))
+        found = get_task(model.task).answer_bytes(counts, params, model.manifest.task_info())
+        refused = self.serving.config.answer_limits.check_answer(*found) if found else None
+        if refused is not None:
+            raise refused
         return raw_json((await self.serving.predict(model, texts, params)).raw)
 
     async def embed_sparse(self, request: Request) -> Response:
@@ -225,6 +246,9 @@ class Api:
             )
         texts = [body.inputs.source_sentence, *body.inputs.sentences]
         params = {**body.parameters(), **_prompt(body.prompt_name)}
+        if model.task == "sparse-embedding":  # from the terms: no texts x vocabulary
+            answer = (await self.serving.predict(model, texts, params)).value
+            return json_response(sparse_cosine_similarities(answer))
         vectors = await self._dense(model, texts, params)
         return json_response(cosine_similarities(vectors[0], vectors[1:]))
 
@@ -433,7 +457,8 @@ class Api:
         query = request.query_params
         token = query.get("next_page_token") or query.get("nextPageToken")
         size = query.get("max_results") or query.get("maxResults")
-        if size is not None and (not size.isdigit() or int(size) < 1):
+        # ASCII digits only: str.isdigit also takes "²", which int() refuses
+        if size is not None and not (size.isascii() and size.isdigit() and int(size) > 0):
             raise RequestError(f"max_results must be a positive integer, not {size!r}")
         return json_response(self._catalog().page(token, int(size) if size else None))
 
@@ -453,7 +478,7 @@ class Api:
     async def invoke_model(self, request: Request) -> Response:
         """The name in the path is the model; SageMaker's X-Amzn-SageMaker-Target-Model
         (the caller's TargetModel) is only logged."""
-        name = request.path_params["name"]
+        name = model_name(request.path_params["name"])
         self._catalog()
         target = request.headers.get(TARGET_MODEL)
         if target:
@@ -556,56 +581,55 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
     tei = "text-embeddings-inference"
     return [
         e("/v1/embeddings", "POST", api.openai_embeddings, "openai", "OpenAI embeddings",
-          "OpenAI", s.OpenAIEmbeddingsRequest, s.OpenAIEmbeddingsResponse, s.OpenAIError,
-          work=True),
+          "OpenAI", s.OpenAIEmbeddingsRequest, s.OpenAIEmbeddingsResponse, s.OpenAIError),
         e("/v1/models", "GET", api.openai_models, "openai", "The served models, as OpenAI "
           "lists models", "OpenAI", None, s.OpenAIModels, s.OpenAIError),
         e("/embed", "POST", api.embed, "tei", "Embeddings", tei, s.EmbedRequest,
-          s.EmbedResponse, s.TEIError, work=True),
+          s.EmbedResponse, s.TEIError),
         e("/embed_all", "POST", api.embed_all, "tei", "Every token's vector (a model "
           "compiled with --token-embeddings)", tei, s.EmbedAllRequest, s.EmbedAllResponse,
-          s.TEIError, work=True),
+          s.TEIError),
         e("/embed_sparse", "POST", api.embed_sparse, "tei", "Sparse embeddings: each text's "
           "terms with their weights (a SPLADE model)", tei, s.EmbedSparseRequest,
-          s.EmbedSparseResponse, s.TEIError, work=True),
+          s.EmbedSparseResponse, s.TEIError),
         e("/similarity", "POST", api.similarity, "tei", "Cosine similarity of each sentence "
           "to the source sentence", tei, s.SimilarityRequest, s.SimilarityResponse,
-          s.TEIError, work=True),
+          s.TEIError),
         e("/predict", "POST", api.predict, "tei", "Classify texts or text pairs", tei,
-          s.PredictRequest, s.PredictResponse, s.TEIError, work=True),
+          s.PredictRequest, s.PredictResponse, s.TEIError),
         e("/rerank", "POST", api.rerank, "tei", "Rank documents against a query "
           "(a cross-encoder: a classifier with one label)", tei, s.RerankRequest,
-          s.RerankResponse, s.TEIError, work=True),
+          s.RerankResponse, s.TEIError),
         e("/tokenize", "POST", api.tokenize, "tei", "The model's tokens for texts", tei,
-          s.TokenizeRequest, s.TokenizeResponse, s.TEIError, work=True),
+          s.TokenizeRequest, s.TokenizeResponse, s.TEIError),
         e("/decode", "POST", api.decode, "tei", "The text of token ids", tei,
           s.DecodeRequest, s.DecodeResponse, s.TEIError),
         e("/info", "GET", api.info, "tei", "The served model: task, buckets, precision, "
           "versions", tei, None, s.Info, s.TEIError),
         e("/health", "GET", api.health, "tei", "200 while a worker serves (`degraded` while "
           "some are down), 503 when none can",
-          "operations", None, s.Health, s.Health, open=True),
+          "operations", None, s.Health, s.Health, open=True, probe=True),
         e("/ping", "GET", api.ping, "native", "SageMaker health: 200 once every worker is "
-          "warm, and while any serves", "SageMaker", open=True),
+          "warm, and while any serves", "SageMaker", open=True, probe=True),
         e("/invocations", "POST", api.invocations, "native", "SageMaker inference: "
           "{inputs, parameters} as JSON, or plain text", "SageMaker", s.NativeRequest,
-          None, s.NativeError, work=True),
+          None, s.NativeError),
         e("/models", "POST", api.load_model, "native", "Load a model (SageMaker's "
           "multi-model contract): 409 for a loaded name, 507 when it cannot fit", "models",
-          s.LoadModelRequest, s.ListedModel, s.NativeError, admin=True),
+          s.LoadModelRequest, s.ListedModel, s.NativeError, admin=True, loads=True),
         e("/models", "GET", api.list_models, "native", "The loaded models, a page at a "
           "time (next_page_token, max_results)", "models", None, s.ModelListing,
           s.NativeError, admin=True),
         e("/models/{name}", "GET", api.get_model, "native", "One loaded model", "models",
           None, s.ListedModel, s.NativeError, admin=True),
         e("/models/{name}", "DELETE", api.unload_model, "native", "Unload a model; "
-          "requests in flight finish", "models", None, None, s.NativeError, admin=True),
+          "requests in flight finish", "models", None, None, s.NativeError, admin=True,
+          loads=True),
         e("/models/{name}", "PUT", api.swap_model, "native", "Serve another artifact "
           "under this name without dropping a request", "models", s.SwapModelRequest,
-          s.ListedModel, s.NativeError, admin=True),
+          s.ListedModel, s.NativeError, admin=True, loads=True),
         e("/models/{name}/invoke", "POST", api.invoke_model, "native", "Inference on one "
-          "model, as /invocations", "models", s.NativeRequest, None, s.NativeError,
-          work=True),
+          "model, as /invocations", "models", s.NativeRequest, None, s.NativeError),
         e("/metrics", "GET", api.prometheus, "native", "Prometheus metrics of the front "
           "and of the engine behind it", "operations",
           open=not metrics_auth),

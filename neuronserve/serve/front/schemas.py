@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     FailFast,
@@ -21,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from ...names import NAME, safe_name
 from ...tasks import RequestError
 from .errors import SYNTAX
 
@@ -42,6 +44,16 @@ TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], _FailFast()]
 Inputs = str | TokenIds | Annotated[list[str | TokenIds], _FailFast()]
 # at most this many problems are named in one 400
 MAX_PROBLEMS = 10
+
+
+def model_name(value: str) -> str:
+    """A name a caller registers or manages a model by: the rule every model name follows
+    (names.safe_name: letters, digits, '_', '.', '-', at most 128, starting with a letter
+    or digit), checked before anything is built from it; a 400 naming the rule."""
+    try:
+        return safe_name(value)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
 
 
 class Body(BaseModel):
@@ -364,7 +376,11 @@ class NativeError(BaseModel):
 
 
 class LoadModelRequest(Body):
-    model_name: str = Field(min_length=1, max_length=256, description="the name to serve it under")
+    model_name: Annotated[str, AfterValidator(safe_name)] = Field(
+        description="the name to serve it under: letters, digits, '_', '.' and '-', starting "
+        "with a letter or digit, at most 128 characters (the rule of every model name)",
+        json_schema_extra={"pattern": NAME.pattern},
+    )
     url: str = Field(
         min_length=1,
         description="a folder on this host holding a neuronserve artifact, or a .tar.gz of one",

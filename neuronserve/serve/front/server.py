@@ -29,6 +29,7 @@ import uvicorn
 from ...spec import DeploySpec, load_spec
 from ..deployment import Deployment, engine_settings, model_entries
 from ..model_source import find_models
+from ..process import private_dir
 from .app import build_app
 from .config import FrontConfig
 from .protocol import with_deadlines
@@ -55,7 +56,10 @@ def configure_logging() -> None:
 
 
 def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
-    """Serve until told to stop; the exit status (1 if the model failed to load)."""
+    """Serve until told to stop; the exit status (1 if the model failed to load). A run
+    folder another local user owns or can write is refused first (ServeError): the
+    engine's store and the catalog the workers follow live in it."""
+    private_dir(config.run_dir)
     serving = Serving(config)
     server: dict[str, uvicorn.Server] = {}
     deployments: list[Deployment] = []

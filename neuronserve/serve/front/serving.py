@@ -226,17 +226,24 @@ class Serving:
     ) -> int:
         """Tokens the model reads for `texts`, its default prompt included (what OpenAI's
         usage reports)."""
+        return sum(await self.token_counts(model, texts, truncate))
+
+    async def token_counts(
+        self, model: ServedModel, texts: Sequence[Text], truncate: bool | None
+    ) -> list[int]:
+        """Tokens the model reads for each of `texts`, its default prompt included."""
         cut = model.truncation if truncate is None else truncate
         tokenizer = model.tokenizer
         if tokenizer is None:
-            return 0  # an image model reads no tokens
+            return [0] * len(texts)  # an image model reads no tokens
         texts = model.prompted(list(texts), None)
 
-        def count() -> int:
+        def count() -> list[int]:
             encoded = tokenizer.encode(texts, cut)
-            return sum(min(len(e.ids), tokenizer.max_length) for e in encoded)
+            return [min(len(e.ids), tokenizer.max_length) for e in encoded]
 
-        return await off_loop(count, sum(len(t) for t in texts if isinstance(t, str)))
+        counts: list[int] = await off_loop(count, sum(len(t) for t in texts if isinstance(t, str)))
+        return counts
 
 
 async def off_loop(fn: Callable[[], Any], chars: int) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...tasks import RequestError
+from ...tasks.base import FLOAT32_JSON_BYTES
 from .model import ServedModel
 
 
@@ -68,6 +69,29 @@ def cosine_similarities(source: np.ndarray, others: np.ndarray) -> list[float]:
     """The cosine of each row of `others` with `source`."""
     norms = np.linalg.norm(others, axis=1) * np.linalg.norm(source)
     return (others @ source / np.maximum(norms, 1e-12)).astype(float).tolist()
+
+
+def sparse_cosine_similarities(answer: list[list[dict[str, Any]]]) -> list[float]:
+    """The cosine of each text's SPLADE terms (answer[1:]) with the first text's, from the
+    terms alone: memory as the answer's non-zero terms, not texts x vocabulary."""
+    source = {t["index"]: float(t["value"]) for t in answer[0]}
+    source_norm = float(np.sqrt(sum(v * v for v in source.values())))
+    out = []
+    for terms in answer[1:]:
+        dot = sum(float(t["value"]) * source.get(t["index"], 0.0) for t in terms)
+        norm = float(np.sqrt(sum(float(t["value"]) ** 2 for t in terms))) * source_norm
+        out.append(dot / max(norm, 1e-12))
+    return out
+
+
+# bytes a zero of a whole SPLADE vector takes as JSON ("0.0,") and in the front's array
+ZERO_JSON_BYTES = 4
+
+
+def dense_bytes(texts: int, size: int, terms: int = 0) -> int:
+    """At most how many bytes texts' whole SPLADE vectors of `size` weights take, as the
+    front's float32 array and as JSON, `terms` of them not zero."""
+    return texts * size * ZERO_JSON_BYTES + terms * FLOAT32_JSON_BYTES
 
 
 def sparse_as_dense(answer: list[list[dict[str, Any]]], size: int) -> np.ndarray:

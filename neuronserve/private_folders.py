@@ -1,0 +1,115 @@
+"""Folders only this user may write, the one rule for every folder neuronserve keeps keys,
+settings, pid files, leases, catalogs or engine stores in.
+
+What lies in such a folder is read back as instructions (which model to load, which
+handler to run, which key to accept), so a folder another local user can write, or any
+folder above it that they can write, would let them rewrite those instructions: a user
+who can write a parent can rename the folder away and put their own in its place. The
+rule, as OpenSSH's StrictModes and sudo apply it to the files they trust:
+
+- the folders neuronserve makes or owns (the run folder itself, and the levels a caller
+  names as its own) are real folders, not symlinks, owned by this user, mode 0700;
+- every folder above them is owned by this user or by root, and no other user can write
+  it, unless it has the sticky bit (/tmp): there nobody can rename or remove what is not
+  theirs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from pathlib import Path
+
+
+class NotPrivate(RuntimeError):
+    """A folder (or one above it) that another local user owns or can write."""
+
+    def __init__(self, path: Path, folder: Path, problem: str, above: bool = False):
+        self.path, self.folder, self.problem = path, folder, problem
+        where = f"{folder}" if folder == path else f"{path}: {folder}"
+        if above:
+            where = f"{path}: the folder {folder} above it"
+        super().__init__(f"{where} {problem}")
+
+
+def not_private(folder: Path) -> str | None:
+    """What makes `folder` unfit to hold what only this user may write, or None: a
+    symbolic link, not a directory, another user's, or writable by others."""
+    st = os.lstat(folder)
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.getuid():
+        return f"is owned by uid {st.st_uid}, not this user ({os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def shared_above(folder: Path) -> str | None:
+    """What makes `folder`, above a private one, let another user replace what is in it,
+    or None: owned by a user other than this one and root, or writable by others without
+    the sticky bit."""
+    st = os.stat(folder)
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid not in (0, os.getuid()):
+        return f"is owned by uid {st.st_uid}, not this user ({os.getuid()}) or root"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o}, no sticky bit)"
+    return None
+
+
+def private_folder(path: Path, own: int = 1) -> Path:
+    """`path`, made if missing (0700, with any missing folders above it), and checked by
+    the rule above: its last `own` levels are this user's own folders; every existing
+    folder above them may be shared only as /tmp is. Raises NotPrivate naming the
+    folder at fault."""
+    path = Path(os.path.abspath(path))
+    owned = [path, *path.parents][: max(own, 1)]
+    top = owned[-1].parent
+    existing = top
+    while not existing.exists():
+        existing = existing.parent
+    real = Path(os.path.realpath(existing))
+    for folder in [*reversed(real.parents), real]:
+        problem = shared_above(folder)
+        if problem:
+            raise NotPrivate(path, folder, problem, above=True)
+    # what is missing between that folder and the owned levels is made here: this user's
+    made, folder = [], top
+    while folder != existing:
+        made.append(folder)
+        folder = folder.parent
+    for folder in [*reversed(made), *reversed(owned)]:
+        if not os.path.lexists(folder):
+            # one made meanwhile is checked below like any other
+            with contextlib.suppress(FileExistsError):
+                folder.mkdir(mode=0o700)
+        problem = not_private(folder)
+        if problem:
+            raise NotPrivate(path, folder, problem)
+    path.chmod(0o700)
+    return path
+
+
+def shared_entry(root: Path) -> tuple[Path, str] | None:
+    """The first file or folder in `root` (itself included, and every folder above it)
+    that another user owns or can write, with what is wrong; None when only this user (or
+    root) can change anything there. For stores a user gives (a TorchServe model store, a
+    Triton repository): their handlers and configs are code and instructions."""
+    root = Path(os.path.realpath(root))
+    for folder in [*reversed(root.parents)]:
+        problem = shared_above(folder)
+        if problem:
+            return folder, problem
+    for walked, _, files in os.walk(root):
+        for p in [Path(walked), *(Path(walked) / f for f in files)]:
+            st = os.lstat(p)
+            if st.st_uid not in (0, os.getuid()):
+                return p, f"is owned by uid {st.st_uid}, not this user ({os.getuid()}) or root"
+            if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return p, f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return None

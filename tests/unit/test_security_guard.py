@@ -1,0 +1,128 @@
+"""Every route passes the same guard, and no cheap request makes a large answer (the third
+security review's findings on the front): the body limit, the in-flight bound and the
+deadline hold for each route of the table, enumerated, so a route added later without
+them fails here; every token's vector and a SPLADE model's whole vectors are bounded by
+max_answer_bytes before the engine is asked, in the front and in the worker. Each test
+fails on the code before the fix (/decode skipped all three; /embed_all and SPLADE's
+/embed and /similarity built what the request asked for, however large)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+from in_process_front import front
+from starlette.responses import Response
+
+from neuronserve.runtime import Runner
+from neuronserve.serve.front.routes import Api, endpoints
+from neuronserve.serve.front.tei import cosine_similarities, sparse_as_dense
+from neuronserve.tasks import RequestError
+from neuronserve.tasks.base import RequestLimits
+
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def runners(tei_models):
+    return {"embedder": Runner(tei_models["embedder"]), "splade": Runner(tei_models["splade"])}
+
+
+def _routes():
+    return endpoints(Api(None, None))  # type: ignore[arg-type] - only the table is read
+
+
+def _path(route) -> str:
+    return route.path.replace("{name}", "embedder")
+
+
+@pytest.mark.parametrize("route", _routes(), ids=lambda r: f"{r.method} {r.path}")
+def test_every_route_refuses_a_body_over_the_limit(tmp_path, runners, route):
+    client, engine, _ = front(tmp_path, runners, max_body_bytes=200)
+    r = client.request(route.method, _path(route), content=b"x" * 1000)
+    assert r.status_code == 413, (r.status_code, r.text[:200])
+    assert "max_body_bytes" in r.text
+    assert engine.calls == 0
+
+
+@pytest.mark.parametrize("route", _routes(), ids=lambda r: f"{r.method} {r.path}")
+def test_every_route_but_the_probes_counts_against_the_in_flight_bound(tmp_path, runners, route):
+    client, _, serving = front(tmp_path, runners, max_in_flight=3)
+    guard = client.app
+    guard.in_flight = serving.config.max_in_flight
+    r = client.request(route.method, _path(route))
+    if route.probe:  # a busy front still answers its health checks
+        assert r.status_code != 429, r.text
+    else:
+        assert r.status_code == 429, (r.status_code, r.text[:200])
+        assert r.headers["retry-after"]
+
+
+@pytest.mark.parametrize("route", _routes(), ids=lambda r: f"{r.method} {r.path}")
+def test_every_route_is_held_to_its_deadline(tmp_path, runners, route, monkeypatch):
+    async def stalls(api, request):
+        await asyncio.sleep(30)
+        return Response()
+
+    monkeypatch.setattr(Api, route.handler.__name__, stalls)
+    client, _, _ = front(tmp_path, runners)
+    r = client.request(route.method, _path(route), headers={"X-Request-Timeout": "0.2"})
+    assert r.status_code == 504, (r.status_code, r.text[:200])
+
+
+def test_the_probes_are_the_only_routes_outside_the_in_flight_bound():
+    assert sorted(r.path for r in _routes() if r.probe) == ["/health", "/ping"]
+
+
+def test_embed_all_over_max_answer_bytes_is_refused_before_the_engine(tmp_path, runners):
+    """The reproduction, scaled to the tiny embedder (32 numbers a token): texts whose
+    every token's vector would pass the limit. The refusal names the limit; a request
+    within it is answered."""
+    client, engine, _ = front(tmp_path, runners, max_answer_bytes=MIB)
+    long = "word " * 40  # 32 tokens once cut: 32 x 32 numbers, about 16 KB a text
+    r = client.post("/embed_all", json={"inputs": [long] * 100, "model": "embedder",
+                                         "truncate": True})  # fmt: skip
+    # 422: text-embeddings-inference's status for a request over a limit
+    assert r.status_code == 422, r.text
+    assert "max_answer_bytes" in r.json()["error"] and "3200 tokens" in r.json()["error"]
+    assert engine.calls == 0
+    ok = client.post("/embed_all", json={"inputs": [long] * 4, "model": "embedder",
+                                          "truncate": True})  # fmt: skip
+    assert ok.status_code == 200 and len(ok.json()) == 4
+
+
+def test_the_worker_refuses_an_answer_over_the_limit_and_serves_its_neighbours(runners):
+    """Direct callers of the engine (TorchServe's own API) meet the same bound in the
+    worker, from the tokens, before the model runs: a worker never builds the answer."""
+    artifact = runners["embedder"].artifact_dir
+    runner = Runner(artifact, limits=RequestLimits(answer_bytes=MIB), warmup=False)
+    long = "word " * 40
+    big = {"inputs": [long] * 100, "parameters": {"token_embeddings": True, "truncate": True}}
+    small = {"inputs": "hello", "parameters": {"token_embeddings": True}}
+    refused, answered = runner.responses_for_bodies([(big, None), (small, None)])
+    assert isinstance(refused, RequestError) and refused.status == 413
+    assert "max_answer_bytes" in refused.message
+    assert not isinstance(answered, RequestError) and len(answered) > 0
+
+
+def test_splade_embed_is_bounded_and_similarity_never_builds_the_whole_vectors(tmp_path, runners):
+    client, engine, _ = front(tmp_path, runners, max_answer_bytes=MIB)
+    vocab = runners["splade"].manifest.output_dim
+    fits = MIB // (vocab * 4)
+    r = client.post("/embed", json={"inputs": ["x"] * (fits + 1), "model": "splade",
+                                     "normalize": False})  # fmt: skip
+    assert r.status_code == 422 and "max_answer_bytes" in r.json()["error"], r.text
+    assert engine.calls == 0
+    # the engine's answer counts too: this random SPLADE model weighs most terms
+    ok = client.post("/embed", json={"inputs": ["x"], "model": "splade", "normalize": False})
+    assert ok.status_code == 200 and len(ok.json()[0]) == vocab
+    # /similarity from the terms: as many sentences as the batch allows, same cosines
+    texts = ["a cat sat", "a dog sat", "the market fell", "cats and dogs"]
+    pair = {"source_sentence": texts[0], "sentences": texts[1:] * 100}
+    got = client.post("/similarity", json={"inputs": pair, "model": "splade"})
+    assert got.status_code == 200, got.text
+    sparse = runners["splade"].responses_for_bodies([({"inputs": texts}, None)])[0]
+    dense = sparse_as_dense(sparse, vocab)
+    want = cosine_similarities(dense[0], dense[1:])
+    np.testing.assert_allclose(got.json()[:3], want, atol=1e-5)

@@ -1,0 +1,167 @@
+"""Run folders, catalogs and stores another local user could write (the third security
+review's high finding): every start path refuses them before anything is read from or
+written to them. Each test fails on the code before the fix: `serve front --foreground`
+and the SageMaker entrypoint never checked the folder they were given."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import ports_for
+
+from neuronserve import catalog
+from neuronserve.private_folders import NotPrivate, private_folder, shared_entry
+from neuronserve.serve.private_shm import make_region_private
+from neuronserve.serve.process import ServeError, private_dir, trusted_store
+from neuronserve.serve.triton_stubs import REGION_ARG
+
+NOBODY = 65534
+ROOT_ONLY = pytest.mark.skipif(os.getuid() != 0, reason="chown to another uid needs root")
+
+
+def _open_folder(path: Path) -> Path:
+    path.mkdir(parents=True)
+    path.chmod(0o777)
+    return path
+
+
+def test_a_folder_others_can_write_is_refused(tmp_path):
+    shared = _open_folder(tmp_path / "run")
+    with pytest.raises(ServeError, match=r"run directory .*/run is writable by other users"):
+        private_dir(shared)
+
+
+@ROOT_ONLY
+def test_a_folder_another_user_owns_is_refused(tmp_path):
+    theirs = tmp_path / "run"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(ServeError, match=f"is owned by uid {NOBODY}"):
+        private_dir(theirs)
+
+
+def test_a_folder_made_inside_one_others_can_write_is_refused(tmp_path):
+    """Whoever can write the folder above can rename ours away and put theirs in place."""
+    shared = _open_folder(tmp_path / "shared")
+    with pytest.raises(ServeError, match=r"the folder .*/shared above it is writable"):
+        private_dir(shared / "deep" / "run")
+    assert not (shared / "deep").exists()
+
+
+@ROOT_ONLY
+def test_a_folder_above_owned_by_another_user_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, NOBODY, NOBODY)
+    with pytest.raises(NotPrivate, match=f"{theirs} above it is owned by uid {NOBODY}"):
+        private_folder(theirs / "run")
+
+
+def test_a_sticky_shared_folder_above_is_allowed_and_made_folders_are_private(tmp_path):
+    tmp_like = tmp_path / "tmp"
+    tmp_like.mkdir()
+    tmp_like.chmod(0o1777)
+    made = private_dir(tmp_like / "a" / "b")
+    for folder in (tmp_like / "a", made):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+
+
+def test_the_catalog_is_written_and_followed_only_from_a_private_folder(tmp_path):
+    shared = _open_folder(tmp_path / "catalog")
+    with pytest.raises(NotPrivate, match="writable by other users"):
+        catalog.write_wanted(shared, {})
+    (shared / catalog.WANTED).write_text('{"m": {"artifact": "/elsewhere"}}')
+    loaded = []
+    follower = catalog.Follower(shared, 0, lambda *a: loaded.append(a), dict, lambda _: None)
+    with pytest.raises(NotPrivate):
+        follower.start()
+    assert loaded == []
+
+
+def test_a_store_others_can_write_is_not_served(tmp_path):
+    store = tmp_path / "store"
+    (store / "m").mkdir(parents=True)
+    handler = store / "m" / "handler.py"
+    handler.write_text("")
+    trusted_store(store, "model store")
+    handler.chmod(0o666)
+    with pytest.raises(ServeError, match=r"handler.py is writable by other users"):
+        trusted_store(store, "model store")
+    assert shared_entry(store) == (handler, "is writable by other users (mode 666)")
+
+
+def _start(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    """A start that must refuse at once; on code that does not, it would serve until
+    killed, which the timeout turns into a failure."""
+    try:
+        return subprocess.run(
+            argv, env={**os.environ, **env}, cwd=cwd, capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{argv} started in a folder other users can write")
+
+
+def test_serve_front_in_the_foreground_refuses_an_open_run_folder(tmp_path, tiny_artifact):
+    """The reproduction: a 0777 run folder, multi-model, the admin key from the
+    environment (so no key file is generated, the only place the check used to run)."""
+    run = _open_folder(tmp_path / "run")
+    port = ports_for("port")["port"]
+    done = _start(
+        [sys.executable, "-m", "neuronserve.cli", "serve", "front", "--foreground",
+         "--multi-model", "--run-dir", str(run), "--port", str(port), str(tiny_artifact)],
+        {"NEURONSERVE_ADMIN_KEY": "k" * 32},
+        tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"run directory {run} is writable by other users" in done.stdout + done.stderr
+    assert list(run.iterdir()) == []  # nothing written into it
+
+
+def test_the_sagemaker_entrypoint_refuses_an_open_work_folder(tmp_path):
+    work = _open_folder(tmp_path / "work")
+    done = _start(
+        [sys.executable, "-m", "neuronserve.serve.sagemaker"],
+        {
+            "NEURONSERVE_WORK_DIR": str(work),
+            "NEURONSERVE_PLATFORM": "sagemaker",
+            "SAGEMAKER_MULTI_MODEL": "true",
+            "SAGEMAKER_BIND_TO_PORT": str(ports_for("port")["port"]),
+        },
+        tmp_path,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{work} is writable by other users" in done.stdout + done.stderr
+    assert list(work.iterdir()) == []
+
+
+def test_tritonserver_gets_a_dev_shm_of_its_own(tmp_path):
+    """What serve/triton.py starts tritonserver through: the program sees a fresh 0700
+    /dev/shm, and what it writes there never reaches the host's."""
+    if os.getuid() != 0:
+        pytest.skip("a mount namespace needs CAP_SYS_ADMIN")
+    name = f"neuronserve-test-{os.getpid()}"
+    done = subprocess.run(
+        [sys.executable, "-m", "neuronserve.serve.private_shm", "/bin/sh", "-c",
+         f"stat -c %a /dev/shm && touch /dev/shm/{name} && ls /dev/shm"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["700", name]
+    assert not (Path("/dev/shm") / name).exists()
+
+
+def test_where_it_cannot_each_stub_makes_its_region_private(tmp_path):
+    region = Path("/dev/shm") / f"triton_python_backend_shm_region_test-{os.getpid()}"
+    region.write_bytes(b"a request's text")
+    region.chmod(0o644)
+    try:
+        stub_args = ["stub", "model.py", region.name, "1048576"]
+        assert make_region_private(stub_args, REGION_ARG)
+        assert stat.S_IMODE(region.stat().st_mode) == 0o600
+    finally:
+        region.unlink()
