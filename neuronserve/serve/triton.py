@@ -411,7 +411,8 @@ def _launch(
             start_new_session=True,
         )
     # first hidden, then recorded: the identity `--stop` checks is the command line as
-    # it stays
+    # it stays, tritonserver's (the namespace wrapper executes it in the same process)
+    _wait_exec(proc, cmd[0])
     _hide_key(proc, run_dir, log)
     record_pid(run_dir / PID_FILE, proc.pid)
     endpoints = {k: v for k, v in dataclasses.asdict(inst).items() if k != "run_dir"}
@@ -431,6 +432,17 @@ def _launch(
         stop(run_dir, log=lambda *_: None)
         raise
     return inst
+
+
+def _wait_exec(proc: subprocess.Popen, binary: str, timeout_s: float = 30) -> None:
+    """Wait until process `proc` runs `binary` (the wrapper that gives it a /dev/shm of
+    its own has executed it), or has exited."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        with contextlib.suppress(psutil.Error):
+            if psutil.Process(proc.pid).cmdline()[:1] == [binary]:
+                return
+        time.sleep(0.005)
 
 
 def _hide_key(proc: subprocess.Popen, run_dir: Path, log: Callable[[str], object]) -> None:

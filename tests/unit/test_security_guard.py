@@ -52,7 +52,7 @@ def test_every_route_but_the_probes_counts_against_the_in_flight_bound(tmp_path,
     guard = client.app
     guard.in_flight = serving.config.max_in_flight
     r = client.request(route.method, _path(route))
-    if route.probe:  # a busy front still answers its health checks
+    if route.probe:  # a busy front still answers its health checks and its scrapes
         assert r.status_code != 429, r.text
     else:
         assert r.status_code == 429, (r.status_code, r.text[:200])
@@ -72,7 +72,7 @@ def test_every_route_is_held_to_its_deadline(tmp_path, runners, route, monkeypat
 
 
 def test_the_probes_are_the_only_routes_outside_the_in_flight_bound():
-    assert sorted(r.path for r in _routes() if r.probe) == ["/health", "/ping"]
+    assert sorted(r.path for r in _routes() if r.probe) == ["/health", "/metrics", "/ping"]
 
 
 def test_embed_all_over_max_answer_bytes_is_refused_before_the_engine(tmp_path, runners):

@@ -31,9 +31,9 @@ class Route:
     open: bool = False
     # model management: the admin key outside SageMaker (FrontConfig.admin_keys)
     admin: bool = False
-    # health probes: answered however busy the front is (never 429), so a load balancer
-    # or SageMaker does not take a busy front out of rotation; every other route counts
-    # against max_in_flight
+    # health probes and the metrics scrape: answered however busy the front is (never
+    # 429), so a load balancer or SageMaker does not take a busy front out of rotation
+    # and its metrics show the load; every other route counts against max_in_flight
     probe: bool = False
     # loading or unloading a model on every worker: held to the load's own deadline
     # (LOAD_DEADLINE_S) instead of deadline_s, which bounds inference

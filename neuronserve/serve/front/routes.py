@@ -632,7 +632,7 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
           "model, as /invocations", "models", s.NativeRequest, None, s.NativeError),
         e("/metrics", "GET", api.prometheus, "native", "Prometheus metrics of the front "
           "and of the engine behind it", "operations",
-          open=not metrics_auth),
+          open=not metrics_auth, probe=True),
         e("/openapi.json", "GET", api.openapi, "native", "This document", "operations",
           open=True),
         e("/docs", "GET", api.docs, "native", "API documentation page", "operations",
