@@ -1,9 +1,9 @@
 """The front's outermost layer, as plain ASGI (Starlette's BaseHTTPMiddleware costs more
 per request than this whole layer): every request to every route gets an id, the key
 check, a place under the in-flight bound (health probes and the metrics scrape
-excepted: they are answered however busy the front is), the body limit and a deadline (the spec's deadline_s, or
-the client's X-Request-Timeout in seconds when that is sooner; loading a model has its
-own), and is counted in the metrics.
+excepted: they are answered however busy the front is), the body limit and a deadline
+(the spec's deadline_s, or the client's X-Request-Timeout in seconds when that is
+sooner; loading a model has its own), and is counted in the metrics.
 
 Order matters and is cheapest first: a request without a valid key is refused (401)
 before anything is read; one over the in-flight bound (429, Retry-After) before its
