@@ -65,6 +65,13 @@ PID_FILE = "tritonserver.pid"
 # what a start that stalled leaves in the run directory (`wait_ready`)
 STALL_REPORT = "stalled-start.txt"
 STALLED_LOG = "tritonserver-stalled.log"
+# what a start whose tritonserver exited leaves (its whole log), when it is made once more
+EXITED_LOG = "tritonserver-exited.log"
+# how long the Python backend waits for a stub to start and to initialize its instance
+# (Triton's default 30 s): our model.py leases, loads and warms every model there, which
+# on a busy host takes longer, and a stub that takes too long fails the whole start (the
+# stall check and the start's own timeout bound a real hang)
+STUB_TIMEOUT_S = 600
 # the healer's files in the run directory (triton_healer.py)
 HEALER_PID = "healer.pid"
 HEALER_LOG = "healer.log"
@@ -340,6 +347,7 @@ def _command(
         "--allow-cpu-metrics=true",
         "--allow-gpu-metrics=false",
         "--log-info=true",
+        f"--backend-config=python,stub-timeout-seconds={STUB_TIMEOUT_S}",
     ]
     if root is not None:
         cmd.append(f"--backend-directory={backend_directory(root, run_dir)}")
@@ -385,6 +393,17 @@ def start(
             (run_dir / LOG_FILE).replace(run_dir / STALLED_LOG)
         log(f"warning: {e} (the log kept as {run_dir / STALLED_LOG}); starting it once more")
         return _launch(cmd, inst, timeout_s, log)
+    except TritonExited as e:
+        # a model that cannot load fails the same way again: said at once, with its
+        # reason; any other end (a signal, an exit that logged nothing) is kept with its
+        # whole log and the start is made once more
+        refused = _refused_models(run_dir / LOG_FILE)
+        if refused:
+            raise ServeError(f"tritonserver could not load {refused}; from {inst.log}") from e
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir / LOG_FILE).replace(run_dir / EXITED_LOG)
+        log(f"warning: {e} (the log kept as {run_dir / EXITED_LOG}); starting it once more")
+        return _launch(cmd, inst, timeout_s, log)
 
 
 def _launch(
@@ -418,7 +437,9 @@ def _launch(
     endpoints = {k: v for k, v in dataclasses.asdict(inst).items() if k != "run_dir"}
     (run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints))
     try:
-        wait_ready(inst, list(inst.expected), timeout_s=timeout_s, log=log)
+        wait_ready(
+            inst, list(inst.expected), timeout_s=timeout_s, log=log, gone=lambda: _gone(proc)
+        )
         if not private_shm.private(proc.pid):
             log(
                 "warning: tritonserver shares this host's /dev/shm (no mount namespace of "
@@ -430,6 +451,8 @@ def _launch(
         _start_healer(run_dir)
     except BaseException:
         stop(run_dir, log=lambda *_: None)
+        if proc.poll() is None:  # alive, but not the process its pid file names
+            stop_tree(proc.pid, proc.terminate, EXIT_TIMEOUT_S + 5)
         raise
     return inst
 
@@ -491,6 +514,18 @@ def _start_healer(run_dir: Path) -> None:
     record_pid(run_dir / HEALER_PID, proc.pid)
 
 
+# what Triton logs for a model whose load failed ("failed to load 'm' version 1: <why>")
+_LOAD_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (.*)")
+
+
+def _refused_models(log_file: Path) -> str:
+    """The models tritonserver's log says could not load, with Triton's reason, except
+    those a stub was too slow to start for (load, not the deployment); "" when none."""
+    text = log_file.read_text(errors="replace") if log_file.is_file() else ""
+    found = {m: why for m, why in _LOAD_FAILED.findall(text) if "Timed out" not in why}
+    return "; ".join(f"{m}: {why}" for m, why in found.items())
+
+
 def _log_errors(path: Path, errors_only: bool = True) -> str:
     """The log's last error lines (its last lines where it has none, or with
     `errors_only` off: what a server stuck loading did last)."""
@@ -501,16 +536,39 @@ def _log_errors(path: Path, errors_only: bool = True) -> str:
     return "\n  ".join(((errors_only and picked) or lines)[-12:])
 
 
+def _gone(proc: subprocess.Popen) -> str:
+    """How tritonserver (`proc`, our child) ended, for a start that lost it."""
+    code = proc.poll()
+    if code is None:
+        return (
+            f"it runs (pid {proc.pid}) but is not the process recorded in its pid file "
+            f"({' '.join(psutil.Process(proc.pid).cmdline()[:1])})"
+        )
+    if code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit status {code}"
+
+
 def wait_ready(
-    inst: TritonInstance, models: list[str], timeout_s: float = 600, log=print, poll_s: float = 0.5
+    inst: TritonInstance,
+    models: list[str],
+    timeout_s: float = 600,
+    log=print,
+    poll_s: float = 0.5,
+    gone: Callable[[], str] | None = None,
 ) -> None:
+    """Return once every model is READY; `gone` says how a server that disappeared
+    ended (its exit status or signal), which is kept beside its whole log."""
     deadline = time.monotonic() + timeout_s
     last = None
     stalled_since: float | None = None
     while True:
         if inst.pid() is None:
-            raise ServeError(
-                f"tritonserver exited during start; from {inst.log}:\n  " + _log_errors(inst.log)
+            how = gone() if gone is not None else "gone"
+            raise TritonExited(
+                f"tritonserver exited during start ({how}); the end of {inst.log}:\n  "
+                + _log_errors(inst.log, errors_only=False),
+                how,
             )
         counts = inst.instances()
         states = {m: _readiness(inst, m, counts[m]) for m in models}
@@ -549,6 +607,15 @@ _INSTANCE_READY = re.compile(r"neuronserve: (\S+ pid \d+) .* ready after")
 
 class StartStalled(ServeError):
     """Every instance initialized, and tritonserver still does not answer."""
+
+
+class TritonExited(ServeError):
+    """tritonserver ended (or was lost) during its start; `how`: its exit status, the
+    signal that killed it, or why it is not the process recorded."""
+
+    def __init__(self, message: str, how: str):
+        super().__init__(message)
+        self.how = how
 
 
 def _stalled(inst: TritonInstance, states: dict[str, str], since: float | None) -> float | None:

@@ -13,8 +13,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import stat
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -594,3 +596,50 @@ def test_no_other_user_can_read_the_request_regions(server, client):
         mode = seen.stat().st_mode
         folder = seen.parent.stat().st_mode
         assert not mode & 0o077 or not folder & 0o077, (oct(mode), oct(folder))
+
+
+def test_a_tritonserver_that_dies_during_its_start_is_started_again_with_the_cause_kept(
+    tmp_path, tiny_artifact
+):
+    """A start must not fail by chance: tritonserver killed while it loads (what a crash
+    looks like) is started once more, its whole log kept and the way it ended said; a
+    model that cannot load is refused at once with Triton's reason."""
+    from neuronserve.packaging.triton import package_triton
+    from neuronserve.serve.triton import EXITED_LOG, PID_FILE, Listen, start, stop
+    from neuronserve.spec import load_spec
+
+    spec = load_spec(None, {"artifact": tiny_artifact, "workers": 1,
+                            "triton_repository": tmp_path / "repo"})  # fmt: skip
+    package_triton(spec)
+    run_dir = tmp_path / "run"
+    ports = ports_for("http", "grpc", "metrics")
+    listen = Listen(ports["http"], ports["grpc"], ports["metrics"])
+    killed: list[int] = []
+
+    def kill_first_server():
+        pid_file = run_dir / PID_FILE
+        deadline = time.monotonic() + 60
+        while not pid_file.is_file() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        pid = int(pid_file.read_text())
+        os.kill(pid, signal.SIGKILL)
+        killed.append(pid)
+
+    said: list[str] = []
+    killer = threading.Thread(target=kill_first_server)
+    killer.start()
+    try:
+        inst = start(tmp_path / "repo", run_dir, listen, timeout_s=300, log=said.append)
+        killer.join()
+        assert inst.pid() is not None and inst.pid() != killed[0]
+        assert any("killed by SIGKILL" in s and "starting it once more" in s for s in said), said
+        assert (run_dir / EXITED_LOG).is_file()
+    finally:
+        stop(run_dir, log=lambda *_: None)
+    # a model that cannot load: refused at once, with the reason, not started again
+    (tmp_path / "repo" / "tiny" / "1" / "model.py").write_text("raise ImportError('broken')\n")
+    said.clear()
+    with pytest.raises(triton.ServeError, match="could not load tiny") as refused:
+        start(tmp_path / "repo", tmp_path / "run2", listen, timeout_s=300, log=said.append)
+    assert "broken" in str(refused.value)
+    assert not any("once more" in s for s in said), said
