@@ -549,7 +549,7 @@ def _gone(proc: subprocess.Popen) -> str:
     return f"exit status {code}"
 
 
-def wait_ready(
+def wait_ready(  # noqa: PLR0913 - the server, what to wait for, and how
     inst: TritonInstance,
     models: list[str],
     timeout_s: float = 600,
