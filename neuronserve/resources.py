@@ -9,29 +9,13 @@ from importlib import resources
 from pathlib import Path
 
 
-def handler_file(name: str) -> Path:
-    """A file from the repository's `handlers/` (installed as package data in
-    `neuronserve/_handlers`, so wheel installs find it too)."""
-    path = Path(str(resources.files("neuronserve._handlers") / name))
+def package_file(package: str, name: str) -> Path:
+    """File `name` installed with neuronserve's package `package` (an engine's adapter,
+    package data such as `neuronserve._handlers`, mapped from the repository's top-level
+    folders, so wheel installs find it too)."""
+    path = Path(str(resources.files(package) / name))
     if not path.is_file():
         raise FileNotFoundError(f"{name} is not installed with neuronserve (looked in {path})")
-    return path
-
-
-def triton_model_file() -> Path:
-    """`triton_backend/model.py` (package data `neuronserve/_triton_backend`)."""
-    path = Path(str(resources.files("neuronserve._triton_backend") / "model.py"))
-    if not path.is_file():
-        raise FileNotFoundError(f"model.py is not installed with neuronserve (looked in {path})")
-    return path
-
-
-def torchserve_log_config() -> Path:
-    """The log4j2.xml `serve torchserve` starts TorchServe with (package data of
-    `neuronserve.serve`; the file says how it differs from TorchServe's own)."""
-    path = Path(str(resources.files("neuronserve.serve") / "torchserve_log4j2.xml"))
-    if not path.is_file():
-        raise FileNotFoundError(f"torchserve_log4j2.xml is not installed (looked in {path})")
     return path
 
 

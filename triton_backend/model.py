@@ -37,7 +37,7 @@ def instance_index(instance_name: str, model_config: dict) -> int:
     """The core group this instance prefers: the one its group is named after (`cores<k>`,
     one group per core group as `neuronserve package triton` writes them), else its
     global index across the config's groups (`<model>_<group>_<index>`, Triton's names)."""
-    from neuronserve.serve.triton_stubs import core_group_of
+    from neuronserve.engines.triton.stubs import core_group_of
 
     named = core_group_of(instance_name)
     if named is not None:
@@ -82,8 +82,8 @@ def restore_pythonpath() -> None:
 class TritonPythonModel:
     def initialize(self, args):
         restore_pythonpath()
-        from neuronserve.serve.private_shm import make_region_private
-        from neuronserve.serve.triton_stubs import REGION_ARG, STACKS_SIGNAL
+        from neuronserve.engines.triton.shm import make_region_private
+        from neuronserve.engines.triton.stubs import REGION_ARG, STACKS_SIGNAL
 
         # before any request reaches this instance: where tritonserver shares the host's
         # /dev/shm, the region requests come through is 0644 until made private here

@@ -35,8 +35,8 @@ from tqdm import tqdm
 
 from .. import metrics
 from ..artifact import MANIFEST, read_manifest
-from ..serve.engine import NativeRoute
-from ..serve.engines import engine_class
+from ..engines import engine_class
+from ..engines.base import NativeRoute
 from .endpoints import (
     Endpoint,
     HttpJsonEndpoint,

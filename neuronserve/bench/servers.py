@@ -26,7 +26,7 @@ from ..serve.process import free_ports, stop_tree
 from ..spec import ModelEntry, load_spec
 
 if TYPE_CHECKING:
-    from ..serve.engine import Engine
+    from ..engines.base import Engine
 
 
 class _OwnLeases:

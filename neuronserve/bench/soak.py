@@ -46,8 +46,8 @@ import aiohttp
 import numpy as np
 import psutil
 
+from ..engines.triton.stubs import STUB
 from ..serve.process import alive
-from ..serve.triton_stubs import STUB
 
 # a worker process of either engine: TorchServe's Python worker, Triton's stub
 _WORKER_MARKS = ("model_service_worker", STUB)

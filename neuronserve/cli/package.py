@@ -72,7 +72,7 @@ def torchserve_cmd(
     """Build <store>/<name>.mar with its model-config.yaml, and the store's
     config.properties."""
     from ..artifact import ArtifactError
-    from ..packaging.torchserve import PackagingError, package_torchserve
+    from ..engines.torchserve.package import PackagingError, package_torchserve
 
     s = load(
         spec,
@@ -117,8 +117,8 @@ def triton_cmd(
 ) -> None:
     """Write <repository>/<name>/{config.pbtxt, 1/model.py, 1/artifact/}."""
     from ..artifact import ArtifactError
+    from ..engines.triton.package import package_triton
     from ..packaging.model import PackagingError
-    from ..packaging.triton import package_triton
 
     s = load(
         spec,

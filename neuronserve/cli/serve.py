@@ -41,7 +41,7 @@ def torchserve_cmd(
     metrics_port: Annotated[int | None, spec_option("metrics_port")] = None,
 ) -> None:
     """Start TorchServe and return once every worker is READY (not when /ping says so)."""
-    from ..serve import torchserve as ts
+    from ..engines.torchserve import process as ts
 
     s = load(
         spec,
@@ -102,7 +102,7 @@ def triton_cmd(
     ] = None,
 ) -> None:
     """Start tritonserver and return once every model in the repository is READY."""
-    from ..serve import triton
+    from ..engines.triton import process as triton
 
     s = load(
         spec,

@@ -20,7 +20,7 @@ from importlib import metadata, resources
 from pathlib import Path
 
 from ..artifact import read_manifest
-from ..serve.engines import ENGINES, engine_class
+from ..engines import ENGINES, engine_class
 from ..spec import DeploySpec
 from .model import recorded_unless_given
 
@@ -61,19 +61,17 @@ def requirements(engine: str, target: str) -> list[str]:
 def _copy_package(dst: Path) -> None:
     import neuronserve
 
-    from ..resources import handler_file, triton_model_file
+    from ..engines import ENGINES, engine_class
+    from ..resources import package_file
 
     src = Path(neuronserve.__file__).parent
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    # Editable installs map these from the repository: put real copies in the image.
-    for folder, files in (
-        ("_handlers", [handler_file("neuronserve_handler.py")]),
-        ("_triton_backend", [triton_model_file()]),
-    ):
-        (dst / folder).mkdir(exist_ok=True)
-        (dst / folder / "__init__.py").touch()
-        for f in files:
-            shutil.copy2(f, dst / folder / f.name)
+    # Editable installs map the engines' adapters from the repository: real copies here
+    for package, name in (engine_class(e).adapter for e in ENGINES):
+        folder = dst / package.removeprefix("neuronserve.")
+        folder.mkdir(exist_ok=True)
+        (folder / "__init__.py").touch()
+        shutil.copy2(package_file(package, name), folder / name)
 
 
 def check_runs(spec: DeploySpec, target: str, what: str = "image") -> list[str]:

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import catalog, placement
 from ..artifact import read_manifest
+from ..engines import engine
 from ..packaging.model import recorded_unless_given, served_truncation
 from ..spec import DeploySpec, ModelEntry, load_spec
-from .engines import engine
 from .process import free_ports, private_dir
 
 if TYPE_CHECKING:
     from ..artifact import Manifest
-    from .engine import Engine
+    from ..engines.base import Engine
     from .front.clients import EngineClient
     from .front.model import ServedModel
     from .front.multi_model import ModelCatalog

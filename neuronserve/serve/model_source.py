@@ -18,10 +18,10 @@ from pathlib import Path
 import yaml
 
 from ..artifact import MANIFEST, read_manifest
-from ..packaging.torchserve import MODEL_CONFIG
+from ..engines import ENGINES
+from ..engines.torchserve.package import MODEL_CONFIG
 from ..spec import ModelEntry
 from ..worker import MODELS_DIR, WorkerSettings
-from .engines import ENGINES
 
 MODEL_DIR = "/opt/ml/model"
 BAKED_DIR = "/opt/neuronserve/model"
@@ -176,7 +176,7 @@ def _triton_settings(model_dir: Path) -> WorkerSettings:
     # imported here: a TorchServe image has no protobuf or tritonclient
     from google.protobuf import json_format
 
-    from ..packaging.triton import CONFIG, read_config
+    from ..engines.triton.package import CONFIG, read_config
 
     config = read_config(model_dir / CONFIG)
     return WorkerSettings.from_triton(

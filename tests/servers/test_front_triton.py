@@ -26,10 +26,10 @@ import torch
 from helpers import free_port, run_cli, tiny_bert_classifier, write_spec
 from tritonclient.utils import InferenceServerException
 
+from neuronserve.engines.triton.stubs import live_stubs
 from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front import schemas
 from neuronserve.serve.front.server import ENGINE_DIR
-from neuronserve.serve.triton_stubs import live_stubs
 
 pytestmark = pytest.mark.server
 

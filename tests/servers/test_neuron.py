@@ -20,9 +20,9 @@ import tritonclient.http as httpclient
 from helpers import NeuronServing, standin_events, standin_imports, wait_for
 from tritonclient.utils import InferenceServerException
 
-from neuronserve.serve import torchserve as ts
-from neuronserve.serve import triton
-from neuronserve.serve.triton_stubs import live_stubs
+from neuronserve.engines.torchserve import process as ts
+from neuronserve.engines.triton import process as triton
+from neuronserve.engines.triton.stubs import live_stubs
 
 pytestmark = pytest.mark.server
 STACK = "pair"

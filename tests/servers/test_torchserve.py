@@ -38,9 +38,9 @@ from helpers import (
 )
 
 from neuronserve.cores import parse_core_list
+from neuronserve.engines.torchserve import process as ts
 from neuronserve.images import sample_images
 from neuronserve.runtime import Runner
-from neuronserve.serve import torchserve as ts
 
 pytestmark = pytest.mark.server
 STACK = "stack"  # the one TorchServe model holding them all
@@ -388,7 +388,7 @@ def test_concurrent_requests_are_batched_and_answered_correctly(server, runners)
 
 def test_the_frontend_logs_each_line_once_and_no_debug(server):
     # TorchServe's own log4j2.xml writes every frontend line to ts_log.log twice, plus
-    # two debug lines per request; ours writes each once (see torchserve_log4j2.xml)
+    # two debug lines per request; ours writes each once (see engines/torchserve/log4j2.xml)
     assert post(server, "minilm", {"inputs": "logged once"}).status_code == 200
     log = server.run_dir / "logs" / "ts_log.log"
     lines = wait_for(lambda: log.read_text().splitlines(), 10, 0.1, "ts_log.log")

@@ -46,12 +46,12 @@ from tritonclient.utils import InferenceServerException
 from neuronserve.artifact import read_manifest, write_manifest
 from neuronserve.bench.servers import scrape
 from neuronserve.cores import parse_core_list
+from neuronserve.engines.triton import process as triton
+from neuronserve.engines.triton.package import model_config, read_config
+from neuronserve.engines.triton.shm import private
+from neuronserve.engines.triton.stubs import REGION_ARG
 from neuronserve.images import sample_images
-from neuronserve.packaging.triton import model_config, read_config
 from neuronserve.runtime import Runner
-from neuronserve.serve import triton
-from neuronserve.serve.private_shm import private
-from neuronserve.serve.triton_stubs import REGION_ARG
 from neuronserve.tasks.text_classification import softmax
 from neuronserve.tokenization import TextTokenizer
 
@@ -604,8 +604,8 @@ def test_a_tritonserver_that_dies_during_its_start_is_started_again_with_the_cau
     """A start must not fail by chance: tritonserver killed while it loads (what a crash
     looks like) is started once more, its whole log kept and the way it ended said; a
     model that cannot load is refused at once with Triton's reason."""
-    from neuronserve.packaging.triton import package_triton
-    from neuronserve.serve.triton import EXITED_LOG, PID_FILE, Listen, start, stop
+    from neuronserve.engines.triton.package import package_triton
+    from neuronserve.engines.triton.process import EXITED_LOG, PID_FILE, Listen, start, stop
     from neuronserve.spec import load_spec
 
     spec = load_spec(None, {"artifact": tiny_artifact, "workers": 1,

@@ -12,7 +12,7 @@ import yaml
 from google.protobuf import json_format
 from helpers import run_cli
 
-from neuronserve.packaging.triton import read_config
+from neuronserve.engines.triton.package import read_config
 from neuronserve.serve.model_source import find_models
 from neuronserve.spec import load_spec
 from neuronserve.worker import WorkerSettings
@@ -70,9 +70,9 @@ def triton_truncation(repo, name):
 
 @pytest.mark.parametrize("given", [None, True])
 def test_packaging_keeps_the_artifacts_truncation_unless_given(artifacts, tmp_path, given):
+    from neuronserve.engines.torchserve.package import package_torchserve
+    from neuronserve.engines.triton.package import package_triton
     from neuronserve.packaging.sagemaker import package_sagemaker
-    from neuronserve.packaging.torchserve import package_torchserve
-    from neuronserve.packaging.triton import package_triton
 
     strict, want = artifacts / "strict", False if given is None else given
     # what `package ... [--truncation]` hands the packagers (cli/options.load)

@@ -10,7 +10,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import serialize_byte_tensor
 
-from neuronserve.serve.front import kserve
+from neuronserve.engines.triton import kserve
 from neuronserve.tasks.base import bytes_rows
 
 TEXTS = ["naïve café 🎉", "", "a", "東京 and São Paulo"]

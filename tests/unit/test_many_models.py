@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from neuronserve import placement
 from neuronserve.cli import app
+from neuronserve.engines.triton.package import read_config
 from neuronserve.packaging.model import PackagingError, prepare
-from neuronserve.packaging.triton import read_config
 from neuronserve.spec import SpecError, load_spec
 from neuronserve.worker import WorkerSettings
 
@@ -62,7 +62,7 @@ def test_torchserve_gets_one_archive_holding_every_model(
 def test_triton_gets_one_model_taking_what_every_model_takes(
     tmp_path, tiny_artifact, classifier_artifact
 ):
-    from neuronserve.packaging.triton import package_triton
+    from neuronserve.engines.triton.package import package_triton
 
     model_dir = package_triton(spec(tmp_path, tiny_artifact, classifier_artifact))
     assert model_dir.name == "models"  # the default deployment name
@@ -89,7 +89,7 @@ def test_two_embedders_of_other_widths_share_a_variable_output(tmp_path, tiny_ar
         module_format="torchscript",
     )
     packaged = prepare(spec(tmp_path, tiny_artifact, wider))
-    from neuronserve.packaging.triton import model_config
+    from neuronserve.engines.triton.package import model_config
 
     outputs = {
         o.name: list(o.dims)

@@ -54,9 +54,9 @@ def test_more_workers_than_groups_is_a_warning_or_capped():
 
 def test_packagers_write_the_plan(tmp_path, tiny_artifact):
     from neuronserve.buckets import engine_batch_sizes
+    from neuronserve.engines.torchserve.package import model_config
+    from neuronserve.engines.triton.package import package_triton, read_config
     from neuronserve.packaging.model import prepare
-    from neuronserve.packaging.torchserve import model_config
-    from neuronserve.packaging.triton import package_triton, read_config
 
     n = len(discover("cpu"))
     latency = load_spec(None, {"layout": "latency", "batch_requests": 2, "artifact": tiny_artifact})

@@ -15,8 +15,8 @@ import pytest
 
 from neuronserve import cores
 from neuronserve.artifact import ArtifactError, read_manifest
-from neuronserve.packaging.torchserve import package_torchserve
-from neuronserve.packaging.triton import package_triton
+from neuronserve.engines.torchserve.package import package_torchserve
+from neuronserve.engines.triton.package import package_triton
 from neuronserve.spec import SpecError, load_spec
 
 HOSTILE = ["../..", "../victim", "/srv", "a/b", ".hidden", "", "x" * 200, "a\nb"]
@@ -173,12 +173,12 @@ def test_stop_leaves_a_process_a_stale_pid_file_names_alone(tmp_path, bystander)
 
 
 def test_torchserve_loads_from_its_store_only_and_holds_the_body_limit(tmp_path):
-    from neuronserve.packaging.model import PackagingError
-    from neuronserve.packaging.torchserve import (
+    from neuronserve.engines.torchserve.package import (
         read_properties,
         store_properties,
         write_properties,
     )
+    from neuronserve.packaging.model import PackagingError
 
     store = tmp_path / "my-store.v1"
     spec = load_spec(None, {"max_body_bytes": 123456})

@@ -15,10 +15,10 @@ import pytest
 from helpers import ports_for
 
 from neuronserve import catalog
+from neuronserve.engines.triton.shm import make_region_private
+from neuronserve.engines.triton.stubs import REGION_ARG
 from neuronserve.private_folders import NotPrivate, private_folder, shared_entry
-from neuronserve.serve.private_shm import make_region_private
 from neuronserve.serve.process import ServeError, private_dir, trusted_store
-from neuronserve.serve.triton_stubs import REGION_ARG
 
 NOBODY = 65534
 ROOT_ONLY = pytest.mark.skipif(os.getuid() != 0, reason="chown to another uid needs root")
@@ -146,7 +146,7 @@ def test_tritonserver_gets_a_dev_shm_of_its_own(tmp_path):
         pytest.skip("a mount namespace needs CAP_SYS_ADMIN")
     name = f"neuronserve-test-{os.getpid()}"
     done = subprocess.run(
-        [sys.executable, "-m", "neuronserve.serve.private_shm", "/bin/sh", "-c",
+        [sys.executable, "-m", "neuronserve.engines.triton.shm", "/bin/sh", "-c",
          f"stat -c %a /dev/shm && touch /dev/shm/{name} && ls /dev/shm"],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip

@@ -8,7 +8,7 @@ import time
 import pytest
 from helpers import REPO, wait_for
 
-from neuronserve.serve import triton
+from neuronserve.engines.triton import process as triton
 from neuronserve.serve.process import ServeError
 
 
@@ -92,7 +92,7 @@ def test_glibc_older_than_2_35_is_refused_for_triton():
 
 
 def test_the_healer_replaces_one_instance_only_where_each_group_is_one_core_group():
-    from neuronserve.serve.triton_healer import instance_names, partitioned
+    from neuronserve.engines.triton.healer import instance_names, partitioned
 
     ours = [
         {"name": "cores0", "count": 1, "host_policy": "cores0"},
@@ -117,7 +117,7 @@ def test_a_crashed_servers_stubs_are_stopped_before_the_next_start(tmp_path):
 
     import psutil
 
-    from neuronserve.serve.triton_stubs import STUB
+    from neuronserve.engines.triton.stubs import STUB
 
     stub = tmp_path / STUB
     stub.symlink_to("/bin/sleep")
@@ -167,8 +167,8 @@ def test_a_start_that_stalls_after_every_instance_is_ready_says_where_it_waits(
 
     import psutil
 
+    from neuronserve.engines.triton.stubs import STUB
     from neuronserve.serve.process import free_ports, record_pid
-    from neuronserve.serve.triton_stubs import STUB
 
     monkeypatch.setattr(triton, "STALL_S", 0.5)
     run_dir = tmp_path / "run"

@@ -62,8 +62,10 @@ def test_wheel_ships_handler_and_only_neuronserve(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(target)}
     code = (
         "import neuronserve, neuronserve.resources as r; "
-        "print(neuronserve.__file__); print(r.handler_file('neuronserve_handler.py')); "
-        "print(r.triton_model_file()); print(r.torchserve_log_config())"
+        "print(neuronserve.__file__); "
+        "print(r.package_file('neuronserve._handlers', 'neuronserve_handler.py')); "
+        "print(r.package_file('neuronserve._triton_backend', 'model.py')); "
+        "print(r.package_file('neuronserve.engines.torchserve', 'log4j2.xml'))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -78,5 +80,5 @@ def test_wheel_ships_handler_and_only_neuronserve(tmp_path):
     assert Path(out[2]).read_text() == (REPO / "triton_backend" / "model.py").read_text()
     assert (
         Path(out[3]).read_text()
-        == (REPO / "neuronserve" / "serve" / "torchserve_log4j2.xml").read_text()
+        == (REPO / "neuronserve" / "engines" / "torchserve" / "log4j2.xml").read_text()
     )

@@ -16,9 +16,9 @@ from neuronserve.worker import ModelSettings, WorkerSettings, start_worker
 def test_settings_round_trip_through_both_engines_formats(tmp_path, tiny_artifact):
     from google.protobuf import json_format
 
+    from neuronserve.engines.torchserve.package import model_config
+    from neuronserve.engines.triton.package import model_config as triton_config
     from neuronserve.packaging.model import prepare
-    from neuronserve.packaging.torchserve import model_config
-    from neuronserve.packaging.triton import model_config as triton_config
     from neuronserve.spec import load_spec
 
     spec = load_spec(
@@ -44,9 +44,9 @@ def test_settings_round_trip_through_both_engines_formats(tmp_path, tiny_artifac
 
 
 def test_both_engines_bound_their_queues_from_the_same_fields(tiny_artifact):
+    from neuronserve.engines.torchserve.package import model_config, store_properties
+    from neuronserve.engines.triton.package import model_config as triton_config
     from neuronserve.packaging.model import prepare
-    from neuronserve.packaging.torchserve import model_config, store_properties
-    from neuronserve.packaging.triton import model_config as triton_config
     from neuronserve.spec import load_spec
 
     spec = load_spec(None, {"max_queued": 7, "queue_timeout_ms": 250, "artifact": tiny_artifact})
@@ -194,9 +194,9 @@ def test_batch_values_from_a_report():
 
 
 def test_batch_delay_zero_means_no_wait_on_both_engines(tiny_artifact):
+    from neuronserve.engines.torchserve.package import model_config
+    from neuronserve.engines.triton.package import model_config as triton_config
     from neuronserve.packaging.model import prepare
-    from neuronserve.packaging.torchserve import model_config
-    from neuronserve.packaging.triton import model_config as triton_config
     from neuronserve.spec import load_spec
 
     default = load_spec(None, {"artifact": tiny_artifact})

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .engine import Engine
+    from .base import Engine
 
-# engine name -> "module:class" implementing serve.engine.Engine
+# engine name -> "module:class" implementing engines.base.Engine
 _IMPLEMENTATIONS = {
-    "torchserve": "neuronserve.serve.torchserve:TorchServe",
-    "triton": "neuronserve.serve.triton:Triton",
+    "torchserve": "neuronserve.engines.torchserve.process:TorchServe",
+    "triton": "neuronserve.engines.triton.process:Triton",
 }
 ENGINES = tuple(_IMPLEMENTATIONS)
 

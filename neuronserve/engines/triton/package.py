@@ -19,15 +19,24 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from .. import placement
-from ..buckets import engine_batch_sizes
-from ..resources import triton_model_file
-from ..serve.triton_stubs import core_group_config
-from ..spec import DeploySpec
-from ..tasks import TASKS, get_task
-from .model import MULTI_MODEL_MAX_BATCH, Packaged, PackagingError, prepare, put_in_place, staged
+from ... import placement
+from ...buckets import engine_batch_sizes
+from ...packaging.model import (
+    MULTI_MODEL_MAX_BATCH,
+    Packaged,
+    PackagingError,
+    prepare,
+    put_in_place,
+    staged,
+)
+from ...resources import package_file
+from ...spec import DeploySpec
+from ...tasks import TASKS, get_task
+from .stubs import core_group_config
 
 CONFIG = "config.pbtxt"
+# the Python-backend model every instance runs (triton_backend/model.py)
+MODEL_PY = "model.py"
 
 _DTYPES = {"float32": "TYPE_FP32", "bytes": "TYPE_STRING", "int64": "TYPE_INT64"}
 
@@ -158,7 +167,7 @@ def package_triton(spec: DeploySpec, plan: placement.WorkerPlan | None = None) -
         model_dir = stage / packaged.name
         version = model_dir / "1"
         version.mkdir(parents=True)
-        shutil.copy2(triton_model_file(), version / "model.py")
+        shutil.copy2(package_file("neuronserve._triton_backend", MODEL_PY), version / MODEL_PY)
         for m in packaged.models:
             shutil.copytree(m.artifact, version / m.folder)
         write_config(model_dir / CONFIG, model_config(spec, packaged))

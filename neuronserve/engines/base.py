@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from .process import ServeError
+from ..serve.process import ServeError
 
 if TYPE_CHECKING:
     from ..placement import WorkerPlan
+    from ..serve.front.clients import EngineClient
+    from ..serve.front.model import ServedModel
     from ..spec import DeploySpec
-    from .front.clients import EngineClient, ServedModel
 
 Log = Callable[[str], object]
 
@@ -69,6 +70,8 @@ class Engine(ABC, Generic[Instance]):
     extra: ClassVar[str]
     # the protocols of its own API, one NativeRoute each (`native_routes`)
     protocols: ClassVar[tuple[str, ...]]
+    # (package, file) of the adapter it ships into its store: what its workers run
+    adapter: ClassVar[tuple[str, str]]
 
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir).resolve()

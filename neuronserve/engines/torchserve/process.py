@@ -23,12 +23,9 @@ from typing import TYPE_CHECKING
 import psutil
 import requests
 
-from ..cores import DEPLOYMENT_ENV
-from ..packaging.torchserve import CONFIG_FILE, read_properties, write_properties
-from ..resources import tool, torchserve_log_config
-from ..worker import FAILURE_MARKER
-from .engine import Engine, Log, NativeRoute
-from .process import (
+from ...cores import DEPLOYMENT_ENV
+from ...resources import package_file, tool
+from ...serve.process import (
     ServeError,
     alive,
     forget_pid,
@@ -39,11 +36,15 @@ from .process import (
     stop_tree,
     trusted_store,
 )
+from ...worker import FAILURE_MARKER
+from ..base import Engine, Log, NativeRoute
+from .package import CONFIG_FILE, read_properties, write_properties
 
 if TYPE_CHECKING:
-    from ..placement import WorkerPlan
-    from ..spec import DeploySpec
-    from .front.clients import EngineClient, ServedModel
+    from ...placement import WorkerPlan
+    from ...serve.front.clients import EngineClient
+    from ...serve.front.model import ServedModel
+    from ...spec import DeploySpec
 
 __all__ = [
     "ServeError",
@@ -213,7 +214,7 @@ def _command(model_store: Path, config: Path) -> list[str]:
         "--ts-config",
         str(config),
         "--log-config",
-        str(torchserve_log_config()),
+        str(package_file(__package__ or __name__, LOG_CONFIG)),
     ]
 
 
@@ -353,6 +354,11 @@ def listen_overrides(spec: DeploySpec) -> dict[str, str]:
     }
 
 
+# TorchServe's log configuration (log4j2.xml beside this module says how it differs from
+# TorchServe's own)
+LOG_CONFIG = "log4j2.xml"
+
+
 class TorchServe(Engine[TorchServeInstance]):
     """TorchServe's Java frontend with one Python worker process per core group; token
     authorization as the store's config.properties says (off behind the front)."""
@@ -362,6 +368,7 @@ class TorchServe(Engine[TorchServeInstance]):
     extra = "torchserve"
     protocols = ("torchserve",)
     worker_word = "workers"
+    adapter = ("neuronserve._handlers", "neuronserve_handler.py")
     port_fields = (
         "inference_port",
         "management_port",
@@ -376,7 +383,7 @@ class TorchServe(Engine[TorchServeInstance]):
 
     @classmethod
     def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
-        from ..packaging.torchserve import package_torchserve
+        from .package import package_torchserve
 
         return package_torchserve(spec, plan)
 
@@ -420,7 +427,7 @@ class TorchServe(Engine[TorchServeInstance]):
     def client(
         self, name: str, models: dict[str, ServedModel], workers: int, connections: int
     ) -> EngineClient:
-        from .front.clients import TorchServeClient, TorchServeUrls
+        from .client import TorchServeClient, TorchServeUrls
 
         inst = self.instance
         urls = TorchServeUrls(

@@ -47,10 +47,10 @@ from typing import Any
 import psutil
 import requests
 
-from . import triton
-from .process import alive
-from .triton import HEALER_STATUS_FILE as STATUS_FILE
-from .triton_stubs import (
+from ...serve.process import alive
+from . import process as triton
+from .process import HEALER_STATUS_FILE as STATUS_FILE
+from .stubs import (
     instance_of,
     kill_orphans,
     live_stubs,

@@ -29,10 +29,8 @@ from typing import TYPE_CHECKING
 import psutil
 import requests
 
-from ..cores import DEPLOYMENT_ENV
-from . import private_shm
-from .engine import Engine, Log, NativeRoute
-from .process import (
+from ...cores import DEPLOYMENT_ENV
+from ...serve.process import (
     ServeError,
     alive,
     forget_pid,
@@ -45,7 +43,9 @@ from .process import (
     thread_states,
     trusted_store,
 )
-from .triton_stubs import (
+from ..base import Engine, Log, NativeRoute
+from . import shm as private_shm
+from .stubs import (
     STACKS_SIGNAL,
     Count,
     instance_counts,
@@ -57,9 +57,10 @@ from .triton_stubs import (
 )
 
 if TYPE_CHECKING:
-    from ..placement import WorkerPlan
-    from ..spec import DeploySpec
-    from .front.clients import EngineClient, ServedModel
+    from ...placement import WorkerPlan
+    from ...serve.front.clients import EngineClient
+    from ...serve.front.model import ServedModel
+    from ...spec import DeploySpec
 
 PID_FILE = "tritonserver.pid"
 # what a start that stalled leaves in the run directory (`wait_ready`)
@@ -277,7 +278,7 @@ def _pid(run_dir: Path) -> int | None:
 
 
 def instance_count(model_dir: Path) -> int:
-    from ..packaging.triton import CONFIG, read_config
+    from .package import CONFIG, read_config
 
     config = read_config(Path(model_dir) / CONFIG)
     return sum(max(g.count, 1) for g in config.instance_group) or 1
@@ -506,7 +507,7 @@ def compile_model_files(repository: Path) -> None:
 def _start_healer(run_dir: Path) -> None:
     with private_file(run_dir / HEALER_LOG) as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "neuronserve.serve.triton_healer", str(run_dir)],
+            [sys.executable, "-m", "neuronserve.engines.triton.healer", str(run_dir)],
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -750,6 +751,7 @@ class Triton(Engine[TritonInstance]):
     extra = "triton"
     protocols = ("triton-http", "triton-grpc")
     worker_word = "instances"
+    adapter = ("neuronserve._triton_backend", "model.py")
     port_fields = ("http_port", "grpc_port", "triton_metrics_port")
     store_field = "triton_repository"
     replacement = (
@@ -760,7 +762,7 @@ class Triton(Engine[TritonInstance]):
 
     @classmethod
     def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
-        from ..packaging.triton import package_triton
+        from .package import package_triton
 
         return package_triton(spec, plan)
 
@@ -815,7 +817,7 @@ class Triton(Engine[TritonInstance]):
     def client(
         self, name: str, models: dict[str, ServedModel], workers: int, connections: int
     ) -> EngineClient:
-        from .front.clients import TritonClient, TritonUrls
+        from .client import TritonClient, TritonUrls
 
         inst = self.instance
 

@@ -18,12 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from .. import metrics, placement
-from ..buckets import engine_batch_sizes
-from ..resources import handler_file, tool
-from ..spec import DeploySpec
-from ..worker import MODELS_DIR
-from .model import (
+from ... import metrics, placement
+from ...buckets import engine_batch_sizes
+from ...packaging.model import (
     MULTI_MODEL_MAX_BATCH,
     Packaged,
     PackagingError,
@@ -32,6 +29,9 @@ from .model import (
     retire,
     staged,
 )
+from ...resources import package_file, tool
+from ...spec import DeploySpec
+from ...worker import MODELS_DIR
 
 __all__ = ["PackagingError", "model_config", "package_torchserve"]
 
@@ -187,7 +187,7 @@ def package_torchserve(spec: DeploySpec, plan: placement.WorkerPlan | None = Non
             "--version",
             "1.0",
             "--handler",
-            str(handler_file(HANDLER)),
+            str(package_file("neuronserve._handlers", HANDLER)),
             "--extra-files",
             str(extra),
             "--config-file",
