@@ -1,8 +1,8 @@
 """MkDocs hooks: the reference pages are written from the code, so they cannot drift.
 
 - `<!-- cli -->` becomes every command of the `neuronserve` typer app and its options;
-- `<!-- spec-fields -->` becomes a table of every DeploySpec field (type, default, the
-  field's own description, whether it reaches the engine's workers);
+- `<!-- spec-fields -->` becomes a table per section of the spec (each field's type,
+  default, command-line option and description, from the classes that declare them);
 - `<!-- http-api -->` becomes the front's routes with their request fields, from the
   OpenAPI document the front serves at /openapi.json, which is also written to the site;
 - `<!-- include: FILE -->` becomes a file of the repository (BENCHMARKS.md and its
@@ -55,24 +55,59 @@ def _cli_reference() -> str:
     return text.replace("\n# ", "\n## ").removeprefix("# ")
 
 
-def _spec_table() -> str:
-    from neuronserve.spec import DeploySpec
+def _type_name(annotation: Any) -> str:
+    """A field's type as a reader writes it: `float`, `Path or None`, `'cpu' or 'neuronx'`."""
+    import types
+    import typing
 
-    workers = set(DeploySpec.worker_fields())
-    rows = [
-        "| field | type | default | reaches the workers | what it is |",
-        "|---|---|---|---|---|",
-    ]
-    for name, f in DeploySpec.model_fields.items():
-        kind = str(f.annotation).replace("typing.", "").replace("pathlib.", "").replace("|", "or")
-        default = "" if f.default_factory is not None else repr(f.default)
-        if f.default_factory is not None:
-            default = repr(f.default_factory())
-        text = (f.description or "").replace("|", "or").replace("\n", " ")
-        rows.append(
-            f"| `{name}` | {kind} | `{default}` | {'yes' if name in workers else ''} | {text} |"
-        )
-    return "\n".join(rows)
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin is typing.Literal:
+        return " or ".join(repr(a) for a in args)
+    if origin is not None:
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
+    return "None" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _spec_table() -> str:
+    """A table per section of the spec (the deployment's own fields first), each field
+    with its type, default, command-line option and flat-layout name where it differs."""
+    from neuronserve.cli.spec_options import TOP, TOP_OPTIONS, cli_fields, section_model
+    from neuronserve.spec import SECTIONS, engine_sections
+
+    parts = [TOP, *(s.key for s in SECTIONS), *engine_sections()]
+    out = []
+    for part in parts:
+        model = section_model(part)
+        title = "The deployment" if part == TOP else f"`{part}:`"
+        doc = (model.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        out += [f"### {title}", "", doc, ""]
+        out += [
+            "| field | type | default | option | what it is |",
+            "|---|---|---|---|---|",
+        ]
+        options = {n: f for n, f in cli_fields(part)}
+        for name, f in model.model_fields.items():
+            if part == TOP and name not in (*TOP_OPTIONS, "models"):
+                continue
+            default = repr(f.default_factory() if f.default_factory is not None else f.default)
+            extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+            flags = extra.get("flags") or (
+                [f"--{name.replace('_', '-')}"] if name in options else []
+            )
+            flat = extra.get("flat")
+            text = (f.description or "") + (f" (flat layout: `{', '.join(flat)}`)" if flat else "")
+            rows = f"| `{name}` | {_cell(_type_name(f.annotation))} | `{_cell(default)}` | "
+            rows += f"{_cell(', '.join(f'`{x}`' for x in flags))} | {_cell(text)} |"
+            out.append(rows)
+        out.append("")
+    return "\n".join(out)
 
 
 def _document() -> dict[str, Any]:

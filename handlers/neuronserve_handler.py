@@ -43,7 +43,7 @@ class NeuronServeHandler(BaseHandler):
         self.context = context
         self.manifest = context.manifest
         try:
-            settings = WorkerSettings.from_torchserve(getattr(context, "model_yaml_config", None))
+            settings = WorkerSettings.from_section(getattr(context, "model_yaml_config", None))
             self.worker = start_worker(
                 settings,
                 context.system_properties["model_dir"],

@@ -84,10 +84,10 @@ class PlanRequest:
         """The request for workers on `target` before any model is known (multi-model)."""
         return cls(
             target=target,
-            layout=spec.layout,
-            workers=spec.workers,
-            cores_per_worker=spec.cores_per_worker,
-            neuron_cores=spec.neuron_cores,
+            layout=spec.worker.layout,
+            workers=spec.worker.workers,
+            cores_per_worker=spec.worker.cores_per_worker,
+            neuron_cores=spec.worker.neuron_cores,
             cores_per_module=cores_per_module,
         )
 

@@ -1,26 +1,43 @@
-"""One validated deployment spec shared by `compile`, `package` and `serve`.
+"""One validated deployment spec shared by `compile`, `package` and `serve`, made of
+sections each owned by the code that reads it.
 
-A spec comes from a YAML file, from command-line flags, or both; flags override the
-file field by field. Every field has one meaning everywhere, so the same file drives
-all three commands.
+    name, artifact | models, deployment_name, truncation   the deployment itself
+    compile:     what `compile` builds (model, task, target, buckets, precision, ...)
+    accuracy:    the floors a precision below fp32 must meet
+    worker:      how many workers, of how many cores, and how their engine batches
+    limits:      what one request may hold and get back (the front and every worker)
+    front:       the HTTP front: engine behind it, address, keys, TLS, bounds
+    multi_model: SageMaker's multi-model contract
+    <engine>:    one per engine (engines/<engine>/section.py): store, ports, run folder
+
+A spec comes from a YAML file, from command-line flags, or both; flags override the file
+field by field. Every field is declared once, here or in its engine's section: its
+description is the CLI's help and the generated reference, its `flags` the option that
+sets it (cli/spec_options.py). A spec written in the earlier flat layout (every field at
+the top) still loads: each flat field is moved to its section, with a note saying where.
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializeAsAny,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from .names import safe_name
+from .section import EngineSection, Section, flags
 
 Task = Literal[
     "feature-extraction",
@@ -43,49 +60,30 @@ Layout = Literal["throughput", "latency"]
 # what `compile` records when the spec does not say (packaging then keeps the artifact's)
 TRUNCATION_AT_COMPILE = True
 
-# marks a field that shapes an engine's workers (how many, their batches, queues and
-# limits): it travels with the deployment to the engine behind the front, the SageMaker
-# container and the Kubernetes pod. The rest (ports, folders, the front's own settings)
-# belongs to where it is given.
-REACHES_WORKERS: dict[str, Any] = {"reaches_workers": True}
-
 
 class SpecError(ValueError):
     """A spec file or flag has a value neuronserve cannot use."""
 
 
-class ModelEntry(BaseModel):
-    """One model of a deployment that serves several (the spec's `models` list)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    artifact: Path = Field(description="artifact directory (compile output)")
-    name: str | None = Field(
-        None, description="name the model is addressed by (default: the artifact's)"
-    )
-    truncation: bool | None = Field(
-        None,
-        description="this model's answer to over-long text (default: the deployment's "
-        "`truncation`, else what the artifact recorded)",
-    )
-
-    @field_validator("name")
-    @classmethod
-    def _plain_name(cls, v: str | None) -> str | None:
-        return None if v is None else safe_name(v)
+def _ints(value: Any) -> Any:
+    """'1,4,8' (a flag or a YAML string) -> [1, 4, 8]."""
+    if isinstance(value, str):
+        try:
+            return [int(x) for x in value.split(",") if x.strip()]
+        except ValueError:
+            raise ValueError(f"expected comma-separated integers, got {value!r}") from None
+    return value
 
 
-class DeploySpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+class CompileSection(Section):
+    """What `neuronserve compile` builds: the model, its task and head, the target, the
+    bucket grid, the precision and the library that builds it."""
 
-    # what to compile
+    key = "compile"
+
     model: Path | None = Field(
         None,
         description="local Hugging Face model directory (config.json, weights, a fast tokenizer)",
-    )
-    name: str | None = Field(
-        None,
-        description="model name on the servers (default: the artifact's, i.e. its directory name)",
     )
     task: Task = Field(
         "feature-extraction",
@@ -98,6 +96,7 @@ class DeploySpec(BaseModel):
         False,
         description="load a model whose weights are only in .bin (Python pickle) files; "
         "pickles can run code, so only for models you trust",
+        json_schema_extra=flags("--allow-pickle-weights/--safetensors-only"),
     )
     target: Target = Field("cpu", description="cpu | neuronx (Inf2/Trn1) | neuron (Inf1)")
     batch_sizes: list[int] = Field(
@@ -115,62 +114,19 @@ class DeploySpec(BaseModel):
         "the sparse-embedding task; auto picks it for a SparseEncoder)",
     )
     normalize: bool | None = Field(
-        None, description="L2-normalise embeddings (default: the sentence-transformers config)"
+        None,
+        description="L2-normalise embeddings (default: the sentence-transformers config)",
+        json_schema_extra=flags("--normalize/--no-normalize"),
     )
     token_embeddings: bool = Field(
         False,
         description="feature-extraction: compile every token's vector as well as the pooled "
         "one, for /embed_all (each call then also moves tokens x hidden floats per text off "
         "the device)",
-    )
-    truncation: bool | None = Field(
-        None,
-        description="cut texts longer than the largest compiled sequence length, or refuse "
-        "them with a 413. compile: on unless --no-truncation, recorded in the artifact; "
-        "package: default what the artifact recorded",
-        json_schema_extra=REACHES_WORKERS,
+        json_schema_extra=flags("--token-embeddings/--pooled-only"),
     )
     tolerance: float = Field(
         1e-3, gt=0, description="largest accepted |compiled - eager| per bucket at fp32"
-    )
-    artifact: Path | None = Field(None, description="artifact directory (compile output)")
-    models: list[ModelEntry] = Field(
-        default_factory=list,
-        description="several artifacts served together, one worker per core group holding "
-        "them all (instead of `artifact`): each entry an `artifact` with an optional `name` "
-        "and `truncation`",
-    )
-    deployment_name: str = Field(
-        "models",
-        description="with several models: the name the engine serves them under "
-        "(TorchServe's /predictions/<name>, Triton's model), each model addressed inside it "
-        "by its own name; one model is served under its own name",
-    )
-    multi_model: bool = Field(
-        False,
-        description="serve SageMaker's multi-model contract: models are loaded, listed, "
-        "swapped and unloaded at run time through /models (behind the admin key outside "
-        "SageMaker), loaded on first use and the least recently used idle one evicted "
-        "when a worker's memory budget is spent (SAGEMAKER_MULTI_MODEL=true in the "
-        "container)",
-    )
-    memory_budget_mb: float | None = Field(
-        None,
-        gt=0,
-        description="multi-model: memory each worker may fill with models, in MiB (device "
-        "memory per NeuronCore, host memory per worker on CPU); unset: what the host has "
-        "(NEURONSERVE_MEMORY_BUDGET_MB in the container)",
-    )
-    idle_unload_s: float | None = Field(
-        None,
-        gt=0,
-        description="multi-model: unload a model after this many seconds without a request "
-        "(it loads again on its next one); unset: models stay until memory is needed",
-    )
-    catalog_dir: Path | None = Field(
-        None,
-        description="multi-model: the folder through which the front tells the workers "
-        "which models to hold (the front sets it)",
     )
     precision: Precision = Field(
         "auto",
@@ -186,6 +142,113 @@ class DeploySpec(BaseModel):
         "calibrated by NNCF) or auto (every build the precision has; the fastest that meets "
         "the accuracy floor is kept)",
     )
+    max_top_k: int = Field(
+        10,
+        ge=1,
+        le=100,
+        description="fill-mask: the most predictions per mask a request may ask for "
+        "(top_k); the compiled module returns this many per token",
+    )
+    relevance_label: str | None = Field(
+        None,
+        description="rerank with a model of several labels: the label whose probability is "
+        "the relevance score (one label: its sigmoid)",
+    )
+    # Neuron compiler options (targets neuronx and neuron)
+    auto_cast: Literal["none", "matmult", "all"] | None = Field(
+        None, description="Neuron: which operators the compiler casts down: none | matmult | all"
+    )
+    auto_cast_type: Literal["bf16", "fp16", "tf32"] | None = Field(
+        None, description="Neuron: the type auto_cast casts to: bf16 | fp16 | tf32"
+    )
+    optlevel: Literal[1, 2, 3] | None = Field(None, description="neuronx-cc --optlevel 1-3")
+    compiler_args: list[str] = Field(
+        default_factory=list,
+        description="extra compiler argument (repeat for several)",
+        json_schema_extra=flags("--compiler-arg"),
+    )
+    pipeline_cores: int | Literal["auto"] | None = Field(
+        None,
+        description="Inf1 pipeline mode: NeuronCores per model, or auto (4*round(weights/2e7))",
+    )
+    compiler_workdir: Path | None = Field(
+        None, description="keep the compiler's intermediate files here (one folder per bucket)"
+    )
+    compile_for: Literal["inf2", "trn1", "trn1n", "trn2"] | None = Field(
+        None,
+        description="neuronx: compile for inf2 | trn1 | trn1n | trn2 on a build host "
+        "without Neuron devices (neuronx-cc --target)",
+    )
+
+    @field_validator("batch_sizes", "sequence_lengths", mode="before")
+    @classmethod
+    def _from_text(cls, v: Any) -> Any:
+        return _ints(v)
+
+    @field_validator("pipeline_cores", mode="before")
+    @classmethod
+    def _cores_from_text(cls, v: Any) -> Any:
+        return int(v) if isinstance(v, str) and v.isdigit() else v
+
+    @field_validator("batch_sizes", "sequence_lengths")
+    @classmethod
+    def _positive_sorted_unique(cls, v: list[int]) -> list[int]:
+        if not v:
+            raise ValueError("needs at least one value")
+        if any(x < 1 for x in v):
+            raise ValueError(f"values must be positive, got {v}")
+        return sorted(set(v))
+
+    @field_validator("sequence_lengths")
+    @classmethod
+    def _room_for_special_tokens(cls, v: list[int]) -> list[int]:
+        if v[0] < 4:
+            raise ValueError("the smallest sequence length must be at least 4 (special tokens)")
+        return v
+
+    @model_validator(mode="after")
+    def _neuron_options_need_neuron_target(self) -> CompileSection:
+        neuron_only = {
+            "auto_cast": self.auto_cast,
+            "auto_cast_type": self.auto_cast_type,
+            "optlevel": self.optlevel,
+            "pipeline_cores": self.pipeline_cores,
+            "compile_for": self.compile_for,
+        }
+        given = [k for k, v in neuron_only.items() if v is not None]
+        if self.target == "cpu" and given:
+            raise ValueError(
+                f"{', '.join(given)} apply to the Neuron targets (neuronx, neuron), "
+                "not to target cpu"
+            )
+        if self.target != "cpu" and self.module_format != "auto":
+            raise ValueError(
+                f"module_format {self.module_format} applies to target cpu; target "
+                f"{self.target} builds one kind of module (leave module_format auto)"
+            )
+        return self
+
+    def compiler_options(self, neuron_cores: int | None = None) -> dict[str, Any]:
+        """The Neuron compiler's options; `neuron_cores` (the serving host's, when known)
+        caps Inf1's pipeline_cores: auto."""
+        return {
+            "auto_cast": self.auto_cast,
+            "auto_cast_type": self.auto_cast_type,
+            "optlevel": self.optlevel,
+            "compiler_args": list(self.compiler_args),
+            "pipeline_cores": self.pipeline_cores,
+            "compiler_workdir": self.compiler_workdir,
+            "compile_for": self.compile_for,
+            "neuron_cores": neuron_cores,
+        }
+
+
+class AccuracySection(Section):
+    """The accuracy floors a precision below fp32 must meet against the fp32 eager model
+    (compile's gate), one per kind of task."""
+
+    key = "accuracy"
+
     min_cosine: float = Field(
         0.999,
         gt=0,
@@ -221,68 +284,36 @@ class DeploySpec(BaseModel):
         description="fill-mask and image-classification accuracy floor: share of tokens "
         "(images) whose most likely token (label) must equal the fp32 eager model's",
     )
-    max_top_k: int = Field(
-        10,
-        ge=1,
-        le=100,
-        description="fill-mask: the most predictions per mask a request may ask for "
-        "(top_k); the compiled module returns this many per token",
-    )
-    relevance_label: str | None = Field(
-        None,
-        description="rerank with a model of several labels: the label whose probability is "
-        "the relevance score (one label: its sigmoid)",
-    )
 
-    # Neuron compiler options (targets neuronx and neuron)
-    auto_cast: Literal["none", "matmult", "all"] | None = Field(
-        None, description="Neuron: which operators the compiler casts down: none | matmult | all"
-    )
-    auto_cast_type: Literal["bf16", "fp16", "tf32"] | None = Field(
-        None, description="Neuron: the type auto_cast casts to: bf16 | fp16 | tf32"
-    )
-    optlevel: Literal[1, 2, 3] | None = Field(None, description="neuronx-cc --optlevel 1-3")
-    compiler_args: list[str] = Field(
-        default_factory=list, description="extra compiler argument (repeat for several)"
-    )
-    pipeline_cores: int | Literal["auto"] | None = Field(
-        None,
-        description="Inf1 pipeline mode: NeuronCores per model, or auto (4*round(weights/2e7))",
-    )
-    compiler_workdir: Path | None = Field(
-        None, description="keep the compiler's intermediate files here (one folder per bucket)"
-    )
-    compile_for: Literal["inf2", "trn1", "trn1n", "trn2"] | None = Field(
-        None,
-        description="neuronx: compile for inf2 | trn1 | trn1n | trn2 on a build host "
-        "without Neuron devices (neuronx-cc --target)",
-    )
-    neuron_cores: int | None = Field(
-        None,
-        ge=1,
-        description="NeuronCores of the serving host (default: discovered where workers start)",
-        json_schema_extra=REACHES_WORKERS,
-    )
 
-    # how to serve it
+class WorkerSection(Section):
+    """The engine's workers: how many, of how many cores, and how the engine batches and
+    queues for them (what packaging writes into the engine's store)."""
+
+    key = "worker"
+
     layout: Layout = Field(
         "throughput",
         description="throughput: one single-core worker per core (default); "
         "latency: one worker using every core (workers and "
         "cores_per_worker refine throughput)",
-        json_schema_extra=REACHES_WORKERS,
     )
     workers: int | None = Field(
         None,
         ge=1,
         description="workers (TorchServe) or model instances (Triton); default: one per core group",
-        json_schema_extra=REACHES_WORKERS,
+        json_schema_extra=flags("--workers", "--instances"),
     )
     cores_per_worker: int = Field(
         1,
         ge=1,
         description="cores leased by each worker or instance",
-        json_schema_extra=REACHES_WORKERS,
+        json_schema_extra=flags("--cores-per-worker", "--cores-per-instance"),
+    )
+    neuron_cores: int | None = Field(
+        None,
+        ge=1,
+        description="NeuronCores of the serving host (default: discovered where workers start)",
     )
     max_batch_delay_ms: int = Field(
         0,
@@ -291,20 +322,11 @@ class DeploySpec(BaseModel):
         "never wait; a batch is whatever queued while the workers were busy, so a lone "
         "request runs at once and a loaded server still batches (TorchServe's least is "
         "1 ms: it reads 0 as its 100 ms default)",
-        json_schema_extra=REACHES_WORKERS,
-    )
-    batch_requests: int | None = Field(
-        None,
-        ge=1,
-        description="TorchServe batchSize: requests one worker takes at once "
-        "(default: the largest batch the artifact's bucket times say is worth forming)",
-        json_schema_extra=REACHES_WORKERS,
     )
     response_timeout_s: int = Field(
         120,
         ge=1,
         description="seconds a request may take before the engine gives up on it",
-        json_schema_extra=REACHES_WORKERS,
     )
     max_queued: int = Field(
         100,
@@ -312,86 +334,90 @@ class DeploySpec(BaseModel):
         description="requests that may wait for a worker (TorchServe's job queue, Triton's "
         "dynamic-batching queue); beyond it the engine refuses at once (503) instead of "
         "letting latency grow without bound",
-        json_schema_extra=REACHES_WORKERS,
     )
     queue_timeout_ms: int | None = Field(
         None,
         ge=1,
         description="longest a request may wait in the engine's queue before it is refused "
         "(503); default: no limit but response_timeout_s",
-        json_schema_extra=REACHES_WORKERS,
-    )
-    worker_retry_timeout_s: int = Field(
-        60,
-        ge=1,
-        description="TorchServe /ping turns Unhealthy once a worker has failed to "
-        "start for this long (maxRetryTimeoutInSec)",
-        json_schema_extra=REACHES_WORKERS,
-    )
-    model_store: Path = Field(Path("model_store"), description="TorchServe model store")
-    archive_format: Literal["default", "no-archive"] = Field(
-        "default", description="default (.mar) or no-archive (a folder)"
-    )
-    token_auth: bool = Field(True, description="TorchServe token authorization")
-    triton_inference_key: bool = Field(
-        False,
-        description="Triton's inference API behind its admin key too (the front, which "
-        "holds the key, starts it so; `serve triton` alone leaves inference open, as "
-        "tritonclient users expect)",
-    )
-    token_expiration_min: int = Field(
-        60,
-        ge=1,
-        description="minutes TorchServe's inference key lives (TorchServe's default 60; the "
-        "front, which holds the key, starts it with ten years)",
-    )
-    bind_address: str = Field("127.0.0.1", description="address the engines listen on")
-    inference_port: int = Field(8080, gt=0, lt=65536, description="TorchServe inference port")
-    management_port: int = Field(8081, gt=0, lt=65536, description="TorchServe management port")
-    metrics_port: int = Field(8082, gt=0, lt=65536, description="TorchServe metrics port")
-    # TorchServe always starts its gRPC endpoints too: two servers on one host need their own
-    grpc_inference_port: int = Field(
-        7070, gt=0, lt=65536, description="TorchServe gRPC inference port"
-    )
-    grpc_management_port: int = Field(
-        7071, gt=0, lt=65536, description="TorchServe gRPC management port"
-    )
-    run_dir: Path = Field(
-        Path(".neuronserve/torchserve"),
-        description="where TorchServe keeps its pid file, keys, logs and temp files",
     )
 
-    # Triton (instances = `workers`, cores per instance = `cores_per_worker`)
-    triton_repository: Path = Field(Path("triton_repo"), description="Triton model repository")
-    triton_run_dir: Path = Field(
-        Path(".neuronserve/triton"), description="where tritonserver's pid file and log are kept"
+    @model_validator(mode="after")
+    def _latency_layout_is_one_worker(self) -> WorkerSection:
+        if self.layout == "latency" and ((self.workers or 1) != 1 or self.cores_per_worker != 1):
+            raise ValueError(
+                "layout latency runs one worker on every core: leave workers and "
+                "cores_per_worker unset, or use layout throughput"
+            )
+        return self
+
+
+class LimitsSection(Section):
+    """What one request may hold and get back: checked by the front and by every worker
+    (an engine asked directly holds to them too)."""
+
+    key = "limits"
+
+    max_body_bytes: int = Field(
+        2_000_000,
+        ge=1,
+        description="largest request body the front and TorchServe read (413 beyond)",
     )
-    http_port: int = Field(8000, gt=0, lt=65536, description="Triton HTTP port")
-    grpc_port: int = Field(8001, gt=0, lt=65536, description="Triton gRPC port")
-    triton_metrics_port: int = Field(8002, gt=0, lt=65536, description="Triton metrics port")
-    sagemaker: bool = Field(
-        False,
-        description="refused: Triton's own SageMaker listener binds 0.0.0.0 without "
-        "authentication; `serve front --engine triton` answers /ping and /invocations",
+    max_client_batch: int = Field(
+        1024,
+        ge=1,
+        description="most inputs one request may hold (413 beyond)",
+    )
+    max_text_chars: int = Field(
+        100_000,
+        ge=1,
+        description="most characters one text (or one side of a pair) may hold, checked "
+        "before tokenizing (413 beyond)",
+    )
+    max_answer_bytes: int = Field(
+        64 * 2**20,
+        ge=2**20,
+        description="largest answer one request may get, as JSON: every token's vector "
+        "(/embed_all), a SPLADE model's whole vectors; refused (413) before the model runs "
+        "when its tokens say it would be larger, so one cheap request cannot make a worker "
+        "or the front build hundreds of MB (TorchServe's max_response_size follows it)",
+    )
+    max_json_depth: int = Field(
+        32,
+        ge=2,
+        description="deepest nesting a JSON request body may have (413 beyond)",
     )
 
-    # the front (`serve front` and the SageMaker entrypoint): the public door to an engine
-    # that listens on loopback only
-    engine: Literal["torchserve", "triton"] = Field(
-        "torchserve", description="the engine the front starts behind it: torchserve | triton"
+
+class FrontSection(Section):
+    """neuronserve's HTTP front (`serve front`, the SageMaker and Kubernetes entrypoint):
+    the public door to an engine that listens on loopback only."""
+
+    key = "front"
+
+    engine: str = Field(
+        "torchserve",
+        description="the engine the front starts behind it (one of those installed: see "
+        "`neuronserve serve --help`)",
     )
-    front_address: str = Field(
+    address: str = Field(
         "127.0.0.1",
         description="address the front listens on; any other than loopback turns API keys on "
         "(auth: auto)",
+        json_schema_extra=flags(flat="front_address"),
     )
-    front_port: int = Field(
-        3000, gt=0, lt=65536, description="port of the front (text-embeddings-inference's)"
+    port: int = Field(
+        3000,
+        gt=0,
+        lt=65536,
+        description="port of the front (text-embeddings-inference's)",
+        json_schema_extra=flags(flat="front_port"),
     )
-    front_run_dir: Path = Field(
+    run_dir: Path = Field(
         Path(".neuronserve/front"),
         description="where the front keeps its pid file, log, generated API key and the engine "
         "it starts",
+        json_schema_extra=flags(flat="front_run_dir"),
     )
     auth: Literal["auto", "on", "off"] = Field(
         "auto",
@@ -401,13 +427,7 @@ class DeploySpec(BaseModel):
     api_key_file: Path | None = Field(
         None,
         description="file of API keys the front accepts, one per line (NEURONSERVE_API_KEY "
-        "adds one); with none given, a key is generated into <front_run_dir>/api_key",
-    )
-    admin_key_file: Path | None = Field(
-        None,
-        description="multi-model outside SageMaker: file of keys for the model management "
-        "routes (/models), one per line (NEURONSERVE_ADMIN_KEY adds one); with none given, "
-        "a key is generated into <front_run_dir>/admin_key",
+        "adds one); with none given, a key is generated into <front run_dir>/api_key",
     )
     metrics_auth: bool = Field(
         True,
@@ -416,44 +436,11 @@ class DeploySpec(BaseModel):
     )
     tls_cert: Path | None = Field(None, description="TLS certificate (PEM) for the front")
     tls_key: Path | None = Field(None, description="TLS private key (PEM) for the front")
-    max_body_bytes: int = Field(
-        2_000_000,
-        ge=1,
-        description="largest request body the front and TorchServe read (413 beyond)",
-        json_schema_extra=REACHES_WORKERS,
-    )
-    max_client_batch: int = Field(
-        1024,
-        ge=1,
-        description="most inputs one request may hold (413 beyond)",
-        json_schema_extra=REACHES_WORKERS,
-    )
-    max_text_chars: int = Field(
-        100_000,
-        ge=1,
-        description="most characters one text (or one side of a pair) may hold, checked "
-        "before tokenizing (413 beyond)",
-        json_schema_extra=REACHES_WORKERS,
-    )
-    max_answer_bytes: int = Field(
-        64 * 2**20,
-        ge=2**20,
-        description="largest answer one request may get, as JSON: every token's vector "
-        "(/embed_all), a SPLADE model's whole vectors; refused (413) before the model runs "
-        "when its tokens say it would be larger, so one cheap request cannot make a worker "
-        "or the front build hundreds of MB (TorchServe's max_response_size follows it)",
-        json_schema_extra=REACHES_WORKERS,
-    )
-    max_json_depth: int = Field(
-        32,
-        ge=2,
-        description="deepest nesting a JSON request body may have (413 beyond)",
-        json_schema_extra=REACHES_WORKERS,
-    )
     split_client_batches: bool = Field(
         False,
         description="accept a request over max_client_batch and send it to the engine in "
         "pieces of that size, instead of answering 413",
+        json_schema_extra=flags("--split-client-batches/--no-split"),
     )
     max_in_flight: int = Field(
         512,
@@ -486,6 +473,183 @@ class DeploySpec(BaseModel):
         "(the other way round a request sent as the front closes is lost)",
     )
 
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v: str) -> str:
+        from .engines import ENGINES
+
+        if v not in ENGINES:
+            raise ValueError(f"engine {v!r}: choose {' or '.join(ENGINES)}")
+        return v
+
+    @model_validator(mode="after")
+    def _tls_needs_both_files(self) -> FrontSection:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("TLS needs both tls_cert and tls_key")
+        return self
+
+
+class MultiModelSection(Section):
+    """SageMaker's multi-model contract: models loaded, listed, swapped and unloaded at
+    run time through /models."""
+
+    key = "multi_model"
+
+    enabled: bool = Field(
+        False,
+        description="serve SageMaker's multi-model contract: models are loaded, listed, "
+        "swapped and unloaded at run time through /models (behind the admin key outside "
+        "SageMaker), loaded on first use and the least recently used idle one evicted "
+        "when a worker's memory budget is spent (SAGEMAKER_MULTI_MODEL=true in the "
+        "container)",
+        json_schema_extra=flags("--multi-model/--fixed-models", flat="multi_model"),
+    )
+    target: Target = Field(
+        "cpu",
+        description="the target the endpoint's models are compiled for, when it starts "
+        "with none (NEURONSERVE_TARGET in the container)",
+        json_schema_extra=flags("--multi-model-target", flat="target"),
+    )
+    memory_budget_mb: float | None = Field(
+        None,
+        gt=0,
+        description="memory each worker may fill with models, in MiB (device "
+        "memory per NeuronCore, host memory per worker on CPU); unset: what the host has "
+        "(NEURONSERVE_MEMORY_BUDGET_MB in the container)",
+    )
+    idle_unload_s: float | None = Field(
+        None,
+        gt=0,
+        description="unload a model after this many seconds without a request "
+        "(it loads again on its next one); unset: models stay until memory is needed",
+    )
+    admin_key_file: Path | None = Field(
+        None,
+        description="outside SageMaker: file of keys for the model management "
+        "routes (/models), one per line (NEURONSERVE_ADMIN_KEY adds one); with none given, "
+        "a key is generated into <front run_dir>/admin_key",
+    )
+    catalog_dir: Path | None = Field(
+        None,
+        description="the folder through which the front tells the workers which models to "
+        "hold (the front sets it)",
+        json_schema_extra=flags(cli=False),
+    )
+
+
+class ModelEntry(BaseModel):
+    """One model of a deployment that serves several (the spec's `models` list)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    artifact: Path = Field(description="artifact directory (compile output)")
+    name: str | None = Field(
+        None, description="name the model is addressed by (default: the artifact's)"
+    )
+    truncation: bool | None = Field(
+        None,
+        description="this model's answer to over-long text (default: the deployment's "
+        "`truncation`, else what the artifact recorded)",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str | None) -> str | None:
+        return None if v is None else safe_name(v)
+
+
+S = TypeVar("S", bound=EngineSection)
+
+# the sections every spec has, by key, in the order the reference lists them
+SECTIONS: tuple[type[Section], ...] = (
+    CompileSection,
+    AccuracySection,
+    WorkerSection,
+    LimitsSection,
+    FrontSection,
+    MultiModelSection,
+)
+
+
+def engine_sections() -> dict[str, type[EngineSection]]:
+    """Each installed engine's section, by engine name (the registry's)."""
+    from .engines import ENGINES, section_class
+
+    return {name: section_class(name) for name in ENGINES}
+
+
+class DeploySpec(BaseModel):
+    """The deployment (its models, their name, their answer to over-long text) and a
+    section per consumer. An engine's section is `spec.engine(TheSection)`."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    name: str | None = Field(
+        None,
+        description="model name on the servers (default: the artifact's, i.e. its directory name)",
+    )
+    artifact: Path | None = Field(
+        None,
+        description="artifact directory (compile output)",
+        json_schema_extra=flags("--out"),
+    )
+    models: list[ModelEntry] = Field(
+        default_factory=list,
+        description="several artifacts served together, one worker per core group holding "
+        "them all (instead of `artifact`): each entry an `artifact` with an optional `name` "
+        "and `truncation`",
+        json_schema_extra=flags(cli=False),
+    )
+    deployment_name: str = Field(
+        "models",
+        description="with several models: the name the engine serves them under "
+        "(TorchServe's /predictions/<name>, Triton's model), each model addressed inside it "
+        "by its own name; one model is served under its own name",
+    )
+    truncation: bool | None = Field(
+        None,
+        description="cut texts longer than the largest compiled sequence length, or refuse "
+        "them with a 413. compile: on unless --no-truncation, recorded in the artifact; "
+        "package: default what the artifact recorded",
+        json_schema_extra=flags("--truncation/--no-truncation"),
+    )
+    compile: CompileSection = Field(default_factory=CompileSection)
+    accuracy: AccuracySection = Field(default_factory=AccuracySection)
+    worker: WorkerSection = Field(default_factory=WorkerSection)
+    limits: LimitsSection = Field(default_factory=LimitsSection)
+    front: FrontSection = Field(default_factory=FrontSection)
+    multi_model: MultiModelSection = Field(default_factory=MultiModelSection)
+    # each engine's section, by engine name (a spec file gives them at its top level)
+    engines: dict[str, SerializeAsAny[EngineSection]] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_sections(cls, data: Any) -> Any:
+        """A spec file's `<engine>:` mappings become sections of the registry's classes;
+        every engine has one, given or not."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        given = dict(data.pop("engines", None) or {})
+        for name, section in engine_sections().items():
+            value = data.pop(name, given.pop(name, None))
+            if isinstance(value, section):
+                given[name] = value
+            elif isinstance(value, EngineSection):
+                given[name] = section.model_validate(value.model_dump(exclude_unset=True))
+            else:
+                given[name] = section.model_validate(value or {})
+        if given.keys() - engine_sections().keys():
+            raise ValueError(f"no engine {sorted(given.keys() - engine_sections().keys())}")
+        data["engines"] = given
+        return data
+
+    @model_serializer(mode="wrap")
+    def _engines_at_the_top(self, handler: Any) -> dict[str, Any]:
+        out: dict[str, Any] = handler(self)
+        out.update(out.pop("engines", None) or {})
+        return out
+
     @field_validator("name")
     @classmethod
     def _plain_name(cls, v: str | None) -> str | None:
@@ -497,7 +661,7 @@ class DeploySpec(BaseModel):
         return safe_name(v, "deployment name")
 
     @model_validator(mode="after")
-    def _artifact_or_models(self):
+    def _artifact_or_models(self) -> DeploySpec:
         if self.models and self.artifact is not None:
             raise ValueError("give either `artifact` (one model) or `models` (several), not both")
         if self.models and self.name is not None:
@@ -507,6 +671,15 @@ class DeploySpec(BaseModel):
             )
         return self
 
+    def engine(self, section: type[S]) -> S:
+        """An engine's section, by its class (engines/<engine>/section.py)."""
+        found = self.engines[section.key]
+        assert isinstance(found, section)
+        return found
+
+    def engine_named(self, name: str) -> EngineSection:
+        return self.engines[name]
+
     def model_entries(self) -> list[ModelEntry]:
         """The models this spec deploys: its `models`, or the one `artifact` (with `name`
         and `truncation`); empty when it names none."""
@@ -515,81 +688,6 @@ class DeploySpec(BaseModel):
         if self.artifact is None:
             return []
         return [ModelEntry(artifact=self.artifact, name=self.name, truncation=self.truncation)]
-
-    @field_validator("batch_sizes", "sequence_lengths")
-    @classmethod
-    def _positive_sorted_unique(cls, v: list[int]) -> list[int]:
-        if not v:
-            raise ValueError("needs at least one value")
-        if any(x < 1 for x in v):
-            raise ValueError(f"values must be positive, got {v}")
-        return sorted(set(v))
-
-    @field_validator("sequence_lengths")
-    @classmethod
-    def _room_for_special_tokens(cls, v: list[int]) -> list[int]:
-        if v[0] < 4:
-            raise ValueError("the smallest sequence length must be at least 4 (special tokens)")
-        return v
-
-    @model_validator(mode="after")
-    def _neuron_options_need_neuron_target(self):
-        neuron_only = {
-            "auto_cast": self.auto_cast,
-            "auto_cast_type": self.auto_cast_type,
-            "optlevel": self.optlevel,
-            "pipeline_cores": self.pipeline_cores,
-            "compile_for": self.compile_for,
-        }
-        given = [k for k, v in neuron_only.items() if v is not None]
-        if self.target == "cpu" and given:
-            raise ValueError(
-                f"{', '.join(given)} apply to the Neuron targets (neuronx, neuron), "
-                "not to target cpu"
-            )
-        if self.target != "cpu" and self.module_format != "auto":
-            raise ValueError(
-                f"module_format {self.module_format} applies to target cpu; target "
-                f"{self.target} builds one kind of module (leave module_format auto)"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _tls_needs_both_files(self):
-        if (self.tls_cert is None) != (self.tls_key is None):
-            raise ValueError("TLS needs both tls_cert and tls_key")
-        return self
-
-    @model_validator(mode="after")
-    def _latency_layout_is_one_worker(self):
-        if self.layout == "latency" and ((self.workers or 1) != 1 or self.cores_per_worker != 1):
-            raise ValueError(
-                "layout latency runs one worker on every core: leave workers and "
-                "cores_per_worker unset, or use layout throughput"
-            )
-        return self
-
-    @classmethod
-    def worker_fields(cls) -> tuple[str, ...]:
-        """The fields marked REACHES_WORKERS."""
-        return tuple(
-            name
-            for name, f in cls.model_fields.items()
-            if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("reaches_workers")
-        )
-
-    def compiler_options(self) -> dict:
-        return {
-            "auto_cast": self.auto_cast,
-            "auto_cast_type": self.auto_cast_type,
-            "optlevel": self.optlevel,
-            "compiler_args": list(self.compiler_args),
-            "pipeline_cores": self.pipeline_cores,
-            "compiler_workdir": self.compiler_workdir,
-            "compile_for": self.compile_for,
-            # the host's NeuronCores, when known, cap Inf1's pipeline_cores: auto
-            "neuron_cores": self.neuron_cores,
-        }
 
     def model_name(self) -> str:
         if self.name:
@@ -602,58 +700,148 @@ class DeploySpec(BaseModel):
                 raise SpecError(f"{e}; or set `name`") from None
         raise SpecError("no model name: set `name` in the spec or pass --name")
 
+    def given(self, section: str) -> dict[str, Any]:
+        """The fields of section `section` (an engine's name too) given explicitly."""
+        part = self.engines[section] if section in self.engines else getattr(self, section)
+        return part.model_dump(exclude_unset=True)
+
+    def with_section(self, section: str, **fields: Any) -> DeploySpec:
+        """A copy with `fields` set in section `section` (an engine's name too)."""
+        data = self.model_dump(exclude_unset=True)
+        data[section] = {**data.get(section, {}), **fields}
+        return DeploySpec.model_validate(data)
+
+
+# The flat layout: every field at the top level. The deployment's own fields kept their
+# names; every other field moved to the section that declares it (its name there, or the
+# `flat` name it declares).
+TOP_FIELDS = ("name", "artifact", "models", "deployment_name", "truncation")
+
+
+def flat_names() -> dict[str, list[tuple[str, str]]]:
+    """Each flat-layout field -> the (section, field) pairs it now is."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    parts: list[tuple[str, type[Section]]] = [(s.key, s) for s in SECTIONS]
+    parts += list(engine_sections().items())
+    for key, section in parts:
+        for field, info in section.model_fields.items():
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            names = extra.get("flat")
+            names = names if isinstance(names, list) else [field]
+            for name in names:
+                out.setdefault(str(name), []).append((key, field))
+    return out
+
+
+def sectioned(data: dict[str, Any], where: str) -> tuple[dict[str, Any], list[str]]:
+    """`data` in the section layout, and a note per flat field moved (empty when `data`
+    is already sectioned). A field unknown in both layouts stays, for the error."""
+    section_keys = {s.key for s in SECTIONS} | set(engine_sections())
+    flat = flat_names()
+    out: dict[str, Any] = {}
+    moved: list[str] = []
+    for key, value in data.items():
+        if key in TOP_FIELDS or (key in section_keys and isinstance(value, dict)):
+            # a section given twice (flat fields before it) merges, the section winning
+            if isinstance(value, dict) and isinstance(out.get(key), dict):
+                value = {**out[key], **value}
+            out[key] = value
+        elif key in flat:
+            for section, field in flat[key]:
+                part = out.setdefault(section, {})
+                if isinstance(part, dict):
+                    part.setdefault(field, value)
+            moved.append(f"{key} -> " + ", ".join(f"{s}.{f}" for s, f in flat[key]))
+        else:
+            out[key] = value
+    return out, moved
+
 
 def load_spec(path: Path | None = None, overrides: dict[str, Any] | None = None) -> DeploySpec:
-    """Read `path` (YAML) if given, apply non-None `overrides`, validate the result."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except FileNotFoundError as e:
-            raise SpecError(f"spec file {path} does not exist") from e
-        except yaml.YAMLError as e:
-            raise SpecError(f"spec file {path} is not valid YAML: {e}") from e
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise SpecError(f"spec file {path} must hold a mapping of fields, not {type(loaded)}")
-        data.update({k.replace("-", "_"): v for k, v in loaded.items()})
-        _relative_to(data, Path(path).resolve().parent)
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    if "artifact" in given or "models" in given:
+    """Read `path` (YAML) if given, apply `overrides` (sections of fields; None values are
+    not given), validate the result. A file or overrides in the flat layout load, with a
+    note (stderr for a file, a DeprecationWarning otherwise) of where each field went."""
+    data = _read_file(path) if path is not None else {}
+    given, moved = sectioned(_without_none(overrides or {}), "overrides")
+    if moved:
+        warnings.warn(f"flat spec fields are deprecated: {'; '.join(moved)}", DeprecationWarning, 2)
+    if given.keys() & {"artifact", "models"}:
         # artifacts given on the command line replace the file's, one or several
         data.pop("artifact", None)
         data.pop("models", None)
-    data.update(given)
+    for key, value in given.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
     try:
         return DeploySpec(**data)
     except ValidationError as e:
         lines = []
         for err in e.errors():
-            loc = ".".join(str(p) for p in err["loc"]) or "spec"
+            loc = (
+                ".".join(str(p) for p in err["loc"] if not str(p).startswith("function")) or "spec"
+            )
             lines.append(f"  {loc}: {err['msg']} (got {err.get('input')!r})")
         src = f" in {path}" if path else ""
         raise SpecError(f"invalid deployment spec{src}:\n" + "\n".join(lines)) from None
 
 
+def _read_file(path: Path) -> dict[str, Any]:
+    """A spec file's fields in the section layout, its relative paths made absolute."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError as e:
+        raise SpecError(f"spec file {path} does not exist") from e
+    except yaml.YAMLError as e:
+        raise SpecError(f"spec file {path} is not valid YAML: {e}") from e
+    if loaded is None:
+        loaded = {}
+    if not isinstance(loaded, dict):
+        raise SpecError(f"spec file {path} must hold a mapping of fields, not {type(loaded)}")
+    loaded = {k.replace("-", "_"): v for k, v in loaded.items()}
+    data, moved = sectioned(loaded, str(path))
+    if moved:
+        print(
+            f"note: {path} uses the flat layout, which is deprecated: each field now "
+            f"lives in a section ({'; '.join(moved)})",
+            file=sys.stderr,
+        )
+    _relative_to(data, Path(path).resolve().parent)
+    return data
+
+
+def _without_none(values: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in values.items():
+        if isinstance(v, dict) and not isinstance(v, ModelEntry):
+            inner = _without_none(v)
+            if inner or k in TOP_FIELDS:
+                out[k] = inner
+        elif v is not None:
+            out[k] = v
+    return out
+
+
+def _is_path(annotation: Any) -> bool:
+    return annotation is Path or Path in get_args(annotation)
+
+
 def _relative_to(data: dict[str, Any], base: Path) -> None:
     """Relative paths in a spec file are relative to the file, as users expect."""
-    for key in (
-        "model",
-        "artifact",
-        "model_store",
-        "run_dir",
-        "triton_repository",
-        "triton_run_dir",
-        "compiler_workdir",
-        "front_run_dir",
-        "api_key_file",
-        "admin_key_file",
-        "tls_cert",
-        "tls_key",
-    ):
+    parts: dict[str, type[BaseModel]] = {s.key: s for s in SECTIONS}
+    parts.update(engine_sections())
+    for key in ("artifact",):
         if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
             data[key] = str(base / data[key])
+    for key, section in parts.items():
+        values = data.get(key)
+        if not isinstance(values, dict):
+            continue
+        for field, info in section.model_fields.items():
+            v = values.get(field)
+            if _is_path(info.annotation) and isinstance(v, str) and not Path(v).is_absolute():
+                values[field] = str(base / v)
     for entry in data.get("models") or []:
         where = entry.get("artifact") if isinstance(entry, dict) else None
         if isinstance(where, str) and not Path(where).is_absolute():

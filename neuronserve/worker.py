@@ -1,11 +1,11 @@
-"""The contract between packaging and the two server adapters (the TorchServe handler
-in handlers/ and the Triton model.py in triton_backend/): the settings a packaged
-deployment carries, under one set of names, one worker start, and how a worker serves
-the several models it holds.
+"""The contract between packaging and the engines' adapters (each engine's file its
+workers run: handlers/, triton_backend/): the settings a packaged deployment carries,
+under one set of names, one worker start, and how a worker serves the several models it
+holds. The adapters import this module and nothing of the engines' packages.
 
-Packaging writes `WorkerSettings` into what the engine loads (TorchServe: the
-`neuronserve` section of the archive's model-config.yaml; Triton: `neuronserve_*`
-parameters of config.pbtxt) and the adapter reads it back with the same class.
+Packaging writes `WorkerSettings` into what the engine loads (a `neuronserve` section
+of a config that nests values, `as_section`; `neuronserve_*` string parameters of one
+that does not, `as_parameters`) and the adapter reads it back with the same class.
 `start_worker` then leases a core group, pins to it and only then loads a Runner per
 model: thread pools and the Neuron runtime read their settings once, when they
 initialise, so nothing here imports torch or the Neuron SDK before the pin. Every model
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,17 +38,58 @@ if TYPE_CHECKING:
 
 # TorchServe: the section of model-config.yaml holding the settings
 CONFIG_SECTION = "neuronserve"
-# Triton: the prefix of the config.pbtxt parameters holding them
+# an engine config of flat string parameters: the prefix of those holding them
 PARAM_PREFIX = "neuronserve_"
-# where each model's artifact sits in a .mar and in a Triton model version folder:
-# models/<name>/
+# where each model's artifact sits in an engine's model folder: models/<name>/
 MODELS_DIR = "models"
-# how a request names its model: TorchServe's request header (the front sets it), and
-# Triton's request parameter
+# how a request names its model: a request header (HTTP engines) or a request parameter
+# (tensor engines)
 MODEL_HEADER = "X-Neuronserve-Model"
 MODEL_PARAMETER = "model"
-# a TorchServe worker that cannot start logs one line with this; `serve` reports it
+# a worker that cannot start logs one line with this; `serve` reports it
 FAILURE_MARKER = "neuronserve: worker failed to start:"
+# the signal on which a worker prints its Python threads' stacks into its log (a start
+# that stalls asks for them)
+STACKS_SIGNAL = signal.SIGUSR1
+# an engine's group of workers named after the core group it serves: "cores<k>", its
+# workers "cores<k>_<i>" (such a group's workers prefer that core group)
+CORE_GROUP = "cores"
+
+
+def core_group_name(index: int) -> str:
+    """The name of a worker group for core group `index`."""
+    return f"{CORE_GROUP}{index}"
+
+
+def core_group_of(worker_name: str) -> int | None:
+    """The core group a worker of a `core_group_name` group serves (its name is
+    `cores<k>_0`), else None (a group of another shape)."""
+    group, _, index = worker_name.rpartition("_")
+    number = group.removeprefix(CORE_GROUP)
+    if group.startswith(CORE_GROUP) and number.isdigit() and index == "0":
+        return int(number)
+    return None
+
+
+def make_shared_memory_private() -> list[str]:
+    """Make every shared-memory file this process maps (/dev/shm) readable and writable
+    by its user only, and say which. An engine that hands a worker its requests through
+    shared memory it made readable by all (Triton's Python backend: 0644) leaks them to
+    other local users; called before the worker takes any request."""
+    found: list[str] = []
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return found
+    for line in maps:
+        path = line.split(maxsplit=5)[-1] if line.count(" ") >= 5 else ""
+        if path.startswith("/dev/shm/") and path not in found:
+            try:
+                os.chmod(path, 0o600)
+            except OSError:
+                continue
+            found.append(path)
+    return found
 
 
 class ModelSettings(BaseModel):
@@ -77,15 +119,18 @@ class WorkerSettings(BaseModel):
     # multi-model: the catalog folder whose wanted models the worker follows (catalog.py)
     catalog: str | None = None
 
-    def torchserve_section(self) -> dict[str, Any]:
+    def as_section(self) -> dict[str, Any]:
+        """The settings as one section of an engine config that nests values (YAML)."""
         return {CONFIG_SECTION: self.model_dump()}
 
     @classmethod
-    def from_torchserve(cls, model_yaml_config: dict[str, Any] | None) -> WorkerSettings:
-        return cls.model_validate((model_yaml_config or {}).get(CONFIG_SECTION, {}))
+    def from_section(cls, config: dict[str, Any] | None) -> WorkerSettings:
+        """From an engine config holding `as_section()` (the whole config is given)."""
+        return cls.model_validate((config or {}).get(CONFIG_SECTION, {}))
 
-    def triton_parameters(self) -> dict[str, str]:
-        """config.pbtxt parameters (string values; None is left out; the models as JSON)."""
+    def as_parameters(self) -> dict[str, str]:
+        """The settings as flat string parameters, each name prefixed (an engine config
+        of string values: None is left out, the models as JSON)."""
         out = {}
         for k, v in self.model_dump().items():
             if v is None:
@@ -101,14 +146,10 @@ class WorkerSettings(BaseModel):
         return out
 
     @classmethod
-    def from_triton(cls, model_config: dict[str, Any]) -> WorkerSettings:
-        """From the model config Triton hands `initialize` (JSON, parameters as
-        {"string_value": ...})."""
-        params = model_config.get("parameters", {})
+    def from_parameters(cls, params: dict[str, str]) -> WorkerSettings:
+        """From an engine config's string parameters (`as_parameters`; others ignored)."""
         values: dict[str, Any] = {
-            k[len(PARAM_PREFIX) :]: v["string_value"]
-            for k, v in params.items()
-            if k.startswith(PARAM_PREFIX)
+            k[len(PARAM_PREFIX) :]: v for k, v in params.items() if k.startswith(PARAM_PREFIX)
         }
         if "models" in values:
             values["models"] = json.loads(values["models"])

@@ -46,10 +46,12 @@ def one_run(engine: str, a: Path, b: Path, seconds: float, log) -> dict:
         spec = load_spec(
             None,
             {
-                "engine": engine,
-                "front_port": port,
-                "front_run_dir": Path(tmp) / "front",
-                "max_in_flight": 10_000,
+                "front": {
+                    "engine": engine,
+                    "port": port,
+                    "run_dir": Path(tmp) / "front",
+                    "max_in_flight": 10_000,
+                }
             },
         )
         base = f"http://127.0.0.1:{port}"
@@ -75,7 +77,7 @@ def one_run(engine: str, a: Path, b: Path, seconds: float, log) -> dict:
             flooder.join(60)
             wall = time.monotonic() - t0 + 2
         finally:
-            launch.stop(spec.front_run_dir, log=lambda _: None)
+            launch.stop(spec.front.run_dir, log=lambda _: None)
     row = {
         "engine": engine,
         "model_a": name_a,

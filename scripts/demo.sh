@@ -30,16 +30,19 @@ models:
   - artifact: artifacts/reranker
   - artifact: artifacts/topics
 deployment_name: rag
-model_store: model_store
-run_dir: torchserve
+torchserve:
+  model_store: model_store
+  run_dir: torchserve
 # the front: OpenAI, text-embeddings-inference and SageMaker routes on one port; on
 # loopback no API key is needed (any other address turns keys on)
-front_port: 3000
-front_run_dir: front
-# throughput: one single-threaded worker per core; latency: one worker on every core
-layout: throughput
-# 0: a lone request runs at once; under load what queued meanwhile is batched
-max_batch_delay_ms: 0
+front:
+  port: 3000
+  run_dir: front
+worker:
+  # throughput: one single-threaded worker per core; latency: one worker on every core
+  layout: throughput
+  # 0: a lone request runs at once; under load what queued meanwhile is batched
+  max_batch_delay_ms: 0
 YAML
 echo "== neuronserve package torchserve (one archive, three models)"
 neuronserve package torchserve --spec "$DEMO/deploy.yaml"

@@ -37,7 +37,7 @@ def instance_index(instance_name: str, model_config: dict) -> int:
     """The core group this instance prefers: the one its group is named after (`cores<k>`,
     one group per core group as `neuronserve package triton` writes them), else its
     global index across the config's groups (`<model>_<group>_<index>`, Triton's names)."""
-    from neuronserve.engines.triton.stubs import core_group_of
+    from neuronserve.worker import core_group_of
 
     named = core_group_of(instance_name)
     if named is not None:
@@ -71,6 +71,11 @@ def triton_error(error):
     return pb_utils.TritonError(message, code)
 
 
+def parameters(model_config: dict) -> dict[str, str]:
+    """The config's parameters as Triton hands them to `initialize` ({"string_value"})."""
+    return {k: v["string_value"] for k, v in model_config.get("parameters", {}).items()}
+
+
 def restore_pythonpath() -> None:
     """The stub ignores PYTHONPATH; `neuronserve serve triton` passes it on here."""
     extra = [p for p in os.environ.get("NEURONSERVE_PYTHONPATH", "").split(os.pathsep) if p]
@@ -82,16 +87,14 @@ def restore_pythonpath() -> None:
 class TritonPythonModel:
     def initialize(self, args):
         restore_pythonpath()
-        from neuronserve.engines.triton.shm import make_region_private
-        from neuronserve.engines.triton.stubs import REGION_ARG, STACKS_SIGNAL
+        from neuronserve.worker import STACKS_SIGNAL, make_shared_memory_private
 
         # before any request reaches this instance: where tritonserver shares the host's
         # /dev/shm, the region requests come through is 0644 until made private here
-        with open("/proc/self/cmdline", "rb") as f:
-            make_region_private(f.read().decode().split("\0"), REGION_ARG)
+        make_shared_memory_private()
 
         # `neuronserve serve triton` asks for every thread's stack when a start stalls
-        # (serve/triton.py); the stub's stderr is the server log
+        # (engines/triton/process.py); the stub's stderr is the server log
         faulthandler.register(STACKS_SIGNAL, all_threads=True)
         from neuronserve.worker import MODEL_PARAMETER, WorkerSettings, start_worker
 
@@ -102,7 +105,7 @@ class TritonPythonModel:
         index = instance_index(self.instance_name, config)
         version_dir = os.path.join(args["model_repository"], args["model_version"])
         self.worker = start_worker(
-            WorkerSettings.from_triton(config),
+            WorkerSettings.from_parameters(parameters(config)),
             version_dir,
             owner=f"triton:{self.model_name}",
             prefer=index,

@@ -35,8 +35,7 @@ from tqdm import tqdm
 
 from .. import metrics
 from ..artifact import MANIFEST, read_manifest
-from ..engines import engine_class
-from ..engines.base import NativeRoute
+from ..engines.base import NativeRoute, engine_class
 from .endpoints import (
     Endpoint,
     HttpJsonEndpoint,
@@ -262,7 +261,7 @@ def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Sess
         assert running is not None, "the front's engine is not running"
         direct = [
             native_endpoint(r, f"{label} {r.protocol} direct", {})
-            for r in running.native_routes(server.name)
+            for r in running.instance.native_routes(server.name)
         ]
         direct[0].baseline = True
         routes = [HttpJsonEndpoint(f"{label} /invocations", "front", f"{server.url}/invocations")]
@@ -294,7 +293,7 @@ def _managed_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Se
     protocols = type(server.engine).protocols
 
     def make() -> list[Endpoint]:
-        routes = server.engine.native_routes(server.name)
+        routes = server.engine.instance.native_routes(server.name)
         return [
             native_endpoint(
                 r, label if len(routes) == 1 else f"{label} {r.protocol.split('-')[-1]}", headers

@@ -14,16 +14,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import requests
 
 from .. import placement
 from ..artifact import read_manifest
 from ..cores import LEASE_DIR_ENV
+from ..engines import section_class
 from ..serve.deployment import Deployment, running_engine
 from ..serve.process import free_ports, stop_tree
-from ..spec import ModelEntry, load_spec
+from ..spec import DeploySpec, ModelEntry, load_spec
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
@@ -47,6 +48,24 @@ class _OwnLeases:
             os.environ[LEASE_DIR_ENV] = self._before
 
 
+def bench_spec(
+    engine: str, layout: str, max_batch_delay_ms: int | None, batch_requests: int | None
+) -> DeploySpec:
+    """The spec of a server bench starts: `engine` behind, the layout and batching asked
+    for (`batch_requests` where the engine has such a setting), and room for slow points."""
+    sections: dict[str, Any] = {
+        "front": {"engine": engine},
+        "worker": {
+            "layout": layout,
+            "max_batch_delay_ms": max_batch_delay_ms,
+            "response_timeout_s": 300,
+        },
+    }
+    if "batch_requests" in section_class(engine).model_fields:
+        sections[engine] = {"batch_requests": batch_requests}
+    return load_spec(None, sections)
+
+
 class ManagedServer:
     """TorchServe or Triton serving one artifact in the given layout."""
 
@@ -59,17 +78,9 @@ class ManagedServer:
         batch_requests: int | None = None,
     ):
         self.tmp = tempfile.TemporaryDirectory(prefix=f"ns-bench-{engine}-")
-        settings = {
-            "layout": layout,
-            "max_batch_delay_ms": max_batch_delay_ms,
-            "batch_requests": batch_requests,
-            "response_timeout_s": 300,
-        }
+        spec = bench_spec(engine, layout, max_batch_delay_ms, batch_requests)
         self.deployment = Deployment(
-            engine,
-            [ModelEntry(artifact=Path(artifact))],
-            Path(self.tmp.name),
-            {k: v for k, v in settings.items() if v is not None},
+            spec, [ModelEntry(artifact=Path(artifact))], Path(self.tmp.name)
         )
         self.engine = self.deployment.engine
         self.artifact, self.layout, self.name = Path(artifact), layout, self.deployment.name
@@ -84,14 +95,16 @@ class ManagedServer:
         self.deployment.start()
 
     def root_pids(self) -> list[int]:
-        pid = self.engine.root_pid() if self.started else None
+        running = self.engine.running() if self.started else None
+        pid = running.pid if running is not None else None
         return [pid] if pid is not None else []
 
     front_pid: int | None = None
 
     @property
     def metrics_url(self) -> str | None:
-        return self.engine.metrics_url if self.started else None
+        running = self.engine.running() if self.started else None
+        return running.metrics_url if running is not None else None
 
     def stop(self, cleanup: bool = True) -> None:
         """Stop the engine; with `cleanup`, remove its folder too (soak looks at what
@@ -139,20 +152,15 @@ class FrontServer:
         self.tmp = tempfile.TemporaryDirectory(prefix=f"ns-bench-front-{engine}-")
         self.run_dir = Path(self.tmp.name) / "front"
         self.engine_work = self.run_dir / ENGINE_DIR
-        fields = {
-            "engine": engine,
-            "layout": layout,
-            "front_port": free_ports(1)[0],
-            "front_run_dir": self.run_dir,
+        self.spec = bench_spec(engine, layout, max_batch_delay_ms, batch_requests).with_section(
+            "front",
+            port=free_ports(1)[0],
+            run_dir=self.run_dir,
             # the load generator decides the load: no limit of the front's may refuse it
-            "max_in_flight": 100_000,
-            "deadline_s": 600,
-            "response_timeout_s": 300,
-            "max_batch_delay_ms": max_batch_delay_ms,
-            "batch_requests": batch_requests,
-        }
-        self.spec = load_spec(None, {k: v for k, v in fields.items() if v is not None})
-        self.url = f"http://127.0.0.1:{self.spec.front_port}"
+            max_in_flight=100_000,
+            deadline_s=600,
+        )
+        self.url = f"http://127.0.0.1:{self.spec.front.port}"
         self._leases = _OwnLeases(Path(self.tmp.name))
         self.pid: int | None = None
 
@@ -167,7 +175,8 @@ class FrontServer:
 
     def root_pids(self) -> list[int]:
         engine = self.running_engine()
-        pids = [self.pid, engine.root_pid() if engine is not None else None]
+        running = engine.running() if engine is not None else None
+        pids = [self.pid, running.pid if running is not None else None]
         return [p for p in pids if p is not None]
 
     @property
@@ -177,7 +186,8 @@ class FrontServer:
     @property
     def metrics_url(self) -> str | None:
         engine = self.running_engine()
-        return engine.metrics_url if engine is not None else None
+        running = engine.running() if engine is not None else None
+        return running.metrics_url if running is not None else None
 
     def stop(self, cleanup: bool = True) -> None:
         from ..serve.front import launch
@@ -254,7 +264,8 @@ class SageMakerServer:
         if self.proc is None:
             return []
         engine = running_engine(self.engine_work, self.engine)
-        pid = engine.root_pid() if engine is not None else None
+        running = engine.running() if engine is not None else None
+        pid = running.pid if running is not None else None
         return [self.proc.pid, *([pid] if pid is not None else [])]
 
     def stop(self, cleanup: bool = True) -> None:

@@ -640,7 +640,7 @@ def start_target(
     assert running is not None, f"{engine} is not running after its start"
     if via == "engine":
         # the engine's own API: the first of its protocols
-        route = running.native_routes(name)[0]
+        route = running.instance.native_routes(name)[0]
         headers = route.headers
         url, protocol = (
             (route.url, "native")
@@ -658,7 +658,7 @@ def start_target(
         url=url,
         protocol=protocol,
         roots=server.root_pids,
-        workers_ready=lambda: running.workers_ready(name),
+        workers_ready=lambda: running.health(name),
         output=output,
         lost_allowed=2 * manifest.grid.max_batch if via == "engine" else 0,
         headers=headers,

@@ -8,10 +8,14 @@ from typing import Annotated
 
 import typer
 
-from .options import CoresPerWorker, SpecFile, Workers, fail, load
+from ..spec import DeploySpec
+from .options import fail
+from .spec_options import spec_command
 
 
+@spec_command("worker")
 def doctor_cmd(
+    spec: DeploySpec,
     artifacts: Annotated[
         list[Path],
         typer.Argument(
@@ -19,9 +23,6 @@ def doctor_cmd(
             "others served beside it"
         ),
     ],
-    spec: SpecFile = None,
-    workers: Workers = None,
-    cores_per_worker: CoresPerWorker = None,
 ) -> None:
     """Report each worker's memory with every given model loaded (weights, the largest
     bucket's activations, the runtime) against what a worker may use here. Then, for a
@@ -33,9 +34,8 @@ def doctor_cmd(
     from ..artifact import ArtifactError
     from ..doctor import run_doctor
 
-    s = load(spec, workers=workers, cores_per_worker=cores_per_worker)
     try:
-        findings = run_doctor(artifacts[0], others=artifacts[1:], spec=s)
+        findings = run_doctor(artifacts[0], others=artifacts[1:], spec=spec)
     except (ArtifactError, OSError) as e:
         fail(str(e), 1)
     for f in findings:

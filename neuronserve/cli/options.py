@@ -1,6 +1,5 @@
-"""What every subcommand shares: options declared once with their help taken from the
-spec's field descriptions (one source for the spec file and the flags), spec loading
-with flags overriding the file, and the error exit."""
+"""What every subcommand shares beyond the spec's own options (spec_options.py): the
+artifacts argument, the stop flag, the error exit."""
 
 from __future__ import annotations
 
@@ -9,21 +8,8 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from ..spec import DeploySpec, SpecError, load_spec
+from ..spec import DeploySpec
 
-
-def spec_option(field: str, *decls: str) -> Any:
-    """A typer option for spec field `field`, helped by the field's description."""
-    return typer.Option(*decls, help=DeploySpec.model_fields[field].description)
-
-
-SpecFile = Annotated[
-    Path | None,
-    typer.Option(
-        "--spec",
-        help="deployment spec (YAML): every flag is a field of it; flags override the file",
-    ),
-]
 ArtifactsArg = Annotated[
     list[Path] | None,
     typer.Argument(
@@ -33,16 +19,6 @@ ArtifactsArg = Annotated[
         show_default=False,
     ),
 ]
-Name = Annotated[str | None, spec_option("name")]
-DeploymentName = Annotated[str | None, spec_option("deployment_name")]
-Layout = Annotated[str | None, spec_option("layout")]
-Workers = Annotated[int | None, spec_option("workers")]
-Instances = Annotated[int | None, spec_option("workers", "--instances")]
-CoresPerWorker = Annotated[int | None, spec_option("cores_per_worker")]
-CoresPerInstance = Annotated[int | None, spec_option("cores_per_worker", "--cores-per-instance")]
-MaxBatchDelayMs = Annotated[int | None, spec_option("max_batch_delay_ms")]
-Truncation = Annotated[bool | None, spec_option("truncation", "--truncation/--no-truncation")]
-NeuronCores = Annotated[int | None, spec_option("neuron_cores")]
 Stop = Annotated[
     bool,
     typer.Option(
@@ -50,6 +26,7 @@ Stop = Annotated[
         help="stop the server started from the run directory and wait until its processes exit",
     ),
 ]
+Timeout = Annotated[float, typer.Option(help="seconds to wait for every worker to be ready")]
 
 
 def ints(value: str | None) -> list[int] | None:
@@ -62,22 +39,21 @@ def ints(value: str | None) -> list[int] | None:
         raise typer.BadParameter(f"expected comma-separated integers, got {value!r}") from None
 
 
-def load(path: Path | None, **flags: Any) -> DeploySpec:
-    """The spec from `path` with the flags that were given (not None) on top."""
-    try:
-        return load_spec(path, {k: v for k, v in flags.items() if v is not None})
-    except SpecError as e:
-        fail(str(e))
-
-
-def artifacts_given(artifacts: list[Path] | None) -> dict[str, Any]:
-    """Spec fields for artifacts given on the command line: one is the spec's `artifact`,
-    several its `models`."""
+def with_artifacts(spec: DeploySpec, artifacts: list[Path] | None) -> DeploySpec:
+    """`spec` with the artifacts given on the command line in place of its own: one is
+    the spec's `artifact`, several its `models`."""
     if not artifacts:
-        return {}
+        return spec
+    data: dict[str, Any] = spec.model_dump(exclude_unset=True, exclude={"artifact", "models"})
     if len(artifacts) == 1:
-        return {"artifact": artifacts[0]}
-    return {"models": [{"artifact": a} for a in artifacts]}
+        data["artifact"] = artifacts[0]
+    else:
+        data["models"] = [{"artifact": a} for a in artifacts]
+        data.pop("name", None)
+    try:
+        return DeploySpec.model_validate(data)
+    except ValueError as e:
+        fail(str(e))
 
 
 def require_artifacts(spec: DeploySpec) -> DeploySpec:

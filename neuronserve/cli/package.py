@@ -1,5 +1,6 @@
-"""neuronserve package torchserve | triton | sagemaker | kubernetes: artifacts (one, or
-several served together) -> what an engine or a platform runs."""
+"""neuronserve package <engine> | sagemaker | kubernetes: artifacts -> what a server or
+platform loads. One subcommand per engine of the registry, its options from the spec's
+worker and limits sections and the engine's own."""
 
 from __future__ import annotations
 
@@ -8,32 +9,21 @@ from typing import Annotated
 
 import typer
 
+from ..engines import DEFAULT_ENGINE, ENGINES
+from ..engines.base import engine_class
 from ..spec import DeploySpec
-from .options import (
-    ArtifactsArg,
-    CoresPerInstance,
-    CoresPerWorker,
-    DeploymentName,
-    Instances,
-    Layout,
-    MaxBatchDelayMs,
-    Name,
-    NeuronCores,
-    SpecFile,
-    Truncation,
-    Workers,
-    artifacts_given,
-    fail,
-    load,
-    require_artifacts,
-    spec_option,
-)
+from .options import ArtifactsArg, fail, require_artifacts, with_artifacts
+from .spec_options import TOP, spec_command
 
 app = typer.Typer(
     help="Package an artifact for a model server or platform.",
     rich_markup_mode="markdown",
     no_args_is_help=True,
 )
+
+EngineOption = Annotated[
+    str, typer.Option(help=f"the engine inside the image: {' | '.join(ENGINES)}")
+]
 
 
 def _holding(spec: DeploySpec) -> str:
@@ -42,132 +32,58 @@ def _holding(spec: DeploySpec) -> str:
     if len(entries) < 2:
         return ""
     return (
-        f" ({len(entries)} models; a request names its model: TorchServe's "
-        "X-Neuronserve-Model header, Triton's `model` request parameter)"
+        f" ({len(entries)} models; a request names its model: the X-Neuronserve-Model "
+        "header on HTTP, the `model` request parameter on tensor APIs)"
     )
 
 
-@app.command("torchserve")
-def torchserve_cmd(
-    artifacts: ArtifactsArg = None,
-    deployment_name: DeploymentName = None,
-    spec: SpecFile = None,
-    model_store: Annotated[Path | None, spec_option("model_store")] = None,
-    name: Name = None,
-    layout: Layout = None,
-    workers: Workers = None,
-    cores_per_worker: CoresPerWorker = None,
-    max_batch_delay_ms: MaxBatchDelayMs = None,
-    response_timeout_s: Annotated[int | None, spec_option("response_timeout_s")] = None,
-    archive_format: Annotated[str | None, spec_option("archive_format")] = None,
-    token_auth: Annotated[
-        bool | None, spec_option("token_auth", "--token-auth/--no-token-auth")
-    ] = None,
-    truncation: Truncation = None,
-    inference_port: Annotated[int | None, spec_option("inference_port")] = None,
-    management_port: Annotated[int | None, spec_option("management_port")] = None,
-    metrics_port: Annotated[int | None, spec_option("metrics_port")] = None,
-    neuron_cores: NeuronCores = None,
-) -> None:
-    """Build <store>/<name>.mar with its model-config.yaml, and the store's
-    config.properties."""
-    from ..artifact import ArtifactError
-    from ..engines.torchserve.package import PackagingError, package_torchserve
+def _package_command(name: str) -> None:
+    kind = engine_class(name)
 
-    s = load(
-        spec,
-        **artifacts_given(artifacts),
-        deployment_name=deployment_name,
-        model_store=model_store,
-        name=name,
-        layout=layout,
-        workers=workers,
-        cores_per_worker=cores_per_worker,
-        max_batch_delay_ms=max_batch_delay_ms,
-        response_timeout_s=response_timeout_s,
-        archive_format=archive_format,
-        token_auth=token_auth,
-        truncation=truncation,
-        inference_port=inference_port,
-        management_port=management_port,
-        metrics_port=metrics_port,
-        neuron_cores=neuron_cores,
+    @spec_command(TOP, "worker", "limits", name, skip=("artifact",))
+    def package_engine(spec: DeploySpec, artifacts: ArtifactsArg = None) -> None:
+        from ..artifact import ArtifactError
+        from ..packaging.model import PackagingError
+
+        s = require_artifacts(with_artifacts(spec, artifacts))
+        try:
+            out = kind.package(s)
+        except (ArtifactError, PackagingError, OSError) as e:
+            fail(str(e), 1)
+        lines = kind.packaged(out, s)
+        lines[0] += _holding(s)
+        for line in lines:
+            typer.echo(line)
+
+    package_engine.__doc__ = (
+        f"Write the artifacts into {kind.server}'s store as one model whose {kind.worker_word} "
+        f"(one per core group) each hold every model."
     )
-    try:
-        out = package_torchserve(require_artifacts(s))
-    except (ArtifactError, PackagingError, OSError) as e:
-        fail(str(e), 1)
-    typer.echo(f"wrote {out}{_holding(s)}")
-    typer.echo(f"wrote {out.parent / 'config.properties'}")
+    app.command(name)(package_engine)
 
 
-@app.command("triton")
-def triton_cmd(
-    artifacts: ArtifactsArg = None,
-    deployment_name: DeploymentName = None,
-    spec: SpecFile = None,
-    repository: Annotated[Path | None, spec_option("triton_repository", "--repository")] = None,
-    name: Name = None,
-    layout: Layout = None,
-    instances: Instances = None,
-    cores_per_instance: CoresPerInstance = None,
-    max_batch_delay_ms: MaxBatchDelayMs = None,
-    truncation: Truncation = None,
-    neuron_cores: NeuronCores = None,
-) -> None:
-    """Write <repository>/<name>/{config.pbtxt, 1/model.py, 1/artifact/}."""
-    from ..artifact import ArtifactError
-    from ..engines.triton.package import package_triton
-    from ..packaging.model import PackagingError
-
-    s = load(
-        spec,
-        **artifacts_given(artifacts),
-        deployment_name=deployment_name,
-        triton_repository=repository,
-        name=name,
-        layout=layout,
-        workers=instances,
-        cores_per_worker=cores_per_instance,
-        max_batch_delay_ms=max_batch_delay_ms,
-        truncation=truncation,
-        neuron_cores=neuron_cores,
-    )
-    try:
-        out = package_triton(require_artifacts(s))
-    except (ArtifactError, PackagingError, OSError) as e:
-        fail(str(e), 1)
-    typer.echo(f"wrote {out}/config.pbtxt, {out}/1/model.py and {out}/1/models{_holding(s)}")
+for _name in ENGINES:
+    _package_command(_name)
 
 
 @app.command("sagemaker")
+@spec_command(TOP, skip=("artifact",))
 def sagemaker_cmd(
+    spec: DeploySpec,
     artifacts: ArtifactsArg = None,
-    deployment_name: DeploymentName = None,
-    spec: SpecFile = None,
-    engine: Annotated[
-        str, typer.Option(help="the engine inside the image: torchserve | triton")
-    ] = "torchserve",
+    engine: EngineOption = DEFAULT_ENGINE,
     target: Annotated[
         str,
         typer.Option(help="the image's hardware, which picks the Dockerfile: cpu | neuronx | cuda"),
     ] = "cpu",
     out: Annotated[Path, typer.Option(help="build context directory to write")] = Path("build"),
-    name: Name = None,
-    truncation: Truncation = None,
 ) -> None:
     """Write a Docker build context for a SageMaker endpoint (Dockerfile, model, `serve`)."""
     from ..artifact import ArtifactError
     from ..packaging.model import PackagingError
     from ..packaging.sagemaker import ContextError, package_sagemaker
 
-    s = load(
-        spec,
-        **artifacts_given(artifacts),
-        deployment_name=deployment_name,
-        name=name,
-        truncation=truncation,
-    )
+    s = with_artifacts(spec, artifacts)
     try:
         path = package_sagemaker(require_artifacts(s), engine, target, out)
     except (ArtifactError, ContextError, PackagingError, OSError) as e:
@@ -176,10 +92,10 @@ def sagemaker_cmd(
 
 
 @app.command("kubernetes")
+@spec_command(TOP, "worker", skip=("artifact",))
 def kubernetes_cmd(
+    spec: DeploySpec,
     artifacts: ArtifactsArg = None,
-    deployment_name: DeploymentName = None,
-    spec: SpecFile = None,
     image: Annotated[
         str,
         typer.Option(
@@ -188,9 +104,7 @@ def kubernetes_cmd(
             "minilm:neuronx)"
         ),
     ] = "",
-    engine: Annotated[
-        str, typer.Option(help="the engine inside the image: torchserve | triton")
-    ] = "torchserve",
+    engine: EngineOption = DEFAULT_ENGINE,
     target: Annotated[
         str, typer.Option(help="the pods' hardware: cpu | neuronx (aws.amazon.com/neuroncore)")
     ] = "cpu",
@@ -234,9 +148,6 @@ def kubernetes_cmd(
             "extension's, for neuronx pods of more than one core; '' for the default]"
         ),
     ] = None,
-    name: Name = None,
-    cores_per_worker: CoresPerWorker = None,
-    truncation: Truncation = None,
 ) -> None:
     """Write the image's build context and Kubernetes manifests: plain (Deployment,
     Service, HorizontalPodAutoscaler, PodDisruptionBudget) and KServe (ServingRuntime,
@@ -250,14 +161,7 @@ def kubernetes_cmd(
     if not image:
         fail("--image is required: where your registry will hold the image built from "
              "<out>/image", 2)  # fmt: skip
-    s = load(
-        spec,
-        **artifacts_given(artifacts),
-        deployment_name=deployment_name,
-        name=name,
-        truncation=truncation,
-        cores_per_worker=cores_per_worker,
-    )
+    s = with_artifacts(spec, artifacts)
     options = ClusterOptions(
         image=image,
         namespace=namespace,

@@ -11,28 +11,16 @@ from typing import Annotated, Any
 
 import typer
 
-from .options import (
-    CoresPerWorker,
-    DeploymentName,
-    Layout,
-    MaxBatchDelayMs,
-    NeuronCores,
-    SpecFile,
-    Stop,
-    Truncation,
-    Workers,
-    fail,
-    load,
-    spec_option,
-)
+from ..spec import DeploySpec
+from .options import Stop, Timeout, fail
+from .spec_options import TOP, spec_command
 
 Sources = Annotated[
     list[Path] | None,
     typer.Argument(
         help="what to serve: artifact directories (one, or several served together by the "
-        "same workers), a model store holding a .mar from `neuronserve package torchserve`, "
-        "or a Triton repository from `neuronserve package triton` (default: the spec's "
-        "`artifact` or `models`)",
+        "same workers), or a store an engine's `neuronserve package` wrote (a model store "
+        "holding a .mar, a Triton repository) (default: the spec's `artifact` or `models`)",
         show_default=False,
     ),
 ]
@@ -44,37 +32,10 @@ TASK_ROUTES = {
 }
 
 
+@spec_command(TOP, "front", "worker", "limits", "multi_model", skip=("artifact", "name"))
 def front_cmd(
+    spec: DeploySpec,
     sources: Sources = None,
-    deployment_name: DeploymentName = None,
-    spec: SpecFile = None,
-    engine: Annotated[str | None, spec_option("engine")] = None,
-    address: Annotated[str | None, spec_option("front_address", "--address")] = None,
-    port: Annotated[int | None, spec_option("front_port", "--port")] = None,
-    run_dir: Annotated[Path | None, spec_option("front_run_dir", "--run-dir")] = None,
-    auth: Annotated[str | None, spec_option("auth")] = None,
-    api_key_file: Annotated[Path | None, spec_option("api_key_file")] = None,
-    tls_cert: Annotated[Path | None, spec_option("tls_cert")] = None,
-    tls_key: Annotated[Path | None, spec_option("tls_key")] = None,
-    max_body_bytes: Annotated[int | None, spec_option("max_body_bytes")] = None,
-    max_client_batch: Annotated[int | None, spec_option("max_client_batch")] = None,
-    split_client_batches: Annotated[
-        bool | None, spec_option("split_client_batches", "--split-client-batches/--no-split")
-    ] = None,
-    max_in_flight: Annotated[int | None, spec_option("max_in_flight")] = None,
-    deadline_s: Annotated[float | None, spec_option("deadline_s")] = None,
-    keep_alive_s: Annotated[float | None, spec_option("keep_alive_s")] = None,
-    workers: Workers = None,
-    cores_per_worker: CoresPerWorker = None,
-    layout: Layout = None,
-    max_batch_delay_ms: MaxBatchDelayMs = None,
-    truncation: Truncation = None,
-    neuron_cores: NeuronCores = None,
-    multi_model: Annotated[
-        bool | None, spec_option("multi_model", "--multi-model/--fixed-models")
-    ] = None,
-    memory_budget_mb: Annotated[float | None, spec_option("memory_budget_mb")] = None,
-    idle_unload_s: Annotated[float | None, spec_option("idle_unload_s")] = None,
     stop: Stop = False,
     foreground: Annotated[
         bool,
@@ -84,9 +45,7 @@ def front_cmd(
             "returning once ready",
         ),
     ] = False,
-    timeout: Annotated[
-        float, typer.Option(help="seconds to wait for every worker to be ready")
-    ] = 600,
+    timeout: Timeout = 600,
 ) -> None:
     """Start the front and the engine behind it; return once every worker is ready.
 
@@ -95,50 +54,23 @@ def front_cmd(
     and `/invocations`, `/metrics` and `/docs`. The engine listens on loopback only. API
     keys are required whenever the front listens beyond loopback.
     """
-    # long: typer declares one parameter per command-line option
     from ..serve.front import launch
     from ..serve.front.keys import KeyFileError
     from ..serve.process import ServeError
 
-    s = load(
-        spec,
-        deployment_name=deployment_name,
-        engine=engine,
-        front_address=address,
-        front_port=port,
-        front_run_dir=run_dir,
-        auth=auth,
-        api_key_file=api_key_file,
-        tls_cert=tls_cert,
-        tls_key=tls_key,
-        max_body_bytes=max_body_bytes,
-        max_client_batch=max_client_batch,
-        split_client_batches=split_client_batches,
-        max_in_flight=max_in_flight,
-        deadline_s=deadline_s,
-        keep_alive_s=keep_alive_s,
-        workers=workers,
-        cores_per_worker=cores_per_worker,
-        layout=layout,
-        max_batch_delay_ms=max_batch_delay_ms,
-        truncation=truncation,
-        neuron_cores=neuron_cores,
-        multi_model=multi_model,
-        memory_budget_mb=memory_budget_mb,
-        idle_unload_s=idle_unload_s,
-    )
+    s = spec
     if stop:
-        launch.stop(s.front_run_dir)
+        launch.stop(s.front.run_dir)
         return
-    pid = launch.running(s.front_run_dir)
+    pid = launch.running(s.front.run_dir)
     if pid and not foreground:
         fail(
-            f"a front started from {s.front_run_dir} is already running (pid {pid}); stop it "
+            f"a front started from {s.front.run_dir} is already running (pid {pid}); stop it "
             "with `neuronserve serve front --stop`",
             1,
         )
     given = list(sources or ([s.artifact] if s.artifact is not None else []))
-    if not given and not s.models and not s.multi_model:
+    if not given and not s.models and not s.multi_model.enabled:
         fail(
             "nothing to serve: pass an artifact (or several), a model store or a Triton repository"
         )
@@ -151,7 +83,7 @@ def front_cmd(
         inst = launch.start(s, given, timeout_s=timeout, log=typer.echo)
     except (ServeError, KeyFileError) as e:
         fail(str(e), 1)
-    _report(inst, run_dir is not None)
+    _report(inst, "run_dir" in s.front.model_fields_set)
 
 
 def _foreground(spec: Any, sources: list[Path]) -> int:

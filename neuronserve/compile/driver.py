@@ -46,11 +46,11 @@ CANDIDATES = ".candidates"
 
 def compile_model(spec: DeploySpec, progress: bool = True) -> Path:
     """Compile `spec.model` for `spec.target` over the spec's bucket grid into `spec.artifact`."""
-    if spec.model is None:
+    if spec.compile.model is None:
         raise CompileError("no model directory: pass --model or set `model` in the spec")
     if spec.artifact is None:
         raise CompileError("no output directory: pass --out or set `artifact` in the spec")
-    model_dir, out = Path(spec.model), Path(spec.artifact)
+    model_dir, out = Path(spec.compile.model), Path(spec.artifact)
     _check_model_dir(model_dir)
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise CompileError(f"{out} exists and is not an artifact; choose an empty directory")
@@ -163,7 +163,7 @@ class Inputs:
 
 
 def _text_inputs(spec: DeploySpec, model_dir: Path, out: Path) -> Inputs:
-    grid = BucketGrid(tuple(spec.batch_sizes), tuple(spec.sequence_lengths))
+    grid = BucketGrid(tuple(spec.compile.batch_sizes), tuple(spec.compile.sequence_lengths))
     facts = _save_tokenizer(model_dir, out)
     return Inputs(
         grid=grid,
@@ -186,7 +186,7 @@ def _image_inputs(spec: DeploySpec, model_dir: Path, out: Path) -> Inputs:
         raise CompileError(f"cannot load an image processor from {model_dir}: {e}") from None
     shape = preprocessor.shape
     return Inputs(
-        grid=BucketGrid(tuple(spec.batch_sizes), (shape[1],)),
+        grid=BucketGrid(tuple(spec.compile.batch_sizes), (shape[1],)),
         examples=ImageExamples(preprocessor),
         pad_values={},
         image=ImageSettings(file=PROCESSOR_FILE, shape=shape),
@@ -195,11 +195,11 @@ def _image_inputs(spec: DeploySpec, model_dir: Path, out: Path) -> Inputs:
 
 def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) -> Manifest:
     try:
-        task = get_task(task_for(spec.task, spec.pooling, model_dir))
+        task = get_task(task_for(spec.compile.task, spec.compile.pooling, model_dir))
     except ValueError as e:
         raise CompileError(str(e)) from None
-    target = get_target(spec.target)
-    refuse_pickle_weights(model_dir, spec.allow_pickle_weights)
+    target = get_target(spec.compile.target)
+    refuse_pickle_weights(model_dir, spec.compile.allow_pickle_weights)
     # the model first: a task its architecture has no head for is the error to name
     model = load_for_task(task, model_dir)
     inputs = (_image_inputs if task.images else _text_inputs)(spec, model_dir, out)
@@ -216,13 +216,13 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
         model,
         model_dir,
         {
-            "pooling": spec.pooling,
-            "normalize": spec.normalize,
-            "token_embeddings": spec.token_embeddings,
-            "allow_pickle_weights": spec.allow_pickle_weights,
+            "pooling": spec.compile.pooling,
+            "normalize": spec.compile.normalize,
+            "token_embeddings": spec.compile.token_embeddings,
+            "allow_pickle_weights": spec.compile.allow_pickle_weights,
             "input_names": list(names),
-            "max_top_k": spec.max_top_k,
-            "relevance_label": spec.relevance_label,
+            "max_top_k": spec.compile.max_top_k,
+            "relevance_label": spec.compile.relevance_label,
             **inputs.facts,
         },
     )
@@ -234,7 +234,7 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
         examples=inputs.examples,
         grid=grid,
         layout=_layout(task, wrapped, names, inputs),
-        options=spec.compiler_options(),
+        options=spec.compile.compiler_options(spec.worker.neuron_cores),
         progress=progress,
     )
     # a Neuron compile leases and pins one core like a worker: the runtime reserves every
@@ -302,9 +302,9 @@ def _manifest(
             **kept.described,
             "artifact_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
         },
-        tolerance=spec.tolerance,
+        tolerance=spec.compile.tolerance,
         accuracy=kept.trial.accuracy,
-        accuracy_floor={floor_field: getattr(spec, floor_field)} if floor_field else {},
+        accuracy_floor={floor_field: getattr(spec.accuracy, floor_field)} if floor_field else {},
         precision_trials=choice.trials,
         bucket_ms=choice.bucket_ms,
         validation=kept.validation,

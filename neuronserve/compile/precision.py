@@ -31,21 +31,22 @@ def candidates(spec: DeploySpec, target: Target) -> tuple[tuple[str, ...], bool]
     may have several builds on a target (CPU fp32: TorchScript, ONNX Runtime, OpenVINO);
     they are timed against each other as auto's candidates are. A named module format
     keeps only its own builds."""
-    if spec.precision != "auto":
+    if spec.compile.precision != "auto":
         variants = getattr(target, "variants", None)
-        builds = variants(spec.precision) if variants else (spec.precision,)
+        builds = variants(spec.compile.precision) if variants else (spec.compile.precision,)
     else:
         builds = tuple(getattr(target, "auto_precisions", ("fp32",)))
-    if spec.module_format == "auto":
-        return builds, spec.precision != "auto"
+    if spec.compile.module_format == "auto":
+        return builds, spec.compile.precision != "auto"
     format_of = target.module_format_of  # type: ignore[attr-defined] # the spec checked: cpu
-    mine = tuple(b for b in builds if format_of(b) == spec.module_format)
+    c = spec.compile
+    mine = tuple(b for b in builds if format_of(b) == c.module_format)
     if not mine:
         raise CompileError(
-            f"module_format {spec.module_format} has no {spec.precision} build on target "
+            f"module_format {c.module_format} has no {c.precision} build on target "
             f"{target.name}; its builds: " + ", ".join(sorted({format_of(b) for b in builds}))
         )
-    return mine, spec.precision != "auto"
+    return mine, spec.compile.precision != "auto"
 
 
 def batch1_ms(executor: Executor, examples: Examples, grid: BucketGrid) -> float:
@@ -114,7 +115,7 @@ class PrecisionSearch:
         self.precisions, self.named = candidates(ctx.spec, ctx.target)
         task = ctx.task
         self.floor_field = task.accuracy_floor_field
-        self.floor = getattr(ctx.spec, self.floor_field) if self.floor_field else None
+        self.floor = getattr(ctx.spec.accuracy, self.floor_field) if self.floor_field else None
         # fp32 eager on padded text per bucket and on the accuracy texts, computed once
         self.reference = Reference.compute(ctx)
         self.pending = ctx.target.cannot_run_here(ctx.options)
@@ -199,7 +200,7 @@ class PrecisionSearch:
         folder = self.folder / precision
         folder.mkdir(parents=True)
         build = build_precision(ctx, precision, folder, self.reference)
-        judge = Judge(task, effective, ctx.spec.tolerance, self.floor_field, self.floor)
+        judge = Judge(task, effective, ctx.spec.compile.tolerance, self.floor_field, self.floor)
         verdict = check(build.module_for, self.reference, judge, ctx.grid, ctx.layout)
         trial = PrecisionTrial(
             precision=effective,

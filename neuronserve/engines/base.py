@@ -1,23 +1,35 @@
-"""The contract every engine implements. TorchServe (torchserve.py) and Triton
-(triton.py) are the two; `engines.py` names them; nothing else asks which one it talks to.
+"""The contract every engine implements, and the only way the rest of neuronserve reaches
+an engine. TorchServe (engines/torchserve/) and Triton (engines/triton/) are the two;
+the registry (engines/__init__.py) names them.
 
-An engine packages an artifact into its store (a TorchServe model store, a Triton
-repository), starts on that store from a run directory of its own (pid file, logs,
-keys) and returns only once every worker is ready, reports how many workers of a model
-are ready, where its own API takes a model's requests, and stops with every process it
-started. The front, the SageMaker and Kubernetes entrypoints, bench, soak and doctor
-use engines only through this class.
+Five methods make an engine:
+
+    package(spec, plan)  write the spec's models into its store for this host's worker plan
+    start(log, timeout)  start on its store, return once every worker is ready
+    health(model)        (workers ready, workers planned) of a model
+    client(...)          the front's asynchronous client of it
+    stop(log)            stop it and wait until every process it started is gone
+
+An engine is made from its spec section (engines/<engine>/section.py: its store, ports
+and run folder) and runs from a run folder of its own (pid file, logs, keys). What a
+running engine offers others (its own API's routes, its main process, its metrics) is
+read from `running()`; what the CLI prints of it, from `ready_lines` and `packaged`.
 """
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
+from ..section import EngineSection
 from ..serve.process import ServeError
+from ..spec import ModelEntry
+from ..worker import WorkerSettings
+from . import class_name
 
 if TYPE_CHECKING:
     from ..placement import WorkerPlan
@@ -28,121 +40,110 @@ if TYPE_CHECKING:
 Log = Callable[[str], object]
 
 
+class ModelSourceError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class FoundModel:
+    artifact: Path
+    name: str
+    # what it was packaged with (a .mar's or a Triton repository's): what the user gave
+    # at packaging time must survive packaging again for this host
+    truncation: bool | None = None
+
+    def entry(self) -> ModelEntry:
+        return ModelEntry(artifact=self.artifact, name=self.name, truncation=self.truncation)
+
+
+def packaged(model_dir: Path, settings: WorkerSettings) -> list[FoundModel]:
+    """The models an engine's model folder holds, from the settings packaged with them."""
+    if not settings.models:
+        raise ModelSourceError(f"{model_dir} was packaged without the models it holds")
+    return [FoundModel(model_dir / m.artifact, m.name, m.truncation) for m in settings.models]
+
+
 @dataclass(frozen=True)
 class NativeRoute:
     """Where a client of the engine's own API sends one model's requests.
 
-    `protocol`: "torchserve" (JSON `{"inputs", "parameters"}` posted to `url`, the task's
-    JSON back), "triton-http" or "triton-grpc" (KServe v2 tensors: `url` is the server's
-    address, `model` the model name).
+    `protocol`: one of the engine's `protocols`, which its bench endpoints know how to
+    speak (engines/<engine>/bench.py); `url` the address, `model` the model's name there.
     """
 
     protocol: str
     url: str
     model: str
-    # what a request there must carry besides its body (TorchServe's key)
+    # what a request there must carry besides its body (a key)
     headers: dict[str, str] = field(default_factory=dict)
 
 
-# what an engine's start gives back: where it listens (TorchServeInstance, TritonInstance)
-Instance = TypeVar("Instance")
+class Running(Protocol):
+    """What a started engine offers others: its main process (TorchServe's frontend,
+    tritonserver; None once gone), the base URL of its Prometheus endpoint, and where its
+    own API takes a model's requests (one route per protocol)."""
+
+    run_dir: Path
+    metrics_url: str
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def native_routes(self, model: str) -> list[NativeRoute]: ...
+
+
+# what an engine's start gives back: where it listens
+Instance = TypeVar("Instance", bound=Running)
 
 
 class Engine(ABC, Generic[Instance]):
-    """One engine, started (or to be started) from `run_dir`.
+    """One engine, made from its spec section and run from `run_dir` (the section's
+    own, unless the caller gives one).
 
-    Class attributes say what a deployment must give it: the spec fields of its ports and
-    of its store, and what its worker processes are called in messages.
+    Class attributes say what it is: its name in the registry, the server's own name,
+    what its workers are called, how a dead one is replaced, its pip extra, the adapter
+    file it ships into its store, its API's protocols and its spec section's class.
     """
 
     name: ClassVar[str]
-    # the server's own name, in messages
     server: ClassVar[str]
     # TorchServe's "workers", Triton's "instances"
     worker_word: ClassVar[str]
-    # the spec fields holding the ports it listens on
-    port_fields: ClassVar[tuple[str, ...]]
-    # the spec field holding the folder `package` writes and `start` serves
-    store_field: ClassVar[str]
     # how a worker that died is replaced (shown by `serve` and in the docs)
     replacement: ClassVar[str]
     # neuronserve's pip extra that installs it (an image for it gets that extra)
     extra: ClassVar[str]
-    # the protocols of its own API, one NativeRoute each (`native_routes`)
-    protocols: ClassVar[tuple[str, ...]]
     # (package, file) of the adapter it ships into its store: what its workers run
     adapter: ClassVar[tuple[str, str]]
+    # the protocols of its own API, one NativeRoute each
+    protocols: ClassVar[tuple[str, ...]]
+    # its spec section
+    section_class: ClassVar[type[EngineSection]]
 
-    def __init__(self, run_dir: Path):
-        self.run_dir = Path(run_dir).resolve()
+    def __init__(self, section: EngineSection, run_dir: Path | None = None):
+        self.section = section
+        self.run_dir = Path(run_dir if run_dir is not None else section.run_dir).resolve()
         self._instance: Instance | None = None
 
-    # packaging: no server needed
-
-    @classmethod
-    def store(cls, spec: DeploySpec) -> Path:
-        return Path(getattr(spec, cls.store_field))
+    # the five
 
     @classmethod
     @abstractmethod
     def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
-        """Write the spec's models into its store for this host's worker plan (`plan`
-        when the caller made it already), as one engine model whose workers each hold
-        every model; the path written."""
+        """Write the spec's models into the store its section names, for this host's
+        worker plan (`plan` when the caller made it already), as one engine model whose
+        workers each hold every model; the path written."""
 
-    @classmethod
-    @abstractmethod
-    def models_in(cls, store: Path) -> list[str]:
-        """The models a store holds: what `start` will serve from it."""
-
-    # a running engine
-
-    def start(self, spec: DeploySpec, log: Log = print, timeout_s: float = 600) -> None:
-        """Start on the spec's store, listening where the spec says, and return once
-        every worker of every model is ready (stopping again if that fails)."""
-        self._instance = self._start(spec, log, timeout_s)
-
-    def stop(self, log: Log = print) -> bool:
-        """Stop it and wait until its processes are gone; False when none was running."""
-        self._instance = None
-        return self._stop(log)
-
-    @property
-    def instance(self) -> Instance:
-        """Where the running engine listens."""
-        if self._instance is None:
-            self._instance = self._running()
-        if self._instance is None:
-            raise ServeError(f"no {self.server} is running from {self.run_dir}")
+    def start(self, log: Log = print, timeout_s: float = 600) -> Instance:
+        """Start on the section's store, listening where it says, and return once every
+        worker of every model is ready (stopping again if that fails)."""
+        self._instance = self._start(log, timeout_s)
         return self._instance
 
     @abstractmethod
-    def _start(self, spec: DeploySpec, log: Log, timeout_s: float) -> Instance: ...
-
-    @abstractmethod
-    def _stop(self, log: Log) -> bool: ...
-
-    @abstractmethod
-    def _running(self) -> Instance | None:
-        """The engine started from run_dir, if it runs."""
-
-    @abstractmethod
-    def root_pid(self) -> int | None:
-        """The engine's main process (TorchServe's frontend, tritonserver), if running."""
-
-    @abstractmethod
-    def workers_ready(self, model: str) -> tuple[int, int]:
+    def health(self, model: str) -> tuple[int, int]:
         """(workers ready, workers planned) of `model`: only workers whose process is
         alive and has loaded the model count."""
-
-    @abstractmethod
-    def native_routes(self, model: str) -> list[NativeRoute]:
-        """Where the engine's own API takes `model`'s requests, one per protocol."""
-
-    @property
-    @abstractmethod
-    def metrics_url(self) -> str:
-        """Base URL of its Prometheus endpoint (`/metrics` below it)."""
 
     @abstractmethod
     def client(
@@ -151,9 +152,73 @@ class Engine(ABC, Generic[Instance]):
         """The front's asynchronous client for `models`, served under the engine model
         `name` by `workers` workers, with up to `connections` open."""
 
-    def running(self) -> bool:
-        return self.root_pid() is not None
+    def stop(self, log: Log = print) -> bool:
+        """Stop it and wait until its processes are gone; False when none was running."""
+        self._instance = None
+        return self._stop(log)
+
+    # a running engine
+
+    def running(self) -> Instance | None:
+        """The engine started from run_dir, if it runs."""
+        if self._instance is None or self._instance.pid is None:
+            self._instance = self._running()
+        return self._instance
+
+    @property
+    def instance(self) -> Instance:
+        found = self.running()
+        if found is None:
+            raise ServeError(f"no {self.server} is running from {self.run_dir}")
+        return found
+
+    @abstractmethod
+    def _start(self, log: Log, timeout_s: float) -> Instance: ...
+
+    @abstractmethod
+    def _stop(self, log: Log) -> bool: ...
+
+    @abstractmethod
+    def _running(self) -> Instance | None: ...
+
+    # its store
+
+    @classmethod
+    @abstractmethod
+    def models_in(cls, store: Path) -> list[str]:
+        """The models a store holds: what `start` will serve from it."""
+
+    @classmethod
+    @abstractmethod
+    def packaged_models(cls, folder: Path, work: Path) -> list[FoundModel] | None:
+        """The artifacts a store this engine's `package` wrote holds in `folder`, with
+        the settings they were packaged with (an archive unpacked into `work` first);
+        None when `folder` is no store of this engine's."""
+
+    # what the CLI says
+
+    @classmethod
+    def packaged(cls, path: Path, spec: DeploySpec) -> list[str]:
+        """What `neuronserve package <engine>` prints once it wrote `path`."""
+        return [f"wrote {path}"]
+
+    def refusal(self) -> str | None:
+        """Why `serve <engine>` must not start with this section (None: it may)."""
+        return None
+
+    @abstractmethod
+    def ready_lines(self, instance: Instance, stop_hint: str) -> list[str]:
+        """What `serve <engine>` prints once it is ready (`stop_hint`: the command that
+        stops it)."""
 
     def describe(self) -> dict[str, Any]:
         """What `serve` prints: the engine, its run directory and how workers heal."""
         return {"engine": self.name, "run_dir": str(self.run_dir), "replacement": self.replacement}
+
+
+def engine_class(name: str) -> type[Engine[Any]]:
+    """The Engine class of engine `name` (the registry's), its module imported now."""
+    found: type[Engine[Any]] = getattr(
+        importlib.import_module(f"{__package__}.{name}.engine"), class_name(name)
+    )
+    return found

@@ -165,7 +165,7 @@ def _pod(spec: DeploySpec, engine: str, target: str, o: ClusterOptions) -> Pod:
     except ContextError as e:
         raise ClusterError(str(e)) from None
     name = names[0] if len(names) == 1 else spec.deployment_name
-    cores_per_worker = spec.cores_per_worker
+    cores_per_worker = spec.worker.cores_per_worker
     cores = o.cores or (2 if target == "neuronx" else 2 * cores_per_worker)
     if cores % cores_per_worker:
         raise ClusterError(
@@ -185,7 +185,7 @@ def _pod(spec: DeploySpec, engine: str, target: str, o: ClusterOptions) -> Pod:
         memory=memory,
         secret=o.api_key_secret or f"{_dns_name(name)}-api-key",
         # the front drains for up to its deadline, then the engine stops its workers
-        grace_s=int(spec.deadline_s) + 30,
+        grace_s=int(spec.front.deadline_s) + 30,
         options=o,
     )
 

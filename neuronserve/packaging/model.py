@@ -71,7 +71,7 @@ def prepare(
     workers unless the caller has (`what` names them in the warning printed when this
     host has fewer core groups than asked for); settle the settings."""
     entries = spec.model_entries()
-    if spec.multi_model:
+    if spec.multi_model.enabled:
         return _prepare_multi_model(spec, what, plan)
     if not entries:
         raise PackagingError("no artifact: pass the artifact directory (or several)")
@@ -125,19 +125,19 @@ def _prepare_multi_model(
 ) -> Packaged:
     """A multi-model deployment packages no model: its workers start empty, on the
     spec's target, and load what the front's catalog names (neuronserve.catalog)."""
-    if spec.catalog_dir is None:
+    if spec.multi_model.catalog_dir is None:
         raise PackagingError(
             "multi-model serving runs behind the front, which loads the models: "
             "use `neuronserve serve front` (or the SageMaker/Kubernetes container)"
         )
     if plan is None:
         try:
-            plan = placement.plan(placement.PlanRequest.of_target(spec, spec.target))
+            plan = placement.plan(placement.PlanRequest.of_target(spec, spec.compile.target))
         except placement.PlacementError as e:
             raise PackagingError(str(e)) from None
     _warn(plan, what)
     settings = _worker_settings(
-        spec, plan, spec.target, catalog=str(Path(spec.catalog_dir).resolve())
+        spec, plan, spec.compile.target, catalog=str(Path(spec.multi_model.catalog_dir).resolve())
     )
     memory = placement.memory_plan([], plan, cores.instance_family())
     return Packaged([], spec.deployment_name, plan, settings, memory)
@@ -152,11 +152,11 @@ def _worker_settings(
         target=target,
         core_kind=plan.kind,
         cores_per_worker=plan.cores_per_worker,
-        neuron_cores=spec.neuron_cores,
-        max_client_batch=spec.max_client_batch,
-        max_text_chars=spec.max_text_chars,
-        max_json_depth=spec.max_json_depth,
-        max_answer_bytes=spec.max_answer_bytes,
+        neuron_cores=spec.worker.neuron_cores,
+        max_client_batch=spec.limits.max_client_batch,
+        max_text_chars=spec.limits.max_text_chars,
+        max_json_depth=spec.limits.max_json_depth,
+        max_answer_bytes=spec.limits.max_answer_bytes,
         **models,
     )
 

@@ -20,7 +20,8 @@ from importlib import metadata, resources
 from pathlib import Path
 
 from ..artifact import read_manifest
-from ..engines import ENGINES, engine_class
+from ..engines import ENGINES
+from ..engines.base import engine_class
 from ..spec import DeploySpec
 from .model import recorded_unless_given
 
@@ -61,7 +62,8 @@ def requirements(engine: str, target: str) -> list[str]:
 def _copy_package(dst: Path) -> None:
     import neuronserve
 
-    from ..engines import ENGINES, engine_class
+    from ..engines import ENGINES
+    from ..engines.base import engine_class
     from ..resources import package_file
 
     src = Path(neuronserve.__file__).parent
@@ -113,8 +115,9 @@ def package_sagemaker(spec: DeploySpec, engine: str, target: str, out: Path) -> 
 
     # `serve` re-plans workers for the host it runs on; one is enough to build with.
     kind = engine_class(engine)
-    model_spec = spec.model_copy(
-        update={"workers": spec.workers or 1, "token_auth": False, kind.store_field: out / "model"}
+    # (the store is read back and packaged again at start: only its models count)
+    model_spec = spec.with_section("worker", workers=spec.worker.workers or 1).with_section(
+        engine, **{kind.section_class.store_field: out / "model"}
     )
     kind.package(model_spec)
     (out / "neuronserve.json").write_text(

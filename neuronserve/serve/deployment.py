@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .. import catalog, placement
 from ..artifact import read_manifest
-from ..engines import engine
+from ..engines.base import engine_class
 from ..packaging.model import recorded_unless_given, served_truncation
-from ..spec import DeploySpec, ModelEntry, load_spec
+from ..spec import DeploySpec, ModelEntry
 from .process import free_ports, private_dir
 
 if TYPE_CHECKING:
@@ -36,19 +36,6 @@ log = logging.getLogger(__name__)
 STORE_DIR = "store"
 RUN_DIR = "run"
 CATALOG_DIR = "catalog"
-# how long the engine's keys the front holds live (minutes): longer than any deployment
-FRONT_KEY_MINUTES = 10 * 365 * 24 * 60
-
-
-def engine_settings(spec: DeploySpec) -> dict[str, Any]:
-    """The worker settings a spec gives explicitly (`DeploySpec.worker_fields`), and the
-    name several models are served under."""
-    given = spec.model_fields_set
-    settings = {k: getattr(spec, k) for k in DeploySpec.worker_fields() if k in given}
-    settings["deployment_name"] = spec.deployment_name
-    if spec.multi_model:
-        settings.update(multi_model=True, target=spec.target)
-    return {k: v for k, v in settings.items() if v is not None}
 
 
 def model_entries(found: list[FoundModel], spec: DeploySpec) -> list[ModelEntry]:
@@ -62,32 +49,36 @@ def model_entries(found: list[FoundModel], spec: DeploySpec) -> list[ModelEntry]
 
 def running_engine(work: Path, name: str) -> Engine | None:
     """The engine a Deployment in `work` started, if it is running."""
-    found = engine(name, Path(work) / RUN_DIR)
+    cls = engine_class(name)
+    found = cls(cls.section_class(), Path(work) / RUN_DIR)
     return found if found.running() else None
 
 
 class Deployment:
-    """Engine `engine_name` serving `models` from `work`.
+    """The spec's engine (`front.engine`) serving `models` from `work`.
 
-    `settings` are spec fields for this deployment (workers, cores_per_worker, layout,
-    limits, ...); ports and folders are chosen here. `plan`, when the caller planned the
-    workers already (the SageMaker entrypoint does, from SageMaker's settings), is used
-    as it is instead of planning again.
+    What the spec gives reaches the engine and its workers as it is: the deployment's
+    name and truncation, the worker, limits and multi-model sections and the engine's
+    own; where the engine keeps its store and run folder, and the loopback ports it
+    listens on, are chosen here, with the keys on that a front holds (the engine
+    section's `behind_front`). `plan`, when the caller planned the workers already (the
+    SageMaker entrypoint does, from SageMaker's settings), is used as it is instead of
+    planning again.
     """
 
     def __init__(
         self,
-        engine_name: str,
+        spec: DeploySpec,
         models: list[ModelEntry],
         work: Path,
-        settings: dict[str, Any],
         plan: placement.WorkerPlan | None = None,
     ):
         # the engine's store, catalog and run folder: what its workers read as
         # instructions, so this user's alone
         self.work = private_dir(Path(work))
-        self.engine = engine(engine_name, self.work / RUN_DIR)
-        self.multi_model = bool(settings.get("multi_model"))
+        name = spec.front.engine
+        kind = engine_class(name)
+        self.multi_model = spec.multi_model.enabled
         if not models and not self.multi_model:
             raise ValueError("a deployment needs at least one model")
         # packaging verifies the artifacts' checksums when the engine starts
@@ -99,29 +90,29 @@ class Deployment:
         # multi-model: the workers start empty and the front loads these through the
         # catalog, like any model loaded later
         self.initial = list(models) if self.multi_model else []
-        if self.multi_model and self.manifests:
-            settings = {**settings, "target": next(iter(self.manifests.values()))[0].target}
-        kind = type(self.engine)
-        self.spec: DeploySpec = load_spec(
-            None,
-            {
-                "models": [] if self.multi_model else [m.model_dump() for m in models],
-                "catalog_dir": self.work / CATALOG_DIR if self.multi_model else None,
-                # loopback only, behind the front, and keys even so: another local user
-                # must not reach the engine around the front's keys and limits (the front
-                # reads TorchServe's from its 0700 run directory; the inference key lives
-                # ten years instead of TorchServe's hour). A folder instead of a zip, so a
-                # start does not pack the artifact again
-                "token_auth": True,
-                "token_expiration_min": FRONT_KEY_MINUTES,
-                "triton_inference_key": True,
-                "bind_address": "127.0.0.1",
-                "archive_format": "no-archive",
-                kind.store_field: self.work / STORE_DIR,
-                **dict(zip(kind.port_fields, free_ports(len(kind.port_fields)), strict=True)),
-                **settings,
-            },
-        )
+        section = kind.section_class
+        data = spec.model_dump(exclude_unset=True, exclude={"front", "artifact", "name"})
+        data["models"] = [] if self.multi_model else [m.model_dump() for m in models]
+        # loopback only, behind the front, and keys even so: another local user must not
+        # reach the engine around the front's keys and limits
+        data[name] = {
+            **data.get(name, {}),
+            **section.behind_front,
+            "bind_address": "127.0.0.1",
+            section.store_field: self.work / STORE_DIR,
+            "run_dir": self.work / RUN_DIR,
+            **dict(zip(section.port_fields, free_ports(len(section.port_fields)), strict=True)),
+        }
+        if self.multi_model:
+            first = next(iter(self.manifests.values()), None)
+            data["multi_model"] = {
+                **data.get("multi_model", {}),
+                "catalog_dir": self.work / CATALOG_DIR,
+                **({"target": first[0].target} if first else {}),
+            }
+        data["front"] = {"engine": name}
+        self.spec = DeploySpec.model_validate(data)
+        self.engine = kind(self.spec.engine_named(name))
         # the name the engine serves them under: the model's own when there is one
         self.name = (
             next(iter(self.manifests))
@@ -131,7 +122,7 @@ class Deployment:
         self.plan = plan or placement.plan(
             placement.PlanRequest.of(self.spec, [m for m, _ in self.manifests.values()])
             if self.manifests
-            else placement.PlanRequest.of_target(self.spec, self.spec.target)
+            else placement.PlanRequest.of_target(self.spec, self.spec.multi_model.target)
         )
 
     @property
@@ -140,7 +131,7 @@ class Deployment:
 
     @property
     def store(self) -> Path:
-        return self.engine.store(self.spec)
+        return self.engine.section.store
 
     def start(self) -> None:
         """Package for this host into a fresh store and start; returns once every worker
@@ -153,7 +144,7 @@ class Deployment:
             shutil.rmtree(self.work / CATALOG_DIR, ignore_errors=True)
             catalog.write_wanted(self.work / CATALOG_DIR, {})
         self.engine.package(self.spec, self.plan)
-        self.engine.start(self.spec, log=log.info)
+        self.engine.start(log=log.info)
 
     def stop(self) -> None:
         self.engine.stop(log=log.info)
@@ -189,7 +180,7 @@ class Deployment:
             truncation=served_truncation(
                 entry or ModelEntry(artifact=artifact), self.spec, manifest
             ),
-            max_text_chars=self.spec.max_text_chars,
+            max_text_chars=self.spec.limits.max_text_chars,
             tokenizer=ServedModel.tokenizer_of(manifest, artifact),
             key=key,
         )
@@ -204,14 +195,16 @@ class Deployment:
         budget = (
             int(budget_mb * 2**20)
             if budget_mb is not None
-            else placement.model_budget(self.plan, cores.instance_family(), self.spec.target)
+            else placement.model_budget(
+                self.plan, cores.instance_family(), self.spec.multi_model.target
+            )
         )
         return ModelCatalog(
             serving,
             self.work / CATALOG_DIR,
             self.plan.workers,
             self.plan.kind,
-            self.spec.target,
+            self.spec.multi_model.target,
             budget,
             lambda name, key, manifest, artifact: self.served_model(
                 name, manifest, artifact, key=key

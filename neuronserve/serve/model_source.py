@@ -1,47 +1,26 @@
 """Where the SageMaker container (and `serve front`) finds its models and engine.
 
 The models come from /opt/ml/model (SageMaker's model_data) when it holds any, else
-from those baked into the image: a neuronserve artifact, several side by side, a .mar
-built by `neuronserve package torchserve`, or a Triton repository built by `neuronserve
-package triton`. Each is reduced to its artifacts, so they can be packaged again for this
-host's core groups.
+from those baked into the image: a neuronserve artifact, several side by side, or a store
+an engine's `neuronserve package` wrote (each engine reads its own back). Each is reduced
+to its artifacts, so they can be packaged again for this host's core groups.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from ..artifact import MANIFEST, read_manifest
-from ..engines import ENGINES
-from ..engines.torchserve.package import MODEL_CONFIG
-from ..spec import ModelEntry
-from ..worker import MODELS_DIR, WorkerSettings
+from ..engines import DEFAULT_ENGINE, ENGINES
+from ..engines.base import FoundModel, ModelSourceError, engine_class
+
+__all__ = ["FoundModel", "ModelSourceError", "UnpackLimits", "find_models", "unpack_tar"]
 
 MODEL_DIR = "/opt/ml/model"
 BAKED_DIR = "/opt/neuronserve/model"
 CONFIG_FILE = "/opt/neuronserve/neuronserve.json"
-
-
-class ModelSourceError(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class FoundModel:
-    artifact: Path
-    name: str
-    # what it was packaged with (a .mar's or a Triton repository's): what the user gave
-    # at packaging time must survive packaging again for this host
-    truncation: bool | None = None
-
-    def entry(self) -> ModelEntry:
-        return ModelEntry(artifact=self.artifact, name=self.name, truncation=self.truncation)
 
 
 # the most files an archive may hold: an artifact has a few, and one file per bucket on
@@ -89,15 +68,6 @@ class UnpackLimits:
             )
 
 
-def _check_extract_size(z: zipfile.ZipFile, names: list[str], work: Path, mar: Path) -> None:
-    """Refuse an archive that would unpack beyond its limits before anything is written:
-    zipfile stops each member at its declared size, so the declared total is what
-    extraction can write."""
-    limits = UnpackLimits(mar.stat().st_size, work)
-    total = sum(z.getinfo(n).file_size for n in names if n in z.NameToInfo)
-    limits.check(mar.name, len(names), total)
-
-
 def unpack_tar(tarball: Path, dest: Path, most: int | None = None) -> None:
     """Extract `tarball` (gzip or not) into `dest` within UnpackLimits, member by member:
     each header is checked before its member is written (tarfile writes exactly the size
@@ -128,60 +98,27 @@ def unpack_tar(tarball: Path, dest: Path, most: int | None = None) -> None:
 
 def find_models(source: Path, work: Path) -> list[FoundModel]:
     """The neuronserve artifacts inside `source`, with the names and settings they were
-    packaged with: an artifact, several artifacts side by side, a .mar (or its unpacked
-    folder) or a Triton repository built by `neuronserve package`."""
+    packaged with: an artifact, several artifacts side by side, or any engine's store
+    built by `neuronserve package` (a .mar or its unpacked folder, a Triton repository),
+    which its engine reads back."""
     if (source / MANIFEST).is_file():
         return [_artifact(source)]
     side_by_side = sorted(p.parent for p in source.glob(f"*/{MANIFEST}"))
     if side_by_side:
         return [_artifact(a) for a in side_by_side]
-    mars = sorted(source.glob("*.mar"))
-    if mars:
-        out = work / "from-mar"
-        with zipfile.ZipFile(mars[0]) as z:
-            members = [n for n in z.namelist() if n.startswith(f"{MODELS_DIR}/")]
-            if not members:
-                raise ModelSourceError(f"{mars[0]} holds no neuronserve {MODELS_DIR}/ folder")
-            _check_extract_size(z, [*members, MODEL_CONFIG], work, mars[0])
-            z.extractall(out, [*members, MODEL_CONFIG])
-        return _packaged(out, _torchserve_settings(out / MODEL_CONFIG))
-    for config in sorted(source.glob(f"*/{MODEL_CONFIG}")):
-        # a no-archive .mar folder
-        return _packaged(config.parent, _torchserve_settings(config))
-    for model_py in sorted(source.glob("*/*/model.py")):
-        # <repo>/<name>/1/model.py
-        return _packaged(model_py.parent, _triton_settings(model_py.parents[1]))
+    for name in ENGINES:
+        found = engine_class(name).packaged_models(source, work / name)
+        if found is not None:
+            return found
+    stores = " or ".join(f"a store built by `neuronserve package {e}`" for e in ENGINES)
     raise ModelSourceError(
         f"{source} holds no model: expected a neuronserve artifact (manifest.json), several "
-        "side by side, a .mar built by `neuronserve package torchserve`, or a Triton "
-        "repository built by `neuronserve package triton`"
+        f"side by side, or {stores}"
     )
 
 
 def _artifact(folder: Path) -> FoundModel:
     return FoundModel(folder, read_manifest(folder, verify=False).name)
-
-
-def _packaged(model_dir: Path, settings: WorkerSettings) -> list[FoundModel]:
-    if not settings.models:
-        raise ModelSourceError(f"{model_dir} was packaged without the models it holds")
-    return [FoundModel(model_dir / m.artifact, m.name, m.truncation) for m in settings.models]
-
-
-def _torchserve_settings(path: Path) -> WorkerSettings:
-    return WorkerSettings.from_torchserve(yaml.safe_load(path.read_text()))
-
-
-def _triton_settings(model_dir: Path) -> WorkerSettings:
-    # imported here: a TorchServe image has no protobuf or tritonclient
-    from google.protobuf import json_format
-
-    from ..engines.triton.package import CONFIG, read_config
-
-    config = read_config(model_dir / CONFIG)
-    return WorkerSettings.from_triton(
-        json_format.MessageToDict(config, preserving_proto_field_name=True)
-    )
 
 
 def model_source() -> Path:
@@ -199,12 +136,13 @@ def model_source() -> Path:
 
 
 def engine_name() -> str:
-    """NEURONSERVE_ENGINE, else the engine the build context was made for, else torchserve."""
+    """NEURONSERVE_ENGINE, else the engine the build context was made for, else the
+    registry's first."""
     engine = os.environ.get("NEURONSERVE_ENGINE")
     config = Path(os.environ.get("NEURONSERVE_CONFIG", CONFIG_FILE))
     if not engine and config.is_file():
         engine = json.loads(config.read_text()).get("engine")
-    engine = engine or "torchserve"
+    engine = engine or DEFAULT_ENGINE
     if engine not in ENGINES:
         raise ModelSourceError(f"NEURONSERVE_ENGINE={engine!r}: use {' or '.join(ENGINES)}")
     return engine

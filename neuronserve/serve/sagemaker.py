@@ -26,7 +26,7 @@ from pathlib import Path
 from .. import placement
 from ..artifact import read_manifest
 from ..spec import DeploySpec, load_spec
-from .deployment import Deployment, engine_settings, model_entries
+from .deployment import Deployment, model_entries
 from .front.config import FrontConfig
 from .front.keys import ENV_KEY
 from .front.server import configure_logging, run
@@ -66,36 +66,41 @@ def platform() -> str:
     return name
 
 
-# the queue bounds a container's environment may set (spec fields of the same names)
-_BOUNDS = {"NEURONSERVE_MAX_IN_FLIGHT": "max_in_flight", "NEURONSERVE_MAX_QUEUED": "max_queued"}
+# the queue bounds a container's environment may set: (section, field)
+_BOUNDS = {
+    "NEURONSERVE_MAX_IN_FLIGHT": ("front", "max_in_flight"),
+    "NEURONSERVE_MAX_QUEUED": ("worker", "max_queued"),
+}
 
 
 def sagemaker_spec(work: Path) -> DeploySpec:
     """The deployment spec SageMaker's (or the Kubernetes pod's) environment describes."""
     timeout_s = int(os.environ.get("SAGEMAKER_MODEL_SERVER_TIMEOUT", "60"))
     metrics_auth = os.environ.get("NEURONSERVE_METRICS_AUTH", "on") != "off"
-    return load_spec(
-        None,
-        {
+    sections: dict[str, dict[str, object]] = {
+        "front": {
             "engine": engine_name(),
             "metrics_auth": metrics_auth,
-            "front_address": os.environ.get("NEURONSERVE_BIND", "0.0.0.0"),
-            "front_port": int(os.environ.get("SAGEMAKER_BIND_TO_PORT", "8080")),
-            "front_run_dir": work,
+            "address": os.environ.get("NEURONSERVE_BIND", "0.0.0.0"),
+            "port": int(os.environ.get("SAGEMAKER_BIND_TO_PORT", "8080")),
+            "run_dir": work,
             "deadline_s": timeout_s,
+        },
+        "worker": {
             "response_timeout_s": timeout_s,
             "cores_per_worker": int(os.environ.get("NEURONSERVE_CORES_PER_WORKER", "1")),
+        },
+        "multi_model": {
             # a multi-model endpoint: SageMaker loads models through /models at run time
-            "multi_model": os.environ.get("SAGEMAKER_MULTI_MODEL", "").lower() == "true",
+            "enabled": os.environ.get("SAGEMAKER_MULTI_MODEL", "").lower() == "true",
             "memory_budget_mb": os.environ.get("NEURONSERVE_MEMORY_BUDGET_MB") or None,
             "target": os.environ.get("NEURONSERVE_TARGET", "cpu"),
-            **{
-                field: int(os.environ[var])
-                for var, field in _BOUNDS.items()
-                if os.environ.get(var, "").strip()
-            },
         },
-    )
+    }
+    for var, (section, field) in _BOUNDS.items():
+        if os.environ.get(var, "").strip():
+            sections[section][field] = int(os.environ[var])
+    return load_spec(None, sections)
 
 
 def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
@@ -105,7 +110,7 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
     try:
         source = model_source()
     except ModelSourceError:
-        if not spec.multi_model:
+        if not spec.multi_model.enabled:
             raise
         source = None  # a multi-model endpoint starts empty
     found = find_models(source, work) if source is not None else []
@@ -113,9 +118,9 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
     requested = os.environ.get("SAGEMAKER_MODEL_SERVER_WORKERS")
     plan = placement.plan(
         placement.PlanRequest(
-            manifests[0].target if manifests else spec.target,
+            manifests[0].target if manifests else spec.multi_model.target,
             workers=int(requested) if requested else None,
-            cores_per_worker=spec.cores_per_worker,
+            cores_per_worker=spec.worker.cores_per_worker,
             cores_per_module=max(
                 (int(m.compiler.get("cores_per_module", 1)) for m in manifests), default=1
             ),
@@ -130,15 +135,15 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
             plan.workers,
             plan.groups,
             plan.kind,
-            spec.cores_per_worker,
+            spec.worker.cores_per_worker,
         )
-    settings = {**engine_settings(spec), "workers": plan.workers}
+    spec = spec.with_section("worker", workers=plan.workers)
     served = ", ".join(f"{f.name} ({m.task})" for f, m in zip(found, manifests, strict=True))
-    if spec.multi_model:
+    if spec.multi_model.enabled:
         log.info("a multi-model endpoint, starting with %s", served or "no model")
     else:
         log.info("serving %s from %s", served, source)
-    return Deployment(spec.engine, model_entries(found, spec), work, settings, plan)
+    return Deployment(spec, model_entries(found, spec), work, plan)
 
 
 def main() -> int:

@@ -354,7 +354,7 @@ def test_a_killed_stub_is_replaced_alone_while_the_other_serves(front):
     200 `degraded` with the counts, and the healer replaces that instance alone, on the
     cores it held, with every model, within 30 s."""
     engine = front.engine()
-    victim, other = live_stubs(engine.pid())["models"]
+    victim, other = live_stubs(engine.pid)["models"]
     cores = victim.cpu_affinity()
     seen_health: list[tuple[int, str, int]] = []
     statuses: list[int] = []
@@ -386,7 +386,7 @@ def test_a_killed_stub_is_replaced_alone_while_the_other_serves(front):
     assert {s for s, _, _ in seen_health} == {200}, seen_health
     assert set(statuses) == {200}, statuses
     assert time.monotonic() - killed < 30
-    now = {p.pid: p for p in live_stubs(engine.pid())["models"]}
+    now = {p.pid: p for p in live_stubs(engine.pid)["models"]}
     assert other.pid in now and victim.pid not in now and len(now) == 2
     [new] = [p for pid, p in now.items() if pid != other.pid]
     assert new.cpu_affinity() == cores  # the freed core group
@@ -420,7 +420,7 @@ def test_the_run_directory_serves_another_model_after_a_stop(front, tiny_artifac
 def test_a_crashed_tritonserver_leaves_no_stub_holding_its_cores(front, tiny_artifact, tiny_runner):
     """Last: tritonserver killed outright (as when it aborts) leaves its stubs running,
     each holding its core group: the healer stops them, and the next start serves."""
-    server = psutil.Process(front.engine().pid())
+    server = psutil.Process(front.engine().pid)
     stubs = [p for ps in live_stubs(server.pid).values() for p in ps]
     assert len(stubs) == 2
     server.kill()

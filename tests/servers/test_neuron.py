@@ -193,7 +193,7 @@ def replaced_alone_on_its_core(serving, tensor, rows) -> None:
     }
     server = triton.running(serving.work / "tr")
     assert server is not None
-    stubs = {p.pid: p for p in live_stubs(server.pid() or 0)[STACK]}
+    stubs = {p.pid: p for p in live_stubs(server.pid or 0)[STACK]}
     victim = min(stubs)
     freed = standin_imports(serving.log)[victim]["NEURON_RT_VISIBLE_CORES"]
     stop = threading.Event()
@@ -221,7 +221,7 @@ def replaced_alone_on_its_core(serving, tensor, rows) -> None:
     os.kill(victim, signal.SIGKILL)
 
     def replacement():
-        now = {p.pid for p in live_stubs(server.pid() or 0)[STACK]}
+        now = {p.pid for p in live_stubs(server.pid or 0)[STACK]}
         counts = server.instances()[STACK]
         new = now - set(stubs)
         return counts.whole and len(now) == 4 and new and new.pop()
@@ -233,7 +233,7 @@ def replaced_alone_on_its_core(serving, tensor, rows) -> None:
         th.join()
     assert outcomes.count(False) <= 8, outcomes.count(False)  # the killed stub's batch
     # the other three were never reloaded
-    assert set(stubs) - {victim} <= {p.pid for p in live_stubs(server.pid() or 0)[STACK]}
+    assert set(stubs) - {victim} <= {p.pid for p in live_stubs(server.pid or 0)[STACK]}
     assert standin_imports(serving.log)[new_pid]["NEURON_RT_VISIBLE_CORES"] == freed
     mine = [e for e in standin_events(serving.log, "load") if e["pid"] == new_pid]
     assert {e["core"] for e in mine} == {int(freed)} and len(mine) >= 2

@@ -119,7 +119,7 @@ def server(tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
     assert f"serving 1 model(s) found in {work / 'repo'}: {STACK}" in proc.stdout
     assert "tritonserver is ready" in proc.stdout
     inst = triton.running(work / "run")
-    procs = [psutil.Process(inst.pid()), *psutil.Process(inst.pid()).children(recursive=True)]
+    procs = [psutil.Process(inst.pid), *psutil.Process(inst.pid).children(recursive=True)]
     inst.spec, inst.work = spec, work
     yield inst
     out = run_cli("serve", "triton", "--spec", "deploy.yaml", "--stop", cwd=work)
@@ -161,7 +161,7 @@ def call_long(inst, texts: list[str]) -> np.ndarray:
 
 
 def stub_pids(inst) -> list[int]:
-    server = psutil.Process(inst.pid())
+    server = psutil.Process(inst.pid)
     return [
         p.pid
         for p in server.children(recursive=True)
@@ -584,7 +584,7 @@ def test_no_other_user_can_read_the_request_regions(server, client):
     stubs = [psutil.Process(pid) for pid in stub_pids(server)]
     regions = [Path("/dev/shm") / p.cmdline()[REGION_ARG] for p in stubs]
     assert len(regions) == 2
-    if private(server.pid()):
+    if private(server.pid):
         # the host's /dev/shm never held them
         assert not any(r.exists() for r in regions), regions
     else:
@@ -631,7 +631,7 @@ def test_a_tritonserver_that_dies_during_its_start_is_started_again_with_the_cau
     try:
         inst = start(tmp_path / "repo", run_dir, listen, timeout_s=300, log=said.append)
         killer.join()
-        assert inst.pid() is not None and inst.pid() != killed[0]
+        assert inst.pid is not None and inst.pid != killed[0]
         assert any("killed by SIGKILL" in s and "starting it once more" in s for s in said), said
         assert (run_dir / EXITED_LOG).is_file()
     finally:

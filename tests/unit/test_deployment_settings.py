@@ -56,7 +56,7 @@ def test_compile_records_truncation(artifacts):
 
 def torchserve_truncation(store, name):
     config = yaml.safe_load((store / name / "model-config.yaml").read_text())
-    [model] = WorkerSettings.from_torchserve(config).models
+    [model] = WorkerSettings.from_section(config).models
     return model.truncation
 
 
@@ -64,7 +64,8 @@ def triton_truncation(repo, name):
     config = json_format.MessageToDict(
         read_config(repo / name / "config.pbtxt"), preserving_proto_field_name=True
     )
-    [model] = WorkerSettings.from_triton(config).models
+    strings = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+    [model] = WorkerSettings.from_parameters(strings).models
     return model.truncation
 
 
@@ -77,13 +78,14 @@ def test_packaging_keeps_the_artifacts_truncation_unless_given(artifacts, tmp_pa
     strict, want = artifacts / "strict", False if given is None else given
     # what `package ... [--truncation]` hands the packagers (cli/options.load)
     fields = {"artifact": strict, **({} if given is None else {"truncation": given})}
-    spec = load_spec(None, fields).model_copy(
-        update={
-            "workers": 1,
-            "archive_format": "no-archive",
-            "model_store": tmp_path / "store",
-            "triton_repository": tmp_path / "repo",
-        }
+    spec = load_spec(
+        None,
+        {
+            **fields,
+            "worker": {"workers": 1},
+            "torchserve": {"archive_format": "no-archive", "model_store": tmp_path / "store"},
+            "triton": {"repository": tmp_path / "repo"},
+        },
     )
     package_torchserve(spec)
     assert torchserve_truncation(tmp_path / "store", "strict") is want

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from neuronserve.serve.deployment import engine_settings, model_entries
+from neuronserve.serve.deployment import Deployment, model_entries
 from neuronserve.serve.front import schemas
 from neuronserve.serve.front.config import FrontConfig
 from neuronserve.serve.front.errors import error_body, family_of
@@ -26,7 +26,7 @@ from neuronserve.serve.front.keys import (
 from neuronserve.serve.front.openapi import document
 from neuronserve.serve.front.routes import Api, endpoints, predict_inputs
 from neuronserve.serve.model_source import FoundModel
-from neuronserve.spec import load_spec
+from neuronserve.spec import ModelEntry, load_spec
 from neuronserve.tasks import RequestError, get_task
 
 
@@ -172,17 +172,32 @@ def test_openapi_document_covers_every_route_and_every_reference_resolves(tmp_pa
                for op in ops.values())  # fmt: skip
 
 
-def test_engine_settings_are_the_worker_fields_the_spec_gave_and_packaging_recorded(tmp_path):
-    named = {"deployment_name": "models"}
-    assert engine_settings(load_spec(None, {})) == named
+def test_what_reaches_the_engine_is_the_specs_worker_sections_not_the_fronts(
+    tmp_path, tiny_artifact
+):
     given = load_spec(
         None,
-        {"workers": 3, "truncation": False, "front_port": 9, "max_text_chars": 20, "auth": "on"},
+        {
+            "worker": {"workers": 1},
+            "truncation": False,
+            "limits": {"max_text_chars": 20},
+            "front": {"port": 9, "auth": "on"},
+            "torchserve": {"batch_requests": 3, "model_store": tmp_path / "elsewhere"},
+        },
     )
-    # the front's own settings (port, auth) stay with the front; the limits reach the workers
-    want = {"workers": 3, "truncation": False, "max_text_chars": 20, **named}
-    assert engine_settings(given) == want
-    assert engine_settings(load_spec(None, {"layout": "latency"})) == {"layout": "latency", **named}
+    deployment = Deployment(given, [ModelEntry(artifact=tiny_artifact)], tmp_path / "work")
+    behind = deployment.spec
+    assert (behind.worker.workers, behind.truncation, behind.limits.max_text_chars) == (
+        1,
+        False,
+        20,
+    )
+    # the front's own settings (port, auth) stay with the front
+    assert "port" not in behind.front.model_fields_set and behind.front.auth == "auto"
+    # the engine's own options reach it; where it keeps its store and listens is the deployment's
+    own = behind.engine_named("torchserve")
+    assert own.batch_requests == 3 and own.model_store == tmp_path / "work" / "store"
+    assert own.bind_address == "127.0.0.1" and own.token_auth
     # a model's packaged truncation is kept, unless the deployment gives one itself
     found = [FoundModel(tmp_path / "a", "a", truncation=True)]
     assert model_entries(found, load_spec(None, {}))[0].truncation is True

@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 from neuronserve import cores
 from neuronserve.artifact import read_manifest
 from neuronserve.cli import app
-from neuronserve.cli.options import artifacts_given
 from neuronserve.packaging import kubernetes as k8s
 from neuronserve.spec import DeploySpec, load_spec
 
@@ -28,7 +27,10 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 def spec_of(*artifacts: Path, **fields) -> DeploySpec:
     """What `package kubernetes` makes of its artifacts and flags."""
-    return load_spec(None, {**artifacts_given(list(artifacts)), **fields})
+    several = {"models": [{"artifact": a} for a in artifacts]}
+    return load_spec(
+        None, {**(several if len(artifacts) > 1 else {"artifact": artifacts[0]}), **fields}
+    )
 
 
 @pytest.mark.parametrize(

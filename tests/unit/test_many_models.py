@@ -51,7 +51,7 @@ def test_torchserve_gets_one_archive_holding_every_model(
     assert any(n.startswith("models/tiny-classifier/") for n in names)
     # one TorchServe model: its two workers each load both models
     assert config["minWorkers"] == config["maxWorkers"] == 2
-    settings = WorkerSettings.from_torchserve(config)
+    settings = WorkerSettings.from_section(config)
     assert [(m.name, m.artifact) for m in settings.models] == [
         ("tiny", "models/tiny"),
         ("tiny-classifier", "models/tiny-classifier"),

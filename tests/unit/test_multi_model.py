@@ -308,10 +308,10 @@ def test_the_container_runs_the_contract_when_sagemaker_asks(tmp_path, monkeypat
     monkeypatch.setenv("NEURONSERVE_BAKED_MODEL", str(tmp_path / "none"))
     monkeypatch.setenv("SAGEMAKER_MODEL_SERVER_WORKERS", "1")
     spec = sagemaker_spec(tmp_path / "work")
-    assert spec.multi_model and spec.memory_budget_mb == 512
+    assert spec.multi_model.enabled and spec.multi_model.memory_budget_mb == 512
     deployment = sagemaker_deployment(spec, tmp_path / "work")
     assert deployment.multi_model and deployment.manifests == {}
-    assert deployment.spec.catalog_dir == tmp_path / "work" / "catalog"
+    assert deployment.spec.multi_model.catalog_dir == tmp_path / "work" / "catalog"
     monkeypatch.setenv("SAGEMAKER_MULTI_MODEL", "false")
     with pytest.raises(Exception, match="no model in"):
         sagemaker_deployment(sagemaker_spec(tmp_path / "work"), tmp_path / "work")

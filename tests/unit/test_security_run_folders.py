@@ -15,8 +15,7 @@ import pytest
 from helpers import ports_for
 
 from neuronserve import catalog
-from neuronserve.engines.triton.shm import make_region_private
-from neuronserve.engines.triton.stubs import REGION_ARG
+from neuronserve.worker import make_shared_memory_private
 from neuronserve.private_folders import NotPrivate, private_folder, shared_entry
 from neuronserve.serve.process import ServeError, private_dir, trusted_store
 
@@ -156,12 +155,17 @@ def test_tritonserver_gets_a_dev_shm_of_its_own(tmp_path):
 
 
 def test_where_it_cannot_each_stub_makes_its_region_private(tmp_path):
+    """What a Triton instance calls as it starts (worker.make_shared_memory_private): the
+    shared memory it maps, made readable by its user only."""
+    import mmap
+
     region = Path("/dev/shm") / f"triton_python_backend_shm_region_test-{os.getpid()}"
-    region.write_bytes(b"a request's text")
+    region.write_bytes(b"a request's text".ljust(4096, b"\0"))
     region.chmod(0o644)
     try:
-        stub_args = ["stub", "model.py", region.name, "1048576"]
-        assert make_region_private(stub_args, REGION_ARG)
+        with open(region, "r+b") as f, mmap.mmap(f.fileno(), 4096) as mapped:
+            assert mapped[:1] == b"a"
+            assert str(region) in make_shared_memory_private()
         assert stat.S_IMODE(region.stat().st_mode) == 0o600
     finally:
         region.unlink()

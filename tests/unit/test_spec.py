@@ -12,10 +12,10 @@ def test_yaml_spec_with_flag_overrides(tmp_path):
         "workers: 2\nartifact: out/minilm\n"
     )
     spec = load_spec(f, {"workers": 1, "truncation": None})
-    assert spec.batch_sizes == [1, 4, 8]  # sorted, deduplicated
-    assert spec.workers == 1  # the flag wins
+    assert spec.compile.batch_sizes == [1, 4, 8]  # sorted, deduplicated
+    assert spec.worker.workers == 1  # the flag wins
     assert spec.truncation is False  # an unset flag does not override the file
-    assert spec.model == tmp_path / "models/minilm"  # relative to the spec file
+    assert spec.compile.model == tmp_path / "models/minilm"  # relative to the spec file
     assert spec.model_name() == "minilm"
 
 
@@ -48,6 +48,87 @@ def test_latency_layout_refuses_explicit_workers():
 
 
 def test_every_field_has_a_description_for_the_cli():
-    from neuronserve.spec import DeploySpec
+    from neuronserve.spec import SECTIONS, DeploySpec, engine_sections
 
-    assert [k for k, f in DeploySpec.model_fields.items() if not f.description] == []
+    models = [DeploySpec, *SECTIONS, *engine_sections().values()]
+    sections = {"compile", "accuracy", "worker", "limits", "front", "multi_model", "engines"}
+    missing = [
+        f"{m.__name__}.{k}"
+        for m in models
+        for k, f in m.model_fields.items()
+        if not f.description and not (m is DeploySpec and k in sections)
+    ]
+    assert missing == []
+
+
+def test_a_sectioned_spec_file_loads_and_each_consumer_reads_its_section(tmp_path, capsys):
+    f = tmp_path / "deploy.yaml"
+    f.write_text(
+        "artifact: out/minilm\n"
+        "compile: {batch_sizes: '1,8', model: models/minilm}\n"
+        "worker: {workers: 2, max_queued: 7}\n"
+        "limits: {max_client_batch: 64}\n"
+        "front: {port: 4000, run_dir: front}\n"
+        "triton: {repository: repo, http_port: 9000}\n"
+    )
+    spec = load_spec(f)
+    assert spec.compile.batch_sizes == [1, 8] and spec.compile.model == tmp_path / "models/minilm"
+    assert (spec.worker.workers, spec.worker.max_queued, spec.limits.max_client_batch) == (2, 7, 64)
+    assert spec.front.port == 4000 and spec.front.run_dir == tmp_path / "front"
+    triton = spec.engine_named("triton")
+    assert triton.store == tmp_path / "repo" and triton.http_port == 9000  # type: ignore[attr-defined]
+    assert capsys.readouterr().err == ""  # no note for a sectioned file
+    # what a spec gives round-trips, engine sections at the top as in the file
+    assert load_spec(None, spec.model_dump(exclude_unset=True)) == spec
+
+
+def test_a_flat_spec_file_still_loads_and_says_where_each_field_went(tmp_path, capsys):
+    f = tmp_path / "deploy.yaml"
+    f.write_text(
+        "artifact: out/minilm\nfront_port: 4000\nfront_run_dir: front\nworkers: 2\n"
+        "max_body_bytes: 1000\ntriton_repository: repo\nmodel_store: store\n"
+        "multi_model: true\nbind_address: 0.0.0.0\n"
+    )
+    spec = load_spec(f)
+    assert spec.front.port == 4000 and spec.front.run_dir == tmp_path / "front"
+    assert spec.worker.workers == 2 and spec.limits.max_body_bytes == 1000
+    assert spec.multi_model.enabled
+    assert spec.engine_named("triton").store == tmp_path / "repo"
+    assert spec.engine_named("torchserve").store == tmp_path / "store"
+    # a field the flat layout shared lands in every section that has it now
+    assert {e.bind_address for e in spec.engines.values()} == {"0.0.0.0"}
+    note = capsys.readouterr().err
+    assert "flat layout, which is deprecated" in note
+    for moved in ("front_port -> front.port", "triton_repository -> triton.repository",
+                  "multi_model -> multi_model.enabled", "workers -> worker.workers"):  # fmt: skip
+        assert moved in note, moved
+
+
+def test_every_option_is_a_field_declared_once_with_its_help():
+    """The commands' options are generated from the sections' fields: each option's help
+    is its field's description, and no command has an option twice."""
+    import typer
+
+    from neuronserve.cli import app
+    from neuronserve.cli.spec_options import cli_fields
+    from neuronserve.spec import SECTIONS, engine_sections
+
+    described = {
+        f.description
+        for part in ["", *(s.key for s in SECTIONS), *engine_sections()]
+        for _, f in cli_fields(part)
+    }
+    root = typer.main.get_command(app)
+    seen_spec_options = 0
+    groups = [root, *(c for c in root.commands.values() if hasattr(c, "commands"))]
+    for group in groups:
+        for command in group.commands.values():
+            if hasattr(command, "commands"):
+                continue
+            flags = [o for p in command.params for o in p.opts + p.secondary_opts]
+            assert len(flags) == len(set(flags)), (command.name, flags)
+            for p in command.params:
+                if p.name and "__" in p.name:  # generated from a field
+                    seen_spec_options += 1
+                    assert p.help in described, (command.name, p.name)
+    assert seen_spec_options > 100

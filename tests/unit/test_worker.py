@@ -33,8 +33,10 @@ def test_settings_round_trip_through_both_engines_formats(tmp_path, tiny_artifac
         json_format.MessageToJson(triton_config(spec, packaged), preserving_proto_field_name=True)
     )
     for settings in (
-        WorkerSettings.from_torchserve(yaml_config),
-        WorkerSettings.from_triton(triton),
+        WorkerSettings.from_section(yaml_config),
+        WorkerSettings.from_parameters(
+            {k: v["string_value"] for k, v in triton.get("parameters", {}).items()}
+        ),
     ):
         assert settings == packaged.settings
         assert (settings.target, settings.core_kind, settings.cores_per_worker) == ("cpu", "cpu", 1)
@@ -200,13 +202,13 @@ def test_batch_delay_zero_means_no_wait_on_both_engines(tiny_artifact):
     from neuronserve.spec import load_spec
 
     default = load_spec(None, {"artifact": tiny_artifact})
-    assert default.max_batch_delay_ms == 0
+    assert default.worker.max_batch_delay_ms == 0
     packaged = prepare(default)
     # Triton forms a batch of what is queued when an instance is free
     assert triton_config(default, packaged).dynamic_batching.max_queue_delay_microseconds == 0
     # TorchServe reads 0 as its 100 ms default: its least delay that still batches is 1 ms
     assert model_config(default, packaged)["maxBatchDelay"] == 1
-    waits = load_spec(None, {"max_batch_delay_ms": 7})
+    waits = load_spec(None, {"worker": {"max_batch_delay_ms": 7}})
     assert model_config(waits, packaged)["maxBatchDelay"] == 7
     assert triton_config(waits, packaged).dynamic_batching.max_queue_delay_microseconds == 7000
 

@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import tempfile
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -30,8 +31,11 @@ from ...packaging.model import (
     staged,
 )
 from ...resources import package_file, tool
+from ...serve.model_source import UnpackLimits
 from ...spec import DeploySpec
-from ...worker import MODELS_DIR
+from ...worker import MODELS_DIR, WorkerSettings
+from ..base import FoundModel, ModelSourceError, packaged
+from .section import TorchServeSection
 
 __all__ = ["PackagingError", "model_config", "package_torchserve"]
 
@@ -71,7 +75,7 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> dict:
     return {
         "minWorkers": packaged.plan.workers,
         "maxWorkers": packaged.plan.workers,
-        "batchSize": spec.batch_requests
+        "batchSize": spec.engine(TorchServeSection).batch_requests
         or max(
             (
                 max(engine_batch_sizes(m.manifest.grid, m.manifest.bucket_ms))
@@ -82,26 +86,54 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> dict:
         # 0 in model-config.yaml is read as unset (100 ms), and 0 through config.properties
         # ends every batch at two requests (its aggregator stops once the delay is spent):
         # 1 ms is the least delay that still batches (Model.pollBatch, ModelManager)
-        "maxBatchDelay": max(1, spec.max_batch_delay_ms),
-        "responseTimeout": spec.response_timeout_s,
+        "maxBatchDelay": max(1, spec.worker.max_batch_delay_ms),
+        "responseTimeout": spec.worker.response_timeout_s,
         # A worker that cannot start (no free core group) makes /ping say Unhealthy after
         # this long, instead of TorchServe retrying behind a Healthy /ping forever.
-        "maxRetryTimeoutInSec": spec.worker_retry_timeout_s,
+        "maxRetryTimeoutInSec": spec.engine(TorchServeSection).worker_retry_timeout_s,
         # bounded: a request beyond the queue is refused (503) at once
-        "jobQueueSize": spec.max_queued,
-        **({"clientTimeoutInMills": spec.queue_timeout_ms} if spec.queue_timeout_ms else {}),
-        **packaged.settings.torchserve_section(),
+        "jobQueueSize": spec.worker.max_queued,
+        **({"clientTimeoutInMills": timeout} if (timeout := spec.worker.queue_timeout_ms) else {}),
+        **packaged.settings.as_section(),
     }
 
 
+def packaged_models(source: Path, work: Path) -> list[FoundModel] | None:
+    """The models of a TorchServe store in `source`: its first .mar (the models and their
+    settings unpacked into `work`, within bounds), or a folder one was unpacked into
+    (--archive-format no-archive); None when `source` holds neither."""
+    mars = sorted(source.glob("*.mar"))
+    if mars:
+        out = work / "from-mar"
+        with zipfile.ZipFile(mars[0]) as z:
+            members = [n for n in z.namelist() if n.startswith(f"{MODELS_DIR}/")]
+            if not members:
+                raise ModelSourceError(f"{mars[0]} holds no neuronserve {MODELS_DIR}/ folder")
+            wanted = [*members, MODEL_CONFIG]
+            # zipfile stops each member at its declared size: the declared total is what
+            # extraction can write, checked before anything is
+            total = sum(z.getinfo(n).file_size for n in wanted if n in z.NameToInfo)
+            UnpackLimits(mars[0].stat().st_size, work).check(mars[0].name, len(wanted), total)
+            z.extractall(out, wanted)
+        return packaged(out, _settings(out / MODEL_CONFIG))
+    for config in sorted(source.glob(f"*/{MODEL_CONFIG}")):
+        return packaged(config.parent, _settings(config))
+    return None
+
+
+def _settings(path: Path) -> WorkerSettings:
+    return WorkerSettings.from_section(yaml.safe_load(path.read_text()))
+
+
 def store_properties(spec: DeploySpec, store: Path) -> dict[str, str]:
-    host = spec.bind_address
+    own = spec.engine(TorchServeSection)
+    host = own.bind_address
     return {
-        "inference_address": f"http://{host}:{spec.inference_port}",
-        "management_address": f"http://{host}:{spec.management_port}",
-        "metrics_address": f"http://{host}:{spec.metrics_port}",
-        "grpc_inference_port": str(spec.grpc_inference_port),
-        "grpc_management_port": str(spec.grpc_management_port),
+        "inference_address": f"http://{host}:{own.inference_port}",
+        "management_address": f"http://{host}:{own.management_port}",
+        "metrics_address": f"http://{host}:{own.metrics_port}",
+        "grpc_inference_port": str(own.grpc_inference_port),
+        "grpc_management_port": str(own.grpc_management_port),
         "model_store": str(store),
         "load_models": "all",
         "metrics_mode": "prometheus",
@@ -110,16 +142,16 @@ def store_properties(spec: DeploySpec, store: Path) -> dict[str, str]:
         # the handler's own metrics say what serving needs
         "disable_system_metrics": "true",
         "metrics_config": str(store / METRICS_FILE),
-        "disable_token_authorization": str(not spec.token_auth).lower(),
-        "token_expiration_min": str(spec.token_expiration_min),
-        "default_response_timeout": str(spec.response_timeout_s),
-        "job_queue_size": str(spec.max_queued),
+        "disable_token_authorization": str(not own.token_auth).lower(),
+        "token_expiration_min": str(own.token_expiration_min),
+        "default_response_timeout": str(spec.worker.response_timeout_s),
+        "job_queue_size": str(spec.worker.max_queued),
         "install_py_dep_per_model": "false",
         # the spec's body limit, the same as the front's; an answer TorchServe cannot take
         # kills the worker that sent it (its frame decoder refuses it), so this is above
         # the largest answer a worker lets out (max_answer_bytes, and the error in its place)
-        "max_request_size": str(spec.max_body_bytes),
-        "max_response_size": str(max(6_553_500, spec.max_answer_bytes + 2**20)),
+        "max_request_size": str(spec.limits.max_body_bytes),
+        "max_response_size": str(max(6_553_500, spec.limits.max_answer_bytes + 2**20)),
         # models and workflows load from this store only, never from a URL
         "allowed_urls": "file://" + re.escape(str(store)) + "/.*",
         "workflow_store": str(store),
@@ -164,10 +196,11 @@ def package_torchserve(spec: DeploySpec, plan: placement.WorkerPlan | None = Non
     host's); return its path."""
     packaged = prepare(spec, plan=plan)
     name = packaged.name
-    store = Path(spec.model_store).resolve()
+    own = spec.engine(TorchServeSection)
+    store = Path(own.model_store).resolve()
     store.mkdir(parents=True, exist_ok=True)
 
-    made = f"{name}.mar" if spec.archive_format != "no-archive" else name
+    made = f"{name}.mar" if own.archive_format != "no-archive" else name
     with tempfile.TemporaryDirectory(prefix="neuronserve-mar-") as tmp_name, staged(store) as stage:
         tmp = Path(tmp_name)
         extra = tmp / "extra"
@@ -195,7 +228,7 @@ def package_torchserve(spec: DeploySpec, plan: placement.WorkerPlan | None = Non
             "--export-path",
             str(stage),
             "--archive-format",
-            spec.archive_format,
+            own.archive_format,
             "--force",
         ]
         # The archiver stages files under $TMPDIR/<name>: keep that inside our temp dir.

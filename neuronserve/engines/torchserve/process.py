@@ -37,18 +37,18 @@ from ...serve.process import (
     trusted_store,
 )
 from ...worker import FAILURE_MARKER
-from ..base import Engine, Log, NativeRoute
+from ..base import NativeRoute
 from .package import CONFIG_FILE, read_properties, write_properties
 
+# TorchServe's log configuration (log4j2.xml beside this module says how it differs from
+# TorchServe's own)
+LOG_CONFIG = "log4j2.xml"
+
 if TYPE_CHECKING:
-    from ...placement import WorkerPlan
-    from ...serve.front.clients import EngineClient
-    from ...serve.front.model import ServedModel
-    from ...spec import DeploySpec
+    from .section import TorchServeSection
 
 __all__ = [
     "ServeError",
-    "TorchServe",
     "TorchServeInstance",
     "running",
     "server_pid",
@@ -67,6 +67,17 @@ class TorchServeInstance:
     management_url: str
     metrics_url: str
     keys: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pid(self) -> int | None:
+        return server_pid(self.run_dir)
+
+    def native_routes(self, model: str) -> list[NativeRoute]:
+        return [
+            NativeRoute(
+                "torchserve", f"{self.inference_url}/predictions/{model}", model, self.headers()
+            )
+        ]
 
     def headers(self, api: str = "inference") -> dict[str, str]:
         key = self.keys.get(api)
@@ -342,99 +353,20 @@ def models_in(store: Path) -> list[str]:
     )
 
 
-def listen_overrides(spec: DeploySpec) -> dict[str, str]:
-    """config.properties addresses for the spec's ports on its bind address."""
-    a = spec.bind_address
-    return {
-        "inference_address": f"http://{a}:{spec.inference_port}",
-        "management_address": f"http://{a}:{spec.management_port}",
-        "metrics_address": f"http://{a}:{spec.metrics_port}",
-        "grpc_inference_port": str(spec.grpc_inference_port),
-        "grpc_management_port": str(spec.grpc_management_port),
-    }
-
-
-# TorchServe's log configuration (log4j2.xml beside this module says how it differs from
-# TorchServe's own)
-LOG_CONFIG = "log4j2.xml"
-
-
-class TorchServe(Engine[TorchServeInstance]):
-    """TorchServe's Java frontend with one Python worker process per core group; token
-    authorization as the store's config.properties says (off behind the front)."""
-
-    name = "torchserve"
-    server = "TorchServe"
-    extra = "torchserve"
-    protocols = ("torchserve",)
-    worker_word = "workers"
-    adapter = ("neuronserve._handlers", "neuronserve_handler.py")
-    port_fields = (
-        "inference_port",
-        "management_port",
-        "metrics_port",
-        "grpc_inference_port",
-        "grpc_management_port",
-    )
-    store_field = "model_store"
-    replacement = (
-        "TorchServe starts a new worker when one dies; it leases the core group the dead one held"
-    )
-
-    @classmethod
-    def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
-        from .package import package_torchserve
-
-        return package_torchserve(spec, plan)
-
-    @classmethod
-    def models_in(cls, store: Path) -> list[str]:
-        return models_in(store)
-
-    def _start(self, spec: DeploySpec, log: Log, timeout_s: float) -> TorchServeInstance:
-        return start(self.store(spec), self.run_dir, listen_overrides(spec), timeout_s, log=log)
-
-    def _stop(self, log: Log) -> bool:
-        return stop(self.run_dir, log=log)
-
-    def _running(self) -> TorchServeInstance | None:
-        return running(self.run_dir)
-
-    def root_pid(self) -> int | None:
-        return server_pid(self.run_dir)
-
-    def workers_ready(self, model: str) -> tuple[int, int]:
-        try:
-            ready, expected, _ = worker_counts(self.instance, model)
-        except (ServeError, requests.RequestException, ValueError):
-            return 0, 1
-        return ready, expected
-
-    def native_routes(self, model: str) -> list[NativeRoute]:
-        return [
-            NativeRoute(
-                "torchserve",
-                f"{self.instance.inference_url}/predictions/{model}",
-                model,
-                self.instance.headers(),
-            )
-        ]
-
-    @property
-    def metrics_url(self) -> str:
-        return self.instance.metrics_url
-
-    def client(
-        self, name: str, models: dict[str, ServedModel], workers: int, connections: int
-    ) -> EngineClient:
-        from .client import TorchServeClient, TorchServeUrls
-
-        inst = self.instance
-        urls = TorchServeUrls(
-            predict=f"{inst.inference_url}/predictions/{name}",
-            model=f"{inst.management_url}/models/{name}",
-            metrics=inst.metrics_url,
-            inference_auth=inst.headers(),
-            management_auth=inst.headers("management"),
-        )
-        return TorchServeClient(urls, workers, connections, worker_counts_of)
+def listen_overrides(section: TorchServeSection) -> dict[str, str]:
+    """config.properties entries for what the section gives of where TorchServe listens,
+    over what packaging wrote into the store (an address given replaces the three HTTP
+    addresses, on the section's ports)."""
+    given = section.model_fields_set
+    a = section.bind_address
+    out = {}
+    if given & {"bind_address", "inference_port", "management_port", "metrics_port"}:
+        out = {
+            "inference_address": f"http://{a}:{section.inference_port}",
+            "management_address": f"http://{a}:{section.management_port}",
+            "metrics_address": f"http://{a}:{section.metrics_port}",
+        }
+    for port in ("grpc_inference_port", "grpc_management_port"):
+        if port in given:
+            out[port] = str(getattr(section, port))
+    return out

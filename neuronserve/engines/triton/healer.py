@@ -108,7 +108,7 @@ class Healer:
         inst = triton.running(self.run_dir)
         if inst is None:
             raise SystemExit(f"no tritonserver runs from {run_dir}")
-        self.server_pid = inst.pid() or 0
+        self.server_pid = inst.pid or 0
         self.url = inst.http_url
         key = (self.run_dir / triton.ADMIN_KEY_FILE).read_text().strip()
         self.headers = {triton.ADMIN_HEADER: key, "Connection": "close"}

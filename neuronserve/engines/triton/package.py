@@ -32,6 +32,9 @@ from ...packaging.model import (
 from ...resources import package_file
 from ...spec import DeploySpec
 from ...tasks import TASKS, get_task
+from ...worker import WorkerSettings
+from ..base import FoundModel, packaged
+from .section import TritonSection
 from .stubs import core_group_config
 
 CONFIG = "config.pbtxt"
@@ -73,14 +76,14 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
         for size in engine_batch_sizes(m.manifest.grid, m.manifest.bucket_ms)
     }
     config.dynamic_batching.preferred_batch_size.extend(sorted(preferred))
-    config.dynamic_batching.max_queue_delay_microseconds = spec.max_batch_delay_ms * 1000
+    config.dynamic_batching.max_queue_delay_microseconds = spec.worker.max_batch_delay_ms * 1000
     # bounded: beyond max_queued (or after queue_timeout_ms waiting) Triton refuses the
     # request (UNAVAILABLE, HTTP 503) instead of letting latency grow without bound
     policy = config.dynamic_batching.default_queue_policy
-    policy.max_queue_size = spec.max_queued
+    policy.max_queue_size = spec.worker.max_queued
     policy.timeout_action = mc.ModelQueuePolicy.REJECT
-    if spec.queue_timeout_ms:
-        policy.default_timeout_microseconds = spec.queue_timeout_ms * 1000
+    if spec.worker.queue_timeout_ms:
+        policy.default_timeout_microseconds = spec.worker.queue_timeout_ms * 1000
     # one group per core group, so that one dead instance can be replaced alone
     for index in range(packaged.plan.workers):
         name, policy = core_group_config(index)
@@ -89,7 +92,7 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
                 name=name, count=1, kind=mc.ModelInstanceGroup.KIND_CPU, host_policy=policy
             )
         )
-    for key, value in packaged.settings.triton_parameters().items():
+    for key, value in packaged.settings.as_parameters().items():
         config.parameters[key].string_value = value
     return config
 
@@ -158,11 +161,24 @@ def read_config(path: Path) -> Any:
     return text_format.Parse(Path(path).read_text(), mc.ModelConfig())
 
 
+def packaged_models(source: Path) -> list[FoundModel] | None:
+    """The models of a Triton repository in `source` (`<repo>/<name>/1/model.py`), with
+    the settings its config.pbtxt carries; None when `source` holds none."""
+    from google.protobuf import json_format
+
+    for model_py in sorted(source.glob(f"*/*/{MODEL_PY}")):
+        config = read_config(model_py.parents[1] / CONFIG)
+        params = json_format.MessageToDict(config, preserving_proto_field_name=True)
+        strings = {k: v["string_value"] for k, v in params.get("parameters", {}).items()}
+        return packaged(model_py.parent, WorkerSettings.from_parameters(strings))
+    return None
+
+
 def package_triton(spec: DeploySpec, plan: placement.WorkerPlan | None = None) -> Path:
     """Write the spec's models into its Triton repository as one Triton model (for
     `plan`, or this host's); return the model directory."""
     packaged = prepare(spec, what="instances", plan=plan)
-    repository = Path(spec.triton_repository)
+    repository = spec.engine(TritonSection).repository
     with staged(repository) as stage:
         model_dir = stage / packaged.name
         version = model_dir / "1"

@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 import requests
@@ -43,10 +42,10 @@ from ...serve.process import (
     thread_states,
     trusted_store,
 )
-from ..base import Engine, Log, NativeRoute
+from ...worker import STACKS_SIGNAL
+from ..base import NativeRoute
 from . import shm as private_shm
 from .stubs import (
-    STACKS_SIGNAL,
     Count,
     instance_counts,
     kill_orphans,
@@ -55,12 +54,6 @@ from .stubs import (
     remove_leftovers,
     stub_regions,
 )
-
-if TYPE_CHECKING:
-    from ...placement import WorkerPlan
-    from ...serve.front.clients import EngineClient
-    from ...serve.front.model import ServedModel
-    from ...spec import DeploySpec
 
 PID_FILE = "tritonserver.pid"
 # what a start that stalled leaves in the run directory (`wait_ready`)
@@ -113,8 +106,15 @@ class TritonInstance:
         is refused with "expecting header 'triton-grpc-protocol-...'")."""
         return {GRPC_HEADER_PREFIX + k: v for k, v in self.headers().items()}
 
+    @property
     def pid(self) -> int | None:
         return _pid(self.run_dir)
+
+    def native_routes(self, model: str) -> list[NativeRoute]:
+        return [
+            NativeRoute("triton-http", self.http_url, model, self.headers()),
+            NativeRoute("triton-grpc", self.grpc_url, model, self.grpc_headers()),
+        ]
 
     def out_of_rotation(self, model: str, instance: str) -> bool:
         """Whether Triton no longer hands `instance` of `model` batches from a dead stub:
@@ -134,7 +134,7 @@ class TritonInstance:
         while the healer replaces one, those it counted before (the replacement's stub
         is alive while it still loads its models, and serves only once Triton's load
         returns)."""
-        counts = instance_counts(self.pid() or 0, self.expected)
+        counts = instance_counts(self.pid or 0, self.expected)
         try:
             healing = json.loads((self.run_dir / HEALER_STATUS_FILE).read_text())
         except (OSError, ValueError):
@@ -564,7 +564,7 @@ def wait_ready(  # noqa: PLR0913 - the server, what to wait for, and how
     last = None
     stalled_since: float | None = None
     while True:
-        if inst.pid() is None:
+        if inst.pid is None:
             how = gone() if gone is not None else "gone"
             raise TritonExited(
                 f"tritonserver exited during start ({how}); the end of {inst.log}:\n  "
@@ -634,7 +634,7 @@ def _report_stall(inst: TritonInstance) -> str:
     """Where the stalled server's processes and threads wait, kept in the run directory;
     each stub prints its Python threads' stacks into the server log (model.py registered
     the signal for it)."""
-    pid = inst.pid()
+    pid = inst.pid
     report = thread_states(pid) if pid else "tritonserver is gone"
     for stubs in live_stubs(pid).values() if pid else ():
         for p in stubs:
@@ -740,98 +740,3 @@ def _clean_after_crash(run_dir: Path, log: Callable[[str], object]) -> bool:
     remove_leftovers(run_dir)
     log(f"tritonserver (pid {recorded}) had exited; stopped {stubs} stub process(es) it left")
     return True
-
-
-class Triton(Engine[TritonInstance]):
-    """tritonserver with one Python-backend stub process per instance (core group), its
-    restricted APIs behind an admin key, and a healer beside it."""
-
-    name = "triton"
-    server = "tritonserver"
-    extra = "triton"
-    protocols = ("triton-http", "triton-grpc")
-    worker_word = "instances"
-    adapter = ("neuronserve._triton_backend", "model.py")
-    port_fields = ("http_port", "grpc_port", "triton_metrics_port")
-    store_field = "triton_repository"
-    replacement = (
-        "Triton's Python backend never replaces a dead stub: the healer beside the server "
-        "replaces that instance alone (the others serve on); the new one leases the freed "
-        "core group"
-    )
-
-    @classmethod
-    def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
-        from .package import package_triton
-
-        return package_triton(spec, plan)
-
-    @classmethod
-    def models_in(cls, store: Path) -> list[str]:
-        return models_in(store) if Path(store).is_dir() else []
-
-    def _start(self, spec: DeploySpec, log: Log, timeout_s: float) -> TritonInstance:
-        listen = Listen(
-            spec.http_port,
-            spec.grpc_port,
-            spec.triton_metrics_port,
-            spec.bind_address,
-            spec.triton_inference_key,
-        )
-        return start(self.store(spec), self.run_dir, listen, timeout_s, log=log)
-
-    def _stop(self, log: Log) -> bool:
-        return stop(self.run_dir, log=log)
-
-    def _running(self) -> TritonInstance | None:
-        return running(self.run_dir)
-
-    def root_pid(self) -> int | None:
-        return _pid(self.run_dir)
-
-    def workers_ready(self, model: str) -> tuple[int, int]:
-        """Live stubs of `model` while Triton says it is READY."""
-        try:
-            inst = self.instance
-        except ServeError:
-            return 0, 1
-        count = inst.instances().get(model)
-        expected = count.expected if count else 1
-        try:
-            r = requests.get(f"{inst.http_url}/v2/models/{model}/ready", timeout=5)
-        except requests.RequestException:
-            return 0, expected
-        return (count.alive if r.status_code == 200 and count else 0), expected
-
-    def native_routes(self, model: str) -> list[NativeRoute]:
-        inst = self.instance
-        return [
-            NativeRoute("triton-http", inst.http_url, model, inst.headers()),
-            NativeRoute("triton-grpc", inst.grpc_url, model, inst.grpc_headers()),
-        ]
-
-    @property
-    def metrics_url(self) -> str:
-        return self.instance.metrics_url
-
-    def client(
-        self, name: str, models: dict[str, ServedModel], workers: int, connections: int
-    ) -> EngineClient:
-        from .client import TritonClient, TritonUrls
-
-        inst = self.instance
-
-        def live() -> int:
-            count = inst.instances().get(name)
-            return count.alive if count else 0
-
-        urls = TritonUrls(http=inst.http_url, metrics=inst.metrics_url, auth=inst.headers())
-        return TritonClient(
-            name,
-            models,
-            urls,
-            workers,
-            connections,
-            live,
-            lambda instance: inst.out_of_rotation(name, instance),
-        )

@@ -13,7 +13,8 @@ the last of them (no regions left behind by a crash).
 makes the namespace if this process may (CAP_SYS_ADMIN: root outside a container, or a
 container given the capability) and executes PROGRAM either way, in the same process.
 Where it may not, the launcher says so (`private(pid)`), and each stub makes its own
-region 0600 as it starts (`make_region_private`), before any request reaches it.
+region 0600 as it starts (worker.make_shared_memory_private), before any request
+reaches it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from pathlib import Path
 
 # <sched.h>, <sys/mount.h>
 CLONE_NEWNS = 0x00020000
@@ -54,23 +54,6 @@ def private(pid: int) -> bool:
         return os.stat(f"/proc/{pid}/root{SHM}").st_dev != os.stat(SHM).st_dev
     except OSError:
         return False
-
-
-def make_region_private(cmdline: list[str], region_arg: int) -> bool:
-    """Make this stub's region (its `region_arg`th argument) readable by its user only;
-    whether there was one to change. Where tritonserver has no /dev/shm of its own, this
-    is what keeps other users out of the requests, from the stub's start on: a user who
-    opened the region before (the moment between its creation and this call, while no
-    request has been sent) keeps what they opened."""
-    try:
-        region = Path(SHM) / cmdline[region_arg]
-    except IndexError:
-        return False
-    try:
-        os.chmod(region, 0o600)
-    except OSError:
-        return False
-    return True
 
 
 def main(argv: list[str]) -> None:

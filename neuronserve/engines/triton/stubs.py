@@ -8,18 +8,17 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
+from ...worker import core_group_name
+
 STUB = "triton_python_backend_stub"
-# the signal on which a stub prints its Python threads' stacks into the server log
-# (model.py registers it; a start that stalls asks for them)
-STACKS_SIGNAL = signal.SIGUSR1
 # a stub's command line: the stub, model.py, its shared-memory region, ..., its instance
 _MODEL_PY_ARG, REGION_ARG, _INSTANCE_ARG = 1, 2, 8
+
 
 # One instance group per core group, named after it, with a host policy of its own:
 # Triton's in-place instance update (a load whose config differs only in instance_group)
@@ -28,22 +27,9 @@ _MODEL_PY_ARG, REGION_ARG, _INSTANCE_ARG = 1, 2, 8
 # one stub killed, reloading without the dead one's group removed the live instance and
 # kept the dead one; with a host policy each, exactly the dead one went and the other
 # served on. So a dead instance is replaced alone (triton_healer.py).
-CORE_GROUP = "cores"
-
-
 def core_group_config(index: int) -> tuple[str, str]:
     """(instance group name, host policy) of core group `index`'s instance group."""
-    return f"{CORE_GROUP}{index}", f"{CORE_GROUP}{index}"
-
-
-def core_group_of(instance_name: str) -> int | None:
-    """The core group an instance of `core_group_config`'s groups serves (its name is
-    `cores<k>_0`), else None (a group of another shape)."""
-    group, _, index = instance_name.rpartition("_")
-    number = group.removeprefix(CORE_GROUP)
-    if group.startswith(CORE_GROUP) and number.isdigit() and index == "0":
-        return int(number)
-    return None
+    return core_group_name(index), core_group_name(index)
 
 
 def instance_of(stub: psutil.Process) -> str:

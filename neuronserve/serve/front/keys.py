@@ -68,14 +68,14 @@ def resolve_keys(spec: DeploySpec, sagemaker: bool = False) -> Keys | None:
 
     SageMaker's contract has no key (the endpoint is reached through AWS's own
     authenticated API), so its mode never asks for one."""
-    if sagemaker or spec.auth == "off":
+    if sagemaker or spec.front.auth == "off":
         return None
-    given = _given_keys(ENV_KEY, spec.api_key_file)
+    given = _given_keys(ENV_KEY, spec.front.api_key_file)
     if given is not None:
         return given
-    if spec.auth == "auto" and is_loopback(spec.front_address):
+    if spec.front.auth == "auto" and is_loopback(spec.front.address):
         return None
-    path = Path(spec.front_run_dir).resolve() / GENERATED_KEY_FILE
+    path = Path(spec.front.run_dir).resolve() / GENERATED_KEY_FILE
     return Keys((generated_key(path),), str(path))
 
 
@@ -84,12 +84,12 @@ def resolve_admin_keys(spec: DeploySpec, sagemaker: bool = False) -> Keys | None
     own agent calls them; elsewhere always one (NEURONSERVE_ADMIN_KEY, admin_key_file, or
     one generated into <front_run_dir>/admin_key), even on loopback, since loading a model
     reads files of this host."""
-    if sagemaker or not spec.multi_model:
+    if sagemaker or not spec.multi_model.enabled:
         return None
-    given = _given_keys(ENV_ADMIN_KEY, spec.admin_key_file)
+    given = _given_keys(ENV_ADMIN_KEY, spec.multi_model.admin_key_file)
     if given is not None:
         return given
-    path = Path(spec.front_run_dir).resolve() / GENERATED_ADMIN_KEY_FILE
+    path = Path(spec.front.run_dir).resolve() / GENERATED_ADMIN_KEY_FILE
     return Keys((generated_key(path),), str(path))
 
 

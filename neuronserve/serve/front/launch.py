@@ -58,7 +58,7 @@ def start(
     """Start the front and the engine behind it on the models in `sources` (or the
     spec's, when empty); return once every worker is ready."""
     # this user's own folder, before anything is read from or written to it
-    run_dir = private_dir(Path(spec.front_run_dir).resolve())
+    run_dir = private_dir(Path(spec.front.run_dir).resolve())
     config = FrontConfig.from_spec(spec)  # a generated key is written here, before the start
     pid = running(run_dir)
     if pid:

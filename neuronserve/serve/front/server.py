@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from ...spec import DeploySpec, load_spec
-from ..deployment import Deployment, engine_settings, model_entries
+from ..deployment import Deployment, model_entries
 from ..model_source import find_models
 from ..process import private_dir
 from .app import build_app
@@ -189,7 +189,7 @@ def deployment_for(spec: DeploySpec, sources: list[Path], work: Path) -> Deploym
     spec's settings over the packaged ones."""
     found = [f for i, s in enumerate(sources) for f in find_models(s, work / f"source-{i}")]
     entries = model_entries(found, spec) if found else spec.model_entries()
-    return Deployment(spec.engine, entries, work, engine_settings(spec))
+    return Deployment(spec, entries, work)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,172 @@
+"""Command-line options generated from the spec's fields, as vLLM generates its CLI from
+its config classes: a field is declared once (spec.py, or its engine's section) and
+every command that takes its section gets an option for it, with the field's
+description as help and its `flags` (or --<field-name>) as the option's name. The
+command receives the spec built from `--spec FILE` with the flags given on top.
+
+    @spec_command("", "worker", "limits", "torchserve")
+    def package_torchserve(spec: DeploySpec, artifacts: ArtifactsArg = None) -> None: ...
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+import typer
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from ..spec import SECTIONS, DeploySpec, SpecError, engine_sections, load_spec
+
+F = TypeVar("F", bound=Callable[..., Any])
+TOP = ""
+SEP = "__"
+
+SpecFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--spec",
+        help="deployment spec (YAML): every flag is a field of it; flags override the file",
+    ),
+]
+
+
+def section_model(part: str) -> type[BaseModel]:
+    """The model declaring the fields of `part`: the deployment's own (""), a section's,
+    or an engine's."""
+    if part == TOP:
+        return DeploySpec
+    for s in SECTIONS:
+        if s.key == part:
+            return s
+    return engine_sections()[part]
+
+
+def _extra(info: FieldInfo) -> dict[str, Any]:
+    return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+
+
+def cli_fields(part: str) -> list[tuple[str, FieldInfo]]:
+    """The fields of `part` that have a command-line option."""
+    model = section_model(part)
+    own = [(n, f) for n, f in model.model_fields.items() if _extra(f).get("cli", True)]
+    if part == TOP:  # the sections are fields of the spec, not options
+        own = [(n, f) for n, f in own if n in TOP_OPTIONS]
+    return own
+
+
+# the deployment's own fields that have options (its sections and `models` have none)
+TOP_OPTIONS = ("name", "artifact", "deployment_name", "truncation")
+
+
+def _option_type(annotation: Any) -> Any:
+    """What typer parses the flag as: the field's type, or str where typer has no parser
+    (choices, comma-separated lists, unions), validated by the spec."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        if len(args) == 1:
+            return _option_type(args[0])
+        return str
+    if origin is Literal:
+        return str
+    if origin is list:
+        return list[str] if args == [str] else str
+    if annotation in (int, float, bool, str, Path):
+        return annotation
+    return str
+
+
+def _flag_decls(name: str, info: FieldInfo, kind: Any) -> list[str]:
+    decls = _extra(info).get("flags")
+    if decls:
+        return list(decls)
+    flag = "--" + name.replace("_", "-")
+    return [f"{flag}/--no-{name.replace('_', '-')}"] if kind is bool else [flag]
+
+
+def _parameter(part: str, name: str, info: FieldInfo) -> inspect.Parameter:
+    kind = _option_type(info.annotation)
+    option = typer.Option(*_flag_decls(name, info, kind), help=info.description, show_default=False)
+    return inspect.Parameter(
+        f"{part or 'spec'}{SEP}{name}",
+        inspect.Parameter.KEYWORD_ONLY,
+        default=None,
+        annotation=Annotated[kind | None, option],
+    )
+
+
+def spec_command(*parts: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
+    """Give the decorated command `--spec` and one option per field of `parts` (TOP for
+    the deployment's own fields, else section or engine keys), except `skip` (field
+    names); it is called with `spec`, the DeploySpec of the file and the flags given.
+    A command that also takes `spec_file` gets the file's path (None: no file)."""
+
+    def decorate(fn: F) -> F:
+        own = inspect.signature(fn)
+        # the command's own annotations, resolved (its module may defer them as strings)
+        hints = get_type_hints(fn, include_extras=True)
+        wants_file = "spec_file" in own.parameters
+        kept = [
+            p.replace(annotation=hints.get(n, p.annotation))
+            for n, p in own.parameters.items()
+            if n not in ("spec", "spec_file")
+        ]
+        generated = [
+            _parameter(part, name, info)
+            for part in parts
+            for name, info in cli_fields(part)
+            if name not in skip
+        ]
+        file_param = inspect.Parameter(
+            "spec_file", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=SpecFile
+        )
+        positional = [p for p in kept if p.kind is not inspect.Parameter.KEYWORD_ONLY]
+        keyword = [p for p in kept if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        signature = own.replace(
+            parameters=[
+                *[p.replace(kind=inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in positional],
+                *[p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in keyword],
+                file_param,
+                *generated,
+            ]
+        )
+
+        @functools.wraps(fn)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            spec_file = kwargs.pop("spec_file", None)
+            fields: dict[str, Any] = {}
+            for key in [k for k in kwargs if SEP in k]:
+                part, name = key.split(SEP, 1)
+                value = kwargs.pop(key)
+                if value is None or value == []:
+                    continue
+                if part == "spec":
+                    fields[name] = value
+                else:
+                    fields.setdefault(part, {})[name] = value
+            spec = load(spec_file, fields)
+            if wants_file:
+                kwargs["spec_file"] = spec_file
+            return fn(*args, spec=spec, **kwargs)
+
+        command.__signature__ = signature  # type: ignore[attr-defined]
+        command.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
+def load(path: Path | None, fields: dict[str, Any]) -> DeploySpec:
+    """The spec from `path` with `fields` (sections of the flags given) on top."""
+    from .options import fail
+
+    try:
+        return load_spec(path, fields)
+    except SpecError as e:
+        fail(str(e))

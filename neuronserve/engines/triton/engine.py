@@ -1,0 +1,142 @@
+"""Triton as an engine: tritonserver with one Python-backend stub process per instance
+(core group) running triton_backend/model.py, its restricted APIs behind an admin key, in
+a /dev/shm of its own, and a healer beside it that replaces a dead instance alone.
+Process control is process.py, healing healer.py, packaging package.py, the front's
+client client.py (KServe v2 binary tensors, kserve.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+from ..base import Engine, Log
+from .section import TritonSection
+
+if TYPE_CHECKING:
+    from ...placement import WorkerPlan
+    from ...serve.front.clients import EngineClient
+    from ...serve.front.model import ServedModel
+    from ...spec import DeploySpec
+    from ..base import FoundModel
+    from .process import TritonInstance
+
+
+class Triton(Engine["TritonInstance"]):
+    name = "triton"
+    server = "tritonserver"
+    extra = "triton"
+    protocols = ("triton-http", "triton-grpc")
+    worker_word = "instances"
+    adapter = ("neuronserve._triton_backend", "model.py")
+    section_class = TritonSection
+    replacement = (
+        "Triton's Python backend never replaces a dead stub: the healer beside the server "
+        "replaces that instance alone (the others serve on); the new one leases the freed "
+        "core group"
+    )
+
+    @property
+    def own(self) -> TritonSection:
+        return cast(TritonSection, self.section)
+
+    @classmethod
+    def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
+        from .package import package_triton
+
+        return package_triton(spec, plan)
+
+    def _start(self, log: Log, timeout_s: float) -> TritonInstance:
+        from .process import Listen, start
+
+        s = self.own
+        listen = Listen(s.http_port, s.grpc_port, s.metrics_port, s.bind_address, s.inference_key)
+        return start(s.repository, self.run_dir, listen, timeout_s, log=log)
+
+    def _stop(self, log: Log) -> bool:
+        from .process import stop
+
+        return stop(self.run_dir, log=log)
+
+    def _running(self) -> TritonInstance | None:
+        from .process import running
+
+        return running(self.run_dir)
+
+    def health(self, model: str) -> tuple[int, int]:
+        """Live stubs of `model` while Triton says it is READY."""
+        import requests
+
+        from .process import ServeError
+
+        try:
+            inst = self.instance
+        except ServeError:
+            return 0, 1
+        count = inst.instances().get(model)
+        expected = count.expected if count else 1
+        try:
+            r = requests.get(f"{inst.http_url}/v2/models/{model}/ready", timeout=5)
+        except requests.RequestException:
+            return 0, expected
+        return (count.alive if r.status_code == 200 and count else 0), expected
+
+    def client(
+        self, name: str, models: dict[str, ServedModel], workers: int, connections: int
+    ) -> EngineClient:
+        from .client import TritonClient, TritonUrls
+
+        inst = self.instance
+
+        def live() -> int:
+            count = inst.instances().get(name)
+            return count.alive if count else 0
+
+        urls = TritonUrls(http=inst.http_url, metrics=inst.metrics_url, auth=inst.headers())
+        return TritonClient(
+            name,
+            models,
+            urls,
+            workers,
+            connections,
+            live,
+            lambda instance: inst.out_of_rotation(name, instance),
+        )
+
+    @classmethod
+    def models_in(cls, store: Path) -> list[str]:
+        from .process import models_in
+
+        return models_in(store) if Path(store).is_dir() else []
+
+    @classmethod
+    def packaged_models(cls, folder: Path, work: Path) -> list[FoundModel] | None:
+        from .package import packaged_models
+
+        return packaged_models(folder)
+
+    @classmethod
+    def packaged(cls, path: Path, spec: DeploySpec) -> list[str]:
+        return [f"wrote {path}/config.pbtxt, {path}/1/model.py and {path}/1/models"]
+
+    def refusal(self) -> str | None:
+        if self.own.sagemaker:
+            return (
+                "Triton's own SageMaker listener binds 0.0.0.0 with no authentication "
+                "(tritonserver has no option to bind it elsewhere); serve /ping and "
+                "/invocations through neuronserve's front instead: `neuronserve serve front "
+                "REPOSITORY --engine triton`"
+            )
+        return None
+
+    def ready_lines(self, instance: TritonInstance, stop_hint: str) -> list[str]:
+        from .process import HEALER_LOG, HEALER_STATUS_FILE
+
+        return [
+            "tritonserver is ready:",
+            f"  HTTP     {instance.http_url}/v2/models/<model>/infer",
+            f"  gRPC     {instance.grpc_url}",
+            f"  metrics  {instance.metrics_url}/metrics",
+            f"  healer   replaces an instance whose stub dies ({instance.run_dir / HEALER_LOG}, "
+            f"state in {instance.run_dir / HEALER_STATUS_FILE})",
+            f"  log in {instance.log}; stop with {stop_hint}",
+        ]

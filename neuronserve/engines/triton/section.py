@@ -1,0 +1,53 @@
+"""Triton's section of the spec (`triton:`): its model repository, its run folder, the
+ports it listens on, and whether inference is behind its admin key too. Its instances
+are the worker section's `workers`, each of `cores_per_worker` cores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from ...section import EngineSection, flags
+
+
+class TritonSection(EngineSection):
+    key = "triton"
+    store_field = "repository"
+    port_fields = ("http_port", "grpc_port", "metrics_port")
+
+    # behind the front: inference behind the admin key too (the front holds it)
+    behind_front: ClassVar[dict[str, Any]] = {"inference_key": True}
+
+    repository: Path = Field(
+        Path("triton_repo"),
+        description="Triton model repository",
+        json_schema_extra=flags(flat="triton_repository"),
+    )
+    run_dir: Path = Field(
+        Path(".neuronserve/triton"),
+        description="where tritonserver's pid file and log are kept",
+        json_schema_extra=flags(flat="triton_run_dir"),
+    )
+    http_port: int = Field(8000, gt=0, lt=65536, description="Triton HTTP port")
+    grpc_port: int = Field(8001, gt=0, lt=65536, description="Triton gRPC port")
+    metrics_port: int = Field(
+        8002,
+        gt=0,
+        lt=65536,
+        description="Triton metrics port",
+        json_schema_extra=flags(flat="triton_metrics_port"),
+    )
+    inference_key: bool = Field(
+        False,
+        description="Triton's inference API behind its admin key too (the front, which "
+        "holds the key, starts it so; `serve triton` alone leaves inference open, as "
+        "tritonclient users expect)",
+        json_schema_extra=flags(flat="triton_inference_key"),
+    )
+    sagemaker: bool = Field(
+        False,
+        description="refused: Triton's own SageMaker listener binds 0.0.0.0 without "
+        "authentication; `serve front --engine triton` answers /ping and /invocations",
+    )

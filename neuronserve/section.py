@@ -1,0 +1,59 @@
+"""What a section of the deployment spec is (spec.py composes them; each engine declares
+its own in engines/<engine>/section.py): a pydantic model whose fields are declared once,
+with their command-line option (`flags`) and, where they had another name in the earlier
+flat layout, that name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def flags(
+    *decls: str, flat: str | tuple[str, ...] | None = None, cli: bool = True
+) -> dict[str, Any]:
+    """A field's command-line option (`decls`: typer's declarations, default --<name>;
+    `cli` off: set in specs only), and the field name(s) it had in the flat layout, when
+    it was named otherwise there."""
+    extra: dict[str, Any] = {"cli": cli}
+    if decls:
+        extra["flags"] = list(decls)
+    if flat is not None:
+        extra["flat"] = [flat] if isinstance(flat, str) else list(flat)
+    return extra
+
+
+class Section(BaseModel):
+    """A part of the spec one consumer reads; an unknown field is an error."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    # the key the section has in a spec file
+    key: ClassVar[str]
+
+
+class EngineSection(Section):
+    """An engine's own section (engines/<engine>/section.py): where its store is, where
+    it listens, where it keeps its run folder, and its own options."""
+
+    # the spec field holding the folder `package` writes and `serve` starts on
+    store_field: ClassVar[str]
+    # the fields holding the ports it listens on (a deployment picks free ones)
+    port_fields: ClassVar[tuple[str, ...]]
+    # what a deployment behind the front sets (serve/deployment.py): the keys the front
+    # holds, and the like
+    behind_front: ClassVar[dict[str, Any]] = {}
+
+    bind_address: str = Field(
+        "127.0.0.1",
+        description="address the engine listens on",
+        json_schema_extra=flags(flat="bind_address"),
+    )
+    # each engine's section gives its own default and description
+    run_dir: Path = Field(Path(".neuronserve/engine"), description="the engine's run folder")
+
+    @property
+    def store(self) -> Path:
+        return Path(getattr(self, self.store_field))
