@@ -242,7 +242,7 @@ def test_torchserve_behind_the_front_takes_no_request_without_its_key(front):
     front's keys: no embeddings, no scaling the workers to zero (token authorization,
     its keys in the front's private run directory)."""
     engine = front.engine()
-    [route] = engine.native_routes("models")
+    [route] = engine.instance.native_routes("models")
     keyless = requests.post(
         route.url, json={"inputs": "x"}, headers={"X-Neuronserve-Model": "minilm"}, timeout=60
     )
@@ -256,7 +256,7 @@ def test_torchserve_behind_the_front_takes_no_request_without_its_key(front):
 
 def test_answers_equal_torchserve_asked_directly(front):
     engine = front.engine()
-    [route] = engine.native_routes("models")
+    [route] = engine.instance.native_routes("models")
     assert route.url.startswith("http://127.0.0.1:")  # the engine listens on loopback
     to_minilm = {"X-Amzn-SageMaker-Target-Model": "minilm"}
     direct_headers = {"X-Neuronserve-Model": "minilm", **engine.instance.headers()}
@@ -365,7 +365,7 @@ def test_a_burst_beyond_the_in_flight_bound_gets_429_and_the_rest_answers(front,
 
 
 def test_the_deadline_answers_504_and_the_engine_serves_again(front):
-    engine_pid = front.engine().root_pid()
+    engine_pid = front.engine().instance.pid
     workers = psutil.Process(engine_pid).children(recursive=True)  # TorchServe's workers
     assert len(workers) == 2
     for p in workers:  # frozen: nothing answers until the front gives up

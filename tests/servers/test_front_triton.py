@@ -130,7 +130,7 @@ def self_signed(work: Path) -> tuple[Path, Path]:
 
 def engine_routes(front, model: str = "models"):
     """The engine's own routes (protocol, url, model, headers) behind `front`."""
-    return running_engine(front.work / "front" / ENGINE_DIR, "triton").native_routes(model)
+    return running_engine(front.work / "front" / ENGINE_DIR, "triton").instance.native_routes(model)
 
 
 class Front:

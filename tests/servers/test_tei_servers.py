@@ -128,7 +128,7 @@ def test_an_answer_too_large_to_carry_is_refused_and_no_worker_dies(front):
         work = front.work / "front" / "engine"
         engine = running_engine(work, "torchserve")
         [name] = engine.models_in(work / "store")
-        [route] = engine.native_routes(name)
+        [route] = engine.instance.native_routes(name)
         direct = requests.post(
             route.url,
             json={"inputs": body["inputs"], "parameters": {"token_embeddings": True,

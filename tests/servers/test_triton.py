@@ -599,7 +599,7 @@ def test_no_other_user_can_read_the_request_regions(server, client):
 
 
 def test_a_tritonserver_that_dies_during_its_start_is_started_again_with_the_cause_kept(
-    tmp_path, tiny_artifact
+    tmp_path, tiny_artifact, monkeypatch
 ):
     """A start must not fail by chance: tritonserver killed while it loads (what a crash
     looks like) is started once more, its whole log kept and the way it ended said; a
@@ -608,9 +608,11 @@ def test_a_tritonserver_that_dies_during_its_start_is_started_again_with_the_cau
     from neuronserve.engines.triton.process import EXITED_LOG, PID_FILE, Listen, start, stop
     from neuronserve.spec import load_spec
 
-    spec = load_spec(None, {"artifact": tiny_artifact, "workers": 1,
-                            "triton_repository": tmp_path / "repo"})  # fmt: skip
+    spec = load_spec(None, {"artifact": tiny_artifact, "worker": {"workers": 1},
+                            "triton": {"repository": tmp_path / "repo"}})  # fmt: skip
     package_triton(spec)
+    # beside the module's server, which holds both of this host's core groups
+    monkeypatch.setenv("NEURONSERVE_LEASE_DIR", str(tmp_path / "leases"))
     run_dir = tmp_path / "run"
     ports = ports_for("http", "grpc", "metrics")
     listen = Listen(ports["http"], ports["grpc"], ports["metrics"])

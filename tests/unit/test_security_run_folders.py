@@ -15,9 +15,9 @@ import pytest
 from helpers import ports_for
 
 from neuronserve import catalog
-from neuronserve.worker import make_shared_memory_private
 from neuronserve.private_folders import NotPrivate, private_folder, shared_entry
 from neuronserve.serve.process import ServeError, private_dir, trusted_store
+from neuronserve.worker import make_shared_memory_private
 
 NOBODY = 65534
 ROOT_ONLY = pytest.mark.skipif(os.getuid() != 0, reason="chown to another uid needs root")
