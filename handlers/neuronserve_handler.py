@@ -8,8 +8,10 @@ preprocess:  TorchServe request rows -> (model, parsed request); the model is th
              X-Neuronserve-Model header names (optional when the archive holds one); bad
              requests become errors in place.
 inference:   `Worker.serve`: one Runner call per model for the batch TorchServe formed.
-postprocess: per-request JSON and HTTP status (a RequestError keeps its own: 400, 404,
-             413, 500).
+postprocess: per request, the task's JSON (a client of TorchServe's own API), or the
+             results as named tensors when the front asks (X-Neuronserve-Answer:
+             tensors: the front answers), and the HTTP status (a RequestError keeps its
+             own: 400, 404, 413, 500).
 handle:      BaseHandler's, timed; the batch's metrics (`neuronserve.metrics`, labelled
              by model) are written by a thread of their own once the response has gone.
 
@@ -28,7 +30,7 @@ from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 from ts.torch_handler.base_handler import BaseHandler
 
-from neuronserve.worker import MODEL_HEADER
+from neuronserve.worker import ANSWER_HEADER, ANSWER_TENSORS, MODEL_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +66,13 @@ class NeuronServeHandler(BaseHandler):
         from neuronserve.tasks import RequestError
         from neuronserve.tasks.base import internal_error
 
+        self.tensors = []  # whether each request asked for its results as tensors
         requests = []
         for idx, row in enumerate(data):
             field, body = _body(row)
             content_type = _content_type(self.context, idx, field, body)
             model = _header(self.context, idx, MODEL_HEADER)
+            self.tensors.append(_header(self.context, idx, ANSWER_HEADER) == ANSWER_TENSORS)
             try:
                 if body is None:
                     raise RequestError(
@@ -80,6 +84,7 @@ class NeuronServeHandler(BaseHandler):
                 requests.append((None, e))
             except Exception:  # noqa: BLE001 - a decoding bug fails this request, not the batch
                 requests.append((None, internal_error("decoding the request")))
+        self.requests = requests
         return requests
 
     def handle(self, data, context):
@@ -96,7 +101,7 @@ class NeuronServeHandler(BaseHandler):
         return out
 
     def inference(self, data, *args, **kwargs):
-        return self.worker.serve(data, self._report)
+        return self.worker.serve(data, self._report, respond=False)
 
     def _report(self, model, report) -> None:
         from neuronserve.metrics import batch_values
@@ -106,13 +111,21 @@ class NeuronServeHandler(BaseHandler):
 
     def postprocess(self, data):
         from neuronserve.tasks import RequestError
+        from neuronserve.tensors import HEADER_LENGTH, pack
 
         out = []
         for idx, result in enumerate(data):
-            self.context.set_response_content_type(idx, "application/json")
+            model, request = self.requests[idx]
+            content_type = "application/json"
             if not isinstance(result, RequestError):
-                # orjson: json's encoder was 0.3 ms of a lone MiniLM request (cProfile)
-                body = orjson.dumps(result, option=orjson.OPT_SERIALIZE_NUMPY)
+                if self.tensors[idx]:  # the front answers: its results as they are
+                    body, head = pack(self.worker.tensors(model, result))
+                    content_type = "application/octet-stream"
+                    self.context.set_response_header(idx, HEADER_LENGTH, str(head))
+                else:
+                    # orjson: json's encoder was 0.3 ms of a lone MiniLM request (cProfile)
+                    answer = self.worker.respond(model, request, result)
+                    body = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
                 # an answer over TorchServe's max_response_size kills this worker (its
                 # frame decoder refuses it): what the Runner could not foresee fails alone
                 result = self._too_large(len(body)) or body
@@ -121,6 +134,8 @@ class NeuronServeHandler(BaseHandler):
                 phrase = HTTPStatus(result.status).phrase
                 self.context.set_response_status(code=result.status, phrase=phrase, idx=idx)
                 result = orjson.dumps({"code": result.status, "error": result.message})
+                content_type = "application/json"
+            self.context.set_response_content_type(idx, content_type)
             out.append(result)
         return out
 
@@ -138,7 +153,7 @@ class NeuronServeHandler(BaseHandler):
         dims += [Dimension(camel(k), str(labels[k])) for k in metric.labels]
         kind = MetricTypes.COUNTER if metric.kind == "counter" else MetricTypes.GAUGE
         self.context.metrics.add_metric(
-            metric.torchserve_name, round(float(value), 4), metric.unit, None, dims, kind
+            metric.camel_name, round(float(value), 4), metric.unit, None, dims, kind
         )
 
 

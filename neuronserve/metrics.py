@@ -30,11 +30,13 @@ class Metric:
     labels: tuple[str, ...] = ()
 
     @property
-    def torchserve_name(self) -> str:
+    def camel_name(self) -> str:
+        """Its name in an engine's metrics that are CamelCase (TorchServe's)."""
         return "NeuronServe" + camel(self.name)
 
     @property
-    def triton_name(self) -> str:
+    def snake_name(self) -> str:
+        """Its name in Prometheus's own style (Triton's metrics)."""
         return "neuronserve_" + self.name
 
 
@@ -44,7 +46,7 @@ MODEL_LABEL = "model"
 
 
 def camel(name: str) -> str:
-    """tokenize_ms -> TokenizeMs (TorchServe's metric and dimension style)."""
+    """tokenize_ms -> TokenizeMs (the CamelCase metric and dimension style)."""
     return "".join(part.capitalize() for part in name.split("_"))
 
 

@@ -36,6 +36,7 @@ from pydantic import (
     model_validator,
 )
 
+from .engines import DEFAULT_ENGINE
 from .names import safe_name
 from .section import EngineSection, Section, flags
 
@@ -396,7 +397,7 @@ class FrontSection(Section):
     key = "front"
 
     engine: str = Field(
-        "torchserve",
+        DEFAULT_ENGINE,
         description="the engine the front starts behind it (one of those installed: see "
         "`neuronserve serve --help`)",
     )
@@ -438,8 +439,9 @@ class FrontSection(Section):
     tls_key: Path | None = Field(None, description="TLS private key (PEM) for the front")
     split_client_batches: bool = Field(
         False,
-        description="accept a request over max_client_batch and send it to the engine in "
-        "pieces of that size, instead of answering 413",
+        description="accept a request over max_client_batch instead of answering 413 (it "
+        "goes to the engine in pieces of the model's largest compiled batch, as every "
+        "request does)",
         json_schema_extra=flags("--split-client-batches/--no-split"),
     )
     max_in_flight: int = Field(

@@ -34,7 +34,7 @@ from .catalog import Follower
 if TYPE_CHECKING:
     from .execution import RunReport
     from .runtime import Runner
-    from .tasks.base import RequestLimits
+    from .tasks.base import RequestLimits, TaskRequest
 
 # TorchServe: the section of model-config.yaml holding the settings
 CONFIG_SECTION = "neuronserve"
@@ -46,6 +46,10 @@ MODELS_DIR = "models"
 # (tensor engines)
 MODEL_HEADER = "X-Neuronserve-Model"
 MODEL_PARAMETER = "model"
+# the header by which the front asks an HTTP engine's worker for a request's results as
+# named tensors (neuronserve.tensors.pack) instead of the task's JSON: the front answers
+ANSWER_HEADER = "X-Neuronserve-Answer"
+ANSWER_TENSORS = "tensors"
 # a worker that cannot start logs one line with this; `serve` reports it
 FAILURE_MARKER = "neuronserve: worker failed to start:"
 # the signal on which a worker prints its Python threads' stacks into its log (a start
@@ -195,8 +199,8 @@ class Worker:
                 return next(iter(runners.values()))
             raise RequestError(
                 f"this deployment serves {len(runners)} models: name one with the "
-                f"{MODEL_HEADER} header (TorchServe) or the `{MODEL_PARAMETER}` request "
-                f"parameter (Triton): {', '.join(runners) or 'none loaded'}"
+                f"{MODEL_HEADER} header (HTTP) or the `{MODEL_PARAMETER}` request "
+                f"parameter (tensors): {', '.join(runners) or 'none loaded'}"
             )
         found = runners.get(name)
         if found is None:
@@ -216,7 +220,8 @@ class Worker:
         Runner in one call of their own (requests for different models never share a
         module run), the models taking turns at going first from batch to batch so a busy
         one does not always delay another.
-        `respond`: JSON-able answers (TorchServe), else results for tensors (Triton).
+        `respond`: JSON-able answers, else each request's results (`Worker.respond` and
+        `Worker.tensors` answer them, as the request asks).
         `report(model, run report)` is called once per model served."""
         from .execution import RunReport
         from .tasks import RequestError
@@ -243,6 +248,19 @@ class Worker:
                 out[i] = result
             report(runner.name, run)
         return out
+
+    def respond(self, model: str | None, request: TaskRequest, result: Any) -> Any:
+        """The task's JSON-able answer (numpy arrays: orjson) for one request's results."""
+        runner = self.runner(model)
+        return runner.task.respond(result, request, runner.info)
+
+    def tensors(self, model: str | None, result: Any) -> dict[str, Any]:
+        """One request's results as its task's named tensors (neuronserve.tensors): what
+        a tensor engine's own API answers, and what the front asks for of any engine."""
+        from . import tensors
+
+        runner = self.runner(model)
+        return tensors.of(runner.manifest.task).encode(result, runner.info)
 
     def stop(self) -> None:
         if self.follower is not None:

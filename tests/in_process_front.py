@@ -5,23 +5,24 @@ point is the front's HTTP handling; what needs a real engine is in tests/servers
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from typing import Any
 
 from starlette.testclient import TestClient
 
 from neuronserve.serve.front.app import build_app
-from neuronserve.serve.front.clients import EngineAnswer, EngineClient, WorkerCounts
+from neuronserve.serve.front.clients import EngineClient, WorkerCounts
 from neuronserve.serve.front.config import FrontConfig
 from neuronserve.serve.front.model import ServedModel
 from neuronserve.serve.front.serving import Serving
 from neuronserve.spec import load_spec
-from neuronserve.tasks import RequestError
+from neuronserve.tasks import RequestError, TaskRequest
 
 
 class InProcessEngine(EngineClient):
     """An engine whose workers are the Runners here: a request goes to its model's
-    Runner as one batch, as TorchServe's handler would send it."""
+    Runner as one batch, as a worker runs it."""
 
     kind = "in-process"
 
@@ -33,21 +34,14 @@ class InProcessEngine(EngineClient):
         self.hold: threading.Event | None = None
         self.calls = 0
 
-    async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
+    async def run(self, model: ServedModel, request: TaskRequest) -> Any:
         self.calls += 1
         while self.hold is not None and not self.hold.is_set():
             await asyncio.sleep(0.01)
-        body = {"inputs": inputs, "parameters": parameters}
-        [answer] = self.runners[model].responses_for_bodies([(body, None)])
-        if isinstance(answer, RequestError):
-            raise answer
-        return EngineAnswer(value=answer)
-
-    async def invoke(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
-        [answer] = self.runners[model].responses_for_bodies([(body, content_type)])
-        if isinstance(answer, RequestError):
-            return answer.status, b'{"code": %d}' % answer.status
-        return 200, EngineAnswer(value=answer).raw
+        [result] = self.runners[model.worker_name].outputs([dataclasses.replace(request)])
+        if isinstance(result, RequestError):
+            raise result
+        return result
 
     async def health(self) -> WorkerCounts:
         return self.counts
@@ -57,16 +51,6 @@ class InProcessEngine(EngineClient):
 
     async def close(self) -> None:
         pass
-
-    def add(self, model: ServedModel) -> None:
-        pass
-
-    def forget(self, worker_name: str) -> None:
-        pass
-
-    def join_limit(self, worker_name: str) -> int:
-        # joined as Triton's are: up to the largest compiled batch
-        return int(self.runners[worker_name].manifest.grid.max_batch)
 
 
 def served(runner, max_text_chars: int | None = None) -> ServedModel:

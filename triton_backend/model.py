@@ -19,7 +19,7 @@ TEXT (BYTES, [n, 1]) and, for tasks taking pairs, TEXT_PAIR of the same shape
 the question and its context; required for those two); request parameters `truncate`
 (bool) and `truncation_direction` ("right", "left") decide that request's over-long
 texts, and the task's own parameters (aggregation_strategy, top_k, doc_stride, ...) shape
-its per-text results. Outputs: the task's tensors (`Task.output_tensors`).
+its per-text results. Outputs: the task's tensors (neuronserve.tensors).
 """
 
 from __future__ import annotations
@@ -144,8 +144,7 @@ class TritonPythonModel:
                     pb_utils.InferenceResponse(output_tensors=[], error=triton_error(result))
                 )
                 continue
-            runner = self.worker.runner(model)
-            tensors = runner.task.tensors(result, runner.info)
+            tensors = self.worker.tensors(model, result)
             responses.append(
                 pb_utils.InferenceResponse(
                     output_tensors=[pb_utils.Tensor(name, arr) for name, arr in tensors.items()]
@@ -270,7 +269,7 @@ class _Metrics:
         # family was collected), so both are kept.
         self.families = {
             m.name: family(
-                name=m.triton_name,
+                name=m.snake_name,
                 description=m.description,
                 kind=family.COUNTER if m.kind == "counter" else family.GAUGE,
             )

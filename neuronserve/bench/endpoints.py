@@ -3,8 +3,9 @@
 An endpoint builds a request body once per point (`payload`) and gives every load
 thread its own connection (`connect`), a callable that sends one request and raises
 `RequestFailed` unless the server answered with success. Clients are the ones users
-use: `http.client` keep-alive connections for JSON over HTTP, `tritonclient` for
-Triton, the Runner and the `transformers` pipeline called in this process.
+use: `http.client` keep-alive connections for JSON over HTTP, each engine's own client
+for its own API (engines/<engine>/bench.py, behind `EngineBench`), the Runner and the
+`transformers` pipeline called in this process.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
-
-import numpy as np
 
 from .work import Batch, Vanilla
 from .wrk import WrkRequest
@@ -213,96 +212,6 @@ class HttpJsonEndpoint(Endpoint):
                 raise RequestFailed(f"HTTP {resp.status}: {data[:200]!r}")
 
         return send
-
-
-class TritonEndpoint(Endpoint):
-    """KServe v2 inference through tritonclient, HTTP or gRPC."""
-
-    def __init__(
-        self, label: str, protocol: str, url: str, model: str, headers: dict[str, str] | None = None
-    ):
-        super().__init__(label)
-        self.headers = headers or {}  # an engine's key, where inference is behind one
-        if protocol not in ("http", "grpc"):
-            raise ValueError(f"unknown Triton protocol {protocol!r}")
-        self.type, self.protocol, self.model = f"triton-{protocol}", protocol, model
-        self.url = url.split("://", 1)[-1]  # tritonclient takes host:port
-        if protocol == "http":
-            # KServe v2 JSON on the shared event loop (see AsyncHttpConnection); gRPC goes
-            # through tritonclient on one thread per client
-            self.async_connect = self._async_connect
-
-    def _binary_request(self, columns: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-        """KServe v2's binary tensor extension, as tritonclient builds it: a JSON header,
-        then the tensors' bytes (images are not JSON strings); the body and its headers."""
-        from tritonclient.http import InferenceServerClient
-
-        body, json_size = InferenceServerClient.generate_request_body(
-            _triton_inputs(self.client_module("http"), columns)
-        )
-        headers = {
-            **self.headers,
-            "Content-Type": "application/octet-stream",
-            "Inference-Header-Content-Length": str(json_size),
-        }
-        return body, headers
-
-    def wrk_request(self, payload: dict[str, np.ndarray]) -> WrkRequest | None:
-        if self.protocol != "http":
-            return None
-        body, headers = self._binary_request(payload)
-        return WrkRequest(f"http://{self.url}/v2/models/{self.model}/infer", body, headers)
-
-    def _async_connect(self) -> AsyncSend:
-        host, _, port = self.url.partition(":")
-        conn = AsyncHttpConnection(host, int(port or 80))
-        path = f"/v2/models/{self.model}/infer"
-        built: dict[int, bytes] = {}
-
-        async def send(columns: dict[str, np.ndarray]) -> None:
-            raw = built.get(id(columns))
-            if raw is None:
-                body, headers = self._binary_request(columns)
-                raw = built[id(columns)] = raw_post(host, int(port or 80), path, body, headers)
-            status, data = await conn.request(raw)
-            if status != 200:
-                raise RequestFailed(f"HTTP {status}: {data[:200]!r}")
-
-        return send
-
-    def payload(self, batch: Batch) -> dict[str, np.ndarray]:
-        return batch.columns
-
-    @staticmethod
-    def client_module(protocol: str) -> Any:
-        if protocol == "http":
-            import tritonclient.http as client
-        else:
-            import tritonclient.grpc as client
-        return client
-
-    def connect(self) -> Send:
-        from tritonclient.utils import InferenceServerException
-
-        client = self.client_module(self.protocol)
-        c = client.InferenceServerClient(self.url)
-
-        def send(columns: dict[str, np.ndarray]) -> None:
-            try:
-                c.infer(self.model, _triton_inputs(client, columns), headers=self.headers)
-            except InferenceServerException as e:
-                raise RequestFailed(str(e)) from None
-
-        return send
-
-
-def _triton_inputs(client: Any, columns: dict[str, np.ndarray]) -> list[Any]:
-    inputs = []
-    for name, values in columns.items():
-        inp = client.InferInput(name, list(values.shape), "BYTES")
-        inp.set_data_from_numpy(values)
-        inputs.append(inp)
-    return inputs
 
 
 class RunnerEndpoint(Endpoint):

@@ -3,19 +3,19 @@ one or more endpoints, one endpoint at a time, and summarise every point the sam
 
 Endpoint specs (`--endpoint`, repeatable), `TYPE:WHERE`, optionally `LABEL=TYPE:WHERE`:
 
-    torchserve:ARTIFACT        start TorchServe on the artifact (per --layouts), measure
-    triton:ARTIFACT            start Triton on the artifact, measure over HTTP and gRPC
-    sagemaker:ARTIFACT         start the SageMaker entrypoint (TorchServe behind it)
-    front:ARTIFACT             start `serve front` with TorchServe behind it; measure
-                               TorchServe directly, then /invocations, /embed and
-                               /v1/embeddings through the front, on the same processes
-    front-triton:ARTIFACT      the same with Triton behind the front (Triton over HTTP
-                               and gRPC directly)
+    <engine>:ARTIFACT          start the engine on the artifact (per --layouts), measure
+                               its own API in each of its protocols
+    sagemaker:ARTIFACT         start the SageMaker entrypoint (the first engine behind it)
+    front:ARTIFACT             start `serve front` with the first engine behind it;
+                               measure the engine directly, then /invocations, /embed
+                               and /v1/embeddings through the front, on the same processes
+    front-<engine>:ARTIFACT    the same with another engine behind the front
     runner:ARTIFACT            the Runner in this process (no server)
     vanilla:MODEL_DIR          the transformers pipeline on the eager model (the baseline)
-    torchserve:http://...      an already running endpoint: .../predictions/<model>
+    <protocol>:WHERE           an already running engine, in a protocol of its own API
+                               (engines/<engine>/bench.py says what WHERE is)
     sagemaker:http://...       .../invocations
-    triton-http:HOST:PORT/MODEL, triton-grpc:HOST:PORT/MODEL
+    openai:http://...          any server's OpenAI-compatible embeddings URL
 """
 
 from __future__ import annotations
@@ -35,14 +35,10 @@ from tqdm import tqdm
 
 from .. import metrics
 from ..artifact import MANIFEST, read_manifest
+from ..engines import DEFAULT_ENGINE, ENGINES
 from ..engines.base import NativeRoute, engine_class
-from .endpoints import (
-    Endpoint,
-    HttpJsonEndpoint,
-    RunnerEndpoint,
-    TritonEndpoint,
-    VanillaEndpoint,
-)
+from .endpoints import Endpoint, HttpJsonEndpoint, RunnerEndpoint, VanillaEndpoint
+from .engines import EngineBench, engine_bench, protocol_bench
 from .floor import encoder_gflop, peak_gops
 from .load import LoadResult, Window, run_load
 from .servers import FrontServer, ManagedServer, SageMakerServer, cpu_by_role, scrape
@@ -50,10 +46,15 @@ from .stats import summarize
 from .texts import text_with_tokens
 from .work import Work, mask_token
 
-MANAGED = ("torchserve", "triton", "sagemaker", "front", "front-triton")
+# the engine behind the front, by endpoint type: `front` the first engine's, each other
+# engine's `front-<engine>`
+FRONT_ENGINES = {("front" if e == DEFAULT_ENGINE else f"front-{e}"): e for e in ENGINES}
+MANAGED = (*ENGINES, "sagemaker", *FRONT_ENGINES)
+# the protocols of the engines' own APIs: a running server named by one
+PROTOCOLS = tuple(dict.fromkeys(p for e in ENGINES for p in engine_class(e).protocols))
 # openai: any server's OpenAI-compatible embeddings URL (a peer such as infinity-emb or
 # text-embeddings-inference), driven with the same texts and load as ours
-TYPES = (*MANAGED, "runner", "vanilla", "triton-http", "triton-grpc", "openai")
+TYPES = tuple(dict.fromkeys((*MANAGED, "runner", "vanilla", *PROTOCOLS, "openai")))
 
 
 @dataclass
@@ -69,7 +70,9 @@ def parse_endpoint(text: str) -> EndpointSpec:
         label, text = text.split("=", 1)
     type_, sep, where = text.partition(":")
     if not sep or not where:
-        raise ValueError(f"endpoint {text!r}: expected TYPE:WHERE, e.g. torchserve:artifacts/m")
+        raise ValueError(
+            f"endpoint {text!r}: expected TYPE:WHERE, e.g. {DEFAULT_ENGINE}:artifacts/m"
+        )
     if type_ not in TYPES:
         raise ValueError(f"endpoint {text!r}: unknown type {type_!r}; choose from {TYPES}")
     return EndpointSpec(label or type_, type_, where)
@@ -198,7 +201,7 @@ def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
             yield _managed_session(spec, config, layout)
         return
     where, headers = spec.where, config.headers
-    if spec.type in ("torchserve", "sagemaker"):
+    if spec.type == "sagemaker":
         yield Session(
             spec.label,
             "external",
@@ -212,14 +215,13 @@ def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
             None,
             lambda: [HttpJsonEndpoint(spec.label, "openai", where, headers, field="input")],
         )
-    elif spec.type in ("triton-http", "triton-grpc"):
-        address, _, model = where.rpartition("/")
-        protocol = spec.type.split("-")[1]
+    elif spec.type in PROTOCOLS:
+        bench = protocol_bench(spec.type)
         yield Session(
             spec.label,
             "external",
             None,
-            lambda: [TritonEndpoint(spec.label, protocol, address, model)],
+            lambda: [bench.external(spec.type, where, spec.label, headers)],
         )
     elif spec.type == "runner":
         yield Session(
@@ -236,17 +238,9 @@ def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
         raise ValueError(f"{spec.type} needs an artifact directory or an http:// URL")
 
 
-# the engine behind the front, by endpoint type
-FRONT_ENGINES = {"front": "torchserve", "front-triton": "triton"}
-
-
 def native_endpoint(route: NativeRoute, label: str, headers: dict[str, str]) -> Endpoint:
     """The bench endpoint for an engine's own API at `route`."""
-    if route.protocol == "torchserve":
-        return HttpJsonEndpoint(label, "torchserve", route.url, {**route.headers, **headers})
-    return TritonEndpoint(
-        label, route.protocol.split("-", 1)[1], route.url, route.model, route.headers
-    )
+    return protocol_bench(route.protocol).endpoint(route, label, headers)
 
 
 def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Session:
@@ -577,9 +571,9 @@ def torch_threads() -> int:
 
 
 def _engine_metrics(endpoint: Endpoint, server: Any) -> str | None:
-    """The metrics URL of the engine (TorchServe or Triton) bench started behind
-    `endpoint`, when `endpoint` talks to that engine directly."""
-    direct = endpoint.type == "torchserve" or endpoint.type.startswith("triton-")
+    """The metrics URL of the engine bench started behind `endpoint`, when `endpoint`
+    talks to that engine directly (in a protocol of the engine's own API)."""
+    direct = endpoint.type in PROTOCOLS
     return getattr(server, "metrics_url", None) if direct else None
 
 
@@ -618,7 +612,7 @@ def time_split(
     for role, t in end["cpu"].items():
         out[f"cpu_ms_per_req_{role}"] = (t - start["cpu"].get(role, 0.0)) * 1e3 / requests
     d = {k: v - start["metrics"].get(k, 0.0) for k, v in end["metrics"].items()}
-    for count, queue_us, server_us in _ENGINE_COUNTERS:
+    for count, queue_us, server_us in (b.counters for b in _engine_benches()):
         served = d.get(count, 0.0)
         if served > 0:
             out["queue_ms"] = d.get(queue_us, 0.0) / served / 1e3
@@ -630,26 +624,17 @@ def time_split(
     return out
 
 
-# (requests served, their summed queue time, their summed time in the server), in us
-_ENGINE_COUNTERS = (
-    (
-        "ts_inference_requests_total",
-        "ts_queue_latency_microseconds",
-        "ts_inference_latency_microseconds",
-    ),
-    (
-        "nv_inference_request_success",
-        "nv_inference_queue_duration_us",
-        "nv_inference_request_duration_us",
-    ),
-)
-
-
 def _scraped_name(metric: metrics.Metric, scraped: dict[str, float]) -> str:
-    """A handler metric's name in whichever naming the engine's scrape uses (Triton's
-    when the handler's request counter appears under it)."""
-    triton = metrics.REQUESTS.triton_name in scraped
-    return metric.triton_name if triton else metric.torchserve_name
+    """A handler metric's name in whichever engine's naming the scrape uses (the one
+    under which the handler's request counter appears)."""
+    for bench in _engine_benches():
+        if bench.metric_name(metrics.REQUESTS) in scraped:
+            return bench.metric_name(metric)
+    return metric.name
+
+
+def _engine_benches() -> list[EngineBench]:
+    return [engine_bench(name) for name in ENGINES]
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:

@@ -21,7 +21,7 @@ import requests
 from .. import placement
 from ..artifact import read_manifest
 from ..cores import LEASE_DIR_ENV
-from ..engines import section_class
+from ..engines import DEFAULT_ENGINE, ENGINES, section_class
 from ..serve.deployment import Deployment, running_engine
 from ..serve.process import free_ports, stop_tree
 from ..spec import DeploySpec, ModelEntry, load_spec
@@ -206,9 +206,9 @@ class FrontServer:
 
 class SageMakerServer:
     """The SageMaker container entrypoint (`python -m neuronserve.serve.sagemaker`) in
-    front of TorchServe, serving /ping and /invocations on a free port."""
+    front of an engine, serving /ping and /invocations on a free port."""
 
-    def __init__(self, artifact: Path, layout: str, engine: str = "torchserve"):
+    def __init__(self, artifact: Path, layout: str, engine: str = DEFAULT_ENGINE):
         self.artifact, self.layout, self.engine = Path(artifact), layout, engine
         plan = layout_plan(self.artifact, layout)
         self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
@@ -288,10 +288,16 @@ class SageMakerServer:
         return Path(self.tmp.name)
 
 
+def _server_processes() -> tuple[str, ...]:
+    from .engines import engine_bench
+
+    return tuple(engine_bench(e).server_process for e in ENGINES)
+
+
 def cpu_by_role(roots: list[int], front: int | None = None) -> dict[str, float]:
     """CPU seconds (user + system) so far of the process trees under `roots`, by role: the
-    frontend (TorchServe's Java process, tritonserver), the model workers (TorchServe's
-    Python workers, Triton's Python stubs) and neuronserve's front (the process `front`)."""
+    engine's main process ("frontend": TorchServe's Java process, tritonserver), the
+    model workers and neuronserve's front (the process `front`)."""
     import psutil
 
     out: dict[str, float] = {}
@@ -313,7 +319,7 @@ def cpu_by_role(roots: list[int], front: int | None = None) -> dict[str, float]:
                 continue
             if p.pid == front:
                 role = "front"
-            elif "java" in name or "tritonserver" in name:
+            elif any(s in name for s in _server_processes()):
                 role = "frontend"
             else:
                 role = "workers"

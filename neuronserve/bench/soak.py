@@ -46,11 +46,13 @@ import aiohttp
 import numpy as np
 import psutil
 
-from ..engines.triton.stubs import STUB
 from ..serve.process import alive
+from .engines import engine_bench
+from .protocols import NATIVE, SoakProtocol
+
+__all__ = ["NATIVE", "SoakProtocol", "SoakTarget", "soak_protocols"]
 
 # a worker process of either engine: TorchServe's Python worker, Triton's stub
-_WORKER_MARKS = ("model_service_worker", STUB)
 SEQUENTIAL = 20
 RETRY_CAP_S = 5.0
 # a worker whose memory grows more than this after warm-up is leaking
@@ -152,31 +154,35 @@ class SoakReport:
         return out
 
 
+def soak_protocols() -> dict[str, SoakProtocol]:
+    """Every protocol soak speaks, by name: the native one and each engine's own."""
+    from ..engines import ENGINES
+
+    out = {NATIVE.name: NATIVE}
+    for name in ENGINES:
+        out.update(getattr(engine_bench(name), "soak_protocols", {}))
+    return out
+
+
 @dataclass
 class SoakTarget:
-    """Where soak sends requests, and what it knows of the processes behind it.
-
-    `protocol` is "native" (`{"inputs", "parameters"}` JSON and the task's JSON answer:
-    TorchServe's /predictions, the front's and SageMaker's /invocations) or "triton"
-    (KServe v2 JSON on TEXT, answered by the task's first output tensor `output`)."""
+    """Where soak sends requests, in which protocol, and what it knows of the processes
+    behind it (`worker_process`: what its workers' command lines hold)."""
 
     label: str
     url: str
-    protocol: str = "native"
+    protocol: SoakProtocol = NATIVE
     roots: Callable[[], list[int]] = list
     workers_ready: Callable[[], tuple[int, int]] | None = None
-    output: str = ""
     # what a killed worker may cost (SoakReport.lost_allowed); None: one per client
     lost_allowed: int | None = None
     # what every request carries besides its body (an engine's key)
     headers: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.protocol not in ("native", "triton"):
-            raise ValueError(f"protocol {self.protocol!r}: native or triton")
+    worker_marks: tuple[str, ...] = ()
 
     def workers(self) -> list[psutil.Process]:
         """The live worker processes under the target's root processes."""
+        marks = self.worker_marks or _worker_marks()
         out: dict[int, psutil.Process] = {}
         for pid in self.roots():
             try:
@@ -190,46 +196,22 @@ class SoakTarget:
                     cmd = " ".join(p.cmdline()[:3])
                 except psutil.Error:
                     continue
-                if any(m in cmd for m in _WORKER_MARKS):
+                if any(m in cmd for m in marks):
                     out[p.pid] = p
         return [out[k] for k in sorted(out)]
 
     def body(self, texts: list[str]) -> bytes:
-        if self.protocol == "native":
-            return json.dumps({"inputs": texts}).encode()
-        return json.dumps(
-            {
-                "inputs": [
-                    {"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": texts}
-                ]
-            }
-        ).encode()
+        return self.protocol.body(texts)
 
     def malformed_bodies(self, max_text_chars: int) -> list[bytes]:
-        """Bodies every server must refuse with a 4xx. Triton's own HTTP server answers
-        JSON it cannot parse with 500 (and an empty body with an answer): that is its
-        code, not neuronserve's, so KServe v2 bodies here are ones that parse."""
-        if self.protocol == "triton":
-            tensor = '{"inputs": [{"name": "%s", "shape": %s, "datatype": "%s", "data": %s}]}'
-            return [
-                b'{"inputs": []}',
-                (tensor % ("TEXT", "[1, 1]", "FP32", "[1.0]")).encode(),
-                (tensor % ("NOPE", "[1, 1]", "BYTES", '["a"]')).encode(),
-                (tensor % ("TEXT", "[2, 1]", "BYTES", '["a"]')).encode(),
-            ]
-        return [
-            b"{not json",
-            b"\xff\xfe\x00 not utf-8",
-            b"[1, 2",
-            b"",
-            b'{"inputs": 5}',
-            b'{"inputs": []}',
-            b'{"inputs": [1, 2]}',
-            b'{"inputs": {"a": "b"}}',
-            b'{"inputs": "x", "parameters": {"truncate": "yes"}}',
-            json.dumps({"inputs": "y" * (max_text_chars + 1)}).encode(),
-            b'{"inputs": ' + b"[" * 200 + b"]" * 200 + b"}",
-        ]
+        return self.protocol.malformed_bodies(max_text_chars)
+
+
+def _worker_marks() -> tuple[str, ...]:
+    """What the command line of any engine's worker process holds."""
+    from ..engines import ENGINES
+
+    return tuple(engine_bench(name).worker_process for name in ENGINES)
 
 
 class Checker:
@@ -254,18 +236,7 @@ class Checker:
         return body
 
     def served(self, body: bytes, data: bytes) -> Any:
-        answer = json.loads(data)
-        if self.target.protocol == "native":
-            return answer
-        # KServe v2: the task's first output tensor holds the model's rows; the task
-        # turns them into the same JSON the native answer is
-        from ..tasks import get_task
-
-        out = next(o for o in answer["outputs"] if o["name"] == self.target.output)
-        rows = np.asarray(out["data"], dtype=np.float32).reshape(out["shape"])
-        task = get_task(self.runner.manifest.task)
-        request = task.parse(self.texts[body], {})
-        return task.respond(rows, request, self.runner.info)
+        return self.target.protocol.served(data, self.texts[body], self.runner)
 
     def right(self, body: bytes, data: bytes) -> bool:
         try:
@@ -617,7 +588,6 @@ def start_target(
     (`serve front`) or through the SageMaker entrypoint; return the server and its SoakTarget."""
     from ..artifact import read_manifest
     from ..serve.deployment import running_engine
-    from ..tasks import get_task
     from .servers import FrontServer, ManagedServer, SageMakerServer
 
     manifest = read_manifest(artifact, verify=False)
@@ -635,33 +605,26 @@ def start_target(
         raise ValueError(f"via {via!r}: one of {', '.join(VIAS)}")
     server.start()
     name = manifest.name
-    output = get_task(manifest.task).output_tensors(manifest.output_dim, manifest.labels)[0].name
     running = running_engine(work, engine)
     assert running is not None, f"{engine} is not running after its start"
+    bench = engine_bench(engine)
+    url, protocol, headers = f"{server.url}/invocations", NATIVE, {}
     if via == "engine":
         # the engine's own API: the first of its protocols
         route = running.instance.native_routes(name)[0]
+        url, protocol = bench.soak(route, name)
         headers = route.headers
-        url, protocol = (
-            (route.url, "native")
-            if route.protocol == "torchserve"
-            else (f"{route.url}/v2/models/{name}/infer", "triton")
-        )
-    elif via == "front":
-        url, protocol = f"{server.url}/invocations", "native"
-    else:
-        url, protocol = server.url, "native"
-    if via != "engine":
-        headers = {}
+    elif via == "sagemaker":
+        url = server.url
     target = SoakTarget(
         label=f"{engine} via {via}",
         url=url,
         protocol=protocol,
         roots=server.root_pids,
         workers_ready=lambda: running.health(name),
-        output=output,
         lost_allowed=2 * manifest.grid.max_batch if via == "engine" else 0,
         headers=headers,
+        worker_marks=(bench.worker_process,),
     )
     return server, target
 

@@ -46,28 +46,35 @@ def derived(r: dict[str, Any], peaks: dict[str, Any] | None = None) -> dict[str,
 
 
 def engine_ratios(runs: list[dict[str, Any]]) -> list[str]:
-    """TorchServe's req/s over Triton's best protocol at each point, run by run, on the
-    same artifact and machine: one median and range per point."""
+    """The first engine's req/s over each other engine's best protocol at each point, run
+    by run, on the same artifact and machine: one median and range per point."""
+    from ..engines import ENGINES
+    from ..engines.base import engine_class
+
+    if len(ENGINES) < 2:
+        return []
+    first, other = (engine_class(e) for e in ENGINES[:2])
     ratios: dict[tuple, list[float]] = defaultdict(list)
     for results in runs:
-        ts: dict[tuple, float] = {}
-        triton: dict[tuple, float] = defaultdict(float)
+        mine: dict[tuple, float] = {}
+        theirs: dict[tuple, float] = defaultdict(float)
         for r in results["points"]:
             key = (r["seq"], r["texts"], r["concurrency"])
-            if r.get("req_per_s") and r["type"] == "torchserve":
-                ts[key] = r["req_per_s"]
-            elif r.get("req_per_s") and r["type"].startswith("triton-"):
-                triton[key] = max(triton[key], r["req_per_s"])
-        for key, value in ts.items():
-            if triton.get(key):
-                ratios[key].append(value / triton[key])
+            if r.get("req_per_s") and r["type"] in first.protocols:
+                mine[key] = max(mine.get(key, 0.0), r["req_per_s"])
+            elif r.get("req_per_s") and r["type"] in other.protocols:
+                theirs[key] = max(theirs[key], r["req_per_s"])
+        for key, value in mine.items():
+            if theirs.get(key):
+                ratios[key].append(value / theirs[key])
     if not ratios:
         return []
+    a, b = first.server, other.server
     lines = [
         "",
-        "TorchServe over Triton (its faster protocol at that point), same run:",
+        f"{a} over {b} (its faster protocol at that point), same run:",
         "",
-        "| seq | texts | c | TorchServe / Triton |",
+        f"| seq | texts | c | {a} / {b} |",
         "|---:|---:|---:|---:|",
     ]
     for (seq, texts, c), values in sorted(ratios.items()):

@@ -59,7 +59,7 @@ class Batch:
     @cached_property
     def columns(self) -> dict[str, np.ndarray]:
         """Triton's input tensors (BYTES, [n, 1])."""
-        from ..tasks.base import bytes_rows as column
+        from ..tensors import bytes_rows as column
 
         items = list(self.items)
         if self.task in ("rerank", "question-answering"):

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from ..engines import DEFAULT_ENGINE, ENGINES
 from .options import fail
 
 
@@ -15,13 +16,15 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
     artifact: Annotated[
         Path, typer.Argument(help="artifact directory (answers are checked against its Runner)")
     ],
-    engine: Annotated[str, typer.Option(help="torchserve or triton")] = "torchserve",
+    engine: Annotated[str, typer.Option(help=f"the engine: {' or '.join(ENGINES)}")] = (
+        DEFAULT_ENGINE
+    ),
     via: Annotated[
         str,
         typer.Option(
-            help="engine: ask the engine directly (TorchServe's /predictions, Triton's KServe "
-            "v2 JSON); front: through `serve front`'s /invocations; sagemaker: through the "
-            "SageMaker entrypoint's /invocations"
+            help="engine: ask the engine directly (its own API's first protocol); front: "
+            "through `serve front`'s /invocations; sagemaker: through the SageMaker "
+            "entrypoint's /invocations"
         ),
     ] = "engine",
     url: Annotated[
@@ -32,7 +35,11 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
         ),
     ] = None,
     protocol: Annotated[
-        str, typer.Option(help='with --url: native ({"inputs": ...} JSON) or triton (KServe v2)')
+        str,
+        typer.Option(
+            help='with --url: native ({"inputs": ...} JSON), or an engine\'s own (triton: '
+            "KServe v2 JSON)"
+        ),
     ] = "native",
     requests: Annotated[int, typer.Option(min=1, help="requests in all")] = 4000,
     concurrency: Annotated[int, typer.Option(min=1, help="clients at once (closed loop)")] = 32,
@@ -60,17 +67,29 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
     sequential requests did not succeed within 60 s of the kill, a worker's memory grew
     over 10% after warm-up, or the stop left a process, a held lease or a temporary file."""
     from ..artifact import ArtifactError
-    from ..bench.soak import VIAS, SoakOptions, SoakTarget, format_report, run_soak, soak_started
+    from ..bench.soak import (
+        VIAS,
+        SoakOptions,
+        SoakTarget,
+        format_report,
+        run_soak,
+        soak_protocols,
+        soak_started,
+    )
     from ..serve.process import ServeError
 
-    if engine not in ("torchserve", "triton"):
-        fail(f"--engine {engine!r}: torchserve or triton")
+    if engine not in ENGINES:
+        fail(f"--engine {engine!r}: {' or '.join(ENGINES)}")
+    protocols = soak_protocols()
+    if protocol not in protocols:
+        fail(f"--protocol {protocol!r}: {' or '.join(protocols)}")
     if via not in VIAS:
         fail(f"--via {via!r}: one of {', '.join(VIAS)}")
     try:
         if url is not None:
             options = SoakOptions(requests, concurrency, malformed, None, seed)
-            report = run_soak(options, SoakTarget(label=url, url=url, protocol=protocol), artifact)
+            target = SoakTarget(label=url, url=url, protocol=protocols[protocol])
+            report = run_soak(options, target, artifact)
         else:
             options = SoakOptions(
                 requests, concurrency, malformed, kill_at or None, seed, layout=layout

@@ -34,7 +34,6 @@ from . import class_name
 if TYPE_CHECKING:
     from ..placement import WorkerPlan
     from ..serve.front.clients import EngineClient
-    from ..serve.front.model import ServedModel
     from ..spec import DeploySpec
 
 Log = Callable[[str], object]
@@ -146,11 +145,10 @@ class Engine(ABC, Generic[Instance]):
         alive and has loaded the model count."""
 
     @abstractmethod
-    def client(
-        self, name: str, models: dict[str, ServedModel], workers: int, connections: int
-    ) -> EngineClient:
-        """The front's asynchronous client for `models`, served under the engine model
-        `name` by `workers` workers, with up to `connections` open."""
+    def client(self, name: str, workers: int, connections: int) -> EngineClient:
+        """The front's asynchronous client of the engine model `name` (which holds
+        every model of the deployment), served by `workers` workers, with up to
+        `connections` open."""
 
     def stop(self, log: Log = print) -> bool:
         """Stop it and wait until its processes are gone; False when none was running."""

@@ -103,7 +103,7 @@ def best_rate(results: Path, seq: int, endpoint: str | None = None) -> tuple[flo
         and p.get("texts", 1) == 1
         and p.get("req_per_s")
         and not p.get("errors")
-        and p.get("type") in ("front", "front-triton", "sagemaker")
+        and p.get("type") in ("front", "sagemaker")
         and not p.get("baseline")
         and (endpoint is None or endpoint in p["endpoint"])
     ]

@@ -212,5 +212,5 @@ class Deployment:
             idle_unload_s,
         )
 
-    def client(self, models: dict[str, ServedModel], connections: int) -> EngineClient:
-        return self.engine.client(self.name, models, self.plan.workers, connections)
+    def client(self, connections: int) -> EngineClient:
+        return self.engine.client(self.name, self.plan.workers, connections)

@@ -259,6 +259,16 @@ def _fields(body: Any, fields: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any
     return body.get("inputs", own), params
 
 
+def _json_input(text: Text) -> Any:
+    if isinstance(text, tuple):
+        return {"text": text[0], "text_pair": text[1]}
+    if isinstance(text, bytes):
+        import base64
+
+        return base64.b64encode(text).decode()
+    return text
+
+
 def _check_text(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise RequestError(f"{where} must be a string, got {type(value).__name__}")
@@ -281,11 +291,10 @@ class Task:
     windowed = False
     # top-level request fields that stand in for "inputs" (decode_payload)
     body_fields: tuple[str, ...] = ()
-    # what a Triton client sends: TEXT, with TEXT_PAIR when pairs are taken (and then
-    # required or not); an image task's requests hold encoded images (IMAGE)
+    # a task taking pairs may require them (a rerank's, a question's context); an image
+    # task's requests hold encoded images
     pairs_required = False
     images = False
-    input_tensor = "TEXT"
     # a request may name one of the model's prompts (prompt_name), and the model's
     # default prompt applies when it names none (Runner.outputs)
     takes_prompts = False
@@ -312,6 +321,11 @@ class Task:
             truncate=truncate,
             truncation_direction=direction,
         )
+
+    def inputs_of(self, texts: Sequence[Text]) -> list[Any]:
+        """`texts` as this task's JSON `inputs` (what `parse` reads back, as a list): a
+        text as it is, a pair as {"text", "text_pair"}, an image as base64."""
+        return [_json_input(t) for t in texts]
 
     def own_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         """The task's own parameters of a request, checked (`check_parameters`)."""
@@ -405,42 +419,10 @@ class Task:
         numpy arrays, written with orjson's numpy support (float32 in its shortest form)."""
         raise NotImplementedError
 
-    def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
-        """Named output tensors (per text) for tensor-based servers such as Triton; the
-        first one carries what `results_from` needs."""
-        raise NotImplementedError
-
-    def tensors(self, results: Any, info: dict[str, Any]) -> dict[str, np.ndarray]:
-        """Output tensors for one request's results, named as in `output_tensors`."""
-        raise NotImplementedError
-
-    def output_for(self, parameters: dict[str, Any]) -> str | None:
-        """The output tensor that carries a request's results (None: the first of
-        `output_tensors`)."""
-        return None
-
-    def results_from(self, tensor: np.ndarray, info: dict[str, Any]) -> Any:
-        """A request's results back from its output tensor (`output_for`; the front, for
-        Triton)."""
-        return tensor
-
 
 class JsonResultsTask(Task):
     """A task whose result per text is JSON built in the worker (entities, answers,
-    predictions): Triton carries it as one BYTES element per text."""
-
-    result_tensor = "RESULT"
-
-    def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
-        return [TensorSpec(self.result_tensor, "bytes", (1,))]
-
-    def tensors(self, results: Any, info: dict[str, Any]) -> dict[str, np.ndarray]:
-        return {
-            self.result_tensor: bytes_rows([json.dumps(r, ensure_ascii=False) for r in results])
-        }
-
-    def results_from(self, tensor: np.ndarray, info: dict[str, Any]) -> Any:
-        return [json.loads(v.decode() if isinstance(v, bytes) else v) for v in tensor.reshape(-1)]
+    predictions)."""
 
     def respond(self, results: Any, request: TaskRequest, info: dict[str, Any]) -> Any:
         return results[0] if request.single else list(results)
@@ -466,24 +448,6 @@ def boolean(parameters: dict[str, Any], name: str, default: bool) -> bool:
     if not isinstance(value, bool):
         raise RequestError(f'"{name}" must be true or false, got {value!r}')
     return value
-
-
-def bytes_element(value: str | bytes) -> bytes:
-    """One element of a BYTES tensor as Triton takes and gives them: text as UTF-8,
-    bytes (an encoded image) as they are."""
-    return value if isinstance(value, bytes) else value.encode()
-
-
-def bytes_rows(values: Sequence[str | bytes]) -> np.ndarray:
-    """A BYTES tensor of one element per row ([n, 1]) (`bytes_element`)."""
-    return np.array([[bytes_element(v)] for v in values], dtype=object)
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str  # numpy dtype name, or "bytes"
-    dims: tuple[int, ...]  # per text, without the batch dimension
 
 
 def labels_of(config: Any) -> list[str]:

@@ -18,10 +18,8 @@ from .base import (
     RowOutputs,
     Task,
     TaskRequest,
-    TensorSpec,
     WrappedModel,
     boolean,
-    bytes_rows,
     stacked,
 )
 from .sentence_transformers import DenseLayer, read_modules, read_prompts
@@ -174,28 +172,6 @@ class FeatureExtraction(Task):
             else np.ascontiguousarray(outputs, dtype=np.float32)
         )
         return vectors[0] if request.single else vectors
-
-    def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
-        # token embeddings: each text's (tokens x dim) float32 matrix as bytes, one element
-        # per text (texts differ in length, a tensor's rows may not)
-        return [
-            TensorSpec("EMBEDDING", "float32", (output_dim,)),
-            TensorSpec(TOKEN_EMBEDDINGS, "bytes", (1,)),
-        ]
-
-    def output_for(self, parameters: dict[str, Any]) -> str | None:
-        return TOKEN_EMBEDDINGS if parameters.get("token_embeddings") else None
-
-    def tensors(self, outputs: Any, info: dict[str, Any]) -> dict[str, np.ndarray]:
-        if isinstance(outputs, list):
-            return {TOKEN_EMBEDDINGS: bytes_rows([r.astype("<f4").tobytes() for r in outputs])}
-        return {"EMBEDDING": outputs.astype(np.float32)}
-
-    def results_from(self, tensor: np.ndarray, info: dict[str, Any]) -> Any:
-        if tensor.dtype != object:
-            return tensor
-        dim = int(info["output_dim"])
-        return [np.frombuffer(v, dtype="<f4").reshape(-1, dim) for v in tensor.reshape(-1)]
 
 
 def prompt_fields(model_dir: Path) -> dict[str, Any]:

@@ -33,7 +33,6 @@ class FillMask(JsonResultsTask):
     name = "fill-mask"
     per_token = True
     parameters = frozenset({"top_k"})
-    result_tensor = "PREDICTIONS"
 
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         return {"top_k": positive_int(parameters, "top_k", 5)}

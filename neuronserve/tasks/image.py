@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 class ImageTask(Task):
     images = True
-    input_tensor = "IMAGE"
 
     def decode(
         self, body: Any, content_type: str | None, max_depth: int = 32

@@ -44,7 +44,6 @@ class QuestionAnswering(JsonResultsTask):
     parameters = frozenset(
         {"top_k", "max_answer_len", "handle_impossible_answer", "doc_stride", "align_to_words"}
     )
-    result_tensor = "ANSWERS"
 
     def parse(self, inputs: Any, parameters: dict[str, Any]) -> TaskRequest:
         single = not isinstance(inputs, list)
@@ -63,6 +62,9 @@ class QuestionAnswering(JsonResultsTask):
             truncate=truncate,
             truncation_direction=direction,
         )
+
+    def inputs_of(self, texts: Sequence[Text]) -> list[Any]:
+        return [{"question": t[0], "context": t[1]} for t in texts if isinstance(t, tuple)]
 
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         return {

@@ -18,7 +18,6 @@ from .base import (
     RequestError,
     Task,
     TaskRequest,
-    TensorSpec,
     WrappedModel,
     boolean,
     labels_of,
@@ -41,6 +40,11 @@ class Rerank(Task):
     parameters = frozenset({"top_n", "return_documents", "raw_scores"})
 
     def parse(self, inputs: Any, parameters: dict[str, Any]) -> TaskRequest:
+        if isinstance(inputs, list):  # (query, document) pairs as {"text", "text_pair"}
+            request = super().parse(inputs, parameters)
+            if not all(isinstance(t, tuple) for t in request.texts):
+                raise RequestError('a rerank request\'s inputs are {"text", "text_pair"} pairs')
+            return request
         if not isinstance(inputs, dict) or set(inputs) != {"query", "documents"}:
             raise RequestError(
                 'a rerank request is {"query": "...", "documents": ["...", ...]} '
@@ -122,19 +126,6 @@ class Rerank(Task):
                 entry["document"] = request.texts[i][1]
             ranked.append(entry)
         return ranked
-
-    def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
-        return [
-            TensorSpec("LOGITS", "float32", (output_dim,)),
-            TensorSpec("SCORE", "float32", (1,)),
-        ]
-
-    def tensors(self, results: Any, info: dict[str, Any]) -> dict[str, np.ndarray]:
-        score = relevance(results, int(info.get("relevance_index", 0)))
-        return {
-            "LOGITS": np.asarray(results, dtype=np.float32),
-            "SCORE": score.astype(np.float32).reshape(-1, 1),
-        }
 
 
 def relevance(logits: np.ndarray, index: int) -> np.ndarray:

@@ -32,7 +32,6 @@ class SparseEmbedding(JsonResultsTask):
     parameters = frozenset({"prompt_name"})
     takes_prompts = True
     # Triton: each text's terms as JSON, one element per text (their count varies)
-    result_tensor = "TERMS"
 
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]

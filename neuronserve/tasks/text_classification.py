@@ -16,9 +16,7 @@ from .base import (
     RequestError,
     Task,
     TaskRequest,
-    TensorSpec,
     WrappedModel,
-    bytes_rows,
     logits_over_labels,
 )
 
@@ -103,21 +101,3 @@ class TextClassification(Task):
             order = np.argsort(-row, kind="stable")[:top_k]
             results.append([{"label": labels[i], "score": float(row[i])} for i in order])
         return results[0] if request.single else results
-
-    def output_tensors(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
-        return [
-            TensorSpec("LOGITS", "float32", (output_dim,)),
-            TensorSpec("SCORES", "float32", (output_dim,)),
-            TensorSpec("LABEL", "bytes", (1,)),
-        ]
-
-    def tensors(self, outputs: np.ndarray, info: dict[str, Any]) -> dict[str, np.ndarray]:
-        labels = info["labels"]
-        best = np.argmax(outputs, axis=-1)
-        return {
-            "LOGITS": outputs.astype(np.float32),
-            "SCORES": FUNCTIONS[default_function(labels, bool(info.get("multi_label")))](
-                outputs
-            ).astype(np.float32),
-            "LABEL": bytes_rows([labels[i] for i in best]),
-        }

@@ -36,7 +36,6 @@ class TokenClassification(JsonResultsTask):
     name = "token-classification"
     per_token = True
     parameters = frozenset({"aggregation_strategy", "ignore_labels"})
-    result_tensor = "ENTITIES"
 
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         strategy = parameters.get("aggregation_strategy", "none")

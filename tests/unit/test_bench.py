@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 
+from neuronserve import tensors
 from neuronserve.bench import wrk
 from neuronserve.bench.endpoints import Endpoint, RequestFailed
 from neuronserve.bench.load import Window, run_load
@@ -472,7 +473,7 @@ def test_every_tasks_bench_request_is_one_its_server_takes(task):
     assert len(request.texts) == 3 and not request.single
     if task == "fill-mask":
         assert all("[MASK]" in x for x in request.texts)
-    expected = {t.input_tensor} | ({"TEXT_PAIR"} if t.pairs_required else set())
+    expected = {tensors.input_name(t.name)} | ({"TEXT_PAIR"} if t.pairs_required else set())
     assert set(batch.columns) == expected
     assert all(c.shape == (3, 1) for c in batch.columns.values())
 

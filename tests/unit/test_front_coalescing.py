@@ -12,30 +12,27 @@ import numpy as np
 import orjson
 import pytest
 
-from neuronserve.serve.front.clients import EngineAnswer
 from neuronserve.tasks import RequestError
 from tests.in_process_front import InProcessEngine, front
 
 
-class TorchServeLike(InProcessEngine):
-    """Answers as TorchServe's handler does (JSON bytes), and remembers what each call
-    carried."""
+class Recording(InProcessEngine):
+    """Remembers how many texts each call carried; a call takes a moment, as a real one."""
 
     def __init__(self, runners: dict[str, Any]):
         super().__init__(runners)
         self.sizes: list[int] = []
 
-    async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
-        self.sizes.append(len(inputs))
-        await asyncio.sleep(0.005)  # a moment at the engine, as a real one
-        answer = await super().predict(model, inputs, parameters)
-        return EngineAnswer(raw=answer.raw)
+    async def run(self, model: Any, request: Any) -> Any:
+        self.sizes.append(len(request.texts))
+        await asyncio.sleep(0.005)
+        return await super().run(model, request)
 
 
 @pytest.fixture
 def serving(tmp_path, tiny_runner):
     _, _, serving = front(tmp_path, {"tiny": tiny_runner})
-    engine = TorchServeLike({"tiny": tiny_runner})
+    engine = Recording({"tiny": tiny_runner})
     serving.attach(serving.models, engine)
     return serving, engine, serving.models["tiny"]
 
@@ -70,7 +67,7 @@ def test_requests_that_arrive_together_go_as_one_call_and_each_gets_its_own_rows
         np.testing.assert_allclose(np.asarray(answer.value), _alone(tiny_runner, texts), atol=1e-5)
         assert len(answer.value) == len(texts)
         # its bytes, as a route passes them on, hold the same numbers
-        assert orjson.loads(answer.raw) == answer.value
+        np.testing.assert_allclose(orjson.loads(answer.raw), answer.value, atol=1e-6)
     assert _counted(serving, "neuronserve_front_engine_calls_total") == 2
     assert _counted(serving, "neuronserve_front_engine_requests_total") == 3
 
@@ -113,31 +110,31 @@ def test_calls_hold_at_most_the_largest_compiled_batch(serving, tiny_runner):
 def test_an_engine_failure_reaches_every_request_of_the_call(serving):
     serving, engine, model = serving
 
-    async def down(*_: Any) -> EngineAnswer:
+    async def down(*_: Any) -> Any:
         await asyncio.sleep(0.005)
         raise ConnectionError("engine gone")
 
-    engine.predict = down  # type: ignore[method-assign]
+    engine.run = down  # type: ignore[method-assign]
     answers = _together(serving, model, [(["a"], {}), (["b"], {}), (["c"], {})])
     assert all(isinstance(a, ConnectionError) for a in answers)
     # and the next requests are served once it is back
-    del engine.predict
+    del engine.run
     answers = _together(serving, model, [(["a"], {}), (["b"], {})])
     assert [len(a.value) for a in answers] == [1, 1]
 
 
 def test_an_engine_that_cannot_take_a_joined_call_is_not_sent_each_request_again(serving):
     serving, engine, model = serving
-    served = engine.predict
+    served = engine.run
 
-    async def full(model_name: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
+    async def full(model: Any, request: Any) -> Any:
         if engine.sizes:  # the first is answered; then the queue is full
-            engine.sizes.append(len(inputs))
+            engine.sizes.append(len(request.texts))
             await asyncio.sleep(0.005)
             raise RequestError("the queue is full", status=503)
-        return await served(model_name, inputs, parameters)
+        return await served(model, request)
 
-    engine.predict = full  # type: ignore[method-assign]
+    engine.run = full  # type: ignore[method-assign]
     answers = _together(serving, model, [(["a"], {}), (["b"], {}), (["c"], {})])
     assert len(answers[0].value) == 1
     assert all(isinstance(a, RequestError) and a.status == 503 for a in answers[1:])
@@ -163,9 +160,11 @@ def test_every_call_to_the_engine_is_counted_whichever_route_made_it(tmp_path, t
         tmp_path, {"tiny": tiny_runner}, max_client_batch=2, split_client_batches=True
     )
     assert client.post("/embed", json={"inputs": "one"}).status_code == 200
-    # three texts over a client batch of two: one request, two calls
-    assert client.post("/embed", json={"inputs": ["a", "b", "c"]}).status_code == 200
+    # ten texts, over a client batch of two (split allowed) and over the model's largest
+    # batch of eight: one request, two calls
+    texts = [f"text {i}" for i in range(10)]
+    assert client.post("/embed", json={"inputs": texts}).status_code == 200
     assert client.post("/invocations", json={"inputs": "sagemaker's"}).status_code == 200
-    assert engine.calls == 3  # the in-process engine's own count (invocations aside)
+    assert engine.calls == 4  # the in-process engine's own count
     assert _counted(serving, "neuronserve_front_engine_calls_total") == 4
     assert _counted(serving, "neuronserve_front_engine_requests_total") == 3

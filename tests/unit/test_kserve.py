@@ -11,7 +11,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import serialize_byte_tensor
 
 from neuronserve.engines.triton import kserve
-from neuronserve.tasks.base import bytes_rows
+from neuronserve.tensors import bytes_rows
 
 TEXTS = ["naïve café 🎉", "", "a", "東京 and São Paulo"]
 PAIRS = ["x", "y y", "", "z"]

@@ -160,9 +160,9 @@ def test_a_worker_that_cannot_load_gives_its_lease_back(tmp_path, monkeypatch):
 
 
 def test_metric_names_agree_between_engines():
-    assert metrics.TOKENIZE_MS.torchserve_name == "NeuronServeTokenizeMs"
-    assert metrics.TOKENIZE_MS.triton_name == "neuronserve_tokenize_ms"
-    assert metrics.BUCKET_RUNS.torchserve_name == "NeuronServeBucketRuns"
+    assert metrics.TOKENIZE_MS.camel_name == "NeuronServeTokenizeMs"
+    assert metrics.TOKENIZE_MS.snake_name == "neuronserve_tokenize_ms"
+    assert metrics.BUCKET_RUNS.camel_name == "NeuronServeBucketRuns"
     # running sums are counters on both; last-batch values are gauges on both
     assert {m.name for m in metrics.METRICS if m.kind == "counter"} == {
         "requests",

@@ -1,7 +1,8 @@
-"""The front's client of TorchServe: native requests (`{"inputs", "parameters"}`) as
-JSON to the model's /predictions URL, the model named in a header (each worker holds every
-model of the deployment), the answer's bytes kept as they came so a route that passes
-them on never parses them; readiness from the management API, worker by worker."""
+"""The front's client of TorchServe: a request's texts as the handler's JSON
+(`{"inputs", "parameters"}`) to the model's /predictions URL, the model named in a header
+(each worker holds every model of the deployment), its results back as named tensors
+(neuronserve.tensors: the front answers, as for every engine); readiness from the
+management API, worker by worker."""
 
 from __future__ import annotations
 
@@ -13,10 +14,10 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import orjson
 
+from ... import tensors
 from ...serve.front.clients import (
     PLAIN,
     PROBE_TIMEOUT,
-    EngineAnswer,
     EngineClient,
     EngineUnavailable,
     WorkerCounts,
@@ -25,10 +26,11 @@ from ...serve.front.clients import (
     metrics_text,
     once_more,
 )
-from ...worker import MODEL_HEADER
+from ...worker import ANSWER_HEADER, ANSWER_TENSORS, MODEL_HEADER
 
 if TYPE_CHECKING:
     from ...serve.front.model import ServedModel
+    from ...tasks import TaskRequest
 
 # How TorchServe says the worker that held a request died with it: "Worker died." (500,
 # or 507 when the worker was SIGKILLed: WorkerThread sends its exit code 137 as
@@ -68,36 +70,42 @@ class TorchServeClient(EngineClient):
         self._workers, self._counts = workers, counts
         self._inference_auth, self._management_auth = urls.inference_auth, urls.management_auth
 
-    async def _post(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
+    async def run(self, model: ServedModel, request: TaskRequest) -> Any:
+        """The request as TorchServe's handler takes it (`{"inputs", "parameters"}`, the
+        model named in a header), its results asked for as named tensors."""
+        task = model.handler
+        params = dict(request.parameters)
+        if request.truncate is not None:
+            params["truncate"] = request.truncate
+            params["truncation_direction"] = request.truncation_direction
+        body = orjson.dumps({"inputs": task.inputs_of(request.texts), "parameters": params})
         # the worker holds every model of the deployment: the header says which one
         headers = {
             **PLAIN,
             **self._inference_auth,
-            "Content-Type": content_type,
-            MODEL_HEADER: model,
+            "Content-Type": "application/json",
+            MODEL_HEADER: model.worker_name,
+            ANSWER_HEADER: ANSWER_TENSORS,
         }
-
-        async def send() -> tuple[int, bytes]:
-            try:
-                async with self._session.post(self._predict_url, data=body, headers=headers) as r:
-                    status, data = r.status, await r.read()
-            except (aiohttp.ClientError, OSError) as e:
-                raise EngineUnavailable(f"TorchServe did not answer: {e}") from None
-            if status in (500, 507) and any(m in data for m in _DIED):
-                raise WorkerDied(f"TorchServe's worker died: {data[:200]!r}")
-            return status, data
-
-        return await once_more(send, f"a request to {model}")
-
-    async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
-        request = {"inputs": inputs, "parameters": parameters} if parameters else {"inputs": inputs}
-        status, data = await self._post(model, orjson.dumps(request), "application/json")
+        what = f"a request to {model.worker_name}"
+        status, data, head = await once_more(lambda: self._post(body, headers), what)
         if status != 200:
             raise engine_error(status, data)
-        return EngineAnswer(raw=data)
+        codec = tensors.of(task.name)
+        m = model.manifest
+        name = codec.output_for(params) or tensors.first_output(task.name, m.output_dim, m.labels)
+        return codec.decode(tensors.unpack(data, head, name), model.task_info)
 
-    async def invoke(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
-        return await self._post(model, body, content_type)
+    async def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, str | None]:
+        try:
+            async with self._session.post(self._predict_url, data=body, headers=headers) as r:
+                status, data = r.status, await r.read()
+                head = r.headers.get(tensors.HEADER_LENGTH)
+        except (aiohttp.ClientError, OSError) as e:
+            raise EngineUnavailable(f"TorchServe did not answer: {e}") from None
+        if status in (500, 507) and any(m in data for m in _DIED):
+            raise WorkerDied(f"TorchServe's worker died: {data[:200]!r}")
+        return status, data, head
 
     async def health(self) -> WorkerCounts:
         try:
@@ -111,19 +119,6 @@ class TorchServeClient(EngineClient):
 
     async def metrics(self) -> str:
         return await metrics_text(self._session, self._metrics_url)
-
-    # the header names the model: nothing to keep per model
-    def add(self, model: ServedModel) -> None:
-        pass
-
-    def forget(self, worker_name: str) -> None:
-        pass
-
-    def join_limit(self, worker_name: str) -> int:
-        # TorchServe's batchSize counts requests, and it hands the first free worker
-        # everything queued up to it: joined calls left the other workers idle (8-token
-        # texts, 32 clients, two workers: 795 req/s joined in eights, 1,186 as they came)
-        return 1
 
     async def close(self) -> None:
         await self._session.close()

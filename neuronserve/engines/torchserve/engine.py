@@ -14,7 +14,6 @@ from .section import TorchServeSection
 if TYPE_CHECKING:
     from ...placement import WorkerPlan
     from ...serve.front.clients import EngineClient
-    from ...serve.front.model import ServedModel
     from ...spec import DeploySpec
     from ..base import FoundModel
     from .process import TorchServeInstance
@@ -70,9 +69,7 @@ class TorchServe(Engine["TorchServeInstance"]):
             return 0, 1
         return ready, expected
 
-    def client(
-        self, name: str, models: dict[str, ServedModel], workers: int, connections: int
-    ) -> EngineClient:
+    def client(self, name: str, workers: int, connections: int) -> EngineClient:
         from .client import TorchServeClient, TorchServeUrls
         from .process import worker_counts_of
 

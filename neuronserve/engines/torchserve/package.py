@@ -54,7 +54,7 @@ def _metric_declarations() -> dict[str, list[dict]]:
     for m in metrics.METRICS:
         out[m.kind].append(
             {
-                "name": m.torchserve_name,
+                "name": m.camel_name,
                 "unit": m.unit,
                 "dimensions": [
                     "ModelName",

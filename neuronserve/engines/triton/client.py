@@ -1,8 +1,8 @@
-"""The front's client of Triton: a native request parsed with the model's task, its texts
-sent as KServe v2 binary tensors (TEXT, and TEXT_PAIR), at most the largest compiled
-batch per call, over the front's own aiohttp pool (kserve.py), and the task's JSON
-built from the output rows; readiness from Triton's model readiness and the live stubs
-(Triton says READY while a dead stub is still handed batches)."""
+"""The front's client of Triton: a request's texts as KServe v2 binary tensors (TEXT, and
+TEXT_PAIR), over the front's own aiohttp pool (kserve.py), its results back from the
+task's output tensor (neuronserve.tensors: the front answers, as for every engine);
+readiness from Triton's model readiness and the live stubs (Triton says READY while a
+dead stub is still handed batches)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
-import orjson
 
+from ... import tensors
 from ...serve.front.clients import (
     PLAIN,
     PROBE_TIMEOUT,
-    EngineAnswer,
     EngineClient,
     EngineUnavailable,
     WorkerCounts,
@@ -27,8 +26,7 @@ from ...serve.front.clients import (
     metrics_text,
     once_more,
 )
-from ...tasks import RequestError, Task, get_task
-from ...tasks.base import RequestLimits, bytes_element
+from ...tasks import RequestError
 from ...worker import MODEL_PARAMETER
 from . import kserve
 
@@ -65,14 +63,13 @@ class TritonClient(EngineClient):
     def __init__(  # noqa: PLR0913 - the engine's facts, each one of its own
         self,
         name: str,
-        models: dict[str, ServedModel],
         urls: TritonUrls,
         instances: int,
         connections: int,
         alive: Callable[[], int],
         out_of_rotation: Callable[[str], bool],
     ):
-        """`name`: the Triton model holding `models`; `alive`: its live instances (stub
+        """`name`: the Triton model holding the served models; `alive`: its live instances (stub
         processes) now; `out_of_rotation(instance)`: whether Triton no longer hands that
         instance batches from a dead stub (TritonInstance.out_of_rotation)."""
         # inference as KServe v2 binary tensors on a pool of its own (kserve.py); the
@@ -88,44 +85,38 @@ class TritonClient(EngineClient):
         self._name, self._instances, self._alive = name, instances, alive
         self._headers = {**PLAIN, **urls.auth}
         self._out_of_rotation = out_of_rotation
-        self._models = {n: _TritonModel.of(m) for n, m in models.items()}
 
-    async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
-        m = self._models[model]
-        request = m.task.parse(inputs, parameters)
-        # refused here, as the instances would: an over-long text is the sender's error
-        # even while an instance is being replaced
-        too_long = m.limits.check(request)
-        if too_long is not None:
-            raise too_long
-        rows = await self._rows(model, request)
-        return EngineAnswer(value=m.task.respond(rows, request, m.info))
-
-    async def _rows(self, model: str, request: TaskRequest) -> Any:
-        """The request's results (`Task.finish`) from Triton: the task's parameters go
-        along as Triton request parameters, since the instances build per-text results
-        with them (entities, answers, predictions), and so does the model's name."""
-        m = self._models[model]
+    async def run(self, model: ServedModel, request: TaskRequest) -> Any:
+        """The request's results (`Task.finish`) from Triton: its texts as TEXT (and
+        TEXT_PAIR) rows, the task's parameters as Triton request parameters (the
+        instances build per-text results with them: entities, answers, predictions), and
+        the model's name."""
+        task = model.handler
         # Triton's parameters are scalars: a list of names travels comma-joined
         params: dict[str, Any] = {
             k: ",".join(v) if isinstance(v, list) else v
             for k, v in request.parameters.items()
             if isinstance(v, (bool, int, str, list))
         }
-        params[MODEL_PARAMETER] = model
+        params[MODEL_PARAMETER] = model.worker_name
         if request.truncate is not None:
             params["truncate"] = request.truncate
             params["truncation_direction"] = request.truncation_direction
-        # TEXT_PAIR covers a whole call, so pairs and single texts go in calls of their
-        # own; Triton refuses a batch over max_batch_size, and pieces sent at once spread
-        # over the instances
-        texts, step = request.texts, m.max_batch
-        pieces: list[list[int]] = []
-        for pairs in (False, True):
-            idx = [i for i, t in enumerate(texts) if isinstance(t, tuple) == pairs]
-            pieces += [idx[k : k + step] for k in range(0, len(idx), step)]
-        output = m.task.output_for(request.parameters) or m.output
-        calls = [self._infer(m, [texts[i] for i in piece], params, output) for piece in pieces]
+        # TEXT_PAIR covers a whole call, so pairs and single texts go in calls of their own
+        texts = request.texts
+        pieces = [
+            idx
+            for pairs in (False, True)
+            if (idx := [i for i, t in enumerate(texts) if isinstance(t, tuple) == pairs])
+        ]
+        codec = tensors.of(task.name)
+        m = model.manifest
+        output = codec.output_for(request.parameters) or tensors.first_output(
+            task.name, m.output_dim, m.labels
+        )
+        calls = [
+            self._infer(task.name, [texts[i] for i in piece], params, output) for piece in pieces
+        ]
         # one piece (most requests) awaited as it is: gather would make it a task
         parts = (
             [await calls[0]]
@@ -136,20 +127,19 @@ class TritonClient(EngineClient):
         for piece, part in zip(pieces, parts, strict=True):
             if isinstance(part, BaseException):
                 raise part
-            for i, result in zip(piece, m.task.results_from(part, m.info), strict=True):
+            for i, result in zip(piece, codec.decode(part, model.task_info), strict=True):
                 results[i] = result
         # rows (a vector per text) stack; per-token results (a matrix per text) cannot
         rows = isinstance(results[0], np.ndarray) and results[0].ndim == 1
         return np.stack(results) if rows else results
 
     async def _infer(
-        self, m: _TritonModel, texts: list, params: dict[str, Any], output: str
+        self, task: str, texts: list, params: dict[str, Any], output: str
     ) -> np.ndarray:
-        columns = {
-            m.task.input_tensor: [bytes_element(t[0] if isinstance(t, tuple) else t) for t in texts]
-        }
+        first = [tensors.bytes_element(t[0] if isinstance(t, tuple) else t) for t in texts]
+        columns = {tensors.input_name(task): first}
         if isinstance(texts[0], tuple):
-            columns["TEXT_PAIR"] = [bytes_element(t[1]) for t in texts]
+            columns[tensors.PAIR_INPUT] = [tensors.bytes_element(t[1]) for t in texts]
         body, headers = kserve.infer_body(columns, output, params or None)
         headers = {**self._headers, **headers}
 
@@ -190,14 +180,6 @@ class TritonClient(EngineClient):
                 return
             await asyncio.sleep(0.02)
 
-    async def invoke(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
-        try:
-            inputs, parameters = self._models[model].task.decode(body, content_type)
-            answer = await self.predict(model, inputs, parameters)
-        except RequestError as e:
-            return e.status, orjson.dumps({"code": e.status, "error": e.message})
-        return 200, answer.raw
-
     async def health(self) -> WorkerCounts:
         alive = await asyncio.to_thread(self._alive)
         try:
@@ -221,43 +203,6 @@ class TritonClient(EngineClient):
     async def metrics(self) -> str:
         return await metrics_text(self._aux, self._metrics_url)
 
-    def add(self, model: ServedModel) -> None:
-        self._models[model.worker_name] = _TritonModel.of(model)
-
-    def forget(self, worker_name: str) -> None:
-        self._models.pop(worker_name, None)
-
-    def join_limit(self, worker_name: str) -> int:
-        # Triton's batcher counts rows: a joined call is a batch of its own, and its
-        # instances each take one while it waits
-        m = self._models.get(worker_name)
-        return m.max_batch if m is not None else 1
-
     async def close(self) -> None:
         await self._infer_session.close()
         await self._aux.close()
-
-
-@dataclass(frozen=True)
-class _TritonModel:
-    """What the Triton client needs of a served model: its task, limits, answer facts,
-    the largest batch one call may hold and the output tensor holding its rows."""
-
-    task: Task
-    limits: RequestLimits
-    info: dict[str, Any]
-    max_batch: int
-    output: str
-
-    @classmethod
-    def of(cls, model: ServedModel) -> _TritonModel:
-        manifest = model.manifest
-        task = get_task(manifest.task)
-        return cls(
-            task=task,
-            limits=RequestLimits(chars=model.max_text_chars),
-            info=manifest.task_info(),
-            max_batch=manifest.grid.max_batch,
-            # the first tensor of a task holds the model's raw output rows
-            output=task.output_tensors(manifest.output_dim, manifest.labels)[0].name,
-        )

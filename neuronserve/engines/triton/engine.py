@@ -15,7 +15,6 @@ from .section import TritonSection
 if TYPE_CHECKING:
     from ...placement import WorkerPlan
     from ...serve.front.clients import EngineClient
-    from ...serve.front.model import ServedModel
     from ...spec import DeploySpec
     from ..base import FoundModel
     from .process import TritonInstance
@@ -80,9 +79,7 @@ class Triton(Engine["TritonInstance"]):
             return 0, expected
         return (count.alive if r.status_code == 200 and count else 0), expected
 
-    def client(
-        self, name: str, models: dict[str, ServedModel], workers: int, connections: int
-    ) -> EngineClient:
+    def client(self, name: str, workers: int, connections: int) -> EngineClient:
         from .client import TritonClient, TritonUrls
 
         inst = self.instance
@@ -94,7 +91,6 @@ class Triton(Engine["TritonInstance"]):
         urls = TritonUrls(http=inst.http_url, metrics=inst.metrics_url, auth=inst.headers())
         return TritonClient(
             name,
-            models,
             urls,
             workers,
             connections,

@@ -19,7 +19,7 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from ... import placement
+from ... import placement, tensors
 from ...buckets import engine_batch_sizes
 from ...packaging.model import (
     MULTI_MODEL_MAX_BATCH,
@@ -104,10 +104,10 @@ def _multi_model_tensors() -> tuple[dict[str, bool], dict[str, tuple[str, list[i
     outputs: dict[str, tuple[str, list[int]]] = {}
     for name in TASKS:
         task = get_task(name)
-        inputs[task.input_tensor] = False
+        inputs[tensors.input_name(name)] = False
         if task.accepts_pairs:
-            inputs["TEXT_PAIR"] = False
-        for t in task.output_tensors(2, ["a", "b"]):
+            inputs[tensors.PAIR_INPUT] = False
+        for t in tensors.of(name).outputs(2, ["a", "b"]):
             seen = outputs.get(t.name)
             if seen is not None and seen[0] != t.dtype:
                 raise PackagingError(f"output {t.name} is {seen[0]} and {t.dtype} in two tasks")
@@ -122,9 +122,9 @@ def _inputs(packaged: Packaged) -> dict[str, bool]:
     needs: list[dict[str, bool]] = []
     for m in packaged.models:
         task = get_task(m.manifest.task)
-        own = {task.input_tensor: True}
+        own = {tensors.input_name(task.name): True}
         if task.accepts_pairs:
-            own["TEXT_PAIR"] = task.pairs_required
+            own[tensors.PAIR_INPUT] = task.pairs_required
         needs.append(own)
     names = list(dict.fromkeys(n for own in needs for n in own))
     return {n: all(own.get(n, False) for own in needs) for n in names}
@@ -137,8 +137,7 @@ def _outputs(packaged: Packaged) -> dict[str, tuple[str, list[int]]]:
         return _multi_model_tensors()[1]
     out: dict[str, tuple[str, list[int]]] = {}
     for m in packaged.models:
-        task = get_task(m.manifest.task)
-        for t in task.output_tensors(m.manifest.output_dim, m.manifest.labels):
+        for t in tensors.of(m.manifest.task).outputs(m.manifest.output_dim, m.manifest.labels):
             dims = list(t.dims)
             if t.name in out:
                 dtype, seen = out[t.name]

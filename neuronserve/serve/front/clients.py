@@ -25,6 +25,7 @@ from ...tasks import RequestError
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from ...tasks import TaskRequest
     from .model import ServedModel
 
 log = logging.getLogger("neuronserve.front")
@@ -70,8 +71,8 @@ async def once_more(
 
 
 class EngineAnswer:
-    """An engine's JSON answer to one native request, kept in the form it came in (bytes
-    from TorchServe, values from Triton) and converted only if a route needs the other."""
+    """The JSON answer to one request, kept as the values the task answered and written
+    once, when a route needs the bytes."""
 
     __slots__ = ("_raw", "_value")
 
@@ -104,17 +105,19 @@ class WorkerCounts:
 
 
 class EngineClient(ABC):
+    """What the front asks of an engine: one request's results, its health, its metrics.
+    The front parses, limits, splits, joins and answers every request itself (Serving):
+    a client only carries a request's texts to the engine's workers and their results
+    back, in the engine's wire format."""
+
     kind: str
 
     @abstractmethod
-    async def predict(self, model: str, inputs: Any, parameters: dict[str, Any]) -> EngineAnswer:
-        """Model `model`'s answer to `{"inputs": inputs, "parameters": parameters}`;
-        raises RequestError with the engine's status for a request it refused."""
-
-    @abstractmethod
-    async def invoke(self, model: str, body: bytes, content_type: str) -> tuple[int, bytes]:
-        """(status, JSON body) for a request body to `model` as SageMaker's /invocations
-        takes it."""
+    async def run(self, model: ServedModel, request: TaskRequest) -> Any:
+        """`model`'s results for `request` (what `Task.finish` gives: one per text, in
+        order): its texts, their truncation and the task's own parameters, in one call of
+        at most the model's largest compiled batch (Serving splits beyond it); raises
+        RequestError with the engine's status for a request it refused."""
 
     @abstractmethod
     async def health(self) -> WorkerCounts:
@@ -126,19 +129,6 @@ class EngineClient(ABC):
 
     @abstractmethod
     async def close(self) -> None: ...
-
-    @abstractmethod
-    def add(self, model: ServedModel) -> None:
-        """A model the workers now hold (multi-model), addressed by its worker name."""
-
-    @abstractmethod
-    def forget(self, worker_name: str) -> None:
-        """A model the workers no longer hold."""
-
-    @abstractmethod
-    def join_limit(self, worker_name: str) -> int:
-        """The most texts the front may join into one call of this model from requests
-        that arrive together (coalescing.py); 1: send each request as it came."""
 
 
 def engine_error(status: int, body: bytes) -> RequestError:

@@ -22,6 +22,7 @@ class FrontConfig:
     max_body_bytes: int
     max_answer_bytes: int
     max_client_batch: int
+    max_json_depth: int
     split_client_batches: bool
     max_in_flight: int
     deadline_s: float
@@ -51,6 +52,7 @@ class FrontConfig:
             max_body_bytes=spec.limits.max_body_bytes,
             max_answer_bytes=spec.limits.max_answer_bytes,
             max_client_batch=spec.limits.max_client_batch,
+            max_json_depth=spec.limits.max_json_depth,
             split_client_batches=spec.front.split_client_batches,
             max_in_flight=spec.front.max_in_flight,
             deadline_s=spec.front.deadline_s,

@@ -4,13 +4,14 @@ the truncation it is served with, the limits its workers hold to, and its tokeni
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ... import __version__
-from ...tasks import get_task
-from ...tasks.base import Text, prompted
+from ...tasks import Task, get_task
+from ...tasks.base import RequestLimits, Text, prompted
 from ...tokenization import TextTokenizer
 
 if TYPE_CHECKING:
@@ -49,6 +50,26 @@ class ServedModel:
     @property
     def task(self) -> str:
         return self.manifest.task
+
+    @functools.cached_property
+    def handler(self) -> Task:
+        """Its task: how the front parses its requests and answers them."""
+        return get_task(self.manifest.task)
+
+    @functools.cached_property
+    def task_info(self) -> dict[str, Any]:
+        """What its task's answers read (labels, the task's settings, tokenizer facts)."""
+        return self.manifest.task_info()
+
+    @functools.cached_property
+    def limits(self) -> RequestLimits:
+        """What one request's texts may hold (its workers check the same)."""
+        return RequestLimits(chars=self.max_text_chars)
+
+    @property
+    def max_batch(self) -> int:
+        """The most texts one engine call carries: the largest compiled batch."""
+        return self.manifest.grid.max_batch
 
     def prompted(self, texts: list[Text], name: str | None) -> list[Text]:
         """`texts` with the prompt `name` (or the model's default) before each, as the

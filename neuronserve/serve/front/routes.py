@@ -182,7 +182,7 @@ class Api:
         if model.task == "feature-extraction" and dims is None:
             prediction = await self.serving.predict(model, texts, params)
             if body.normalize == compiled_normalized:
-                return raw_json(prediction.raw)  # TorchServe's bytes, passed on as they came
+                return raw_json(prediction.raw)
             return json_response(normalized(_vectors(prediction)))
         vectors = await self._dense(model, texts, params)
         if dims is not None:
@@ -326,7 +326,7 @@ class Api:
             **body.parameters(),
         }
         inputs = {"query": body.query, "documents": body.texts}
-        ranked = (await self.serving.predict_whole(model, inputs, len(body.texts), params)).value
+        ranked = (await self.serving.predict(model, inputs, params)).value
         return json_response(
             [
                 {
@@ -417,10 +417,10 @@ class Api:
         return await self._invoke(request, model)
 
     async def _invoke(self, request: Request, model: ServedModel) -> Response:
-        client = self.serving.ready()
         content_type = request.headers.get("content-type") or JSON
         kind = content_type.split(";")[0].strip().lower()
-        if get_task(model.task).images:
+        task = model.handler
+        if task.images:
             if kind != JSON and not kind.startswith("image/") and kind not in IMAGE_BODIES:
                 raise RequestError(
                     f"unsupported Content-Type {content_type}: send the image (image/jpeg, "
@@ -432,9 +432,9 @@ class Api:
                 f"unsupported Content-Type {content_type}: send application/json or text/plain",
                 status=415,
             )
-        self.metrics.engine_call(model.name, 1)
-        status, data = await client.invoke(model.worker_name, await request.body(), content_type)
-        return raw_json(data, status)
+        body = await request.body()
+        inputs, parameters = task.decode(body, content_type, self.serving.config.max_json_depth)
+        return raw_json((await self.serving.predict(model, inputs, parameters)).raw)
 
     # SageMaker's multi-model contract
 

@@ -158,7 +158,7 @@ async def _bring_up(
         )
         await asyncio.to_thread(deployment.start)
         models = deployment.served_models()
-        client = deployment.client(models, serving.config.max_in_flight)
+        client = deployment.client(serving.config.max_in_flight)
         if deployment.multi_model:
             await _start_catalog(serving, deployment, client)
         else:

@@ -5,6 +5,7 @@ health answer so probes do not each call the engine."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections import Counter
 from collections.abc import Callable, MutableMapping, Sequence
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...tasks import RequestError
+from ...tasks import RequestError, TaskRequest
 from ...tasks.base import Text
 from .clients import EngineAnswer, EngineClient, WorkerCounts
 from .coalescing import Coalescer
@@ -104,13 +105,9 @@ class Serving:
 
     def add(self, model: ServedModel) -> None:
         """A model (version) the workers now hold, served under its name from now on."""
-        assert self.client is not None
-        self.client.add(model)
         self.models[model.name] = model
 
     def forget(self, worker_name: str) -> None:
-        if self.client is not None:
-            self.client.forget(worker_name)
         self.in_use.pop(worker_name, None)
         self.last_used.pop(worker_name, None)
 
@@ -176,35 +173,41 @@ class Serving:
         return "served: " + ", ".join(f"{m.name} ({m.task})" for m in self.models.values())
 
     async def predict(
-        self, model: ServedModel, inputs: list[Any], parameters: dict[str, Any]
+        self, model: ServedModel, inputs: Any, parameters: dict[str, Any]
     ) -> EngineAnswer:
-        """The engine's answer for a list of inputs, within the client batch limit (or in
-        pieces of it, when the spec allows); joined with other requests that arrive at
-        once (coalescing.py)."""
+        """The answer to `{"inputs": inputs, "parameters": parameters}` for `model`, the
+        same way whichever engine runs it: parsed and limited by the model's task here,
+        its texts in calls of at most the model's largest compiled batch (joined with
+        other requests that arrive at once: coalescing.py; a request over
+        max_client_batch refused, or split when the spec allows), the engine's results
+        answered by the task here."""
+        task = model.handler
+        request = task.parse(inputs, parameters)
+        refused = model.limits.check(request)
+        if refused is not None:
+            raise refused
+        results = await self.results(model, request)
+        return EngineAnswer(value=task.respond(results, request, model.task_info))
+
+    async def results(self, model: ServedModel, request: TaskRequest) -> Any:
+        """`request`'s results (Task.finish's, one per text) from the engine."""
         client = self.ready()
-        limit = self.config.max_client_batch
-        if len(inputs) <= limit:
-            return await self._coalescer.predict(client, model, inputs, parameters)
-        if not self.config.split_client_batches:
-            raise self.too_many(len(inputs))
-        starts = range(0, len(inputs), limit)
+        texts = request.texts
+        if len(texts) > self.config.max_client_batch and not self.config.split_client_batches:
+            raise self.too_many(len(texts))
+        step = model.max_batch
+        if len(texts) <= step:
+            return await self._coalescer.run(client, model, request)
+        starts = range(0, len(texts), step)
         for i in starts:  # one request, in as many calls
             self.metrics.engine_call(model.name, 1 if i == 0 else 0)
-        parts = await asyncio.gather(
-            *(client.predict(model.worker_name, inputs[i : i + limit], parameters) for i in starts)
-        )
-        return EngineAnswer(value=[row for part in parts for row in part.value])
-
-    async def predict_whole(
-        self, model: ServedModel, inputs: Any, count: int, parameters: dict[str, Any]
-    ) -> EngineAnswer:
-        """The engine's answer for one request of `count` texts that cannot be split
-        (a rerank's documents are ranked against each other)."""
-        client = self.ready()
-        if count > self.config.max_client_batch:
-            raise self.too_many(count)
-        self.metrics.engine_call(model.name, 1)
-        return await client.predict(model.worker_name, inputs, parameters)
+        pieces = [
+            dataclasses.replace(request, texts=texts[i : i + step], single=False) for i in starts
+        ]
+        parts = await asyncio.gather(*(client.run(model, piece) for piece in pieces))
+        if all(isinstance(p, np.ndarray) for p in parts):
+            return np.concatenate(parts)
+        return [r for part in parts for r in part]
 
     def too_many(self, count: int) -> RequestError:
         return RequestError(

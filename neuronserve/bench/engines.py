@@ -1,0 +1,64 @@
+"""What bench and soak need of each engine, behind one interface (EngineBench) every
+engine's package implements in its bench.py: an endpoint for each protocol of its own
+API, its process names, and where its metrics put what it counts."""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+from ..engines import ENGINES
+from ..engines.base import engine_class
+
+if TYPE_CHECKING:
+    from ..engines.base import NativeRoute
+    from ..metrics import Metric
+    from .endpoints import Endpoint
+    from .protocols import SoakProtocol
+
+
+class EngineBench(ABC):
+    """What bench and soak need of an engine (its package's bench.py): an endpoint for
+    each protocol of its own API, and where its metrics put what it counts."""
+
+    # (requests served, their summed queue time, their summed time in the server), in
+    # microseconds, as the engine's own metrics name them
+    counters: tuple[str, str, str]
+    # what the processes of a running engine are called: its main process, its workers
+    server_process: str
+    worker_process: str
+
+    @abstractmethod
+    def endpoint(self, route: NativeRoute, label: str, headers: dict[str, str]) -> Endpoint:
+        """The endpoint for the engine's own API at `route` (`headers` besides its own)."""
+
+    def external(self, protocol: str, where: str, label: str, headers: dict[str, str]) -> Endpoint:
+        """The endpoint for an already running server of this engine, named on the
+        command line as `protocol:WHERE`."""
+        raise ValueError(f"{protocol} needs an artifact directory or an http:// URL")
+
+    @abstractmethod
+    def metric_name(self, metric: Metric) -> str:
+        """The name a handler metric has in this engine's metrics."""
+
+    @abstractmethod
+    def soak(self, route: NativeRoute, model: str) -> tuple[str, SoakProtocol]:
+        """(URL, protocol) soak sends `model`'s requests to on the engine's own API at
+        `route`."""
+
+
+def engine_bench(name: str) -> EngineBench:
+    """Engine `name`'s bench support (engines/<name>/bench.py)."""
+    if name not in ENGINES:
+        raise ValueError(f"engine {name!r}: choose {' or '.join(ENGINES)}")
+    found: EngineBench = importlib.import_module(f"neuronserve.engines.{name}.bench").BENCH
+    return found
+
+
+def protocol_bench(protocol: str) -> EngineBench:
+    """The bench support of the engine whose own API speaks `protocol`."""
+    for name in ENGINES:
+        if protocol in engine_class(name).protocols:
+            return engine_bench(name)
+    raise ValueError(f"no engine speaks {protocol!r}")
