@@ -608,14 +608,15 @@ def start_target(
     running = running_engine(work, engine)
     assert running is not None, f"{engine} is not running after its start"
     bench = engine_bench(engine)
-    url, protocol, headers = f"{server.url}/invocations", NATIVE, {}
+    protocol: SoakProtocol = NATIVE
+    headers: dict[str, str] = {}
     if via == "engine":
         # the engine's own API: the first of its protocols
         route = running.instance.native_routes(name)[0]
         url, protocol = bench.soak(route, name)
         headers = route.headers
-    elif via == "sagemaker":
-        url = server.url
+    else:
+        url = f"{server.url}/invocations" if via == "front" else server.url
     target = SoakTarget(
         label=f"{engine} via {via}",
         url=url,

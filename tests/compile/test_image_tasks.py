@@ -13,6 +13,7 @@ import pytest
 from helpers import compile_artifact, same_answers, tiny_vit
 from urllib3 import encode_multipart_formdata
 
+from neuronserve import tensors
 from neuronserve.execution import RunReport
 from neuronserve.images import sample_images
 from neuronserve.runtime import Runner
@@ -149,11 +150,12 @@ def test_triton_tensors_carry_the_same_labels(classifier):
         json.dumps({"inputs": [_b64(b) for b in IMAGES[:3]], "parameters": {"top_k": 2}})
     )
     results = runner.outputs([request])[0]
-    tensors = task.tensors(results, runner.info)
-    assert list(tensors) == ["LOGITS", "SCORES", "LABEL"]
-    rebuilt = task.respond(
-        task.results_from(tensors["LOGITS"], {}), request, runner.manifest.task_info()
-    )
+    codec = tensors.of(task.name)
+    sent = codec.encode(results, runner.info)
+    assert list(sent) == ["LOGITS", "SCORES", "LABEL"]
+    body, header = tensors.pack(sent)
+    arrived = tensors.unpack(body, header, "LOGITS")
+    rebuilt = task.respond(codec.decode(arrived, {}), request, runner.manifest.task_info())
     assert same_answers(rebuilt, runner.responses([request])[0], atol=1e-6)
 
 

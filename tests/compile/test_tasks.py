@@ -18,6 +18,7 @@ from helpers import (
     tiny_model,
 )
 
+from neuronserve import tensors
 from neuronserve.execution import RunReport
 from neuronserve.runtime import Runner
 from neuronserve.tasks import RequestError
@@ -322,10 +323,11 @@ def test_rerank_with_several_labels_scores_the_named_one(tmp_path_factory, minil
 
 @pytest.mark.parametrize("which", ["ner", "qa", "fill", "rerank"])
 def test_triton_tensors_carry_the_same_answers(request, which):
-    """What a Triton instance sends (task.tensors) and the front rebuilds
-    (task.results_from, then respond) is the answer the Runner gives in process."""
+    """What a Triton instance sends (the task's tensors) and the front rebuilds
+    (decoded, then respond) is the answer the Runner gives in process."""
     _, runner = request.getfixturevalue(which)
     task = runner.task
+    codec = tensors.of(task.name)
     body = {
         "ner": {"inputs": TEXTS[:3], "parameters": {"aggregation_strategy": "average"}},
         "qa": {"inputs": [{"question": "Who?", "context": t} for t in TEXTS[:3]]},
@@ -334,11 +336,14 @@ def test_triton_tensors_carry_the_same_answers(request, which):
     }[which]
     parsed = runner.parse(json.dumps(body))
     results = runner.outputs([parsed])[0]
-    tensors = task.tensors(results, runner.info)
-    specs = task.output_tensors(runner.manifest.output_dim, runner.manifest.labels)
-    assert [s.name for s in specs] == list(tensors)
+    sent = codec.encode(results, runner.info)
+    specs = codec.outputs(runner.manifest.output_dim, runner.manifest.labels)
+    assert [s.name for s in specs] == list(sent)
+    # through the wire layout the engines answer in, then back
+    body_bytes, header = tensors.pack(sent)
+    arrived = tensors.unpack(body_bytes, header, specs[0].name)
     rebuilt = task.respond(
-        task.results_from(tensors[specs[0].name], runner.manifest.task_info()),
+        codec.decode(arrived, runner.manifest.task_info()),
         parsed,
         runner.manifest.task_info(),
     )

@@ -109,14 +109,16 @@ def test_the_clients_deadline_is_honoured(server):
 
 
 def test_sigterm_under_load_finishes_what_was_accepted(server, minilm_runner):
-    texts = [SENTENCES[i % len(SENTENCES)] for i in range(32)]
+    # as many texts as one engine call carries (the model's largest batch), each long
+    # enough for its longest shape: each request one call that keeps a worker busy
+    texts = [" ".join(SENTENCES)[:900]] * 8
     want = want_rows(minilm_runner, texts)
     proc, lease_dir = server.proc, server.lease_dir
     tree = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
     # as many as the engine is sure to admit: TorchServe bounds the queue as it stands when a
     # request arrives, and requests arriving together may all be queued before any worker
-    # takes one (CI saw 2 + QUEUED answered [503, 503, 200, 200]); 32 texts each keep the
-    # workers busy past the SIGTERM
+    # takes one (CI saw 2 + QUEUED answered [503, 503, 200, 200]); the front sends each
+    # request as one call, the queue's unit
     n = QUEUED
     barrier = threading.Barrier(n + 1)
 

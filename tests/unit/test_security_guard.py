@@ -126,3 +126,17 @@ def test_splade_embed_is_bounded_and_similarity_never_builds_the_whole_vectors(t
     dense = sparse_as_dense(sparse, vocab)
     want = cosine_similarities(dense[0], dense[1:])
     np.testing.assert_allclose(got.json()[:3], want, atol=1e-5)
+
+
+def test_a_split_request_is_bounded_once_its_answers_are_joined(tmp_path, runners):
+    """Each engine call bounds its own answer; a request over the model's largest batch
+    goes in several calls, and what no one foretold (a SPLADE model's terms) is bounded
+    once they are joined: five texts in calls of four and one, refused as written."""
+    # this random SPLADE model weighs most of its terms: about 1 MiB of JSON a text
+    client, engine, serving = front(tmp_path, runners, max_answer_bytes=3 * MIB)
+    assert serving.models["splade"].max_batch == 4
+    r = client.post("/embed_sparse", json={"inputs": ["x"] * 5, "model": "splade"})
+    assert r.status_code == 422 and "as written" in r.json()["error"], r.text[:300]
+    assert engine.calls == 2
+    two = client.post("/embed_sparse", json={"inputs": ["x"] * 2, "model": "splade"})
+    assert two.status_code == 200 and len(two.json()) == 2
