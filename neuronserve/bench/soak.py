@@ -587,7 +587,6 @@ def start_target(
     """Start `engine` serving `artifact`, asked directly (`via` engine), through the front
     (`serve front`) or through the SageMaker entrypoint; return the server and its SoakTarget."""
     from ..artifact import read_manifest
-    from ..serve.deployment import running_engine
     from .servers import FrontServer, ManagedServer, SageMakerServer
 
     manifest = read_manifest(artifact, verify=False)
@@ -604,9 +603,20 @@ def start_target(
     else:
         raise ValueError(f"via {via!r}: one of {', '.join(VIAS)}")
     server.start()
+    try:
+        return server, _target(server, work, engine, via, manifest)
+    except BaseException:
+        server.stop()  # a server this run started never outlives it
+        raise
+
+
+def _target(server: Any, work: Path, engine: str, via: str, manifest: Any) -> SoakTarget:
+    from ..serve.deployment import running_engine
+
     name = manifest.name
     running = running_engine(work, engine)
-    assert running is not None, f"{engine} is not running after its start"
+    if running is None:
+        raise RuntimeError(f"{engine} is not running after its start")
     bench = engine_bench(engine)
     protocol: SoakProtocol = NATIVE
     headers: dict[str, str] = {}
@@ -617,7 +627,7 @@ def start_target(
         headers = route.headers
     else:
         url = f"{server.url}/invocations" if via == "front" else server.url
-    target = SoakTarget(
+    return SoakTarget(
         label=f"{engine} via {via}",
         url=url,
         protocol=protocol,
@@ -627,7 +637,6 @@ def start_target(
         headers=headers,
         worker_marks=(bench.worker_process,),
     )
-    return server, target
 
 
 @contextlib.contextmanager

@@ -182,7 +182,11 @@ def test_what_reaches_the_engine_is_the_specs_worker_sections_not_the_fronts(
             "truncation": False,
             "limits": {"max_text_chars": 20},
             "front": {"port": 9, "auth": "on"},
-            "torchserve": {"batch_requests": 3, "model_store": tmp_path / "elsewhere"},
+            "torchserve": {
+                "batch_requests": 3,
+                "worker_retry_timeout_s": 30,
+                "model_store": tmp_path / "elsewhere",
+            },
         },
     )
     deployment = Deployment(given, [ModelEntry(artifact=tiny_artifact)], tmp_path / "work")
@@ -194,9 +198,11 @@ def test_what_reaches_the_engine_is_the_specs_worker_sections_not_the_fronts(
     )
     # the front's own settings (port, auth) stay with the front
     assert "port" not in behind.front.model_fields_set and behind.front.auth == "auto"
-    # the engine's own options reach it; where it keeps its store and listens is the deployment's
+    # the engine's own options reach it; where it keeps its store and listens is the
+    # deployment's, and behind the front one call is one job (the front joins requests)
     own = behind.engine_named("torchserve")
-    assert own.batch_requests == 3 and own.model_store == tmp_path / "work" / "store"
+    assert own.worker_retry_timeout_s == 30 and own.model_store == tmp_path / "work" / "store"
+    assert own.batch_requests == 1
     assert own.bind_address == "127.0.0.1" and own.token_auth
     # a model's packaged truncation is kept, unless the deployment gives one itself
     found = [FoundModel(tmp_path / "a", "a", truncation=True)]

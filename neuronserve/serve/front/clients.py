@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ...tasks import TaskRequest
+    from ...tasks.base import RequestLimits
     from .model import ServedModel
 
 log = logging.getLogger("neuronserve.front")
@@ -74,15 +75,24 @@ class EngineAnswer:
     """The JSON answer to one request, kept as the values the task answered and written
     once, when a route needs the bytes."""
 
-    __slots__ = ("_raw", "_value")
+    __slots__ = ("_limits", "_raw", "_value")
 
-    def __init__(self, raw: bytes | None = None, value: Any = _UNSET):
-        self._raw, self._value = raw, value
+    def __init__(
+        self, raw: bytes | None = None, value: Any = _UNSET, limits: RequestLimits | None = None
+    ):
+        self._raw, self._value, self._limits = raw, value, limits
 
     @property
     def raw(self) -> bytes:
+        """The answer as sent; a RequestError (413) when it is larger than `limits` let
+        one answer be (max_answer_bytes)."""
         if self._raw is None:
-            self._raw = orjson.dumps(self._value, option=orjson.OPT_SERIALIZE_NUMPY)
+            raw = orjson.dumps(self._value, option=orjson.OPT_SERIALIZE_NUMPY)
+            if self._limits is not None:
+                refused = self._limits.check_answer(len(raw), "as written")
+                if refused is not None:
+                    raise refused
+            self._raw = raw
         return self._raw
 
     @property

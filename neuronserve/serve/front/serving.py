@@ -187,14 +187,13 @@ class Serving:
         if refused is not None:
             raise refused
         results = await self.results(model, request)
-        answer = EngineAnswer(value=task.respond(results, request, model.task_info))
-        if len(request.texts) > model.max_batch:
-            # each engine call bounded its own answer (max_answer_bytes); what no one
-            # foretold (a SPLADE model's terms) is bounded here once the calls are joined
-            refused = self.config.answer_limits.check_answer(len(answer.raw), "as written")
-            if refused is not None:
-                raise refused
-        return answer
+        # each engine call bounded its own answer (max_answer_bytes); what no one foretold
+        # (a SPLADE model's terms) is bounded once the calls are joined, when written
+        joined = len(request.texts) > model.max_batch
+        return EngineAnswer(
+            value=task.respond(results, request, model.task_info),
+            limits=self.config.answer_limits if joined else None,
+        )
 
     async def results(self, model: ServedModel, request: TaskRequest) -> Any:
         """`request`'s results (Task.finish's, one per text) from the engine."""
