@@ -1,9 +1,14 @@
-"""A multi-model deployment's catalog: the folder through which the front tells every
-worker which models to hold, and each worker says which it holds.
+"""What a worker holds: the one wanted set every worker follows, and for a multi-model
+deployment the folder through which the front changes it.
 
-The front writes `wanted.json` ({worker name: {"artifact", "truncation"}}); every worker
-follows it in a thread of its own (`follow`): it loads what is new and drops what is gone,
-then writes `worker-<core group>.json` ({"pid", "models": {name: "ready" | "failed: ..."}}).
+A fixed deployment's wanted set is the models its packaged settings name, loaded before
+the worker says it is ready (one that cannot load fails the worker's start). A
+multi-model deployment's is the catalog folder: the front writes `wanted.json` ({worker
+name: {"artifact", "truncation"}}) from its table of served models; every worker follows
+it in a thread of its own: it loads what is new and drops what is gone, then writes
+`worker-<core group>.json` ({"pid", "models": {name: "ready" | "failed: ..."}}). The same
+`Follower.sync` loads and drops in both.
+
 Loading happens inside the worker processes that already hold the core groups: on Neuron a
 new process cannot reach a NeuronCore a live one holds ("Processes do not share
 NeuronCores", https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/core-allocation.html),
@@ -22,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .pids import alive
 from .private_folders import private_folder
 
 log = logging.getLogger(__name__)
@@ -61,16 +67,6 @@ def worker_file(folder: Path, group: int) -> Path:
     return folder / f"worker-{group}.json"
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def worker_states(folder: Path) -> list[dict[str, Any]]:
     """What each live worker holds: [{"pid", "group", "models": {name: state}}]."""
     out = []
@@ -82,30 +78,38 @@ def worker_states(folder: Path) -> list[dict[str, Any]]:
 
 
 class Follower:
-    """A worker's thread keeping its models in step with `wanted.json`.
+    """A worker's models kept in step with its wanted set: `fixed` (a fixed deployment's
+    packaged models), or the catalog `folder`'s `wanted.json`, followed in a thread.
 
     `load(name, artifact, truncation)` makes a model's Runner; `models()` and
     `replace(models)` read and swap the worker's models (a new dict each time, so a batch
     being served keeps the one it started with)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 - where the wanted set is, and the worker's three hooks
         self,
-        folder: Path,
+        folder: Path | None,
         group: int,
         load: Callable[[str, str, bool | None], Any],
         models: Callable[[], dict[str, Any]],
         replace: Callable[[dict[str, Any]], None],
+        fixed: dict[str, dict[str, Any]] | None = None,
     ):
-        self.folder, self.group = Path(folder), group
+        self.folder, self.group = (Path(folder) if folder is not None else None), group
+        self.fixed = fixed or {}
         self._load, self._models, self._replace = load, models, replace
         self._failed: dict[str, str] = {}
         self._seen: tuple[int, int] | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    def wanted(self) -> dict[str, dict[str, Any]]:
+        return wanted(self.folder) if self.folder is not None else self.fixed
+
     def sync(self) -> None:
-        """Load what is wanted and not held, drop what is held and no longer wanted."""
-        want = wanted(self.folder)
+        """Load what is wanted and not held, drop what is held and no longer wanted. A
+        fixed model that cannot load raises (the worker cannot serve its deployment); a
+        catalog's fails alone, its reason written for the front."""
+        want = self.wanted()
         held = self._models()
         keep = {n: r for n, r in held.items() if n in want}
         if len(keep) != len(held):
@@ -119,7 +123,9 @@ class Follower:
                 continue
             try:
                 runner = self._load(name, entry["artifact"], entry.get("truncation"))
-            except Exception as e:  # noqa: BLE001 - a model that cannot load fails alone
+            except Exception as e:
+                if self.folder is None:
+                    raise
                 self._failed[name] = " | ".join(str(e).splitlines()) or type(e).__name__
                 log.error("neuronserve: %s failed to load: %s", name, self._failed[name])
             else:
@@ -129,6 +135,8 @@ class Follower:
         self._write()
 
     def _write(self) -> None:
+        if self.folder is None:
+            return
         states = {n: READY for n in self._models()}
         states.update({n: FAILED + why for n, why in self._failed.items()})
         write_json(
@@ -137,9 +145,13 @@ class Follower:
         )
 
     def start(self) -> None:
-        """Hold what is wanted now (before the worker says it is ready), then follow.
-        The folder's word is which artifacts to load: one another local user could write
-        (or a folder above it) is refused (NotPrivate) before anything is read."""
+        """Hold what is wanted now (before the worker says it is ready), then, with a
+        catalog, follow it. The catalog's word is which artifacts to load: a folder
+        another local user could write (or one above it) is refused (NotPrivate) before
+        anything is read."""
+        if self.folder is None:
+            self.sync()
+            return
         private_folder(self.folder)
         self._seen = self._stamp()
         self.sync()
@@ -158,6 +170,7 @@ class Follower:
 
     def _stamp(self) -> tuple[int, int] | None:
         # written by rename: every new version is a new inode
+        assert self.folder is not None
         try:
             st = (self.folder / WANTED).stat()
         except OSError:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .pids import alive
 from .private_folders import NotPrivate, private_folder
 
 LEASE_DIR_ENV = "NEURONSERVE_LEASE_DIR"
@@ -382,10 +383,8 @@ def _lease_one(order: list[CoreGroup], kind: str, directory: Path) -> CoreLease 
 def _holder_alive(path: Path) -> bool:
     """Whether the process a lock file names as its holder still runs (not a zombie)."""
     try:
-        pid = int(json.loads(path.read_text() or "{}").get("pid", 0))
-        with open(f"/proc/{pid}/stat") as f:
-            return pid > 0 and f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, ValueError, TypeError, IndexError, AttributeError):
+        return alive(json.loads(path.read_text() or "{}").get("pid"))
+    except (OSError, ValueError, AttributeError):
         return False
 
 

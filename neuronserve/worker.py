@@ -123,6 +123,14 @@ class WorkerSettings(BaseModel):
     # multi-model: the catalog folder whose wanted models the worker follows (catalog.py)
     catalog: str | None = None
 
+    def limits(self) -> RequestLimits:
+        """What one request may hold and get back, as every worker checks it."""
+        from .tasks.base import RequestLimits
+
+        return RequestLimits(
+            self.max_client_batch, self.max_text_chars, self.max_json_depth, self.max_answer_bytes
+        )
+
     def as_section(self) -> dict[str, Any]:
         """The settings as one section of an engine config that nests values (YAML)."""
         return {CONFIG_SECTION: self.model_dump()}
@@ -268,6 +276,32 @@ class Worker:
         self.lease.release()
 
 
+def _follower(settings: WorkerSettings, worker: Worker, model_dir: Path) -> Follower:
+    """What keeps `worker`'s models: one wanted set in both modes, the packaged models (a
+    fixed deployment) or the catalog the front writes (multi-model)."""
+    from .runtime import Runner
+
+    def load(name: str, artifact: Path | str, truncation: bool | None) -> Runner:
+        return Runner(
+            model_dir / artifact,  # an absolute artifact path stays as it is
+            truncation=truncation,
+            cores=len(worker.lease.cores),
+            limits=worker.limits,
+            name=name,
+        )
+
+    return Follower(
+        Path(settings.catalog) if settings.catalog is not None else None,
+        worker.lease.group.index,
+        load,
+        lambda: worker.runners,
+        lambda models: setattr(worker, "runners", models),
+        fixed={
+            m.name: {"artifact": m.artifact, "truncation": m.truncation} for m in settings.models
+        },
+    )
+
+
 def start_worker(
     settings: WorkerSettings, model_dir: Path | str, owner: str, prefer: int | None = None
 ) -> Worker:
@@ -289,38 +323,13 @@ def start_worker(
     leased = time.monotonic() - started
     try:
         cores.pin(lease)
-        from .runtime import Runner
-        from .tasks.base import RequestLimits
-
-        limits = RequestLimits(
-            settings.max_client_batch,
-            settings.max_text_chars,
-            settings.max_json_depth,
-            settings.max_answer_bytes,
-        )
-
-        def load(name: str, artifact: Path | str, truncation: bool | None) -> Runner:
-            return Runner(
-                Path(model_dir) / artifact,  # an absolute artifact path stays as it is
-                truncation=truncation,
-                cores=len(lease.cores),
-                limits=limits,
-                name=name,
-            )
-
-        runners = {m.name: load(m.name, m.artifact, m.truncation) for m in settings.models}
-        if not runners and settings.catalog is None:
+        if not settings.models and settings.catalog is None:
             raise ValueError("the packaged settings name no model to load")
-        worker = Worker(lease, runners, leased, limits=limits)
+        worker = Worker(lease, {}, leased, limits=settings.limits())
+        follower = _follower(settings, worker, Path(model_dir))
+        follower.start()
         if settings.catalog is not None:
-            worker.follower = Follower(
-                Path(settings.catalog),
-                lease.group.index,
-                load,
-                lambda: worker.runners,
-                lambda models: setattr(worker, "runners", models),
-            )
-            worker.follower.start()
+            worker.follower = follower
     except BaseException:
         lease.release()
         raise

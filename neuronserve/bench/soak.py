@@ -46,7 +46,7 @@ import aiohttp
 import numpy as np
 import psutil
 
-from ..serve.process import alive
+from ..pids import alive
 from .engines import engine_bench
 from .protocols import NATIVE, SoakProtocol
 

@@ -137,15 +137,6 @@ def live_pid(pid_file: Path) -> int | None:
     return pid
 
 
-def alive(pid: int | str | None) -> bool:
-    """Whether process `pid` runs: exists and is not a zombie (a killed child its parent
-    has not reaped yet still shows in /proc)."""
-    try:
-        return psutil.Process(int(str(pid))).status() != psutil.STATUS_ZOMBIE
-    except (ValueError, psutil.Error):
-        return False
-
-
 def process_tree(pid: int) -> list[psutil.Process]:
     try:
         root = psutil.Process(pid)

@@ -184,14 +184,13 @@ def test_409_for_a_loaded_name_507_when_nothing_can_be_evicted_400_for_a_bad_url
     assert again.status_code == 409 and "already loaded" in again.json()["error"]
     assert load(client, "b", models / "b").status_code == 200
     # both held by requests in flight: nothing can make room for a third
-    serving.in_use["a"] += 1
-    serving.in_use["b"] += 1
+    held = [serving.table.hold(serving.table.get(n)) for n in "ab"]
     full = load(client, "c", models / "c")
     assert full.status_code == 507, full.text
     assert "requests in flight" in full.json()["error"]
     assert client.get("/models/c").status_code == 404  # a refused load is not listed
-    serving.in_use["a"] -= 1
-    serving.in_use["b"] -= 1
+    for version in held:
+        serving.table.release(version)
     assert load(client, "c", models / "c").status_code == 200
     missing = load(client, "d", models / "nope")
     assert missing.status_code == 400 and "no such file" in missing.json()["error"]
@@ -359,7 +358,7 @@ def test_a_model_name_that_is_not_plain_is_refused_at_the_door(endpoint, tmp_pat
     assert r.status_code == 400, r.text
     assert "not a plain name" in r.json()["error"] and "at most 128" in r.json()["error"]
     assert (victim / "keep").read_text() == "keep me"
-    assert serving.catalog.models == {}
+    assert len(serving.table) == 0
     assert not (tmp_path / "abs").exists()
 
 
@@ -400,7 +399,7 @@ def test_delete_during_a_registration_waits_for_it_then_unloads_no_ghost(endpoin
 def test_delete_during_a_load_on_demand_leaves_no_ghost(endpoint, tmp_path):
     client, models, serving, workers = endpoint
     assert load(client, "a", models / "a").status_code == 200
-    entry = serving.catalog.models["a"]
+    entry = serving.table.get("a")
     client.portal.call(serving.catalog._evict, entry, "for the test")
     workers.gate.clear()
     with ThreadPoolExecutor(2) as pool:
@@ -440,13 +439,13 @@ def test_a_swap_during_a_delete_and_a_delete_during_a_swap(endpoint, tmp_path):
     client, models, serving, workers = endpoint
     # a DELETE first (held by a request in flight): the PUT waits, then finds nothing
     assert load(client, "a", models / "a").status_code == 200
-    serving.in_use["a"] += 1
+    held = serving.table.hold(serving.table.get("a"))
     with ThreadPoolExecutor(2) as pool:
         deleted = pool.submit(client.delete, "/models/a")
         time.sleep(0.2)
         swapped = pool.submit(client.put, "/models/a", json={"url": str(models / "cls")})
         time.sleep(0.2)
-        client.portal.call(serving.release, {"neuronserve.model_held": "a"})
+        client.portal.call(serving.release, {"neuronserve.model_held": held})
         assert deleted.result().status_code == 200
         assert swapped.result().status_code == 404
     _nothing_left(client, workers, tmp_path / "catalog")

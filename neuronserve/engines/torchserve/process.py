@@ -24,10 +24,10 @@ import psutil
 import requests
 
 from ...cores import DEPLOYMENT_ENV
+from ...pids import alive
 from ...resources import package_file, tool
 from ...serve.process import (
     ServeError,
-    alive,
     forget_pid,
     live_pid,
     private_dir,

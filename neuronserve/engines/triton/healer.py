@@ -47,7 +47,7 @@ from typing import Any
 import psutil
 import requests
 
-from ...serve.process import alive
+from ...pids import alive
 from . import process as triton
 from .process import HEALER_STATUS_FILE as STATUS_FILE
 from .stubs import (

@@ -29,9 +29,9 @@ import psutil
 import requests
 
 from ...cores import DEPLOYMENT_ENV
+from ...pids import alive
 from ...serve.process import (
     ServeError,
-    alive,
     forget_pid,
     live_pid,
     private_dir,

@@ -1,15 +1,14 @@
-"""SageMaker's multi-model contract, kept by the front: models registered at run time,
-loaded onto every worker before they are listed as ready, evicted (least recently used
-and idle first) when a worker's memory budget is spent, loaded again on their next
-request, swapped under a served name without dropping a request.
+"""SageMaker's multi-model contract: the policies over the front's table of served
+models (table.py) for models registered at run time. A registered model is loaded onto
+every worker before it is listed as ready, evicted (least recently used and idle first)
+when a worker's memory budget is spent, loaded again on its next request, and swapped
+under its name without dropping a request.
 
-The workers do the loading, in the processes that already hold the core groups (the
-catalog folder, neuronserve/catalog.py). This class decides what they hold: one change at
-a time (a lock), each model costing its memory estimate (placement.model_memory) against
-the budget per worker.
-
-A model's worker name is its name plus a version (`name@2` after a swap): requests
-already on their way keep the version they looked up until it is dropped.
+The workers do the loading, in the processes that already hold the core groups: this
+module writes what the table wants held into the catalog folder (neuronserve/catalog.py)
+and waits until every worker holds it. One change to what the workers hold at a time (a
+lock), one operation on a name at a time (a lock per name), each model costing its
+memory estimate (placement.model_memory) against the budget per worker.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import logging
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -31,31 +29,22 @@ from ...tasks import RequestError
 from ..model_source import ModelSourceError, find_models, unpack_tar
 from .config import LOAD_TIMEOUT_S
 from .schemas import model_name
+from .table import EVICTED, LOADING, READY, ModelTable, Version
 
 if TYPE_CHECKING:
-    from collections import Counter
-
     from .model import ServedModel
     from .observe import FrontMetrics
 
 
 class Routed(Protocol):
-    """What the catalog needs of the routes' side (Serving): the models served by name,
-    each model version's requests in flight and last use, and the metrics."""
+    """What the policies need of the routes' side (Serving): the table and the metrics."""
 
     metrics: FrontMetrics
-    models: dict[str, ServedModel]
-    in_use: Counter[str]
-    last_used: dict[str, float]
-
-    def add(self, model: ServedModel) -> None: ...
-
-    def forget(self, worker_name: str) -> None: ...
+    table: ModelTable
 
 
 log = logging.getLogger("neuronserve.front")
 
-LOADING, READY, EVICTED = "loading", "ready", "evicted"
 # GET /models: models per page unless the caller asks for fewer
 PAGE_SIZE = 100
 
@@ -67,36 +56,11 @@ class NoRoom(RequestError):
         super().__init__(message, status=507)
 
 
-@dataclass
-class Registered:
-    name: str
-    url: str
-    artifact: Path
-    manifest: Manifest
-    # the folder its archive was unpacked into (removed with it)
-    work: Path
-    # bytes one worker (one NeuronCore) holds of it
-    cost: int
-    version: int = 1
-    state: str = EVICTED
-    loads: int = 0
-    last_used: float = field(default_factory=time.monotonic)
-    loading: asyncio.Future[None] | None = None
-
-    @property
-    def key(self) -> str:
-        """The name the workers hold this version under."""
-        return self.name if self.version == 1 else f"{self.name}@{self.version}"
-
-    def listed(self) -> dict[str, Any]:
-        return {"modelName": self.name, "modelUrl": self.url, "state": self.state}
-
-
 class ModelCatalog:
-    """The registered models of a multi-model deployment and what every worker holds.
+    """A multi-model deployment's registrations, loads, evictions and swaps, all over
+    `serving.table`.
 
-    `make(name, key, manifest, artifact)` builds the ServedModel the routes use; `serving`
-    counts each model version's requests in flight (Serving.use)."""
+    `make(name, key, manifest, artifact)` builds the ServedModel the routes use."""
 
     def __init__(  # noqa: PLR0913 - the deployment's facts, each one of its own
         self,
@@ -112,9 +76,7 @@ class ModelCatalog:
         self.serving, self.folder, self.workers = serving, Path(folder), workers
         self.kind, self.target, self.budget = kind, target, budget
         self.make, self.idle_unload_s = make, idle_unload_s
-        self.models: dict[str, Registered] = {}
-        # worker name -> artifact, what every worker is told to hold
-        self._wanted: dict[str, dict[str, Any]] = {}
+        self.table = serving.table
         # one change to what the workers hold at a time
         self._lock = asyncio.Lock()
         # names being registered, and each name's lock while an operation holds it
@@ -124,42 +86,45 @@ class ModelCatalog:
 
     # what the routes call
 
-    async def register(self, name: str, url: str) -> Registered:
+    async def register(self, name: str, url: str) -> Version:
         """POST /models: 409 for a name registered or being registered, 507 when it
         cannot fit."""
         name = model_name(name)
-        if name in self.models or name in self._registering:
+        if name in self.table or name in self._registering:
             raise RequestError(f"model {name!r} is already loaded", status=409)
         self._registering.add(name)  # before any await: a second POST of it is a 409
         try:
             async with self._one_at_a_time(name):
-                entry = await asyncio.to_thread(self._read, name, url, 1)
-                self.models[name] = entry
+                version = await asyncio.to_thread(self._read, name, url, 1)
+                self.table.put(version)
                 try:
-                    await self._bring_in(entry)
+                    await self._bring_in(version)
                 except BaseException:
-                    if self.models.get(name) is entry:
-                        del self.models[name]
-                    _remove(entry.work)
+                    if self.table.get(name) is version:
+                        self.table.remove(name)
+                    self.table.drop(version)
+                    _remove(version.work)
                     raise
         finally:
             self._registering.discard(name)
-        return entry
+        return version
 
-    async def swap(self, name: str, url: str) -> Registered:
+    async def swap(self, name: str, url: str) -> Version:
         """PUT /models/<name>: load `url` beside the served version, send new requests to
         it once every worker holds it, then drop the old one when its requests are done."""
         name = model_name(name)
         async with self._one_at_a_time(name):
             old = self._get(name)
-            new = await asyncio.to_thread(self._read, name, url, old.version + 1)
+            new = await asyncio.to_thread(self._read, name, url, old.number + 1)
             try:
                 async with self._lock:
                     await self._make_room(new.cost, keep=old)
+                    self.table.stage(new)
                     await self._load(new)
-                    self.models[name] = new
+                    self.table.put(new)
                     self._serve(new)
             except BaseException:
+                self.table.drop(new)
                 _remove(new.work)
                 raise
             async with self._lock:
@@ -172,12 +137,11 @@ class ModelCatalog:
         its files and its metrics go with it."""
         name = model_name(name)
         async with self._one_at_a_time(name):
-            entry = self._get(name)
-            del self.models[name]
-            self.serving.models.pop(name, None)
+            version = self._get(name)
+            self.table.remove(name)
             async with self._lock:
-                await self._drop(entry)
-            _remove(entry.work)
+                await self._drop(version)
+            _remove(version.work)
             self.serving.metrics.forget_model(name)
 
     @contextlib.asynccontextmanager
@@ -202,13 +166,13 @@ class ModelCatalog:
 
     def page(self, token: str | None, size: int | None) -> dict[str, Any]:
         """GET /models: names in order, `size` a page, after the name `token` holds."""
-        names = sorted(self.models)
+        names = sorted(self.table.names())
         start = 0
         if token:
             start = next((i for i, n in enumerate(names) if n > token), len(names))
         size = min(size or PAGE_SIZE, PAGE_SIZE)
         chunk = names[start : start + size]
-        out: dict[str, Any] = {"models": [self.models[n].listed() for n in chunk]}
+        out: dict[str, Any] = {"models": [self._get(n).listed() for n in chunk]}
         if start + size < len(names):
             out["nextPageToken"] = chunk[-1]
         return out
@@ -216,35 +180,33 @@ class ModelCatalog:
     async def ensure(self, name: str, waited: bool = True) -> None:
         """Return once `name` is on every worker: at once when it is, else after loading
         it (evicting others if needed); a request that waited is counted."""
-        entry = self.models.get(name)
-        if entry is None or entry.state == READY:
+        version = self.table.get(name)
+        if version is None or version.state == READY:
             return
         if waited:
             self.serving.metrics.model_waited.labels(name).inc()
-        if entry.loading is None:
-            entry.loading = asyncio.ensure_future(self._bring_in(entry))
-        future = entry.loading
+        if version.loading is None:
+            version.loading = asyncio.ensure_future(self._bring_in(version))
+        future = version.loading
         try:
             await asyncio.shield(future)
         finally:
-            if future.done() and entry.loading is future:
-                entry.loading = None
-
-    def states(self) -> dict[str, str]:
-        return {n: e.state for n, e in self.models.items()}
+            if future.done() and version.loading is future:
+                version.loading = None
 
     # loading and evicting
 
-    def _get(self, name: str) -> Registered:
-        entry = self.models.get(name)
-        if entry is None:
+    def _get(self, name: str) -> Version:
+        version = self.table.get(name)
+        if version is None:
             raise RequestError(
-                f"no model {name!r} is loaded; loaded: {', '.join(sorted(self.models)) or 'none'}",
+                f"no model {name!r} is loaded; loaded: "
+                f"{', '.join(sorted(self.table.names())) or 'none'}",
                 status=404,
             )
-        return entry
+        return version
 
-    def _read(self, name: str, url: str, version: int) -> Registered:
+    def _read(self, name: str, url: str, version: int) -> Version:
         """The artifact at `url` (a folder, or a .tar.gz of one as SageMaker hands it),
         unpacked within bounds into a folder of this version's own; nothing of it is left
         when it cannot be used, and no message names this host's folders."""
@@ -260,7 +222,7 @@ class ModelCatalog:
             _remove(work)
             raise
 
-    def _unpacked(self, name: str, url: str, version: int, work: Path) -> Registered:
+    def _unpacked(self, name: str, url: str, version: int, work: Path) -> Version:
         source = Path(url)
         if not source.is_absolute():
             raise RequestError(
@@ -293,43 +255,43 @@ class ModelCatalog:
                 f"run {self.target} models"
             )
         cost = placement.model_memory(name, manifest, found[0].artifact, self.kind).total
-        return Registered(name, url, found[0].artifact, manifest, work, cost, version)
+        return Version(name, manifest, found[0].artifact, cost, version, url=url, work=work)
 
-    def _public(self, message: str, work: Path, url: str) -> str:
+    def _public(self, message: str, work: Path | None, url: str) -> str:
         """`message` as a caller may read it: what was unpacked is named by the caller's
         url, and no other folder of this host's run folder is named."""
-        message = message.replace(str(work / "unpacked"), url)
-        return message.replace(str(work), "<unpacked>").replace(str(self.folder), "<catalog>")
+        if work is not None:
+            message = message.replace(str(work / "unpacked"), url)
+            message = message.replace(str(work), "<unpacked>")
+        return message.replace(str(self.folder), "<catalog>")
 
-    async def _bring_in(self, entry: Registered) -> None:
+    async def _bring_in(self, version: Version) -> None:
         async with self._lock:
-            if self.models.get(entry.name) is not entry or entry.state == READY:
+            if self.table.get(version.name) is not version or version.state == READY:
                 return
-            await self._make_room(entry.cost, keep=entry)
-            await self._load(entry)
-            if self.models.get(entry.name) is not entry:
+            await self._make_room(version.cost, keep=version)
+            await self._load(version)
+            if self.table.get(version.name) is not version:
                 # unregistered (a DELETE) while the workers loaded it: off them again,
                 # never served, so no ghost is listed
-                await self._drop(entry)
+                await self._drop(version)
                 return
-            self._serve(entry)
+            self._serve(version)
 
-    async def _make_room(self, cost: int, keep: Registered) -> None:
+    async def _make_room(self, cost: int, keep: Version) -> None:
         """Evict the least recently used idle models until `cost` more bytes fit; 507
         when even evicting every idle one would not make room."""
         if self.budget is None:
             return
-        held = [e for e in self.models.values() if e.state == READY and e is not keep]
-        used = sum(e.cost for e in held) + (keep.cost if keep.state == READY else 0)
+        used = sum(v.cost for v in self.table.versions() if v.state == READY)
         if used + cost <= self.budget:
             return
-        idle = sorted((e for e in held if not self.serving.in_use[e.key]), key=self._last_used)
         freed, chosen = 0, []
-        for e in idle:
+        for v in self.table.least_recently_used(but=keep):
             if used - freed + cost <= self.budget:
                 break
-            chosen.append(e)
-            freed += e.cost
+            chosen.append(v)
+            freed += v.cost
         if used - freed + cost > self.budget:
             mib = 2**20
             raise NoRoom(
@@ -338,60 +300,64 @@ class ModelCatalog:
                 "requests in flight or too large to evict; unload a model, or raise "
                 "memory_budget_mb"
             )
-        for e in chosen:
-            await self._evict(e, "to make room")
+        for v in chosen:
+            await self._evict(v, "to make room")
 
-    async def _evict(self, entry: Registered, why: str) -> None:
-        entry.state = EVICTED
-        self.serving.models.pop(entry.name, None)
-        self._wanted.pop(entry.key, None)
-        await self._write_and_wait(lambda held: entry.key not in held)
-        self.serving.forget(entry.key)
-        self.serving.metrics.model_evictions.labels(entry.name).inc()
+    async def _evict(self, version: Version, why: str) -> None:
+        version.state = EVICTED
+        await self._write_and_wait(lambda held: version.key not in held)
+        self.serving.metrics.model_evictions.labels(version.name).inc()
         self._count()
-        log.info("evicted %s %s", entry.name, why)
+        log.info("evicted %s %s", version.name, why)
 
-    async def _load(self, entry: Registered) -> None:
-        entry.state = LOADING
+    async def _load(self, version: Version) -> None:
+        version.state = LOADING
         started = time.monotonic()
-        self._wanted[entry.key] = {"artifact": str(entry.artifact), "truncation": None}
         try:
-            await self._write_and_wait(lambda held: held.get(entry.key) == catalog.READY, entry)
+            await self._write_and_wait(lambda held: held.get(version.key) == catalog.READY, version)
         except BaseException:
-            entry.state = EVICTED
-            self._wanted.pop(entry.key, None)
-            catalog.write_wanted(self.folder, self._wanted)
+            version.state = EVICTED
+            await asyncio.to_thread(catalog.write_wanted, self.folder, self._wanted())
             raise
         seconds = time.monotonic() - started
-        entry.state, entry.loads = READY, entry.loads + 1
-        entry.last_used = time.monotonic()
-        self.serving.metrics.model_loads.labels(entry.name).inc()
-        self.serving.metrics.model_load_seconds.labels(entry.name).inc(seconds)
-        self._count()
+        self.serving.metrics.model_loads.labels(version.name).inc()
+        self.serving.metrics.model_load_seconds.labels(version.name).inc(seconds)
         log.info(
-            "loaded %s (%s) on %d worker(s) in %.2fs", entry.name, entry.key, self.workers, seconds
+            "loaded %s (%s) on %d worker(s) in %.2fs",
+            version.name,
+            version.key,
+            self.workers,
+            seconds,
         )
 
-    def _serve(self, entry: Registered) -> None:
-        served = self.make(entry.name, entry.key, entry.manifest, entry.artifact)
-        self.serving.add(served)
-
-    async def _drop(self, entry: Registered) -> None:
-        """Unload a version once no request holds it."""
-        while self.serving.in_use[entry.key]:
-            await asyncio.sleep(0.01)
-        if entry.key in self._wanted:
-            self._wanted.pop(entry.key)
-            await self._write_and_wait(lambda held: entry.key not in held)
-        self.serving.forget(entry.key)
+    def _serve(self, version: Version) -> None:
+        assert version.artifact is not None  # registered: always unpacked somewhere
+        served = self.make(version.name, version.key, version.manifest, version.artifact)
+        self.table.ready(version, served)
         self._count()
 
+    async def _drop(self, version: Version) -> None:
+        """Unload a version once no request holds it."""
+        await self.table.drained(version)
+        if version.state != EVICTED:
+            version.state = EVICTED
+            await self._write_and_wait(lambda held: version.key not in held)
+        self.table.drop(version)
+        self._count()
+
+    def _wanted(self) -> dict[str, dict[str, Any]]:
+        return {
+            key: {"artifact": str(v.artifact), "truncation": None}
+            for key, v in self.table.wanted().items()
+        }
+
     async def _write_and_wait(
-        self, done: Callable[[dict[str, str]], bool], loading: Registered | None = None
+        self, done: Callable[[dict[str, str]], bool], loading: Version | None = None
     ) -> None:
-        """Tell the workers, then wait until every live worker's state passes `done`
-        (a failure to load is the caller's error, with the worker's reason)."""
-        await asyncio.to_thread(catalog.write_wanted, self.folder, self._wanted)
+        """Tell the workers what the table wants held, then wait until every live
+        worker's state passes `done` (a failure to load is the caller's error, with the
+        worker's reason)."""
+        await asyncio.to_thread(catalog.write_wanted, self.folder, self._wanted())
         deadline = time.monotonic() + LOAD_TIMEOUT_S
         while True:
             states = await asyncio.to_thread(catalog.worker_states, self.folder)
@@ -415,11 +381,8 @@ class ModelCatalog:
                 )
             await asyncio.sleep(0.02)
 
-    def _last_used(self, entry: Registered) -> float:
-        return max(entry.last_used, self.serving.last_used.get(entry.key, 0.0))
-
     def _count(self) -> None:
-        self.serving.metrics.models_loaded.set(sum(e.state == READY for e in self.models.values()))
+        self.serving.metrics.models_loaded.set(sum(v.state == READY for v in self.table))
 
     # idle unload
 
@@ -431,16 +394,13 @@ class ModelCatalog:
         assert self.idle_unload_s
         while True:
             await asyncio.sleep(min(1.0, self.idle_unload_s / 4))
-            now = time.monotonic()
-            for entry in list(self.models.values()):
-                if (
-                    entry.state == READY
-                    and not self.serving.in_use[entry.key]
-                    and now - self._last_used(entry) > self.idle_unload_s
-                ):
-                    async with self._lock:
-                        if entry.state == READY and not self.serving.in_use[entry.key]:
-                            await self._evict(entry, f"after {self.idle_unload_s:g}s idle")
+            idle_since = time.monotonic() - self.idle_unload_s
+            for version in self.table.least_recently_used():
+                if version.last_used >= idle_since:
+                    break
+                async with self._lock:
+                    if version.state == READY and version.idle:
+                        await self._evict(version, f"after {self.idle_unload_s:g}s idle")
 
     async def close(self) -> None:
         if self._idle_task is not None:
@@ -449,5 +409,6 @@ class ModelCatalog:
                 await self._idle_task
 
 
-def _remove(folder: Path) -> None:
-    shutil.rmtree(folder, ignore_errors=True)
+def _remove(folder: Path | None) -> None:
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -153,7 +153,7 @@ class Api:
                 "object": "list",
                 "data": [
                     {"id": name, "object": "model", "created": 0, "owned_by": "neuronserve"}
-                    for name in self.serving.models
+                    for name in self.serving.table.names()
                 ],
             }
         )

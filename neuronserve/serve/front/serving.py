@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections import Counter
 from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +20,7 @@ from .coalescing import Coalescer
 from .config import FrontConfig
 from .model import ServedModel
 from .observe import FrontMetrics
+from .table import ModelTable, Version
 
 if TYPE_CHECKING:
     from .multi_model import ModelCatalog
@@ -61,33 +61,37 @@ class Need:
 
 
 class Serving:
-    """The served models (by name, in the order they were given) and the engine's client
-    once the engine is ready."""
+    """The table of served models and the engine's client once the engine is ready."""
 
     def __init__(self, config: FrontConfig, metrics: FrontMetrics | None = None):
         self.config = config
         self.metrics = metrics or FrontMetrics()
         self.client: EngineClient | None = None
-        self.models: dict[str, ServedModel] = {}
+        self.table = ModelTable()
         self.exit_code = 0
         self._health: tuple[float, WorkerCounts] | None = None
-        # multi-model: the registered models, and each model version's requests in
-        # flight and last use (what eviction and a swap wait on)
+        # multi-model: the policies that load, evict and swap the table's models
         self.catalog: ModelCatalog | None = None
         # multi-model: loading the models given at start (health says loading meanwhile)
         self.starting = False
-        self.in_use: Counter[str] = Counter()
-        self.last_used: dict[str, float] = {}
         self._coalescer = Coalescer(self.metrics.engine_call)
 
     def attach(self, models: dict[str, ServedModel], client: EngineClient) -> None:
-        self.models, self.client = dict(models), client
+        """The engine is ready: its client, and a fixed deployment's models, pinned."""
+        for model in models.values():
+            self.table.pin(model)
+        self.client = client
+
+    @property
+    def models(self) -> dict[str, ServedModel]:
+        """What requests can be routed to now, by name (the table's ready versions)."""
+        return self.table.served()
 
     @property
     def info(self) -> dict[str, Any]:
         infos = [m.info(self.config) for m in self.models.values()]
         if self.catalog is not None:
-            states = self.catalog.states()
+            states = self.table.states()
             for i in infos:
                 i["state"] = states.get(i["model_id"], "ready")
             infos += [
@@ -99,17 +103,9 @@ class Serving:
         return {**(infos[0] if infos else {}), "models": infos}
 
     def ready(self) -> EngineClient:
-        if self.client is None or (not self.models and self.catalog is None):
+        if self.client is None or (not len(self.table) and self.catalog is None):
             raise NotReady
         return self.client
-
-    def add(self, model: ServedModel) -> None:
-        """A model (version) the workers now hold, served under its name from now on."""
-        self.models[model.name] = model
-
-    def forget(self, worker_name: str) -> None:
-        self.in_use.pop(worker_name, None)
-        self.last_used.pop(worker_name, None)
 
     async def lookup(
         self,
@@ -120,20 +116,20 @@ class Serving:
         ask: str = "the request's `model` field",
     ) -> ServedModel:
         """`model(...)`, after loading a registered model that is not on the workers
-        (multi-model); the model version is held until the request ends (`release`)."""
+        (multi-model); the request holds the model's version until it ends (`release`),
+        so no eviction, swap or DELETE takes it from under the request."""
         if self.catalog is not None and name is not None:
             await self.catalog.ensure(name)
         model = self.model(route, name, need, ask)
-        key = model.worker_name
-        self.in_use[key] += 1
-        scope[HELD], scope[RELEASE] = key, self.release
+        version = self.table.get(model.name)
+        if version is not None:
+            scope[HELD], scope[RELEASE] = self.table.hold(version), self.release
         return model
 
     def release(self, scope: MutableMapping[str, Any]) -> None:
-        key = scope.pop(HELD, None)
-        if key is not None:
-            self.in_use[key] -= 1
-            self.last_used[key] = time.monotonic()
+        version: Version | None = scope.pop(HELD, None)
+        if version is not None:
+            self.table.release(version)
 
     def model(
         self, route: str, name: str | None, need: Need, ask: str = "the request's `model` field"
