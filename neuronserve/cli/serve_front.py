@@ -62,13 +62,11 @@ def front_cmd(
     if stop:
         launch.stop(s.front.run_dir)
         return
-    pid = launch.running(s.front.run_dir)
-    if pid and not foreground:
-        fail(
-            f"a front started from {s.front.run_dir} is already running (pid {pid}); stop it "
-            "with `neuronserve serve front --stop`",
-            1,
-        )
+    if not foreground:
+        try:
+            launch.refuse_second(s.front.run_dir)
+        except ServeError as e:
+            fail(str(e), 1)
     given = list(sources or ([s.artifact] if s.artifact is not None else []))
     if not given and not s.models and not s.multi_model.enabled:
         fail(

@@ -1,5 +1,6 @@
-"""What the launchers need from the OS: pid files, process trees, stopping a tree and
-waiting until it is gone, free loopback ports."""
+"""What the launchers need from the OS: private run folders, pid files, a server run in
+the background (`Background`: the one start, record, running and stop that TorchServe,
+tritonserver and the front each use), process trees, free loopback ports."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import json
 import logging
 import os
 import random
+import signal
 import socket
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +139,65 @@ def live_pid(pid_file: Path) -> int | None:
         )
         return None
     return pid
+
+
+@dataclass(frozen=True)
+class Background:
+    """A server run in the background and found again by its pid file: the one way each
+    launcher refuses a second start, starts it, records who it is and stops it."""
+
+    what: str  # as messages name it: "TorchServe", "tritonserver", "front"
+    pid_file: Path
+    stop_command: str  # what a user runs to stop it
+
+    def running(self) -> int | None:
+        """Its pid while the process recorded runs (`live_pid`)."""
+        return live_pid(self.pid_file)
+
+    def refuse_second(self, run_dir: Path) -> None:
+        pid = self.running()
+        if pid is not None:
+            raise ServeError(
+                f"a {self.what} started from {run_dir} is already running (pid {pid}); "
+                f"stop it with `{self.stop_command}`"
+            )
+
+    def spawn(self, cmd: Sequence[str], log_file: Path, **popen: Any) -> subprocess.Popen:
+        """`cmd` started in a session of its own (the caller's Ctrl-C is not the server's;
+        a stop reaches its whole group), its output in `log_file`, this user's alone."""
+        with private_file(log_file) as out:
+            return subprocess.Popen(
+                list(cmd), stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **popen
+            )
+
+    def record(self, pid: int | None = None) -> None:
+        """Who it is, for `running` and `stop` (`record_pid`)."""
+        record_pid(self.pid_file, pid)
+
+    def stop(
+        self,
+        ask: Callable[[int], object],
+        timeout_s: float,
+        log: Callable[[str], object],
+        first: Callable[[], object] | None = None,
+    ) -> int | None:
+        """Stop it and everything it started: `first` (what must stop before it), then
+        `ask` it to stop, wait up to `timeout_s`, kill what is left, forget its pid. The
+        number of its other processes that went with it; None when none was running."""
+        pid = self.running()
+        if pid is None:
+            return None
+        log(f"stopping {self.what} (pid {pid}) ...")
+        if first is not None:
+            first()
+        others = stop_tree(pid, lambda: ask(pid), timeout_s)
+        forget_pid(self.pid_file)
+        return others
+
+
+def terminate(pid: int) -> None:
+    """SIGTERM: a server that drains and stops what it started on its own."""
+    os.kill(pid, signal.SIGTERM)
 
 
 def process_tree(pid: int) -> list[psutil.Process]:

@@ -27,13 +27,10 @@ from ...cores import DEPLOYMENT_ENV
 from ...pids import alive
 from ...resources import package_file, tool
 from ...serve.process import (
+    Background,
     ServeError,
-    forget_pid,
-    live_pid,
     private_dir,
     private_file,
-    record_pid,
-    stop_tree,
     trusted_store,
 )
 from ...worker import FAILURE_MARKER
@@ -127,16 +124,20 @@ def _pid_file(run_dir: Path) -> Path:
     return _tmp(run_dir) / ".model_server.pid"
 
 
+def _server(run_dir: Path) -> Background:
+    return Background("TorchServe", _pid_file(run_dir), "neuronserve serve torchserve --stop")
+
+
 def _record_pid(run_dir: Path) -> None:
     """TorchServe writes its pid; who that process is, neuronserve records (`--stop`)."""
     try:
-        record_pid(_pid_file(run_dir))
+        _server(run_dir).record()
     except (OSError, ValueError, psutil.Error) as e:
         raise ServeError(f"TorchServe started but its pid file cannot be read: {e}") from None
 
 
 def server_pid(run_dir: Path) -> int | None:
-    return live_pid(_pid_file(run_dir))
+    return _server(run_dir).running()
 
 
 def _instance(run_dir: Path, props: dict[str, str]) -> TorchServeInstance:
@@ -169,12 +170,7 @@ def start(
             f"{store_config} is missing: run `neuronserve package torchserve` "
             "into this model store first"
         )
-    if server_pid(run_dir):
-        raise ServeError(
-            f"a TorchServe started from {run_dir} is already running "
-            f"(pid {server_pid(run_dir)}); stop it with "
-            "`neuronserve serve torchserve --stop`"
-        )
+    _server(run_dir).refuse_second(run_dir)
     trusted_store(model_store, "model store")
     # TorchServe's own logs and key file land here: this user's alone
     private_dir(run_dir)
@@ -318,24 +314,22 @@ def running(run_dir: Path) -> TorchServeInstance | None:
 def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
     """Stop the TorchServe started from `run_dir` and wait until its processes are gone."""
     run_dir = Path(run_dir).resolve()
-    pid = server_pid(run_dir)
-    if pid is None:
-        log(f"no TorchServe is running from {run_dir}")
-        return False
-    log(f"stopping TorchServe (pid {pid}) ...")
-    # `torchserve --stop` returns before the JVM has exited, and may leave workers behind.
-    workers = stop_tree(
-        pid,
-        lambda: subprocess.run(
+
+    def ask(_pid: int) -> object:
+        # `torchserve --stop` returns before the JVM has exited, and may leave workers
+        # behind: the tree is waited for, and what is left killed
+        return subprocess.run(
             [*tool("torchserve", "ts.model_server", "start"), "--stop"],
             cwd=run_dir,
             env=_env(run_dir),
             capture_output=True,
             timeout=60,
-        ),
-        timeout_s,
-    )
-    forget_pid(_pid_file(run_dir))
+        )
+
+    workers = _server(run_dir).stop(ask, timeout_s, log)
+    if workers is None:
+        log(f"no TorchServe is running from {run_dir}")
+        return False
     log(f"TorchServe stopped ({workers} worker process(es) with it)")
     return True
 

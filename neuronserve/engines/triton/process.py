@@ -31,14 +31,14 @@ import requests
 from ...cores import DEPLOYMENT_ENV
 from ...pids import alive
 from ...serve.process import (
+    Background,
     ServeError,
     forget_pid,
-    live_pid,
     private_dir,
     private_file,
-    record_pid,
     scrub_command_line,
     stop_tree,
+    terminate,
     thread_states,
     trusted_store,
 )
@@ -273,8 +273,12 @@ def restricted_api_args(key: str, inference: bool = False) -> list[str]:
     ]
 
 
+def _server(run_dir: Path) -> Background:
+    return Background("tritonserver", Path(run_dir) / PID_FILE, "neuronserve serve triton --stop")
+
+
 def _pid(run_dir: Path) -> int | None:
-    return live_pid(Path(run_dir) / PID_FILE)
+    return _server(run_dir).running()
 
 
 def instance_count(model_dir: Path) -> int:
@@ -368,11 +372,7 @@ def start(
     listen = listen or Listen()
     if not repository.is_dir() or not models_in(repository):
         raise ServeError(f"{repository} holds no model: run `neuronserve package triton` first")
-    if _pid(run_dir):
-        raise ServeError(
-            f"a tritonserver started from {run_dir} is already running "
-            f"(pid {_pid(run_dir)}); stop it with `neuronserve serve triton --stop`"
-        )
+    _server(run_dir).refuse_second(run_dir)
     trusted_store(repository, "model repository")
     check_numpy()
     binary, root = find_tritonserver()
@@ -417,24 +417,20 @@ def _launch(
     (run_dir / HEALER_STATUS_FILE).unlink(missing_ok=True)
     envs_before = set(glob.glob(PYTHON_ENVS))
     log(f"starting tritonserver {cmd[0]} (run directory {run_dir}) ...")
-    with private_file(run_dir / LOG_FILE) as out:
-        # Its own session, so the server and its stub processes outlive this command and
-        # `--stop` can signal the whole group.
-        # in a mount namespace of its own where it may: its /dev/shm is private (the
-        # Python backend's regions, which carry the requests, are 0644 whatever the umask)
-        proc = subprocess.Popen(
-            [sys.executable, "-m", private_shm.__name__, *cmd],
-            cwd=run_dir,
-            env=_env(run_dir),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    server = _server(run_dir)
+    # in a mount namespace of its own where it may: its /dev/shm is private (the Python
+    # backend's regions, which carry the requests, are 0644 whatever the umask)
+    proc = server.spawn(
+        [sys.executable, "-m", private_shm.__name__, *cmd],
+        run_dir / LOG_FILE,
+        cwd=run_dir,
+        env=_env(run_dir),
+    )
     # first hidden, then recorded: the identity `--stop` checks is the command line as
     # it stays, tritonserver's (the namespace wrapper executes it in the same process)
     _wait_exec(proc, cmd[0])
     _hide_key(proc, run_dir, log)
-    record_pid(run_dir / PID_FILE, proc.pid)
+    server.record(proc.pid)
     endpoints = {k: v for k, v in dataclasses.asdict(inst).items() if k != "run_dir"}
     (run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints))
     try:
@@ -504,15 +500,14 @@ def compile_model_files(repository: Path) -> None:
             py_compile.compile(str(model_py), doraise=True)
 
 
+def _healer(run_dir: Path) -> Background:
+    return Background("healer", run_dir / HEALER_PID, "neuronserve serve triton --stop")
+
+
 def _start_healer(run_dir: Path) -> None:
-    with private_file(run_dir / HEALER_LOG) as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "neuronserve.engines.triton.healer", str(run_dir)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    record_pid(run_dir / HEALER_PID, proc.pid)
+    healer = _healer(run_dir)
+    cmd = [sys.executable, "-m", "neuronserve.engines.triton.healer", str(run_dir)]
+    healer.record(healer.spawn(cmd, run_dir / HEALER_LOG).pid)
 
 
 # what Triton logs for a model whose load failed ("failed to load 'm' version 1: <why>")
@@ -701,17 +696,13 @@ def running(run_dir: Path) -> TritonInstance | None:
 def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
     """Stop the tritonserver started from `run_dir`; wait until it and its stubs are gone."""
     run_dir = Path(run_dir).resolve()
-    pid = _pid(run_dir)
-    if pid is None:
+    # the healer first, so it does not take the unloading models for dead ones; Triton
+    # unloads its models and stops its stubs itself on SIGTERM
+    stubs = _server(run_dir).stop(terminate, timeout_s, log, first=lambda: _stop_healer(run_dir))
+    if stubs is None:
         if not _clean_after_crash(run_dir, log):
             log(f"no tritonserver is running from {run_dir}")
         return False
-    log(f"stopping tritonserver (pid {pid}) ...")
-    # the healer first, so it does not take the unloading models for dead ones
-    _stop_healer(run_dir)
-    # Triton unloads its models and stops its stubs itself on SIGTERM
-    stubs = stop_tree(pid, lambda: os.kill(pid, signal.SIGTERM), timeout_s)
-    forget_pid(run_dir / PID_FILE)
     removed = remove_leftovers(run_dir)
     log(
         f"tritonserver stopped ({stubs} stub process(es) with it"
@@ -721,10 +712,8 @@ def stop(run_dir: Path, timeout_s: float = 60, log=print) -> bool:
 
 
 def _stop_healer(run_dir: Path) -> None:
-    healer = live_pid(run_dir / HEALER_PID)
-    if healer is not None:
-        stop_tree(healer, lambda: os.kill(healer, signal.SIGTERM), 10)
-    forget_pid(run_dir / HEALER_PID)
+    _healer(run_dir).stop(terminate, 10, lambda _: None)
+    forget_pid(run_dir / HEALER_PID)  # one that had exited leaves its pid file
 
 
 def _clean_after_crash(run_dir: Path, log: Callable[[str], object]) -> bool:

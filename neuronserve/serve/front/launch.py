@@ -9,8 +9,6 @@ with, its pid file and log, and a generated API key when one was needed.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import ssl
 import subprocess
 import sys
@@ -22,15 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...spec import DeploySpec
-from ..process import (
-    ServeError,
-    forget_pid,
-    live_pid,
-    private_dir,
-    private_file,
-    record_pid,
-    stop_tree,
-)
+from ..process import Background, ServeError, private_dir, private_file, terminate
 from .config import FrontConfig
 
 SETTINGS_FILE = "front.json"
@@ -45,8 +35,13 @@ class FrontInstance:
     log: Path
 
 
-def running(run_dir: Path) -> int | None:
-    return live_pid(Path(run_dir).resolve() / PID_FILE)
+def _front(run_dir: Path) -> Background:
+    return Background("front", Path(run_dir).resolve() / PID_FILE, "neuronserve serve front --stop")
+
+
+def refuse_second(run_dir: Path) -> None:
+    """ServeError when a front of `run_dir` runs already."""
+    _front(run_dir).refuse_second(Path(run_dir).resolve())
 
 
 def start(
@@ -60,12 +55,8 @@ def start(
     # this user's own folder, before anything is read from or written to it
     run_dir = private_dir(Path(spec.front.run_dir).resolve())
     config = FrontConfig.from_spec(spec)  # a generated key is written here, before the start
-    pid = running(run_dir)
-    if pid:
-        raise ServeError(
-            f"a front started from {run_dir} is already running (pid {pid}); stop it with "
-            "`neuronserve serve front --stop`"
-        )
+    front = _front(run_dir)
+    front.refuse_second(run_dir)
     settings = run_dir / SETTINGS_FILE
     with private_file(settings) as f:
         f.write(
@@ -77,14 +68,10 @@ def start(
             )
         )
     log_path = run_dir / LOG_FILE
-    with private_file(log_path) as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "neuronserve.serve.front.server", str(settings)],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # the caller's Ctrl-C is not the front's
-        )
-    record_pid(run_dir / PID_FILE, proc.pid)
+    proc = front.spawn(
+        [sys.executable, "-m", "neuronserve.serve.front.server", str(settings)], log_path
+    )
+    front.record(proc.pid)
     try:
         _wait_healthy(config, proc, log_path, timeout_s, log)
     except BaseException:
@@ -131,12 +118,8 @@ def _wait_healthy(
 def stop(run_dir: Path, timeout_s: float = 180, log: Callable[[str], None] = print) -> bool:
     """SIGTERM the front (it drains, then stops its engine) and wait until it is gone."""
     run_dir = Path(run_dir).resolve()
-    pid = running(run_dir)
-    if pid is None:
+    if _front(run_dir).stop(terminate, timeout_s, log) is None:
         log(f"no front is running from {run_dir}")
         return False
-    log(f"stopping the front (pid {pid}) and its engine ...")
-    stop_tree(pid, lambda: os.kill(pid, signal.SIGTERM), timeout_s)
-    forget_pid(run_dir / PID_FILE)
     log("front stopped")
     return True
