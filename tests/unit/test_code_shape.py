@@ -6,7 +6,6 @@ the engine registry asking which engine it talks to."""
 from __future__ import annotations
 
 import ast
-import re
 import subprocess
 import sys
 
@@ -96,12 +95,97 @@ def test_no_module_imports_itself_back_through_others():
     assert not cycles, cycles
 
 
-def test_only_the_engine_registry_asks_which_engine_it_is():
-    pattern = re.compile(r"engine(_name)? ?[!=]= ?['\"]")
+# what names an engine in code: its registry names, and its classes' prefixes
+ENGINE_WORDS = ("torchserve", "triton", "tritonserver", "kserve")
+ENGINE_CLASSES = ("TorchServe", "Triton")
+
+
+def _names_engine(node: ast.AST | None) -> bool:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.lower() in ENGINE_WORDS
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
+        return any(_names_engine(e) for e in node.elts)
+    return False
+
+
+def _engine_class(node: ast.AST) -> bool:
+    return any(
+        (isinstance(n, ast.Name) and n.id.startswith(ENGINE_CLASSES))
+        or (isinstance(n, ast.Attribute) and n.attr.startswith(ENGINE_CLASSES))
+        for n in ast.walk(node)
+    )
+
+
+def engine_branches(source: str) -> list[str]:
+    """Every place `source` decides by which engine it is: a comparison or membership
+    test against an engine's name (`engine == "triton"`, `protocol != "kserve"`,
+    `engine not in ("torchserve", ...)`), a dict keyed by engine names, a match case on
+    one, an isinstance of an engine's class."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and (
+            _names_engine(node.left) or any(_names_engine(c) for c in node.comparators)
+        ):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Dict) and any(_names_engine(k) for k in node.keys):
+            found.append(f"{node.lineno}: a dict keyed by engine names")
+        elif isinstance(node, ast.match_case) and _names_engine(
+            getattr(node.pattern, "value", None)
+        ):
+            found.append(f"{node.pattern.lineno}: case {ast.unparse(node.pattern)}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("isinstance", "issubclass")
+            and len(node.args) == 2
+            and _engine_class(node.args[1])
+        ):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_the_engine_branch_finder_finds_each_form():
+    forms = [
+        'if engine == "triton": pass',
+        "if protocol != 'kserve': pass",
+        'ok = engine not in ("torchserve", "triton")',
+        'x = {"torchserve": 1, "triton": 2}[name]',
+        'match engine:\n    case "triton":\n        pass',
+        "if isinstance(client, TritonClient): pass",
+        "if isinstance(client, (clients.TorchServeClient, str)): pass",
+    ]
+    assert [len(engine_branches(f)) for f in forms] == [1] * len(forms)
+    assert engine_branches('if task == "rerank": pass\nname = "triton"') == []
+
+
+def test_only_the_engines_ask_which_engine_it_is():
+    """Outside engines/ (each engine's package, and the registry that lists them) no
+    code decides by an engine's name or class: it asks the Engine interface."""
     asking = [
-        f"{path.relative_to(REPO)}:{n}"
+        f"{path.relative_to(REPO)}:{where}"
         for path in (REPO / "neuronserve").rglob("*.py")
-        for n, line in enumerate(path.read_text().splitlines(), 1)
-        if pattern.search(line)
+        if path.relative_to(REPO / "neuronserve").parts[0] != "engines"
+        for where in engine_branches(path.read_text())
     ]
     assert not asking, asking
+
+
+def test_no_arrow_runs_back_up():
+    """Layers import downwards: nothing outside engines/ reaches into one engine's package
+    (the registry and the interface in engines/ are the way in), packaging never imports
+    the serving side, and no library module imports the CLI."""
+    wrong = []
+    for module, imported in _imports().items():
+        for target in imported:
+            one_engine = target.startswith("neuronserve.engines.") and target.split(".")[2] not in (
+                "base",
+            )
+            if one_engine and not module.startswith("neuronserve.engines"):
+                wrong.append(f"{module} -> {target}")
+            if module.startswith("neuronserve.packaging") and target.startswith(
+                "neuronserve.serve"
+            ):
+                wrong.append(f"{module} -> {target}")
+            if target.startswith("neuronserve.cli") and not module.startswith("neuronserve.cli"):
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, sorted(wrong)
