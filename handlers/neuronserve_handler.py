@@ -123,7 +123,7 @@ class NeuronServeHandler(BaseHandler):
                     content_type = "application/octet-stream"
                     self.context.set_response_header(idx, HEADER_LENGTH, str(head))
                 else:
-                    # orjson: json's encoder was 0.3 ms of a lone MiniLM request (cProfile)
+                    # orjson: json's encoder was a visible share of a lone request
                     answer = self.worker.respond(model, request, result)
                     body = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
                 # an answer over TorchServe's max_response_size kills this worker (its

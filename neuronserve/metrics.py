@@ -118,9 +118,9 @@ class DeferredMetrics:
     """Batch values held in the worker and handed to `emit` by a thread of their own,
     at most every `interval_s`, counters summed and gauges at their last value.
 
-    TorchServe's handler metrics are log lines its frontend parses: nine per batch cost
-    a lone MiniLM request about 2.5 ms of its round trip (measured: p50 19.1 -> 16.6 ms
-    with them off) when written before the response leaves. Here the response goes
+    TorchServe's handler metrics are log lines its frontend parses: nine per batch,
+    written before the response leaves, are a visible share of a lone request's round
+    trip (the development guide's observations). Here the response goes
     first, and under load one flush carries many batches. A scrape may lag by up to
     `interval_s`; every count is in one flush with its sums, so per-request averages
     stay consistent.

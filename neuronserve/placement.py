@@ -202,8 +202,7 @@ def device_memory_problem(
 
 
 # What a CPU worker holds besides its models: the interpreter, torch, the tokenizer and the
-# runtimes (measured here: 247 MiB after importing torch, 578 MiB once all-MiniLM-L6-v2's
-# 90 MB OpenVINO build was loaded and warmed up).
+# runtimes (the development guide's observations).
 CPU_WORKER_OVERHEAD = 400 * 2**20
 # a CPU runtime keeps the file it read and its own compiled copy of the weights
 CPU_WEIGHT_COPIES = 2

@@ -108,12 +108,11 @@ class Runner:
         """Run every bucket of every copy so no request pays for first-call graph
         optimisation. A module per bucket (Neuron) is run `rounds` times per bucket:
         TorchScript's profiling executor specialises on a module's second call. One
-        module serving every shape (the CPU targets) pays that once, not per shape
-        (measured on MiniLM: only its very first two calls were slow, 115 and 55 ms
-        against 14; every other shape ran at its steady time from its first call), so it
-        runs the smallest bucket `rounds` + 1 times and every other bucket once: a
-        restarted worker is ready in a fraction of the time (8x256 alone took a second a
-        call on a busy core)."""
+        module serving every shape (the CPU targets) pays that once, not per shape (only
+        its very first calls are slow; every other shape runs at its steady time from its
+        first call: the development guide's observations), so it runs the smallest bucket
+        `rounds` + 1 times and every other bucket once: a restarted worker is ready in a
+        fraction of the time."""
         shared = len(set(self.manifest.modules.values())) == 1
         for k, bucket in enumerate(self.grid.buckets):
             rows: list[Row] = [self.executor.layout.blank_row(bucket.seq)]

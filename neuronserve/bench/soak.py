@@ -433,7 +433,7 @@ class _Run:
                     self.memory[pid][3] = mib
                 elif self.warm and (pid in (loaded or ()) or self._replacement_loaded(first, now)):
                     # a replacement worker is judged once it has loaded: its loading is
-                    # not a leak (waiting so for every worker left a run of 7 s with none
+                    # not a leak (waiting so for every worker left short runs with none
                     # judged)
                     self.memory[pid] = [first, now, mib, mib]
             await asyncio.sleep(1.0)

@@ -12,15 +12,15 @@ import torch
 
 from ..buckets import Bucket, BucketGrid, pad_batch
 from ..execution import Executor, InputLayout, Module
-from ..spec import DeploySpec
 from ..tasks import Task
 from .base import Target
 from .examples import Examples
+from .job import CompileJob
 
 
 @dataclass
 class CompileContext:
-    spec: DeploySpec
+    job: CompileJob
     target: Target
     task: Task
     # the task's module around the Hugging Face model, fp32 eager: the reference
@@ -29,7 +29,7 @@ class CompileContext:
     examples: Examples
     grid: BucketGrid
     layout: InputLayout
-    # the spec's compiler options (see DeploySpec.compiler_options)
+    # the compile section's compiler options (CompileSection.compiler_options)
     options: dict[str, Any]
     progress: bool = True
 

@@ -36,6 +36,7 @@ from ..tokenization import TextTokenizer
 from .base import CompileError
 from .context import CompileContext
 from .examples import Examples, ImageExamples, TextExamples
+from .job import CompileJob
 from .precision import Choice, PrecisionSearch
 from .reference import REFERENCE_FILE
 from .targets import get_target
@@ -45,12 +46,18 @@ CANDIDATES = ".candidates"
 
 
 def compile_model(spec: DeploySpec, progress: bool = True) -> Path:
-    """Compile `spec.model` for `spec.target` over the spec's bucket grid into `spec.artifact`."""
-    if spec.compile.model is None:
+    """Compile `spec.model` for `spec.target` over the spec's bucket grid into `spec.artifact`
+    (what a compile reads of the spec: CompileJob)."""
+    return compile_job(CompileJob.of(spec), progress)
+
+
+def compile_job(job: CompileJob, progress: bool = True) -> Path:
+    """Compile `job.compile.model` for its target over its bucket grid into `job.out`."""
+    if job.compile.model is None:
         raise CompileError("no model directory: pass --model or set `model` in the spec")
-    if spec.artifact is None:
+    if job.out is None:
         raise CompileError("no output directory: pass --out or set `artifact` in the spec")
-    model_dir, out = Path(spec.compile.model), Path(spec.artifact)
+    model_dir, out = Path(job.compile.model), job.out
     _check_model_dir(model_dir)
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise CompileError(f"{out} exists and is not an artifact; choose an empty directory")
@@ -58,7 +65,7 @@ def compile_model(spec: DeploySpec, progress: bool = True) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        write_manifest(staging, _compile_into(spec, model_dir, staging, progress))
+        write_manifest(staging, _compile_into(job, model_dir, staging, progress))
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
     finally:
@@ -162,8 +169,8 @@ class Inputs:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
-def _text_inputs(spec: DeploySpec, model_dir: Path, out: Path) -> Inputs:
-    grid = BucketGrid(tuple(spec.compile.batch_sizes), tuple(spec.compile.sequence_lengths))
+def _text_inputs(job: CompileJob, model_dir: Path, out: Path) -> Inputs:
+    grid = BucketGrid(tuple(job.compile.batch_sizes), tuple(job.compile.sequence_lengths))
     facts = _save_tokenizer(model_dir, out)
     return Inputs(
         grid=grid,
@@ -171,14 +178,14 @@ def _text_inputs(spec: DeploySpec, model_dir: Path, out: Path) -> Inputs:
         pad_values={"input_ids": facts["pad_token_id"]},
         tokenizer=TokenizerSettings(
             max_length=grid.max_seq,
-            truncation=TRUNCATION_AT_COMPILE if spec.truncation is None else spec.truncation,
+            truncation=TRUNCATION_AT_COMPILE if job.truncation is None else job.truncation,
             **facts,
         ),
         facts=facts,
     )
 
 
-def _image_inputs(spec: DeploySpec, model_dir: Path, out: Path) -> Inputs:
+def _image_inputs(job: CompileJob, model_dir: Path, out: Path) -> Inputs:
     try:
         preprocessor = ImagePreprocessor(model_dir)
         preprocessor.processor.save_pretrained(out)
@@ -186,23 +193,23 @@ def _image_inputs(spec: DeploySpec, model_dir: Path, out: Path) -> Inputs:
         raise CompileError(f"cannot load an image processor from {model_dir}: {e}") from None
     shape = preprocessor.shape
     return Inputs(
-        grid=BucketGrid(tuple(spec.compile.batch_sizes), (shape[1],)),
+        grid=BucketGrid(tuple(job.compile.batch_sizes), (shape[1],)),
         examples=ImageExamples(preprocessor),
         pad_values={},
         image=ImageSettings(file=PROCESSOR_FILE, shape=shape),
     )
 
 
-def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) -> Manifest:
+def _compile_into(job: CompileJob, model_dir: Path, out: Path, progress: bool) -> Manifest:
     try:
-        task = get_task(task_for(spec.compile.task, spec.compile.pooling, model_dir))
+        task = get_task(task_for(job.compile.task, job.compile.pooling, model_dir))
     except ValueError as e:
         raise CompileError(str(e)) from None
-    target = get_target(spec.compile.target)
-    refuse_pickle_weights(model_dir, spec.compile.allow_pickle_weights)
+    target = get_target(job.compile.target)
+    refuse_pickle_weights(model_dir, job.compile.allow_pickle_weights)
     # the model first: a task its architecture has no head for is the error to name
     model = load_for_task(task, model_dir)
-    inputs = (_image_inputs if task.images else _text_inputs)(spec, model_dir, out)
+    inputs = (_image_inputs if task.images else _text_inputs)(job, model_dir, out)
     grid = inputs.grid
     shutil.copy2(model_dir / "config.json", out / "config.json")
     max_pos = getattr(model.config, "max_position_embeddings", None)
@@ -216,25 +223,25 @@ def _compile_into(spec: DeploySpec, model_dir: Path, out: Path, progress: bool) 
         model,
         model_dir,
         {
-            "pooling": spec.compile.pooling,
-            "normalize": spec.compile.normalize,
-            "token_embeddings": spec.compile.token_embeddings,
-            "allow_pickle_weights": spec.compile.allow_pickle_weights,
+            "pooling": job.compile.pooling,
+            "normalize": job.compile.normalize,
+            "token_embeddings": job.compile.token_embeddings,
+            "allow_pickle_weights": job.compile.allow_pickle_weights,
             "input_names": list(names),
-            "max_top_k": spec.compile.max_top_k,
-            "relevance_label": spec.compile.relevance_label,
+            "max_top_k": job.compile.max_top_k,
+            "relevance_label": job.compile.relevance_label,
             **inputs.facts,
         },
     )
     ctx = CompileContext(
-        spec=spec,
+        job=job,
         target=target,
         task=task,
         eager=wrapped.module,
         examples=inputs.examples,
         grid=grid,
         layout=_layout(task, wrapped, names, inputs),
-        options=spec.compile.compiler_options(spec.worker.neuron_cores),
+        options=job.compile.compiler_options(job.neuron_cores),
         progress=progress,
     )
     # a Neuron compile leases and pins one core like a worker: the runtime reserves every
@@ -269,12 +276,12 @@ def _manifest(
     import tokenizers
     import transformers
 
-    spec, grid, kept = ctx.spec, ctx.grid, choice.kept
+    job, grid, kept = ctx.job, ctx.grid, choice.kept
     model: Any = wrapped.module.model
     config = model.config
     floor_field = ctx.task.accuracy_floor_field
     return Manifest(
-        name=spec.name or Path(spec.artifact or out).resolve().name,
+        name=job.name or Path(job.out or out).resolve().name,
         task=ctx.task.name,
         architecture=(config.architectures or [type(model).__name__])[0],
         model_type=config.model_type,
@@ -302,9 +309,9 @@ def _manifest(
             **kept.described,
             "artifact_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file()),
         },
-        tolerance=spec.compile.tolerance,
+        tolerance=job.compile.tolerance,
         accuracy=kept.trial.accuracy,
-        accuracy_floor={floor_field: getattr(spec.accuracy, floor_field)} if floor_field else {},
+        accuracy_floor={floor_field: getattr(job.accuracy, floor_field)} if floor_field else {},
         precision_trials=choice.trials,
         bucket_ms=choice.bucket_ms,
         validation=kept.validation,

@@ -14,39 +14,41 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..artifact import BucketValidation, PrecisionTrial
 from ..buckets import BucketGrid
 from ..execution import Executor
-from ..spec import DeploySpec
 from .base import CompileError, Target
 from .build import Build, build_precision
 from .context import CompileContext
 from .examples import Examples
 from .reference import Judge, Reference, check
 
+if TYPE_CHECKING:
+    from ..spec import CompileSection
 
-def candidates(spec: DeploySpec, target: Target) -> tuple[tuple[str, ...], bool]:
+
+def candidates(section: CompileSection, target: Target) -> tuple[tuple[str, ...], bool]:
     """(candidate builds to try, whether the user named the precision). A named precision
     may have several builds on a target (CPU fp32: TorchScript, ONNX Runtime, OpenVINO);
     they are timed against each other as auto's candidates are. A named module format
     keeps only its own builds."""
-    if spec.compile.precision != "auto":
+    if section.precision != "auto":
         variants = getattr(target, "variants", None)
-        builds = variants(spec.compile.precision) if variants else (spec.compile.precision,)
+        builds = variants(section.precision) if variants else (section.precision,)
     else:
         builds = tuple(getattr(target, "auto_precisions", ("fp32",)))
-    if spec.compile.module_format == "auto":
-        return builds, spec.compile.precision != "auto"
+    if section.module_format == "auto":
+        return builds, section.precision != "auto"
     format_of = target.module_format_of  # type: ignore[attr-defined] # the spec checked: cpu
-    c = spec.compile
-    mine = tuple(b for b in builds if format_of(b) == c.module_format)
+    mine = tuple(b for b in builds if format_of(b) == section.module_format)
     if not mine:
         raise CompileError(
-            f"module_format {c.module_format} has no {c.precision} build on target "
+            f"module_format {section.module_format} has no {section.precision} build on target "
             f"{target.name}; its builds: " + ", ".join(sorted({format_of(b) for b in builds}))
         )
-    return mine, spec.compile.precision != "auto"
+    return mine, section.precision != "auto"
 
 
 def batch1_ms(executor: Executor, examples: Examples, grid: BucketGrid) -> float:
@@ -112,10 +114,10 @@ class Choice:
 class PrecisionSearch:
     def __init__(self, ctx: CompileContext, folder: Path):
         self.ctx, self.folder = ctx, folder
-        self.precisions, self.named = candidates(ctx.spec, ctx.target)
+        self.precisions, self.named = candidates(ctx.job.compile, ctx.target)
         task = ctx.task
         self.floor_field = task.accuracy_floor_field
-        self.floor = getattr(ctx.spec.accuracy, self.floor_field) if self.floor_field else None
+        self.floor = getattr(ctx.job.accuracy, self.floor_field) if self.floor_field else None
         # fp32 eager on padded text per bucket and on the accuracy texts, computed once
         self.reference = Reference.compute(ctx)
         self.pending = ctx.target.cannot_run_here(ctx.options)
@@ -200,7 +202,7 @@ class PrecisionSearch:
         folder = self.folder / precision
         folder.mkdir(parents=True)
         build = build_precision(ctx, precision, folder, self.reference)
-        judge = Judge(task, effective, ctx.spec.compile.tolerance, self.floor_field, self.floor)
+        judge = Judge(task, effective, ctx.job.compile.tolerance, self.floor_field, self.floor)
         verdict = check(build.module_for, self.reference, judge, ctx.grid, ctx.layout)
         trial = PrecisionTrial(
             precision=effective,

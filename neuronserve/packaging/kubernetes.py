@@ -45,10 +45,9 @@ NEURONCORE = "aws.amazon.com/neuroncore"
 # containers/tutorials/k8s-multiple-scheduler).
 NEURON_SCHEDULER = "my-scheduler"
 IN_FLIGHT_METRIC = "neuronserve_front_in_flight"
-# Requests in flight per worker that keep a worker busy without queueing long: at 8
-# tokens TorchServe serves 46 req/s at one client and ~240 at sixteen on two workers
-# (BENCHMARKS.md, the front against its engine), so throughput is near its plateau at
-# about eight per worker; beyond that only latency grows.
+# Requests in flight per worker that keep a worker busy without queueing long: throughput
+# is near its plateau at about eight per worker (BENCHMARKS.md, the front against its
+# engine); beyond that only latency grows.
 IN_FLIGHT_PER_WORKER = 8
 # Loading a model and warming every bucket: minutes for a Neuron artifact on first load.
 STARTUP_S = 600

@@ -189,3 +189,24 @@ def test_no_arrow_runs_back_up():
             if target.startswith("neuronserve.cli") and not module.startswith("neuronserve.cli"):
                 wrong.append(f"{module} -> {target}")
     assert not wrong, sorted(wrong)
+
+
+def test_the_compile_reads_its_sections_not_the_whole_spec():
+    """The compile package is handed a CompileJob (its compile and accuracy sections and
+    the few facts it records); the whole spec appears only where the job is made of it."""
+    reading = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path in (REPO / "neuronserve" / "compile").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Name) and node.id == "DeploySpec"
+    ]
+    allowed = {"neuronserve/compile/job.py", "neuronserve/compile/driver.py"}
+    assert {r.split(":")[0] for r in reading} <= allowed, reading
+    driver = ast.parse((REPO / "neuronserve/compile/driver.py").read_text())
+    uses = [
+        f.name
+        for f in ast.walk(driver)
+        if isinstance(f, ast.FunctionDef)
+        and any(isinstance(n, ast.Name) and n.id == "DeploySpec" for n in ast.walk(f))
+    ]
+    assert uses == ["compile_model"], uses

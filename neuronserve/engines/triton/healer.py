@@ -3,8 +3,8 @@ replaced alone, while the model's other instances serve on.
 
 Triton's Python backend never replaces a stub that died (SIGKILL, a crash, the OOM
 killer): the server keeps the model READY and keeps handing the dead instance batches,
-which fail ("Stub process ... is not healthy"; measured here, about one batch a second:
-the backend waits a second on the dead stub's health before failing each). The healer
+which fail ("Stub process ... is not healthy": the backend waits on the dead stub's
+health before failing each). The healer
 runs beside every tritonserver `serve triton` starts (its own process, so it serves
 `serve triton`, the front and SageMaker alike), watches every stub (a pidfd each, so a
 death wakes it at once; new stubs are found every `POLL_S`), and when one is gone uses
@@ -18,7 +18,7 @@ adds and removes instances and leaves the others serving):
    when it died, so on Neuron too it never needs a core a living process holds.
 
 `packaging.triton` writes one instance group per core group for this
-(`triton_stubs.core_group_config`). A repository of another shape (a group of several
+(`stubs.core_group_config`). A repository of another shape (a group of several
 instances) is healed the old way: the model is unloaded and loaded again, an outage.
 Model control is explicit (`--model-control-mode=explicit`), behind the admin key
 (triton.py).
@@ -27,7 +27,7 @@ Model control is explicit (`--model-control-mode=explicit`), behind the admin ke
 how many expected and what the healer is doing (serving, replacing, failed); readiness
 (`wait_ready`, the front's /ping and /health) reads the same counts (`instance_counts`).
 
-    python -m neuronserve.serve.triton_healer RUN_DIR
+    python -m neuronserve.engines.triton.healer RUN_DIR
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ POLL_S = 0.5
 # how long unloaded stubs may take to finish their requests and exit before they are
 # killed, when a whole model is reloaded (their leases must be free before the load).
 # Under load they do not exit by themselves: Triton's unload waits for the batches it had
-# handed the dead stub (measured: still waiting after 60 s); killed, Triton finishes the
-# unload about 10 s later.
+# handed the dead stub, for as long as anyone watched; killed, Triton finishes the unload
+# (the development guide's observations).
 DRAIN_S = 3.0
 # a replacement that failed is tried again after this long (the core may still be held
 # by a process that is slow to die)
@@ -262,7 +262,7 @@ class Healer:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: python -m neuronserve.serve.triton_healer RUN_DIR", file=sys.stderr)
+        print("usage: python -m neuronserve.engines.triton.healer RUN_DIR", file=sys.stderr)
         return 2
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s neuronserve healer %(message)s", stream=sys.stdout

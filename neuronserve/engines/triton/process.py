@@ -66,7 +66,7 @@ EXITED_LOG = "tritonserver-exited.log"
 # on a busy host takes longer, and a stub that takes too long fails the whole start (the
 # stall check and the start's own timeout bound a real hang)
 STUB_TIMEOUT_S = 600
-# the healer's files in the run directory (triton_healer.py)
+# the healer's files in the run directory (healer.py)
 HEALER_PID = "healer.pid"
 HEALER_LOG = "healer.log"
 HEALER_STATUS_FILE = "instances.json"
@@ -245,7 +245,7 @@ def _env(run_dir: Path) -> dict[str, str]:
 
 # What no client needs: behind a key ("Restricted APIs" in tritonserver --help:
 # --http-restricted-api / --grpc-restricted-protocol). Model control is explicit, so the
-# repository API can load and unload: only the healer (triton_healer.py), which reads the key
+# repository API can load and unload: only the healer (healer.py), which reads the key
 # from the run directory, and an operator holding it may.
 RESTRICTED = "model-repository,model-config,shared-memory,statistics,trace,logging"
 ADMIN_HEADER = "neuronserve-admin-key"
@@ -344,8 +344,8 @@ def _command(
         *(f"--load-model={m}" for m in models),
         # On SIGTERM Triton waits this long for requests in flight and for its models to
         # unload. An instance the healer replaced after its stub died under load never
-        # finishes unloading (measured: the whole default 30 s, at every stop after such
-        # a kill); an encoder's request takes well under a second, and behind the front
+        # finishes unloading (every stop after such a kill waited the whole default); an
+        # encoder's request takes well under a second, and behind the front
         # requests have drained before the engine is stopped.
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         "--allow-metrics=true",

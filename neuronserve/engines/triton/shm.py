@@ -8,7 +8,7 @@ tritonserver runs in a mount namespace of its own whose /dev/shm is a fresh tmpf
 0700): its stubs, which it starts, share it; nothing outside sees it, and it is gone with
 the last of them (no regions left behind by a crash).
 
-    python -m neuronserve.serve.private_shm PROGRAM [ARG ...]
+    python -m neuronserve.engines.triton.shm PROGRAM [ARG ...]
 
 makes the namespace if this process may (CAP_SYS_ADMIN: root outside a container, or a
 container given the capability) and executes PROGRAM either way, in the same process.
@@ -58,7 +58,7 @@ def private(pid: int) -> bool:
 
 def main(argv: list[str]) -> None:
     if not argv:
-        print("usage: python -m neuronserve.serve.private_shm PROGRAM [ARG ...]", file=sys.stderr)
+        print("usage: python -m neuronserve.engines.triton.shm PROGRAM [ARG ...]", file=sys.stderr)
         sys.exit(2)
     own_shm()  # where it cannot, the launcher finds out from `private(pid)`
     os.execv(argv[0], argv)

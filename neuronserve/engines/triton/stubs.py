@@ -1,6 +1,6 @@
 """What a tritonserver's Python-backend stub processes tell: which are alive, for which
 model, and what they leave behind when killed. The server control (triton.py), its
-healer (triton_healer.py) and readiness all count instances here."""
+healer (healer.py) and readiness all count instances here."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ _MODEL_PY_ARG, REGION_ARG, _INSTANCE_ARG = 1, 2, 8
 # the group's name. Measured on tritonserver 2.51: two groups that differed only in name,
 # one stub killed, reloading without the dead one's group removed the live instance and
 # kept the dead one; with a host policy each, exactly the dead one went and the other
-# served on. So a dead instance is replaced alone (triton_healer.py).
+# served on. So a dead instance is replaced alone (healer.py).
 def core_group_config(index: int) -> tuple[str, str]:
     """(instance group name, host policy) of core group `index`'s instance group."""
     return core_group_name(index), core_group_name(index)

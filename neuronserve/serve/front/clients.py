@@ -5,8 +5,8 @@ answer kept as it came, a worker that died with a request, sending it once more)
 engine makes its own client (engines/<engine>/client.py, `Engine.client`).
 
 A native request is `{"inputs", "parameters"}` and its answer the task's JSON. Clients
-are pooled and asynchronous, on aiohttp: httpx was measured here at 1.7 ms of CPU per
-request against aiohttp's 0.11 ms, which alone would have cost the front its target.
+are pooled and asynchronous, on aiohttp: httpx cost an order of magnitude more CPU per
+request (the development guide's observations).
 """
 
 from __future__ import annotations

@@ -283,7 +283,7 @@ class Api:
     async def rerank(self, request: Request) -> Response:
         body: s.RerankRequest = s.parse_body(await request.body(), s.RerankRequest)
         # the query is read once per text (a pair each): no more than a client sending
-        # the pairs itself could have sent (a 100 KB query and 1024 texts were ~100 MB)
+        # the pairs itself could have sent (a long query times many texts is large)
         paired = len(body.query) * len(body.texts)
         if paired > self.serving.config.max_body_bytes:
             raise RequestError(

@@ -36,7 +36,7 @@ class _FailFast(FailFast):
 
 
 # A list a client sends stops at its first wrong item: 500,000 wrong items are one error
-# to report, not 500,000 (which took seconds of the event loop and a 23 MB answer)
+# to report, not 500,000 (each named would cost the event loop and the answer with them)
 Texts = Annotated[list[str], _FailFast()]
 # a text as token ids (TEI's InputType), decoded by the model's tokenizer
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], _FailFast()]

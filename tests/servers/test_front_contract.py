@@ -1,12 +1,14 @@
-"""The front in front of a real TorchServe serving three models of three tasks (MiniLM
-embeddings, a reranker, a classifier: each worker holds all three), started by
-`neuronserve serve front` with keys from a file and small limits: the official openai
-client and huggingface_hub's, the text-embeddings-inference routes by model, limits the
-workers hold too, the in-flight bound, the deadline with frozen workers, the engine's
-metrics, keep-alive; answers equal the Runners in process (each model as if served alone)
-and TorchServe's own, asked directly. Last: a second deployment started while this one
-holds the cores is refused naming it, and the run directory serves another model after a
-stop. The front's HTTP handling alone is tested in process (tests/unit/test_front.py)."""
+"""The front's contract, the same over every engine: a real TorchServe, then a real
+tritonserver, each serving three models of three tasks (MiniLM embeddings, a reranker, a
+classifier: each worker holds all three), started by `neuronserve serve front` with keys
+from a file and small limits. The official openai client and huggingface_hub's, the
+text-embeddings-inference routes by model, limits, the in-flight bound, the deadline
+with frozen workers, the engine's metrics, keep-alive; answers equal the Runners in
+process (each model as if served alone). What only one engine has (TorchServe's own API
+behind the front) is tested on that engine alone, here; Triton's own (TLS, its gRPC and
+KServe API, its healer) in test_front_triton.py. Last: the run directory serves another
+model after a stop. The front's HTTP handling alone is tested in process
+(tests/unit)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import pytest
 import requests
 from helpers import SENTENCES, as_sent, free_port, run_cli, wait_for, write_spec
 
+from neuronserve.engines import ENGINES
 from neuronserve.runtime import Runner
 from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front import schemas
@@ -40,11 +43,17 @@ LIMITS = {
     "deadline_s": 4,
 }
 LONG = " ".join(["long"] * 400)  # 402 tokens: over MiniLM's largest compiled 256
+# a series of each engine's own metrics, which the front's /metrics carries behind its own
+ENGINE_SERIES = {
+    "torchserve": "ts_inference_requests_total",
+    "triton": "nv_inference_request_success",
+}
 
 
 class Front:
-    def __init__(self, work: Path, port: int, started: str):
+    def __init__(self, work: Path, port: int, started: str, engine: str):
         self.work, self.url, self.started = work, f"http://127.0.0.1:{port}", started
+        self.engine_name = engine
         self.auth = {"Authorization": f"Bearer {KEYS[1]}"}
 
     def post(self, path: str, body=None, key: bool = True, **kw) -> requests.Response:
@@ -55,18 +64,24 @@ class Front:
         return requests.get(f"{self.url}{path}", headers=self.auth if key else {}, timeout=60)
 
     def engine(self):
-        return running_engine(self.work / "front" / ENGINE_DIR, "torchserve")
+        return running_engine(self.work / "front" / ENGINE_DIR, self.engine_name)
+
+    def only(self, engine: str) -> None:
+        if self.engine_name != engine:
+            pytest.skip(f"{engine}'s own API")
 
 
-@pytest.fixture(scope="module")
-def front(tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
-    work = tmp_path_factory.mktemp("front-torchserve")
+@pytest.fixture(scope="module", params=ENGINES)
+def front(request, tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
+    engine = request.param
+    work = tmp_path_factory.mktemp(f"front-{engine}")
     keys = work / "keys.txt"
     keys.write_text("# one key per line\n" + "\n".join(KEYS) + "\n")
     keys.chmod(0o600)
     port = free_port()
     write_spec(
         work,
+        engine=engine,
         front_port=port,
         front_run_dir="front",
         auth="on",
@@ -76,7 +91,7 @@ def front(tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
     )
     models = [minilm_artifact, task_models["rerank"][1], classifier_artifact]
     out = run_cli("serve", "front", *models, "--spec", "deploy.yaml", cwd=work)
-    front = Front(work, port, out.stdout)
+    front = Front(work, port, out.stdout, engine)
     yield front
     root = psutil.Process(int((work / "front" / "front.pid").read_text()))
     run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=work)
@@ -95,7 +110,7 @@ def runner_answer(runner, inputs, **parameters):
 
 
 def test_start_names_models_routes_and_the_key_file_never_a_key(front, tmp_path):
-    assert "3 models on torchserve (each worker holds them all)" in front.started
+    assert f"3 models on {front.engine_name} (each worker holds them all)" in front.started
     for line in ("minilm: feature-extraction", "rerank: rerank", "tiny-classifier: text-"):
         assert line in front.started, line
     assert "POST /v1/embeddings" in front.started and "POST /embed" in front.started
@@ -178,7 +193,7 @@ def test_tei_routes(front, minilm_runner, minilm_dir):
     info = schemas.Info.model_validate(front.get("/info").json())
     assert (info.task, info.engine, info.max_input_length) == (
         "feature-extraction",
-        "torchserve",
+        front.engine_name,
         256,
     )
     assert info.max_client_batch_size == 16 and info.truncation is False
@@ -240,7 +255,8 @@ def test_huggingface_inference_client(front, minilm_runner):
 def test_torchserve_behind_the_front_takes_no_request_without_its_key(front):
     """Another local user who finds TorchServe's loopback ports gets nothing around the
     front's keys: no embeddings, no scaling the workers to zero (token authorization,
-    its keys in the front's private run directory)."""
+    its keys in the front's private run directory). Triton's: test_front_triton.py."""
+    front.only("torchserve")
     engine = front.engine()
     [route] = engine.instance.native_routes("models")
     keyless = requests.post(
@@ -255,6 +271,7 @@ def test_torchserve_behind_the_front_takes_no_request_without_its_key(front):
 
 
 def test_answers_equal_torchserve_asked_directly(front):
+    front.only("torchserve")
     engine = front.engine()
     [route] = engine.instance.native_routes("models")
     assert route.url.startswith("http://127.0.0.1:")  # the engine listens on loopback
@@ -311,7 +328,7 @@ def test_limits_refuse_one_request_and_serve_the_next(front, minilm_runner):
 
     batch = front.post("/embed", {"inputs": ["x"] * 17})
     assert batch.status_code == 422 and "at most 16 (max_client_batch)" in batch.json()["error"]
-    # /invocations passes bodies through unread: the worker holds the same limit
+    # SageMaker's route answers a request over a limit 413, as the engine's own API does
     worker = front.post(
         "/invocations", {"inputs": ["x"] * 17}, headers={"X-Amzn-SageMaker-Target-Model": "minilm"}
     )
@@ -366,8 +383,9 @@ def test_a_burst_beyond_the_in_flight_bound_gets_429_and_the_rest_answers(front,
 
 def test_the_deadline_answers_504_and_the_engine_serves_again(front):
     engine_pid = front.engine().instance.pid
-    workers = psutil.Process(engine_pid).children(recursive=True)  # TorchServe's workers
-    assert len(workers) == 2
+    # the engine's worker processes (TorchServe's workers, Triton's stubs)
+    workers = psutil.Process(engine_pid).children(recursive=True)
+    assert len(workers) >= 2
     for p in workers:  # frozen: nothing answers until the front gives up
         os.kill(p.pid, signal.SIGSTOP)
     try:
@@ -388,10 +406,11 @@ def test_metrics_count_routes_and_show_the_engines_by_model(front):
     assert 'neuronserve_front_requests_total{model="",route="/embed",status="401"}' in text
     assert "neuronserve_front_request_duration_seconds_bucket" in text
     assert "neuronserve_front_in_flight 0.0" in text
-    assert "ts_inference_requests_total" in text  # TorchServe's own, behind ours
-    # the workers' own series, one per model
+    assert ENGINE_SERIES[front.engine_name] in text  # the engine's own, behind ours
+    # the workers' own series, one per model (in each engine's naming style)
     wait_for(lambda: 'model="tiny-classifier"' in front.get("/metrics").text, 10, 0.1, "metrics")
-    assert re.search(r'NeuronServeRequests\{[^}]*model="minilm"', front.get("/metrics").text)
+    workers = r'(NeuronServeRequests|neuronserve_requests)\{[^}]*model="minilm"'
+    assert re.search(workers, front.get("/metrics").text)
 
 
 def test_the_front_process_never_loads_torch(front):
@@ -447,6 +466,7 @@ def test_a_second_deployment_on_the_same_cores_is_refused_naming_this_one(front,
     """Another `serve torchserve`, its store and run directory its own, while this front's
     workers hold every core: its worker cannot start, and the error says whose workers
     hold the cores and how to free them; nothing of it is left running."""
+    front.only("torchserve")
     other = front.work / "other"
     other.mkdir()
     write_spec(other, artifact=tiny_artifact, model_store="store", run_dir="run", workers=1)
@@ -478,8 +498,4 @@ def test_the_run_directory_serves_another_model_after_a_stop(
     )
     assert front.post("/embed", {"inputs": "gone"}).status_code == 424
     store = front.work / "front" / ENGINE_DIR / "store"
-    assert sorted(p.name for p in store.iterdir()) == [
-        "config.properties",
-        "metrics.yaml",
-        "tiny-classifier",
-    ]
+    assert front.engine().models_in(store) == ["tiny-classifier"]
