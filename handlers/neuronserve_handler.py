@@ -56,15 +56,14 @@ class NeuronServeHandler(BaseHandler):
             # waiting for a worker that will never be READY.
             logger.error("%s %s", FAILURE_MARKER, " | ".join(str(e).splitlines()))
             raise
-        from neuronserve.metrics import DeferredMetrics
+        from neuronserve.worker import DeferredMetrics
 
         self.metrics = DeferredMetrics(self._add)
         self.initialized = True
         logger.info("neuronserve: %s", self.worker.describe())
 
     def preprocess(self, data):
-        from neuronserve.tasks import RequestError
-        from neuronserve.tasks.base import internal_error
+        from neuronserve.worker import RequestError, internal_error
 
         self.tensors = []  # whether each request asked for its results as tensors
         requests = []
@@ -88,7 +87,7 @@ class NeuronServeHandler(BaseHandler):
         return requests
 
     def handle(self, data, context):
-        from neuronserve.metrics import handler_values
+        from neuronserve.worker import handler_values
 
         # Timed here, around BaseHandler's own, so the sum covers decoding and JSON encoding
         # as well as the Runners; `neuronserve bench` divides it by the request count. The
@@ -104,14 +103,13 @@ class NeuronServeHandler(BaseHandler):
         return self.worker.serve(data, self._report, respond=False)
 
     def _report(self, model, report) -> None:
-        from neuronserve.metrics import batch_values
+        from neuronserve.worker import batch_values
 
         self.served[model] = report.requests
         self.metrics.add(batch_values(report, model))
 
     def postprocess(self, data):
-        from neuronserve.tasks import RequestError
-        from neuronserve.tensors import HEADER_LENGTH, pack
+        from neuronserve.worker import HEADER_LENGTH, RequestError, pack
 
         out = []
         for idx, result in enumerate(data):
@@ -144,7 +142,7 @@ class NeuronServeHandler(BaseHandler):
         return limits.check_answer(size, "as written") if limits is not None else None
 
     def _add(self, metric, value, labels) -> None:
-        from neuronserve.metrics import MODEL_LABEL, camel
+        from neuronserve.worker import MODEL_LABEL, camel
 
         # A fresh dimension list each call: TorchServe appends default dimensions to it.
         # In the order metrics.yaml declares them: TorchServe pairs them by position.

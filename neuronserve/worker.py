@@ -335,3 +335,31 @@ def start_worker(
         raise
     worker.ready_s = time.monotonic() - started
     return worker
+
+
+# What the adapters use of the rest of neuronserve, named here so that they import this
+# module alone; each loaded on its first use, after the pin (numpy and the tokenizers
+# start thread pools that read their settings once, when they load)
+_FOR_ADAPTERS = {
+    "RequestError": "neuronserve.tasks",
+    "TaskRequest": "neuronserve.tasks",
+    "internal_error": "neuronserve.tasks.base",
+    "truncation_parameters": "neuronserve.tasks.base",
+    "METRICS": "neuronserve.metrics",
+    "MODEL_LABEL": "neuronserve.metrics",
+    "DeferredMetrics": "neuronserve.metrics",
+    "batch_values": "neuronserve.metrics",
+    "camel": "neuronserve.metrics",
+    "handler_values": "neuronserve.metrics",
+    "HEADER_LENGTH": "neuronserve.tensors",
+    "pack": "neuronserve.tensors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _FOR_ADAPTERS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)

@@ -28,6 +28,10 @@ ART=$(realpath -m "${ART:-$WORK/art/minilm-short}")
 tree() { echo "$WORK/revision-$(git rev-parse --short "$1")"; }
 for rev in "$BASE" "$NEW"; do
   [ -d "$(tree "$rev")" ] || git worktree add --detach "$(tree "$rev")" "$rev"
+  # the adapters each revision packages are its own: the editable install maps
+  # neuronserve._handlers to this checkout's handlers/, which the worktree's folder precedes
+  ln -sfn ../handlers "$(tree "$rev")/neuronserve/_handlers"
+  ln -sfn ../triton_backend "$(tree "$rev")/neuronserve/_triton_backend"
 done
 rm -rf "$OUT" && mkdir -p "$OUT"
 read -r -a KINDS <<< "${ENDPOINTS:-torchserve=front triton=front-triton}"

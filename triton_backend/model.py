@@ -115,7 +115,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"neuronserve: {self.instance_name} {self.worker.describe()}")
 
     def execute(self, requests):
-        from neuronserve.tasks import RequestError
+        from neuronserve.worker import RequestError
 
         t0 = time.perf_counter()
         parsed = []
@@ -154,8 +154,7 @@ class TritonPythonModel:
         return responses
 
     def _parse(self, request, runner, params):
-        from neuronserve.tasks import RequestError, TaskRequest
-        from neuronserve.tasks.base import truncation_parameters
+        from neuronserve.worker import RequestError, TaskRequest, truncation_parameters
 
         task = runner.task
         if task.images:
@@ -212,7 +211,7 @@ def _parameters(request) -> dict:
     JSON): truncation, and the task's own, which shape per-text results built here
     (entities, answers); a per-row task's (top_k of a classifier) shape the JSON answer
     neuronserve's front builds from the output tensors, and are checked here only."""
-    from neuronserve.tasks import RequestError
+    from neuronserve.worker import RequestError
 
     raw = request.parameters() if hasattr(request, "parameters") else None
     try:
@@ -224,7 +223,7 @@ def _parameters(request) -> dict:
 
 
 def _images(tensor) -> list[bytes]:
-    from neuronserve.tasks import RequestError
+    from neuronserve.worker import RequestError
 
     if tensor is None:
         raise RequestError("input IMAGE is missing")
@@ -235,7 +234,7 @@ def _images(tensor) -> list[bytes]:
 
 
 def _texts(tensor, name: str) -> list[str]:
-    from neuronserve.tasks import RequestError
+    from neuronserve.worker import RequestError
 
     if tensor is None:
         raise RequestError(f"input {name} is missing")
@@ -261,7 +260,7 @@ class _Metrics:
     labelled by the served model (`model`) and the instance."""
 
     def __init__(self, instance: str):
-        from neuronserve.metrics import METRICS, DeferredMetrics
+        from neuronserve.worker import METRICS, DeferredMetrics
 
         family = pb_utils.MetricFamily
         self.labels = {"instance": instance}
@@ -288,12 +287,12 @@ class _Metrics:
         """Each metric update is a message to the Triton process and its answer (the
         stub's message queue); DeferredMetrics sends them after the responses, many
         batches at once under load."""
-        from neuronserve.metrics import batch_values
+        from neuronserve.worker import batch_values
 
         self.deferred.add(batch_values(report, model))
 
     def handled(self, handler_ms: float, requests: dict) -> None:
-        from neuronserve.metrics import handler_values
+        from neuronserve.worker import handler_values
 
         self.deferred.add(handler_values(handler_ms, requests))
 

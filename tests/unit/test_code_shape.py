@@ -210,3 +210,21 @@ def test_the_compile_reads_its_sections_not_the_whole_spec():
         and any(isinstance(n, ast.Name) and n.id == "DeploySpec" for n in ast.walk(f))
     ]
     assert uses == ["compile_model"], uses
+
+
+def test_the_adapters_import_only_the_worker_contract():
+    """What each engine loads from outside its package (the TorchServe handler, Triton's
+    model.py) reaches neuronserve through neuronserve.worker alone: the contract it
+    names is the one place an adapter depends on."""
+    from neuronserve import worker
+
+    imported = {}
+    for path in [*(REPO / "handlers").glob("*.py"), *(REPO / "triton_backend").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("neuronserve"):
+                imported.setdefault(node.module, set()).update(a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                assert not any(a.name.startswith("neuronserve") for a in node.names), path
+    assert set(imported) == {"neuronserve.worker"}, sorted(imported)
+    for name in imported["neuronserve.worker"]:
+        assert getattr(worker, name) is not None, name  # each one resolves
