@@ -198,11 +198,11 @@ def test_what_reaches_the_engine_is_the_specs_worker_sections_not_the_fronts(
     )
     # the front's own settings (port, auth) stay with the front
     assert "port" not in behind.front.model_fields_set and behind.front.auth == "auto"
-    # the engine's own options reach it; where it keeps its store and listens is the
-    # deployment's, and behind the front one call is one job (the front joins requests)
+    # the engine's own options reach it (TorchServe batches the front's requests itself);
+    # where it keeps its store and listens is the deployment's
     own = behind.engine_named("torchserve")
     assert own.worker_retry_timeout_s == 30 and own.model_store == tmp_path / "work" / "store"
-    assert own.batch_requests == 1
+    assert own.batch_requests == 3
     assert own.bind_address == "127.0.0.1" and own.token_auth
     # a model's packaged truncation is kept, unless the deployment gives one itself
     found = [FoundModel(tmp_path / "a", "a", truncation=True)]

@@ -50,6 +50,8 @@ class TorchServeUrls:
 
 class TorchServeClient(EngineClient):
     kind = "torchserve"
+    # TorchServe's batchSize counts requests (its frontend's aggregator)
+    batches = "requests"
 
     def __init__(
         self,

@@ -25,14 +25,13 @@ class TorchServeSection(EngineSection):
 
     # behind the front: token authorization, the front reading the keys from its 0700 run
     # folder, the inference key living ten years instead of TorchServe's hour; a folder
-    # instead of a zip, so a start does not pack the artifact again; and a batch is one
-    # call of the front's, which joins what arrives together (TorchServe's batchSize
-    # counts requests: joined calls batched again would leave other workers idle)
+    # instead of a zip, so a start does not pack the artifact again. TorchServe batches
+    # the front's requests itself (its batchSize counts requests; the front joins none
+    # for it: coalescing.py)
     behind_front: ClassVar[dict[str, Any]] = {
         "token_auth": True,
         "token_expiration_min": 10 * 365 * 24 * 60,
         "archive_format": "no-archive",
-        "batch_requests": 1,
     }
 
     model_store: Path = Field(Path("model_store"), description="TorchServe model store")

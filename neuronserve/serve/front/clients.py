@@ -15,7 +15,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import aiohttp
 import orjson
@@ -121,6 +121,12 @@ class EngineClient(ABC):
     back, in the engine's wire format."""
 
     kind: str
+    # what the engine's own batcher counts: texts (the rows of a call: joining requests
+    # into one call fills its batches) or requests (each call one batch slot, however many
+    # texts it carries: joined calls make its batches uneven and leave workers idle, so
+    # each request goes as it came and the engine batches them). The one rule by which
+    # the front joins requests (coalescing.py) reads this and nothing else of the engine.
+    batches: Literal["texts", "requests"] = "texts"
 
     @abstractmethod
     async def run(self, model: ServedModel, request: TaskRequest) -> Any:

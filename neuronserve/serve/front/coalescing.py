@@ -8,7 +8,10 @@ to the model's largest compiled batch of texts), at the end of that turn, and th
 results are handed back to each. So a lone request waits for nothing, and requests join
 only when the front is busy enough to have several at once, which is when the engine's
 per-request cost (HTTP, the worker's protocol) is what limits it.
-text-embeddings-inference's router batches for the same reason.
+text-embeddings-inference's router batches for the same reason. Where the engine's own
+batcher counts requests rather than texts (TorchServe's batchSize: EngineClient.batches),
+joined calls would make its batches uneven and leave its other workers idle: there each
+request goes as it came, and the engine batches them.
 
 An engine gives one result per text (`EngineClient.run`), so a joined call's results
 split by count. A request the engine refuses fails only itself: when a joined call is
@@ -66,7 +69,7 @@ class Coalescer:
         self._on_call = on_call
 
     async def run(self, client: EngineClient, model: ServedModel, request: TaskRequest) -> Any:
-        if model.max_batch <= 1:
+        if model.max_batch <= 1 or client.batches == "requests":
             return await self._alone(client, model, request)
         try:
             kind = orjson.dumps(
