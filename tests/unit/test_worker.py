@@ -249,3 +249,16 @@ def test_deferred_metrics_sum_counters_keep_the_last_gauge_and_flush_when_idle()
     # the sink's failure did not stop the thread: later batches are still written
     deferred.add([(metrics.REQUESTS, 1, {})])
     wait_for(lambda: ("requests", 1.0, {}) in emitted, 5, 0.01, "the next flush")
+
+
+def test_torchserve_sockets_fit_the_kernels_limit_under_a_deep_run_folder(tmp_path):
+    """A worker's Unix socket lives in TorchServe's temp folder: under a deep run folder
+    it moves to a short one of this user's, the same for start and stop."""
+    from neuronserve.engines.torchserve.process import SOCKET_PATH_MAX, _tmp
+
+    shallow = tmp_path / "run"
+    assert _tmp(shallow) == shallow / "tmp"
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "run"
+    moved = _tmp(deep)
+    assert len(str(moved / ".ts.sock.65535")) <= SOCKET_PATH_MAX
+    assert moved == _tmp(deep) and moved != _tmp(deep.parent / "other")

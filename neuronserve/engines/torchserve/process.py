@@ -95,8 +95,25 @@ class TorchServeInstance:
         return [w for entry in self.model_status(name) for w in entry.get("workers", [])]
 
 
+# the longest path of a Unix socket (sun_path: 108 bytes with its NUL)
+SOCKET_PATH_MAX = 107
+
+
 def _tmp(run_dir: Path) -> Path:
-    return run_dir / "tmp"
+    """TorchServe's temporary folder: its pid file, and the Unix sockets of its workers
+    (`.ts.sock.<port>`). Under a run folder deep enough that a socket's path would pass
+    the kernel's limit (every worker would fail with "AF_UNIX path too long", and the
+    start wait for ever), a short one of this user's named after the run folder, so that
+    `--stop` finds it too: in $XDG_RUNTIME_DIR (this user's alone), else the temp folder."""
+    inside = run_dir / "tmp"
+    if len(str(inside / ".ts.sock.65535").encode()) <= SOCKET_PATH_MAX:
+        return inside
+    import hashlib
+    import tempfile
+
+    base = os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()
+    digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+    return Path(base) / f"neuronserve-ts-{os.getuid()}-{digest}"
 
 
 def _env(run_dir: Path) -> dict[str, str]:
@@ -174,8 +191,8 @@ def start(
     trusted_store(model_store, "model store")
     # TorchServe's own logs and key file land here: this user's alone
     private_dir(run_dir)
-    for sub in ("tmp", "logs"):
-        private_dir(run_dir / sub)
+    for folder in (_tmp(run_dir), run_dir / "logs"):
+        private_dir(folder)
     for old in (run_dir / "logs").glob("*.log"):
         old.unlink()
     props = read_properties(store_config)
@@ -246,13 +263,18 @@ def worker_counts_of(entries: list[dict]) -> tuple[int, int, list[str]]:
 
 
 def worker_failures(log_dir: Path) -> list[str]:
-    """Lines in the model log where a worker reported it could not start."""
+    """Lines in the model log where a worker reported it could not start, or where
+    TorchServe's worker process failed before it reached our handler (its socket)."""
     lines = []
     path = log_dir / "model_log.log"
     if path.is_file():
         for line in path.read_text(errors="replace").splitlines():
             if FAILURE_MARKER in line:
                 lines.append(line.split(FAILURE_MARKER)[-1].strip())
+            elif "AF_UNIX path too long" in line:
+                lines.append(
+                    "TorchServe's worker socket path is too long: use a shorter run folder"
+                )
     return lines
 
 
