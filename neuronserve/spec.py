@@ -82,10 +82,22 @@ class CompileSection(Section):
 
     key = "compile"
 
-    model: Path | None = Field(
+    model: str | None = Field(
         None,
-        description="local Hugging Face model directory (config.json, weights, a fast tokenizer)",
+        description="a Hugging Face Hub id (org/name, or org/name@revision) or a local model "
+        "folder (config.json, weights, a fast tokenizer); Hub models are downloaded with "
+        "huggingface_hub (HF_TOKEN, HF_HOME, HF_HUB_OFFLINE apply)",
     )
+    revision: str | None = Field(
+        None,
+        description="the Hub revision (branch, tag or commit) of `model`; default: main",
+    )
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _folder_as_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, Path) else v
+
     task: Task = Field(
         "feature-extraction",
         description="feature-extraction | sparse-embedding (SPLADE) | text-classification | "
@@ -99,7 +111,11 @@ class CompileSection(Section):
         "pickles can run code, so only for models you trust",
         json_schema_extra=flags("--allow-pickle-weights/--safetensors-only"),
     )
-    target: Target = Field("cpu", description="cpu | neuronx (Inf2/Trn1) | neuron (Inf1)")
+    target: Target = Field(
+        "cpu",
+        description="cpu | neuronx (Inf2/Trn1) | neuron (Inf1); serving a model by Hub id or "
+        "folder compiles for this host's (neuronx or neuron where it has NeuronCores)",
+    )
     batch_sizes: list[int] = Field(
         default_factory=lambda: [1, 4, 8], description="compiled batch sizes, e.g. 1,4,8"
     )
@@ -561,6 +577,39 @@ class ModelEntry(BaseModel):
         return None if v is None else safe_name(v)
 
 
+class ModelSource(BaseModel):
+    """A model of a deployment named by Hugging Face Hub id or folder: `serve front`
+    compiles it with the spec's compile section (for this host's target unless the section
+    names one) into the artifact cache, and serves what it compiled."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(
+        description="a Hugging Face Hub id (org/name, org/name@revision) or a model folder"
+    )
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _folder_as_text(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, Path) else v
+
+    revision: str | None = Field(None, description="the Hub revision; default: main")
+    task: Task | None = Field(
+        None, description="its task (default: the spec's `task` if given, else its config's)"
+    )
+    name: str | None = Field(
+        None, description="name the model is addressed by (default: the Hub name's last part)"
+    )
+    truncation: bool | None = Field(
+        None, description="this model's answer to over-long text (default: the deployment's)"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, v: str | None) -> str | None:
+        return None if v is None else safe_name(v)
+
+
 S = TypeVar("S", bound=EngineSection)
 
 # the sections every spec has, by key, in the order the reference lists them
@@ -596,11 +645,12 @@ class DeploySpec(BaseModel):
         description="artifact directory (compile output)",
         json_schema_extra=flags("--out"),
     )
-    models: list[ModelEntry] = Field(
+    models: list[ModelEntry | ModelSource] = Field(
         default_factory=list,
-        description="several artifacts served together, one worker per core group holding "
-        "them all (instead of `artifact`): each entry an `artifact` with an optional `name` "
-        "and `truncation`",
+        description="several models served together, one worker per core group holding "
+        "them all (instead of `artifact`): each entry an `artifact` (compile output), or a "
+        "`model` (a Hub id or folder, compiled at start into the artifact cache, with an "
+        "optional `revision` and `task`), with an optional `name` and `truncation`",
         json_schema_extra=flags(cli=False),
     )
     deployment_name: str = Field(
@@ -683,11 +733,34 @@ class DeploySpec(BaseModel):
     def engine_named(self, name: str) -> EngineSection:
         return self.engines[name]
 
+    def model_sources(self) -> list[ModelSource]:
+        """The models this spec names by Hub id or folder, still to be compiled: its
+        `models` entries that give a `model`, or, when it names no artifact, the compile
+        section's `model` (with the spec's `name` and `truncation`)."""
+        given = [m for m in self.models if isinstance(m, ModelSource)]
+        if given or self.models or self.artifact is not None or self.compile.model is None:
+            return given
+        return [
+            ModelSource(
+                model=self.compile.model,
+                revision=self.compile.revision,
+                name=self.name,
+                truncation=self.truncation,
+            )
+        ]
+
     def model_entries(self) -> list[ModelEntry]:
         """The models this spec deploys: its `models`, or the one `artifact` (with `name`
-        and `truncation`); empty when it names none."""
+        and `truncation`); empty when it names none. SpecError while some are named by
+        Hub id or folder (compile.cache.resolved compiles those first)."""
+        if any(isinstance(m, ModelSource) for m in self.models):
+            raise SpecError(
+                "the spec names models by Hub id or folder (`model`): `serve front` compiles "
+                "them; other commands need artifacts (`neuronserve compile --model ... --out "
+                "DIR`)"
+            )
         if self.models:
-            return list(self.models)
+            return [m for m in self.models if isinstance(m, ModelEntry)]
         if self.artifact is None:
             return []
         return [ModelEntry(artifact=self.artifact, name=self.name, truncation=self.truncation)]
@@ -849,3 +922,20 @@ def _relative_to(data: dict[str, Any], base: Path) -> None:
         where = entry.get("artifact") if isinstance(entry, dict) else None
         if isinstance(where, str) and not Path(where).is_absolute():
             entry["artifact"] = str(base / where)
+    _model_refs_relative_to(data, base)
+
+
+def _model_refs_relative_to(data: dict[str, Any], base: Path) -> None:
+    for holder in [data.get("compile"), *(data.get("models") or [])]:
+        if isinstance(holder, dict) and isinstance(holder.get("model"), str):
+            holder["model"] = _model_ref(holder["model"], base)
+
+
+def _model_ref(ref: str, base: Path) -> str:
+    """A model named in a spec file: a folder relative to the file when it is written as
+    one (./, ../) or exists there; a Hub id (org/name) as it is."""
+    if Path(ref).is_absolute() or ref.startswith("~"):
+        return ref
+    if ref.startswith(("./", "../")) or (base / ref).exists():
+        return str(base / ref)
+    return ref

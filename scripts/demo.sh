@@ -6,8 +6,20 @@
 # neuronserve's front; one request to each model the way clients send them (the openai
 # client, text-embeddings-inference's /rerank and /predict), then worker placement and
 # latency, and a stop. Everything it writes goes under .neuronserve/demo.
+#
+#   scripts/demo.sh [--port N]    # the front's port, default 3000
 set -euo pipefail
 cd "$(dirname "$0")/.."
+PORT=3000
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --port) PORT=${2:?--port needs a number}; shift 2 ;;
+    --port=*) PORT=${1#--port=}; shift ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "demo.sh: unknown option $1 (use --port N)" >&2; exit 2 ;;
+  esac
+done
+echo "== installing into .venv (the first time takes several minutes)"
 scripts/install.sh
 export PATH="$PWD/.venv/bin:$PATH"
 DEMO=.neuronserve/demo
@@ -36,7 +48,7 @@ torchserve:
 # the front: OpenAI, text-embeddings-inference and SageMaker routes on one port; on
 # loopback no API key is needed (any other address turns keys on)
 front:
-  port: 3000
+  port: $PORT
   run_dir: front
 worker:
   # throughput: one single-threaded worker per core; latency: one worker on every core
@@ -47,7 +59,7 @@ YAML
 echo "== neuronserve package torchserve (one archive, three models)"
 neuronserve package torchserve --spec "$DEMO/deploy.yaml"
 echo "== neuronserve serve front (TorchServe behind it, on loopback)"
-trap 'echo "== stopping"; neuronserve serve front --spec "$DEMO/deploy.yaml" --stop' EXIT
+trap 'echo "== stopping: neuronserve serve front --stop --run-dir $DEMO/front"; neuronserve serve front --stop --run-dir "$DEMO/front"' EXIT
 neuronserve serve front "$DEMO/model_store" --spec "$DEMO/deploy.yaml"
 echo "== requests"
-python scripts/demo_client.py --url http://127.0.0.1:3000 --run-dir "$DEMO/front"
+python scripts/demo_client.py --url "http://127.0.0.1:$PORT" --run-dir "$DEMO/front"

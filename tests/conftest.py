@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
-from helpers import tiny_bert_classifier, tiny_model
+from helpers import HUB_TEST_ID, hub_cache, tiny_bert_classifier, tiny_model
 
 # The slowest first, so that a parallel run (scripts/test.sh: files in the order
 # collected) does not end waiting on one of them: the longest modules, those that mostly
 # wait for servers beside those that compile (which keep both cores busy), then by folder.
 _SLOWEST = (
+    "test_docs.py",
     "test_soak.py",
     "test_tasks.py",
     "test_front_triton.py",
@@ -290,3 +291,16 @@ def _tei_models(root: Path, embedder_dir: Path, minilm_dir: Path) -> Path:
     compile_artifact(root / "splade", mlm, "feature-extraction", name="splade",
                      pooling="splade", module_format="torchscript")  # fmt: skip
     return root
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch, tiny_embedder_dir) -> Path:
+    """An offline Hugging Face Hub holding the tiny embedder as HUB_TEST_ID (the cache a
+    download leaves, HF_HUB_OFFLINE=1), and an artifact cache of the test's own; for this
+    process and the servers it starts."""
+    cache = hub_cache(tmp_path / "hf" / "hub", HUB_TEST_ID, tiny_embedder_dir)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("NEURONSERVE_CACHE", str(tmp_path / "ns-cache"))
+    return cache

@@ -685,3 +685,20 @@ def counter_total(metrics: str, name: str) -> float:
         for line in metrics.splitlines()
         if line.startswith(name + "{")
     )
+
+
+# the Hub id the tests serve the tiny embedder as, from a pre-filled cache (hub_cache)
+HUB_TEST_ID = "neuronserve-tests/tiny-embedder"
+
+
+def hub_cache(cache: Path, repo_id: str, model_dir: Path, commit: str = "1" * 40) -> Path:
+    """A Hugging Face cache (huggingface_hub's layout: models--org--name/refs/main and
+    snapshots/<commit>/) holding `model_dir` as `repo_id` at `commit`: what a download
+    leaves, so tests run offline (HF_HUB_OFFLINE=1, HF_HUB_CACHE=`cache`)."""
+    import shutil
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(model_dir, repo / "snapshots" / commit, dirs_exist_ok=True)
+    return cache

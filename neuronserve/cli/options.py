@@ -56,7 +56,18 @@ def with_artifacts(spec: DeploySpec, artifacts: list[Path] | None) -> DeploySpec
         fail(str(e))
 
 
-def require_artifacts(spec: DeploySpec) -> DeploySpec:
+def require_artifacts(spec: DeploySpec, target: str | None = None) -> DeploySpec:
+    """`spec` with artifacts for every model it deploys: those it names by Hub id or
+    folder (`models: [{model: ...}]`) compiled first, for `target` (the package's) unless
+    the compile section names one, else this host's; fails when it names none."""
+    if spec.model_sources():
+        from ..compile import CompileError
+        from ..compile.cache import resolved
+
+        try:
+            spec = resolved(spec, log=typer.echo, target=target)
+        except (CompileError, ValueError, OSError) as e:
+            fail(str(e), 1)
     if not spec.model_entries():
         fail(
             "no artifact: pass the artifact directory (or several), or set `artifact` "

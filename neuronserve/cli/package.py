@@ -85,7 +85,7 @@ def sagemaker_cmd(
 
     s = with_artifacts(spec, artifacts)
     try:
-        path = package_sagemaker(require_artifacts(s), engine, target, out)
+        path = package_sagemaker(require_artifacts(s, target), engine, target, out)
     except (ArtifactError, ContextError, PackagingError, OSError) as e:
         fail(str(e), 1)
     typer.echo(f"wrote the build context {path}: docker build -t <image> {path}")
@@ -175,7 +175,7 @@ def kubernetes_cmd(
         scheduler=scheduler,
     )
     try:
-        pod = package_kubernetes(require_artifacts(s), engine, target, out, options)
+        pod = package_kubernetes(require_artifacts(s, target), engine, target, out, options)
     except (ArtifactError, ContextError, PackagingError, OSError) as e:
         fail(str(e), 1)
     unit = "NeuronCore(s)" if target == "neuronx" else "CPU(s)"

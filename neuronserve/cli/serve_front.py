@@ -32,10 +32,34 @@ TASK_ROUTES = {
 }
 
 
-@spec_command(TOP, "front", "worker", "limits", "multi_model", skip=("artifact", "name"))
+HubModels = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--model",
+        help="a model to serve by Hugging Face Hub id (org/name, org/name@revision) or "
+        "folder, repeatable: downloaded (HF_TOKEN, HF_HOME, HF_HUB_OFFLINE apply), compiled "
+        "for this host with the compile options below (task from its config unless --task) "
+        "and kept in the artifact cache (NEURONSERVE_CACHE, default ~/.cache/neuronserve), "
+        "so the next start reuses it",
+        show_default=False,
+    ),
+]
+
+
+@spec_command(
+    TOP,
+    "front",
+    "worker",
+    "limits",
+    "multi_model",
+    "compile",
+    "accuracy",
+    skip=("artifact", "model"),
+)
 def front_cmd(
     spec: DeploySpec,
     sources: Sources = None,
+    models: HubModels = None,
     stop: Stop = False,
     foreground: Annotated[
         bool,
@@ -49,9 +73,15 @@ def front_cmd(
 ) -> None:
     """Start the front and the engine behind it; return once every worker is ready.
 
-    The front answers OpenAI's `POST /v1/embeddings`, text-embeddings-inference's
-    `/embed`, `/predict`, `/rerank`, `/tokenize`, `/info`, `/health`, SageMaker's `/ping`
-    and `/invocations`, `/metrics` and `/docs`. The engine listens on loopback only. API
+    From a model id to an endpoint: `neuronserve serve front --model
+    sentence-transformers/all-MiniLM-L6-v2` downloads, compiles for this host and serves
+    (the second start reuses the compiled artifact). Artifacts `neuronserve compile`
+    wrote, or stores `neuronserve package` wrote, are served as they are.
+
+    The front answers OpenAI's `POST /v1/embeddings`; text-embeddings-inference's `POST /`
+    (the model's own task), `/embed`, `/embed_all`, `/embed_sparse`, `/similarity`,
+    `/predict`, `/rerank`, `/tokenize`, `/decode`, `/info`, `/health`; SageMaker's `/ping`
+    and `/invocations`; `/metrics` and `/docs`. The engine listens on loopback only. API
     keys are required whenever the front listens beyond loopback.
     """
     from ..serve.front import launch
@@ -67,14 +97,7 @@ def front_cmd(
             launch.refuse_second(s.front.run_dir)
         except ServeError as e:
             fail(str(e), 1)
-    given = list(sources or ([s.artifact] if s.artifact is not None else []))
-    if not given and not s.models and not s.multi_model.enabled:
-        fail(
-            "nothing to serve: pass an artifact (or several), a model store or a Triton repository"
-        )
-    if given and (s.artifact is not None or s.models):
-        # the command line's sources replace the spec's
-        s = s.model_copy(update={"artifact": None, "models": []})
+    s, given = _what_to_serve(s, list(sources or []), models or [])
     try:
         if foreground:
             raise typer.Exit(_foreground(s, given))
@@ -82,6 +105,74 @@ def front_cmd(
     except (ServeError, KeyFileError) as e:
         fail(str(e), 1)
     _report(inst, "run_dir" in s.front.model_fields_set)
+
+
+def _what_to_serve(
+    spec: DeploySpec, sources: list[Path], models: list[str]
+) -> tuple[DeploySpec, list[Path]]:
+    """The spec and the sources to start with: the command line's sources and models
+    (models by Hub id or folder compiled, or found in the artifact cache) in place of the
+    spec's, else the spec's; a missing source or nothing to serve fails here, before
+    anything starts."""
+    given = list(sources or ([spec.artifact] if spec.artifact is not None else []))
+    if models:  # the command line's models replace the spec's
+        spec = _named_models(spec, models)
+        given = list(sources)
+    for source in given:
+        if not Path(source).is_dir():
+            fail(
+                f"{source} does not exist or is not a folder: pass an artifact, a model store "
+                f"or a Triton repository, or serve a Hub id or model folder with --model "
+                f"{source}",
+                1,
+            )
+    wanted = given or spec.models or spec.model_sources() or spec.multi_model.enabled
+    if not wanted:
+        fail(
+            "nothing to serve: pass --model (a Hugging Face Hub id or a model folder), an "
+            "artifact (or several), a model store or a Triton repository"
+        )
+    spec = _compiled(spec)
+    if models and given:  # artifacts and models by id on one command line: all served
+        given += [e.artifact for e in spec.model_entries()]
+    if given and (spec.artifact is not None or spec.models):
+        # the command line's sources replace the spec's
+        spec = spec.model_copy(update={"artifact": None, "models": []})
+    return spec, given
+
+
+def _named_models(spec: DeploySpec, models: list[str]) -> DeploySpec:
+    from ..spec import ModelSource
+
+    one = len(models) == 1
+    sources = [
+        ModelSource(
+            model=m,
+            revision=spec.compile.revision if one else None,
+            name=spec.name if one else None,
+            truncation=spec.truncation,
+        )
+        for m in models
+    ]
+    data = spec.model_dump(exclude_unset=True)
+    for key in ("artifact", "name"):
+        data.pop(key, None)
+    data["models"] = [x.model_dump(exclude_none=True) for x in sources]
+    return DeploySpec.model_validate(data)
+
+
+def _compiled(spec: DeploySpec) -> DeploySpec:
+    """The spec with its models named by Hub id or folder compiled (or found in the
+    artifact cache), each step said as it happens."""
+    if not spec.model_sources():
+        return spec
+    from ..compile import CompileError
+    from ..compile.cache import resolved
+
+    try:
+        return resolved(spec, log=typer.echo)
+    except (CompileError, ValueError, OSError) as e:
+        fail(str(e), 1)
 
 
 def _foreground(spec: Any, sources: list[Path]) -> int:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 __all__ = ["CompileError", "Target", "compile_model", "get_target"]
 
 _WHERE = {
-    "CompileError": ".base",
+    "CompileError": ".errors",
     "Target": ".base",
     "compile_model": ".driver",
     "get_target": ".targets",

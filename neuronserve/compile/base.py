@@ -10,9 +10,9 @@ from typing import Any, Protocol
 
 import torch
 
+from .errors import CompileError
 
-class CompileError(RuntimeError):
-    """Compilation or validation against the eager model failed."""
+__all__ = ["CompileError", "Target"]
 
 
 class Target(Protocol):

@@ -53,11 +53,18 @@ def compile_model(spec: DeploySpec, progress: bool = True) -> Path:
 
 def compile_job(job: CompileJob, progress: bool = True) -> Path:
     """Compile `job.compile.model` for its target over its bucket grid into `job.out`."""
+    from .hub import model_folder
+
     if job.compile.model is None:
-        raise CompileError("no model directory: pass --model or set `model` in the spec")
+        raise CompileError(
+            "no model: pass --model (a Hugging Face Hub id or a folder) or set `model` in "
+            "the spec's compile section"
+        )
     if job.out is None:
         raise CompileError("no output directory: pass --out or set `artifact` in the spec")
-    model_dir, out = Path(job.compile.model), job.out
+    c = job.compile
+    model_dir = model_folder(job.compile.model, c.revision, c.allow_pickle_weights).folder
+    out = job.out
     _check_model_dir(model_dir)
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise CompileError(f"{out} exists and is not an artifact; choose an empty directory")
@@ -74,13 +81,19 @@ def compile_job(job: CompileJob, progress: bool = True) -> Path:
 
 
 def _check_model_dir(model_dir: Path) -> None:
-    if not model_dir.is_dir():
-        raise CompileError(f"model directory {model_dir} does not exist")
+    if (model_dir / MANIFEST).is_file():
+        raise CompileError(
+            f"{model_dir} is a neuronserve artifact (what compile writes), not a Hugging Face "
+            f"model: serve it with `neuronserve serve front {model_dir}`"
+        )
     if not (model_dir / "config.json").is_file():
         raise CompileError(f"{model_dir} has no config.json: is it a Hugging Face model directory?")
     weights = list(model_dir.glob("*.safetensors")) + list(model_dir.glob("pytorch_model*.bin"))
     if not weights:
-        raise CompileError(f"{model_dir} has no weights (*.safetensors or pytorch_model*.bin)")
+        raise CompileError(
+            f"{model_dir} has no weights (*.safetensors, or pytorch_model*.bin with "
+            "--allow-pickle-weights)"
+        )
 
 
 def _save_tokenizer(model_dir: Path, out: Path) -> dict[str, Any]:

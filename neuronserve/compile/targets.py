@@ -37,3 +37,17 @@ def get_target(name: str) -> Target:
 def core_kind(name: str) -> str:
     """The kind of core a worker of target `name` leases: "cpu" or "neuron"."""
     return _entry(name)[2]
+
+
+def host_target() -> str:
+    """The target this host serves best: neuron on Inf1, neuronx where it has other
+    NeuronCores (Inf2, Trn1, Trn2: /dev/neuron* devices, or cores given to a container),
+    else cpu."""
+    import os
+    from pathlib import Path
+
+    from ..cores import instance_family
+
+    if not (any(Path("/dev").glob("neuron[0-9]*")) or os.environ.get("NEURON_RT_VISIBLE_CORES")):
+        return "cpu"
+    return "neuron" if (instance_family() or "").startswith("inf1") else "neuronx"

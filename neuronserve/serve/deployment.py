@@ -151,7 +151,10 @@ class Deployment:
 
     @property
     def tasks(self) -> str:
-        return ", ".join(f"{n} ({m.task})" for n, (m, _) in self.manifests.items())
+        """The models it starts with, as the log says them ("no model yet" for a
+        multi-model deployment started empty)."""
+        named = ", ".join(f"{n} ({m.task})" for n, (m, _) in self.manifests.items())
+        return named or "no model yet (POST /models loads one)"
 
     def served_models(self) -> dict[str, ServedModel]:
         """Each model as the front needs it, by name."""

@@ -101,6 +101,9 @@ def find_models(source: Path, work: Path) -> list[FoundModel]:
     packaged with: an artifact, several artifacts side by side, or any engine's store
     built by `neuronserve package` (a .mar or its unpacked folder, a Triton repository),
     which its engine reads back."""
+    if not source.is_dir():
+        hub = " (a Hugging Face Hub id? serve it with --model)" if "/" in str(source) else ""
+        raise ModelSourceError(f"{source} does not exist or is not a folder{hub}")
     if (source / MANIFEST).is_file():
         return [_artifact(source)]
     side_by_side = sorted(p.parent for p in source.glob(f"*/{MANIFEST}"))

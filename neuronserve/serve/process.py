@@ -309,3 +309,44 @@ def thread_states(pid: int) -> str:
         lines.append(head)
         lines.extend(f"  {n} x {key}" for key, n in seen.items())
     return "\n".join(lines)
+
+
+def port_taken(address: str, port: int) -> str | None:
+    """Why `port` on `address` cannot be listened on, naming who holds it when this user
+    can see (a front of ours by its run folder, else the process); None when it is free.
+    Checked before a server starts, so that a start never takes another server's answer
+    for its own."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # as uvicorn binds: a port in TIME_WAIT is free, one with a listener is not
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((address or "0.0.0.0", port))
+            return None
+        except OSError as e:
+            why = e.strerror or str(e)
+    return f"port {port} on {address or '0.0.0.0'} is taken ({why}){_holder(port)}"
+
+
+def _holder(port: int) -> str:
+    try:
+        pids = {
+            c.pid
+            for c in psutil.net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
+        }
+    except (psutil.Error, OSError):
+        return ""
+    for pid in sorted(pids):
+        try:
+            cmdline = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            continue
+        if "neuronserve.serve.front.server" in cmdline:  # a background front: its settings
+            run_dir = Path(cmdline[-1]).parent
+            return (
+                f" by the neuronserve front of run folder {run_dir} (pid {pid}); stop it with "
+                f"`neuronserve serve front --stop --run-dir {run_dir}`, or choose another --port"
+            )
+        return f" by pid {pid} ({' '.join(cmdline)[:120]}); choose another --port"
+    return "; choose another --port"

@@ -25,18 +25,21 @@ from pathlib import Path
 
 from .. import placement
 from ..artifact import read_manifest
+from ..compile.cache import resolved
 from ..spec import DeploySpec, load_spec
 from .deployment import Deployment, model_entries
 from .front.config import FrontConfig
 from .front.keys import ENV_KEY
 from .front.server import configure_logging, run
-from .model_source import ModelSourceError, engine_name, find_models, model_source
+from .model_source import FoundModel, ModelSourceError, engine_name, find_models, model_source
 from .process import private_dir
 
 log = logging.getLogger("neuronserve.sagemaker")
 
 
 PLATFORMS = ("sagemaker", "kubernetes")
+# models named by Hugging Face Hub id (or a folder in the image), compiled at start
+HUB_MODELS = "HF_MODEL_ID"
 
 
 class PlatformError(RuntimeError):
@@ -100,6 +103,15 @@ def sagemaker_spec(work: Path) -> DeploySpec:
     for var, (section, field) in _BOUNDS.items():
         if os.environ.get(var, "").strip():
             sections[section][field] = int(os.environ[var])
+    hub = [m.strip() for m in os.environ.get(HUB_MODELS, "").split(",") if m.strip()]
+    if hub:
+        # as Hugging Face's own SageMaker containers take a model: HF_MODEL_ID (here one
+        # or several, comma-separated), HF_MODEL_REVISION for the one, HF_TASK
+        revision = os.environ.get("HF_MODEL_REVISION") or None
+        task = os.environ.get("HF_TASK") or None
+        sections["models"] = [  # type: ignore[assignment]
+            {"model": m, "revision": revision if len(hub) == 1 else None, "task": task} for m in hub
+        ]
     return load_spec(None, sections)
 
 
@@ -107,13 +119,21 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
     """Find the model, plan workers for this host from SageMaker's settings (once: the
     deployment packages and starts with this plan), and make the deployment the front
     starts."""
-    try:
-        source = model_source()
-    except ModelSourceError:
-        if not spec.multi_model.enabled:
-            raise
-        source = None  # a multi-model endpoint starts empty
-    found = find_models(source, work) if source is not None else []
+    if spec.model_sources():  # HF_MODEL_ID: compiled for this host, or from the cache
+        spec = resolved(spec, log=log.info, progress=False)
+        source: Path | None = None
+        found = [
+            FoundModel(e.artifact, e.name or e.artifact.name, e.truncation)
+            for e in spec.model_entries()
+        ]
+    else:
+        try:
+            source = model_source()
+        except ModelSourceError:
+            if not spec.multi_model.enabled:
+                raise
+            source = None  # a multi-model endpoint starts empty
+        found = find_models(source, work) if source is not None else []
     manifests = [read_manifest(f.artifact) for f in found]
     requested = os.environ.get("SAGEMAKER_MODEL_SERVER_WORKERS")
     plan = placement.plan(

@@ -296,3 +296,34 @@ def test_the_docs_page_runs_only_scripts_the_front_serves(tmp_path, tiny_runner)
         assert served.status_code == 200, src
         assert served.content == (static / "static" / src.rsplit("/", 1)[-1]).read_bytes()
     assert client.get("/docs/../front.json").status_code == 404
+
+
+def test_the_root_answers_with_the_models_own_task_as_tei_does(two, tiny_runner, classifier_runner):
+    client, _ = two
+    embed = client.post("/", json={"inputs": SENTENCES[4], "model": "tiny"})
+    assert embed.status_code == 200
+    assert embed.json() == client.post("/embed", json={"inputs": SENTENCES[4]}).json()
+    predict = client.post("/", json={"inputs": "ok", "model": "tiny-classifier"})
+    assert predict.status_code == 200
+    assert predict.json() == client.post("/predict", json={"inputs": "ok"}).json()
+    # several models and none named: the one rule of every route (422 naming them)
+    several = client.post("/", json={"inputs": "x"})
+    assert several.status_code == 422 and "tiny, tiny-classifier" in several.json()["error"]
+    bad = client.post("/", content=b"{not json", headers={"content-type": "application/json"})
+    assert bad.status_code in (400, 422)
+
+
+def test_tei_series_are_served_beside_ours(two):
+    client, _ = two
+    assert client.post("/embed", json={"inputs": "a"}).status_code == 200
+    assert client.post("/predict", json={"inputs": "ok"}).status_code == 200
+    assert client.post("/embed", json={"inputs": "x", "model": "nope"}).status_code == 404
+    client.get("/health")  # a probe: not an inference request
+    client.post("/tokenize", json={"inputs": "x", "model": "tiny"})  # not one either
+    text = client.get("/metrics").text
+    assert "te_request_count_total 3.0" in text
+    assert "te_request_success_total 2.0" in text
+    assert 'te_request_failure_total{err="validation"} 1.0' in text
+    assert "te_request_duration_count 2.0" in text
+    assert "te_request_inference_duration_count 2.0" in text
+    assert "te_queue_size 0.0" in text

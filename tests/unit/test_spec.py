@@ -6,6 +6,7 @@ from neuronserve.spec import SpecError, load_spec
 
 
 def test_yaml_spec_with_flag_overrides(tmp_path):
+    (tmp_path / "models/minilm").mkdir(parents=True)
     f = tmp_path / "deploy.yaml"
     f.write_text(
         "model: models/minilm\nbatch-sizes: [8, 1, 4, 4]\ntruncation: false\n"
@@ -15,7 +16,7 @@ def test_yaml_spec_with_flag_overrides(tmp_path):
     assert spec.compile.batch_sizes == [1, 4, 8]  # sorted, deduplicated
     assert spec.worker.workers == 1  # the flag wins
     assert spec.truncation is False  # an unset flag does not override the file
-    assert spec.compile.model == tmp_path / "models/minilm"  # relative to the spec file
+    assert spec.compile.model == str(tmp_path / "models/minilm")  # relative to the spec file
     assert spec.model_name() == "minilm"
 
 
@@ -65,14 +66,16 @@ def test_a_sectioned_spec_file_loads_and_each_consumer_reads_its_section(tmp_pat
     f = tmp_path / "deploy.yaml"
     f.write_text(
         "artifact: out/minilm\n"
-        "compile: {batch_sizes: '1,8', model: models/minilm}\n"
+        "compile: {batch_sizes: '1,8', model: ./models/minilm}\n"
         "worker: {workers: 2, max_queued: 7}\n"
         "limits: {max_client_batch: 64}\n"
         "front: {port: 4000, run_dir: front}\n"
         "triton: {repository: repo, http_port: 9000}\n"
     )
     spec = load_spec(f)
-    assert spec.compile.batch_sizes == [1, 8] and spec.compile.model == tmp_path / "models/minilm"
+    assert spec.compile.batch_sizes == [1, 8] and spec.compile.model == str(
+        tmp_path / "models/minilm"
+    )
     assert (spec.worker.workers, spec.worker.max_queued, spec.limits.max_client_batch) == (2, 7, 64)
     assert spec.front.port == 4000 and spec.front.run_dir == tmp_path / "front"
     triton = spec.engine_named("triton")
@@ -132,3 +135,31 @@ def test_every_option_is_a_field_declared_once_with_its_help():
                     seen_spec_options += 1
                     assert p.help in described, (command.name, p.name)
     assert seen_spec_options > 100
+
+
+def test_a_model_is_a_folder_next_to_the_spec_or_a_hub_id(tmp_path):
+    (tmp_path / "here").mkdir()
+    f = tmp_path / "deploy.yaml"
+    f.write_text(
+        "compile: {model: org/name}\n"
+        "models: [{model: here}, {model: ../there}, {model: sentence-transformers/x@v1}, "
+        "{artifact: art}]\n"
+    )
+    spec = load_spec(f)
+    assert spec.compile.model == "org/name"
+    assert [getattr(m, "model", None) for m in spec.models] == [
+        str(tmp_path / "here"),
+        str(tmp_path / "../there"),
+        "sentence-transformers/x@v1",
+        None,
+    ]
+    assert [s.model for s in spec.model_sources()][-1] == "sentence-transformers/x@v1"
+    with pytest.raises(SpecError, match="Hub id or folder"):
+        spec.model_entries()  # to be compiled first: only `serve front` does
+    one = load_spec(None, {"compile": {"model": "org/name", "revision": "abc"}, "name": "n"})
+    assert [(s.model, s.revision, s.name) for s in one.model_sources()] == [
+        ("org/name", "abc", "n")
+    ]
+    assert (
+        load_spec(None, {"compile": {"model": "org/name"}, "artifact": "a"}).model_sources() == []
+    )

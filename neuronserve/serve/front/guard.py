@@ -139,7 +139,10 @@ class Guard:
         finally:
             route = scope["path"] if call.endpoint is not None else "unmatched"
             model = scope.get(MODEL, "")
-            self.metrics.observe(route, call.status, time.perf_counter() - started, model)
+            seconds = time.perf_counter() - started
+            self.metrics.observe(route, call.status, seconds, model)
+            if call.endpoint is not None and call.endpoint.infers:
+                self.metrics.inference(call.status, seconds)
             # counted first, released after: a model version dropped once its last
             # request is released (a DELETE) takes its series with it, none comes back
             release = scope.pop(RELEASE, None)
@@ -198,6 +201,7 @@ class Guard:
             return
         self.in_flight += 1
         self.metrics.in_flight.inc()
+        self.metrics.te_queue.inc()
         try:
             await self._with_deadline(
                 call, LOAD_DEADLINE_S if endpoint.loads else self.config.deadline_s
@@ -205,6 +209,7 @@ class Guard:
         finally:
             self.in_flight -= 1
             self.metrics.in_flight.dec()
+            self.metrics.te_queue.dec()
 
     async def _with_deadline(self, call: _Call, server_s: float) -> None:
         limit = self.config.max_body_bytes

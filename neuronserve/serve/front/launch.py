@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...spec import DeploySpec
-from ..process import Background, ServeError, private_dir, private_file, terminate
+from ..process import Background, ServeError, port_taken, private_dir, private_file, terminate
 from .config import FrontConfig
 
 SETTINGS_FILE = "front.json"
@@ -57,6 +57,9 @@ def start(
     config = FrontConfig.from_spec(spec)  # a generated key is written here, before the start
     front = _front(run_dir)
     front.refuse_second(run_dir)
+    taken = port_taken(config.address, config.port)
+    if taken:
+        raise ServeError(f"the front cannot listen: {taken}")
     settings = run_dir / SETTINGS_FILE
     with private_file(settings) as f:
         f.write(
@@ -106,13 +109,27 @@ def _wait_healthy(
             )
         try:
             with urllib.request.urlopen(f"{config.url}/health", timeout=5, context=context) as r:
-                if r.status == 200:
+                if r.status == 200 and _listening(proc.pid, config.port):
                     return
         except (urllib.error.URLError, OSError):
             pass
         if time.monotonic() > deadline:
             raise ServeError(f"the front was not ready after {timeout_s:.0f}s; see {log_path}")
         time.sleep(0.5)
+
+
+def _listening(pid: int, port: int) -> bool:
+    """Whether process `pid` is the one listening on `port` (the answer came from it, not
+    from a server that took the port first)."""
+    import psutil
+
+    try:
+        return any(
+            c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
+            for c in psutil.Process(pid).net_connections(kind="inet")
+        )
+    except psutil.Error:
+        return True  # cannot tell: the pid is ours, its exit is caught above
 
 
 def stop(run_dir: Path, timeout_s: float = 180, log: Callable[[str], None] = print) -> bool:

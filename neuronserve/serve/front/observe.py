@@ -56,6 +56,7 @@ class FrontMetrics:
         )
 
         self._add_model_metrics()
+        self._add_tei_metrics()
 
         # label lookups cost more than the update: each series is looked up once
         self._series: dict[tuple[str, int, str], tuple[Any, Any]] = {}
@@ -92,6 +93,38 @@ class FrontMetrics:
             "Models every worker holds now",
             registry=self.registry,
         )
+
+    def _add_tei_metrics(self) -> None:
+        """text-embeddings-inference's own series, under its names, so that dashboards
+        and alerts written for TEI work unchanged (its router's metrics: request count,
+        success, failure by error type, duration, inference duration, queue size). TEI's
+        tokenization and queue durations and its batch series have no counterpart here:
+        the engine batches, and its own series (/metrics, after ours) say how."""
+        r = self.registry
+        self.te_count = Counter("te_request_count", "Inference requests received", registry=r)
+        self.te_success = Counter("te_request_success", "Inference requests answered", registry=r)
+        self.te_failure = Counter(
+            "te_request_failure", "Inference requests refused or failed, by TEI's error type",
+            ["err"], registry=r,
+        )  # fmt: skip
+        self.te_duration = Histogram(
+            "te_request_duration", "Seconds from arrival to answer of an inference request",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.te_inference = Histogram(
+            "te_request_inference_duration", "Seconds a request waited on the engine",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.te_queue = Gauge("te_queue_size", "Inference requests in flight", registry=r)
+
+    def inference(self, status: int, seconds: float) -> None:
+        """One inference request answered, in TEI's series."""
+        self.te_count.inc()
+        if status < 400:
+            self.te_success.inc()
+            self.te_duration.observe(seconds)
+        else:
+            self.te_failure.labels(tei_error(status)).inc()
 
     def observe(self, route: str, status: int, seconds: float, model: str = "") -> None:
         key = (route, status, model)
@@ -134,3 +167,12 @@ class FrontMetrics:
                 self.requests.remove(route, str(status), model)
             with contextlib.suppress(KeyError):
                 self.latency.remove(route, model)
+
+
+def tei_error(status: int) -> str:
+    """TEI's error type (its ErrorType, as its `err` label spells it) for a status."""
+    if status in (429, 503):
+        return "overloaded"
+    if status in (400, 413, 422, 404):
+        return "validation"
+    return "backend"

@@ -38,3 +38,5 @@ class Route:
     # loading or unloading a model on every worker: held to the load's own deadline
     # (LOAD_DEADLINE_S) instead of deadline_s, which bounds inference
     loads: bool = False
+    # answers from a model (embeddings, scores, ranks): counted in TEI's series too
+    infers: bool = False

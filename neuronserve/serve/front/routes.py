@@ -160,6 +160,21 @@ class Api:
 
     # text-embeddings-inference
 
+    async def own_task(self, request: Request) -> Response:
+        """TEI's POST /: the route of the named (or only) model's own task answers,
+        so huggingface_hub's InferenceClient pointed at the server's root works."""
+        named = _named(await request.body())
+        if self.serving.catalog is not None and named is not None:
+            await self.serving.catalog.ensure(named)
+        model = self.serving.model("/", named, ANY_MODEL)
+        route = {
+            "feature-extraction": self.embed,
+            "sparse-embedding": self.embed_sparse,
+            "text-classification": self.predict,
+            "rerank": self.rerank,
+        }.get(model.task, self.invocations)
+        return await route(request)
+
     async def embed(self, request: Request) -> Response:
         body: s.EmbedRequest = s.parse_body(await request.body(), s.EmbedRequest)
         model = await self._model(request, "/embed", body.model, EMBEDDERS)
@@ -574,6 +589,17 @@ def predict_inputs(inputs: str | list[str | list[str]]) -> tuple[list[Any], bool
     return items, False
 
 
+def _named(body: bytes) -> str | None:
+    """The `model` a JSON body names, if any (the route it goes to parses the rest and
+    says what is wrong with it)."""
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    name = parsed.get("model") if isinstance(parsed, dict) else None
+    return name if isinstance(name, str) else None
+
+
 def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
     """Every route of the front, in the order the documentation lists them."""
     # long: the one table of routes, a row each
@@ -581,25 +607,31 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
     tei = "text-embeddings-inference"
     return [
         e("/v1/embeddings", "POST", api.openai_embeddings, "openai", "OpenAI embeddings",
-          "OpenAI", s.OpenAIEmbeddingsRequest, s.OpenAIEmbeddingsResponse, s.OpenAIError),
+          "OpenAI", s.OpenAIEmbeddingsRequest, s.OpenAIEmbeddingsResponse, s.OpenAIError,
+          infers=True),
         e("/v1/models", "GET", api.openai_models, "openai", "The served models, as OpenAI "
           "lists models", "OpenAI", None, s.OpenAIModels, s.OpenAIError),
+        e("/", "POST", api.own_task, "tei", "The model's own task, as text-embeddings-"
+          "inference answers POST /: /embed for an embedder, /embed_sparse for a SPLADE "
+          "model, /predict for a classifier, /rerank for a cross-encoder (query, texts), "
+          "/invocations for the other tasks", tei, None, None,
+          s.TEIError, infers=True),
         e("/embed", "POST", api.embed, "tei", "Embeddings", tei, s.EmbedRequest,
-          s.EmbedResponse, s.TEIError),
+          s.EmbedResponse, s.TEIError, infers=True),
         e("/embed_all", "POST", api.embed_all, "tei", "Every token's vector (a model "
           "compiled with --token-embeddings)", tei, s.EmbedAllRequest, s.EmbedAllResponse,
-          s.TEIError),
+          s.TEIError, infers=True),
         e("/embed_sparse", "POST", api.embed_sparse, "tei", "Sparse embeddings: each text's "
           "terms with their weights (a SPLADE model)", tei, s.EmbedSparseRequest,
-          s.EmbedSparseResponse, s.TEIError),
+          s.EmbedSparseResponse, s.TEIError, infers=True),
         e("/similarity", "POST", api.similarity, "tei", "Cosine similarity of each sentence "
           "to the source sentence", tei, s.SimilarityRequest, s.SimilarityResponse,
-          s.TEIError),
+          s.TEIError, infers=True),
         e("/predict", "POST", api.predict, "tei", "Classify texts or text pairs", tei,
-          s.PredictRequest, s.PredictResponse, s.TEIError),
+          s.PredictRequest, s.PredictResponse, s.TEIError, infers=True),
         e("/rerank", "POST", api.rerank, "tei", "Rank documents against a query "
           "(a cross-encoder: a classifier with one label)", tei, s.RerankRequest,
-          s.RerankResponse, s.TEIError),
+          s.RerankResponse, s.TEIError, infers=True),
         e("/tokenize", "POST", api.tokenize, "tei", "The model's tokens for texts", tei,
           s.TokenizeRequest, s.TokenizeResponse, s.TEIError),
         e("/decode", "POST", api.decode, "tei", "The text of token ids", tei,
@@ -613,7 +645,7 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
           "warm, and while any serves", "SageMaker", open=True, probe=True),
         e("/invocations", "POST", api.invocations, "native", "SageMaker inference: "
           "{inputs, parameters} as JSON, or plain text", "SageMaker", s.NativeRequest,
-          None, s.NativeError),
+          None, s.NativeError, infers=True),
         e("/models", "POST", api.load_model, "native", "Load a model (SageMaker's "
           "multi-model contract): 409 for a loaded name, 507 when it cannot fit", "models",
           s.LoadModelRequest, s.ListedModel, s.NativeError, admin=True, loads=True),
@@ -629,7 +661,7 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
           "under this name without dropping a request", "models", s.SwapModelRequest,
           s.ListedModel, s.NativeError, admin=True, loads=True),
         e("/models/{name}/invoke", "POST", api.invoke_model, "native", "Inference on one "
-          "model, as /invocations", "models", s.NativeRequest, None, s.NativeError),
+          "model, as /invocations", "models", s.NativeRequest, None, s.NativeError, infers=True),
         e("/metrics", "GET", api.prometheus, "native", "Prometheus metrics of the front "
           "and of the engine behind it", "operations",
           open=not metrics_auth, probe=True),

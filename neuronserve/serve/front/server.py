@@ -29,7 +29,7 @@ import uvicorn
 from ...spec import DeploySpec, load_spec
 from ..deployment import Deployment, model_entries
 from ..model_source import find_models
-from ..process import private_dir
+from ..process import ServeError, port_taken, private_dir
 from .app import build_app
 from .config import FrontConfig
 from .protocol import with_deadlines
@@ -60,6 +60,9 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
     folder another local user owns or can write is refused first (ServeError): the
     engine's store and the catalog the workers follow live in it."""
     private_dir(config.run_dir)
+    taken = port_taken(config.address, config.port)
+    if taken:
+        raise ServeError(f"the front cannot listen: {taken}")
     serving = Serving(config)
     server: dict[str, uvicorn.Server] = {}
     deployments: list[Deployment] = []
@@ -85,10 +88,13 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
     auth = (f"API keys on (from {config.keys.where})" if config.keys else "no API key needed") + (
         " (SageMaker's contract)" if config.sagemaker else ""
     )
+    until = (
+        "the engine's workers are up (models load on POST /models)"
+        if config.multi_model
+        else "every model is loaded"
+    )
     log.info(
-        "front listening on %s (%s); /health and /ping answer 503 until the model is loaded",
-        config.url,
-        auth,
+        "front listening on %s (%s); /health and /ping answer 503 until %s", config.url, auth, until
     )
     # uvicorn raises the stop signal again once it has shut down; after a graceful stop
     # that would only turn a clean exit into a killed one
@@ -163,7 +169,7 @@ async def _bring_up(
             await _start_catalog(serving, deployment, client)
         else:
             serving.attach(models, client)
-        log.info("ready: %s serves %s", serving.config.url, deployment.tasks)
+        log.info("ready: %s serving %s", serving.config.url, deployment.tasks)
     except Exception as e:  # noqa: BLE001 - any load failure must end the process
         log.error("neuronserve: model failed to load: %s", " | ".join(str(e).splitlines()))
         serving.exit_code = 1

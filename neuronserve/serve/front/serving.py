@@ -182,7 +182,9 @@ class Serving:
         refused = model.limits.check(request)
         if refused is not None:
             raise refused
+        started = time.perf_counter()
         results = await self.results(model, request)
+        self.metrics.te_inference.observe(time.perf_counter() - started)
         # each engine call bounded its own answer (max_answer_bytes); what no one foretold
         # (a SPLADE model's terms) is bounded once the calls are joined, when written
         joined = len(request.texts) > model.max_batch

@@ -1,0 +1,235 @@
+"""Compiled artifacts kept for the next start: a model named by Hub id or folder is
+compiled once per everything that decides the artifact, and found again after.
+
+The key is a digest of: the model (its Hub id and the commit of the snapshot, or a local
+folder's path and each file's size and modification time), the compile and accuracy
+sections (task, target, buckets, precision, ...), the name and truncation the artifact
+records, the NeuronCores a module spans, and the versions of what compiles and runs it
+(neuronserve, Python, torch, transformers, tokenizers, the target's compiler and the
+Neuron SDK's, ONNX Runtime's and OpenVINO's packages where installed). Change any and
+the next start compiles afresh; the old entry stays until it is removed (`rm -rf` of its
+folder is safe while nothing serves it).
+
+The cache folder (NEURONSERVE_CACHE, else $XDG_CACHE_HOME/neuronserve, else
+~/.cache/neuronserve) is this user's alone: a compiled module is code the workers run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import platform
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..artifact import MANIFEST, ArtifactError, read_manifest
+from ..names import safe_name
+from ..private_folders import NotPrivate, private_folder
+from .errors import CompileError
+from .hub import ModelFolder, config_task, model_folder
+
+if TYPE_CHECKING:
+    from ..spec import DeploySpec
+    from .job import CompileJob
+
+CACHE_ENV = "NEURONSERVE_CACHE"
+
+
+def cache_root() -> Path:
+    """Where compiled artifacts are kept (see the module's doc)."""
+    given = os.environ.get(CACHE_ENV)
+    if given:
+        return Path(given).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "neuronserve"
+
+
+def _versions(target: str) -> dict[str, Any]:
+    import tokenizers
+    import torch
+    import transformers
+
+    from .. import __version__
+    from .targets import get_target
+
+    return {
+        "neuronserve": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        **get_target(target).versions(),
+        **{name: _installed(name) for name in RUNTIMES},
+    }
+
+
+# what compiles or runs a module beside torch: a new version may build another one
+RUNTIMES = (
+    "torch-neuronx", "neuronx-cc", "libneuronxla", "torch-neuron", "neuron-cc",
+    "onnxruntime", "openvino",
+)  # fmt: skip
+
+
+def _installed(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _model_identity(model: ModelFolder) -> dict[str, Any]:
+    if model.repo_id:
+        return {"hub": model.repo_id, "commit": model.revision}
+    folder = model.folder.resolve()
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return {
+        "folder": str(folder),
+        "files": [
+            [str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns] for p in files
+        ],
+    }
+
+
+def cache_key(job: CompileJob, model: ModelFolder) -> str:
+    """The digest of everything that decides the artifact `job` makes of `model`."""
+    facts = {
+        "model": _model_identity(model),
+        "compile": job.compile.model_dump(mode="json", exclude={"model", "revision"}),
+        "accuracy": job.accuracy.model_dump(mode="json"),
+        "name": job.name,
+        "truncation": job.truncation,
+        "neuron_cores": job.neuron_cores,
+        "versions": _versions(job.compile.target),
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def compiled(job: CompileJob, log: Callable[[str], None] = print, progress: bool = True) -> Path:
+    """The artifact of `job.compile.model` (a Hub id or a folder) from the cache, compiled
+    into it first when it is not there. The task is the model config's when the job
+    gives none; the name the Hub name's last part (or the folder's) when it gives none."""
+    from .driver import compile_job
+
+    if job.compile.model is None:
+        raise CompileError("no model: pass --model (a Hugging Face Hub id or a folder)")
+    model = model_folder(job.compile.model, job.compile.revision, job.compile.allow_pickle_weights)
+    if "task" not in job.compile.model_fields_set:
+        job = replace(
+            job, compile=job.compile.model_copy(update={"task": config_task(model.folder)})
+        )
+    name = job.name or _default_name(model)
+    job = replace(job, name=name)
+    key = cache_key(job, model)
+    try:
+        root = private_folder(cache_root() / "artifacts", own=2)
+    except NotPrivate as e:
+        raise CompileError(
+            f"artifact cache {e}: the workers run the modules kept there; make it this "
+            f"user's alone (chmod 700) or set {CACHE_ENV} to another folder"
+        ) from None
+    out = root / key / name
+    with _locked(root / f"{key}.lock"):
+        found = _usable(out)
+        if found:
+            log(f"{job.compile.model}: compiled before, from the cache ({out})")
+            return out
+        log(
+            f"{job.compile.model}: compiling for {job.compile.task} on {job.compile.target} "
+            f"(kept in {root} for the next start)"
+        )
+        (root / key).mkdir(mode=0o700, exist_ok=True)
+        return compile_job(
+            replace(
+                job,
+                compile=job.compile.model_copy(update={"model": str(model.folder)}),
+                out=out,
+            ),
+            progress,
+        )
+
+
+def _default_name(model: ModelFolder) -> str:
+    try:
+        return safe_name(model.name, "the model's name")
+    except ValueError as e:
+        raise CompileError(f"{e}; give one with --name") from None
+
+
+def _usable(out: Path) -> bool:
+    """Whether `out` is a whole artifact whose files are as its manifest lists them."""
+    if not (out / MANIFEST).is_file():
+        return False
+    try:
+        read_manifest(out)
+    except ArtifactError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """One compile of a key at a time: a second start waits for the first's artifact."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def resolved(
+    spec: DeploySpec,
+    log: Callable[[str], None] = print,
+    progress: bool = True,
+    target: str | None = None,
+) -> DeploySpec:
+    """`spec` with every model it names by Hub id or folder (spec.model_sources) replaced
+    by its compiled artifact, from the cache or compiled into it now, for the target the
+    compile section names, else `target` (a package's), else this host's; `spec` itself
+    when it names none."""
+    from ..spec import DeploySpec, ModelEntry, ModelSource
+    from .job import CompileJob
+    from .targets import host_target
+
+    sources = spec.model_sources()
+    if not sources:
+        return spec
+    base = CompileJob.of(spec)
+    if "target" not in spec.compile.model_fields_set:
+        chosen = target or host_target()
+        base = replace(base, compile=base.compile.model_copy(update={"target": chosen}))
+    entries: list[ModelEntry] = []
+    for m in spec.models or sources:
+        if not isinstance(m, ModelSource):
+            entries.append(m)
+            continue
+        update: dict[str, Any] = {"model": m.model, "revision": m.revision}
+        if m.task is not None:
+            update["task"] = m.task
+        job = replace(
+            base,
+            compile=base.compile.model_copy(update=update),
+            name=m.name,
+            truncation=m.truncation if m.truncation is not None else spec.truncation,
+        )
+        artifact = compiled(job, log, progress)
+        entries.append(ModelEntry(artifact=artifact, name=artifact.name, truncation=m.truncation))
+    data = spec.model_dump(exclude_unset=True)
+    data.pop("name", None)
+    data.pop("artifact", None)
+    data["compile"] = {k: v for k, v in data.get("compile", {}).items() if k != "model"}
+    if len(entries) == 1:
+        one = entries[0]
+        data.update(artifact=one.artifact, name=one.name, models=[])
+        if one.truncation is not None:
+            data["truncation"] = one.truncation
+    else:
+        data["models"] = [e.model_dump(exclude_none=True) for e in entries]
+    return DeploySpec.model_validate(data)

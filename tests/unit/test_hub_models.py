@@ -1,0 +1,86 @@
+"""From a model id to an artifact: Hub ids resolved offline against a pre-filled Hugging
+Face cache, the task read from the config, and the compiled-artifact cache keyed by what
+decides the artifact (a second start compiles nothing; a changed compile field does)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from helpers import HUB_TEST_ID as REPO_ID
+from helpers import tiny_model
+
+from neuronserve.compile import CompileError
+from neuronserve.compile import cache as artifact_cache
+from neuronserve.compile.hub import config_task, model_folder, split_revision
+from neuronserve.compile.job import CompileJob
+from neuronserve.spec import load_spec
+
+GRID = {"batch_sizes": [1, 4], "sequence_lengths": [16, 32], "precision": "fp32"}
+
+
+def test_a_hub_id_is_found_in_the_cache_offline_and_a_missing_one_says_what_to_do(offline_hub):
+    found = model_folder(REPO_ID)
+    assert found.repo_id == REPO_ID and found.revision == "1" * 40
+    assert (found.folder / "config.json").is_file() and found.name == "tiny-embedder"
+    with pytest.raises(CompileError, match=r"not in the Hugging Face cache.*HF_HUB_OFFLINE"):
+        model_folder("neuronserve-tests/absent")
+    with pytest.raises(CompileError, match="not in the Hugging Face cache"):
+        model_folder(f"{REPO_ID}@v2")  # a revision the cache does not hold
+    with pytest.raises(CompileError, match=r"model folder \./missing does not exist"):
+        model_folder("./missing")
+    assert split_revision("org/name@v1.2") == ("org/name", "v1.2")
+    assert split_revision("org/name") == ("org/name", None)
+
+
+def test_the_task_is_read_from_the_config(tmp_path, tiny_embedder_dir, minilm_dir):
+    assert config_task(tiny_embedder_dir) == "feature-extraction"
+    cases = {
+        "rerank": "rerank",  # one label: a cross-encoder
+        "text-classification": "text-classification",
+        "token-classification": "token-classification",
+        "question-answering": "question-answering",
+    }
+    for task, expected in cases.items():
+        folder = tiny_model(tmp_path / task, minilm_dir, task)
+        assert config_task(folder) == expected, task
+
+
+def _job(**compile_fields) -> CompileJob:
+    spec = load_spec(None, {"compile": {"model": REPO_ID, **GRID, **compile_fields}})
+    return CompileJob.of(spec)
+
+
+def test_a_local_folder_is_keyed_by_its_files(tmp_path, monkeypatch, tiny_embedder_dir):
+    import shutil
+
+    monkeypatch.setenv("NEURONSERVE_CACHE", str(tmp_path / "ns-cache"))
+    folder = Path(shutil.copytree(tiny_embedder_dir, tmp_path / "mine"))
+    job = CompileJob.of(load_spec(None, {"compile": {"model": str(folder), **GRID}}))
+    from neuronserve.compile.hub import ModelFolder
+
+    before = artifact_cache.cache_key(job, ModelFolder(folder))
+    (folder / "config.json").write_text((folder / "config.json").read_text() + "\n")
+    assert artifact_cache.cache_key(job, ModelFolder(folder)) != before
+
+
+def test_a_cache_another_user_can_write_is_refused(offline_hub):
+    root = Path(os.environ["NEURONSERVE_CACHE"])
+    root.mkdir(mode=0o777)
+    os.chmod(root, 0o777)
+    with pytest.raises(CompileError, match=r"artifact cache .*chmod 700"):
+        artifact_cache.compiled(_job(), progress=False)
+
+
+def test_serve_says_a_missing_folder_is_missing_and_points_at_model(tmp_path):
+    from helpers import run_cli
+
+    done = run_cli(
+        "serve", "front", "org/misspelled", "--run-dir", tmp_path / "front", check=False,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "org/misspelled does not exist or is not a folder" in done.stderr
+    assert "--model org/misspelled" in done.stderr
+    assert not (tmp_path / "front" / "front.pid").exists()  # nothing was started
