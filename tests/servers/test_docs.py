@@ -8,8 +8,11 @@ hosts, Docker, Kubernetes, AWS), and the list of those reasons is checked too.
 What a reader has is what the pages get: the bundled all-MiniLM-L6-v2 under its Hub id
 in an offline Hugging Face cache (HF_HUB_OFFLINE=1), `./all-MiniLM-L6-v2` as a folder,
 and what `scripts/demo.sh` leaves in `.neuronserve/demo/artifacts` (minilm, a reranker,
-a classifier named topics). Each page runs in a folder of its own, in one bash session;
-whatever it started is stopped after it."""
+a classifier named topics). The Hub ids the tasks guide names for its other tasks are in
+that cache too, as the tests' tiny random models of those tasks: the page's commands and
+statuses are what is checked there, not those models' answers (tests/servers/test_tasks.py
+checks every task's answers against the transformers pipelines). Each page runs in a
+folder of its own, in one bash session; whatever it started is stopped after it."""
 
 from __future__ import annotations
 
@@ -28,6 +31,14 @@ from helpers import REPO, compile_artifact, hub_cache
 pytestmark = pytest.mark.server
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs" / "guides").glob("*.md"))]
+# the Hub ids the tasks guide compiles, and the tests' tiny model of each task (conftest)
+TASK_HUB_IDS = {
+    "cross-encoder/ms-marco-MiniLM-L-6-v2": "rerank",
+    "dslim/bert-base-NER": "ner",
+    "deepset/minilm-uncased-squad2": "qa",
+    "google-bert/bert-base-uncased": "fill",
+    "google/vit-base-patch16-224": "labels",
+}
 FENCE = re.compile(r"^```(\w+)?\s*$")
 NOT_RUN = re.compile(r"<!--\s*docs-test:\s*not run,\s*(.+?)\s*-->")
 # a curl line's stated answer: a trailing comment that starts with a status code
@@ -129,6 +140,8 @@ def reader(tmp_path_factory, minilm_dir, minilm_artifact, task_models, classifie
     """What a reader of the docs has (see the module's doc), and their environment."""
     root = tmp_path_factory.mktemp("docs")
     cache = hub_cache(root / "hf" / "hub", HUB_ID, minilm_dir)
+    for hub_id, task_model in TASK_HUB_IDS.items():
+        hub_cache(cache, hub_id, task_models[task_model][0])
     demo = root / "demo-artifacts"
     shutil.copytree(minilm_artifact, demo / "minilm")
     # the demo's reranker and classifier stand-ins: tiny models compiled under the names
