@@ -58,7 +58,7 @@ def is_path(ref: str) -> bool:
     written as a path (absolute, ./, ../, ~, or more than one '/')."""
     return (
         Path(ref).expanduser().exists()
-        or ref.startswith(("/", "./", "../", "~", "."))
+        or ref.startswith(("/", "./", "../", "~"))
         or not HUB_ID.match(ref)
     )
 

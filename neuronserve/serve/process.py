@@ -328,16 +328,20 @@ def port_taken(address: str, port: int) -> str | None:
     return f"port {port} on {address or '0.0.0.0'} is taken ({why}){_holder(port)}"
 
 
-def _holder(port: int) -> str:
+def listeners(port: int) -> set[int] | None:
+    """The pids listening on `port` that this user can see; None when it cannot tell."""
     try:
-        pids = {
+        return {
             c.pid
             for c in psutil.net_connections(kind="inet")
             if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid
         }
     except (psutil.Error, OSError):
-        return ""
-    for pid in sorted(pids):
+        return None
+
+
+def _holder(port: int) -> str:
+    for pid in sorted(listeners(port) or ()):
         try:
             cmdline = psutil.Process(pid).cmdline()
         except psutil.Error:

@@ -20,7 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...spec import DeploySpec
-from ..process import Background, ServeError, port_taken, private_dir, private_file, terminate
+from ..process import (
+    Background,
+    ServeError,
+    listeners,
+    port_taken,
+    private_dir,
+    private_file,
+    terminate,
+)
 from .config import FrontConfig
 
 SETTINGS_FILE = "front.json"
@@ -120,16 +128,10 @@ def _wait_healthy(
 
 def _listening(pid: int, port: int) -> bool:
     """Whether process `pid` is the one listening on `port` (the answer came from it, not
-    from a server that took the port first)."""
-    import psutil
-
-    try:
-        return any(
-            c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port
-            for c in psutil.Process(pid).net_connections(kind="inet")
-        )
-    except psutil.Error:
-        return True  # cannot tell: the pid is ours, its exit is caught above
+    from a server that took the port first); True when that cannot be told (its exit is
+    caught above)."""
+    found = listeners(port)
+    return found is None or pid in found
 
 
 def stop(run_dir: Path, timeout_s: float = 180, log: Callable[[str], None] = print) -> bool:
