@@ -113,12 +113,17 @@ def efficient_batches(
     return out
 
 
-def engine_batch_sizes(grid: BucketGrid, bucket_ms: Mapping[str, float]) -> list[int]:
+def engine_batch_sizes(
+    grid: BucketGrid, bucket_ms: Mapping[str, float], depth: int = 1
+) -> list[int]:
     """The batch sizes worth forming at some length (efficient_batches), smallest first:
     Triton's preferred batch sizes, and the largest of them TorchServe's batchSize. The
     whole grid when the buckets were not timed (a target whose modules run only on the
-    serving host)."""
-    return sorted(set(efficient_batches(grid, bucket_ms).values())) or list(grid.batch_sizes)
+    serving host). `depth`: device calls one engine batch should hold (a worker serves
+    such a batch pipelined, its host work beside the device's: Runner.outputs), so each
+    size's multiples up to that many."""
+    sizes = sorted(set(efficient_batches(grid, bucket_ms).values())) or list(grid.batch_sizes)
+    return sorted({size * k for size in sizes for k in range(1, depth + 1)})
 
 
 def pad_batch(

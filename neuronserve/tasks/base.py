@@ -298,6 +298,8 @@ class Task:
     # a request may name one of the model's prompts (prompt_name), and the model's
     # default prompt applies when it names none (Runner.outputs)
     takes_prompts = False
+    # its answers use each token's character span in the text (Encoded.source's offsets)
+    uses_offsets = False
 
     def decode(
         self, body: Any, content_type: str | None, max_depth: int = 32

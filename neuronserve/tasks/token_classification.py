@@ -35,6 +35,7 @@ class TokenClassification(JsonResultsTask):
     auto_class = "AutoModelForTokenClassification"
     name = "token-classification"
     per_token = True
+    uses_offsets = True
     parameters = frozenset({"aggregation_strategy", "ignore_labels"})
 
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:

@@ -20,11 +20,11 @@ from pathlib import Path
 import yaml
 
 from ... import metrics, placement
-from ...buckets import engine_batch_sizes
 from ...packaging.model import (
     MULTI_MODEL_MAX_BATCH,
     Packaged,
     PackagingError,
+    engine_batches,
     prepare,
     put_in_place,
     retire,
@@ -77,10 +77,7 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> dict:
         "maxWorkers": packaged.plan.workers,
         "batchSize": spec.engine(TorchServeSection).batch_requests
         or max(
-            (
-                max(engine_batch_sizes(m.manifest.grid, m.manifest.bucket_ms))
-                for m in packaged.models
-            ),
+            (max(engine_batches(m.manifest)) for m in packaged.models),
             default=MULTI_MODEL_MAX_BATCH,
         ),
         # 0 in model-config.yaml is read as unset (100 ms), and 0 through config.properties

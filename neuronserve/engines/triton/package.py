@@ -20,11 +20,11 @@ from typing import Any
 from google.protobuf import text_format
 
 from ... import placement, tensors
-from ...buckets import engine_batch_sizes
 from ...packaging.model import (
     MULTI_MODEL_MAX_BATCH,
     Packaged,
     PackagingError,
+    engine_batches,
     prepare,
     put_in_place,
     staged,
@@ -50,11 +50,13 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
     models' tasks take and give."""
     from tritonclient.grpc import model_config_pb2 as mc
 
-    grids = [m.manifest.grid for m in packaged.models]
     config = mc.ModelConfig(
         name=packaged.name,
         backend="python",
-        max_batch_size=max((g.max_batch for g in grids), default=MULTI_MODEL_MAX_BATCH),
+        max_batch_size=max(
+            (max(m.manifest.grid.max_batch, *engine_batches(m.manifest)) for m in packaged.models),
+            default=MULTI_MODEL_MAX_BATCH,
+        ),
     )
     # One text per batch row: Triton's batch dimension counts texts, so its dynamic
     # batcher fills exactly the compiled batch sizes. TEXT_PAIR: the document of a rerank
@@ -70,11 +72,7 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
         )
     # max_batch_size is the largest grid's (the worker splits a model's batch beyond its
     # own); the batches Triton aims for are those the bucket times say are worth forming
-    preferred = {
-        size
-        for m in packaged.models
-        for size in engine_batch_sizes(m.manifest.grid, m.manifest.bucket_ms)
-    }
+    preferred = {size for m in packaged.models for size in engine_batches(m.manifest)}
     config.dynamic_batching.preferred_batch_size.extend(sorted(preferred))
     config.dynamic_batching.max_queue_delay_microseconds = spec.worker.max_batch_delay_ms * 1000
     # bounded: beyond max_queued (or after queue_timeout_ms waiting) Triton refuses the

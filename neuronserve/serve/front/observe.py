@@ -1,11 +1,14 @@
 """The front's own Prometheus metrics (prometheus_client, a registry of its own): requests
-by route, status and model, latency by route and model, requests in flight. /metrics
-serves them followed by the engine's own metrics. `model` is empty for a request that
-reached no model (a probe, or one refused before its model was known)."""
+by route, status and model, latency by route and model, requests in flight, and how busy
+the host and the chip are (the deployment's CPU seconds by role; on a Neuron host each
+NeuronCore's utilization from neuron-monitor). /metrics serves them followed by the
+engine's own metrics. `model` is empty for a request that reached no model (a probe, or
+one refused before its model was known)."""
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -15,6 +18,10 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ...host_load import NeuronMonitor, cpu_seconds
 
 # the *_created series (a timestamp per label set) only double what is exposed
 disable_created_metrics()
@@ -57,6 +64,9 @@ class FrontMetrics:
 
         self._add_model_metrics()
         self._add_tei_metrics()
+        # set on a Neuron host once the engine is up (watch_neuron_cores)
+        self.monitor: NeuronMonitor | None = None
+        self.registry.register(HostLoad(self))
 
         # label lookups cost more than the update: each series is looked up once
         self._series: dict[tuple[str, int, str], tuple[Any, Any]] = {}
@@ -117,6 +127,20 @@ class FrontMetrics:
         )  # fmt: skip
         self.te_queue = Gauge("te_queue_size", "Inference requests in flight", registry=r)
 
+    def watch_neuron_cores(self) -> bool:
+        """Export each NeuronCore's utilization from neuron-monitor, where it is
+        installed (False where it is not)."""
+        monitor = NeuronMonitor()
+        if not monitor.start():
+            return False
+        self.monitor = monitor
+        return True
+
+    def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
+
     def inference(self, status: int, seconds: float) -> None:
         """One inference request answered, in TEI's series."""
         self.te_count.inc()
@@ -167,6 +191,54 @@ class FrontMetrics:
                 self.requests.remove(route, str(status), model)
             with contextlib.suppress(KeyError):
                 self.latency.remove(route, model)
+
+
+class HostLoad(Collector):
+    """Read at each scrape: the CPU seconds of the front and of the engine's processes
+    (its server and workers: the front's children), and the NeuronCores' utilization.
+    CPU per request is rate(neuronserve_host_cpu_seconds_total) over
+    rate(neuronserve_front_requests_total); next to the NeuronCores' utilization it says
+    whether the host or the chip sets the pace (`neuronserve doctor --url`)."""
+
+    def __init__(self, metrics: FrontMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        front, engine = cpu_seconds()
+        cpu = CounterMetricFamily(
+            "neuronserve_host_cpu_seconds",
+            "CPU seconds (user + system) of this deployment's processes, by role: the "
+            "front, and the engine with its workers",
+            labels=["role"],
+        )
+        cpu.add_metric(["front"], front)
+        cpu.add_metric(["engine"], engine)
+        yield cpu
+        monitor = self.metrics.monitor
+        if monitor is None:
+            return
+        now = GaugeMetricFamily(
+            "neuronserve_neuroncore_utilization_percent",
+            "Each NeuronCore's utilization over neuron-monitor's last period",
+            labels=["neuroncore"],
+        )
+        busy = CounterMetricFamily(
+            "neuronserve_neuroncore_busy_seconds",
+            "Seconds each NeuronCore was busy since the front started (utilization x time)",
+            labels=["neuroncore"],
+        )
+        found = monitor.utilization()
+        for core, percent in sorted(found.items()):
+            now.add_metric([str(core)], percent)
+        yield GaugeMetricFamily(
+            "neuronserve_neuroncores_in_use",
+            "NeuronCores neuron-monitor reported in use in its last period",
+            value=len(found),
+        )
+        for core, seconds in sorted(monitor.busy_seconds().items()):
+            busy.add_metric([str(core)], seconds)
+        yield now
+        yield busy
 
 
 def tei_error(status: int) -> str:

@@ -78,6 +78,7 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
                 await serving.catalog.close()
             if serving.client is not None:
                 await serving.client.close()
+            serving.metrics.close()
             for deployment in deployments:
                 log.info("stopping %s", deployment.engine_name)
                 await asyncio.to_thread(deployment.stop)
@@ -163,6 +164,11 @@ async def _bring_up(
             deployment.plan.workers,
         )
         await asyncio.to_thread(deployment.start)
+        if deployment.plan.kind == "neuron" and not serving.metrics.watch_neuron_cores():
+            log.warning(
+                "neuron-monitor is not installed: /metrics will not show the NeuronCores' "
+                "utilization (install aws-neuronx-tools)"
+            )
         models = deployment.served_models()
         client = deployment.client(serving.config.max_in_flight)
         if deployment.multi_model:

@@ -1,0 +1,188 @@
+"""The stand-in's device-time mode (the Inferentia simulation the benchmarks run): a call
+of inputs computed before holds its NeuronCore for the published time without using the
+CPU, one call at a time per core, and its busy time is what the stand-in's neuron-monitor
+reports; the Runner's pipelined path gives the same answers as one call per batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+import torch
+from helpers import STANDIN, standin_env, standin_process
+
+from neuronserve.host_load import NeuronMonitor, core_utilization
+
+
+@pytest.fixture
+def device_time(monkeypatch, tmp_path):
+    """This process on a fake 1-core host in device-time mode, with a table slow enough to
+    time: 40 ms at batch 1, 100 ms at batch 4, at the tiny artifact's length 16."""
+    monkeypatch.setenv("NEURON_STANDIN_DEVICE_DIR", str(tmp_path / "devices"))
+    with standin_process(4):
+        import _standin_runtime as rt
+
+        monkeypatch.setitem(rt.DEVICE_TIMES, "test", {"seq": 16, "batch_ms": {1: 40.0, 4: 100.0}})
+        monkeypatch.setenv("NEURON_STANDIN_DEVICE_TIME", "test")
+        yield rt
+
+
+def test_the_published_table_is_interpolated_in_batch_and_scaled_by_length():
+    import sys
+
+    sys.path.insert(0, str(STANDIN))
+    try:
+        import _standin_runtime as rt
+    finally:
+        sys.path.remove(str(STANDIN))
+    assert rt.device_ms("inf2-bert-base", 1, 128) == pytest.approx(1.00)
+    assert rt.device_ms("inf2-bert-base", 8, 128) == pytest.approx(5.97)
+    assert rt.device_ms("inf2-bert-base", 8, 64) == pytest.approx(5.97 / 2)
+    # between the published sizes on the line through them, beyond it at the same slope
+    assert rt.device_ms("inf2-bert-base", 4, 128) == pytest.approx(1.00 + 3 * 4.97 / 7)
+    assert rt.device_ms("inf2-bert-base", 16, 128) == pytest.approx(5.97 + 8 * 4.97 / 7)
+    assert rt.device_ms("inf2-distilbert", 16, 128) == pytest.approx(6.01)
+
+
+def _module(neuronx_artifact, bucket):
+    from neuronserve.runtime import Runner
+
+    runner = Runner(neuronx_artifact, warmup=False)
+    return runner, runner.executor.module_for(bucket)
+
+
+def test_a_repeated_call_holds_the_core_for_its_time_without_the_cpu(device_time, neuronx_artifact):
+    from neuronserve.buckets import Bucket
+
+    _, module = _module(neuronx_artifact, Bucket(4, 16))
+    ids = torch.randint(1000, 2000, (4, 16))
+    inputs = (ids, torch.ones_like(ids), torch.zeros_like(ids))
+    first = module(*inputs)  # computed on the CPU, kept
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(5):
+        again = module(*inputs)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    assert torch.equal(first, again)
+    assert wall >= 5 * 0.100 * 0.95  # the published time (less the measured wake-up)
+    assert cpu < 0.25 * wall  # the device's time, not the host's
+    # other inputs of the same shape are computed, so answers stay right
+    other = torch.randint(2000, 3000, (4, 16))
+    mask = torch.ones_like(other)
+    os.environ.pop("NEURON_STANDIN_DEVICE_TIME")
+    expected = module(other, mask, torch.zeros_like(other))
+    os.environ["NEURON_STANDIN_DEVICE_TIME"] = "test"
+    assert torch.allclose(module(other, mask, torch.zeros_like(other)), expected)
+
+
+def test_a_core_runs_one_call_at_a_time_and_its_busy_time_is_counted(device_time, neuronx_artifact):
+    from neuronserve.buckets import Bucket
+
+    _, module = _module(neuronx_artifact, Bucket(1, 16))
+    ids = torch.randint(1000, 2000, (1, 16))
+    inputs = (ids, torch.ones_like(ids), torch.zeros_like(ids))
+    module(*inputs)
+    core = device_time._cores[device_time._models[module.handle][1]]
+    busy = core.busy_s
+    threads = [threading.Thread(target=module, args=inputs) for _ in range(4)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    # four threads, one core: the calls queued (40 ms each), none overlapped
+    assert time.perf_counter() - t0 >= 4 * 0.040 * 0.95
+    assert core.busy_s - busy == pytest.approx(4 * 0.040)
+
+
+def test_the_standins_neuron_monitor_reports_the_busy_share(
+    device_time, neuronx_artifact, tmp_path
+):
+    from neuronserve.buckets import Bucket
+
+    _, module = _module(neuronx_artifact, Bucket(1, 16))
+    ids = torch.randint(1000, 2000, (1, 16))
+    inputs = (ids, torch.ones_like(ids), torch.zeros_like(ids))
+    module(*inputs)
+    config = tmp_path / "monitor.json"
+    config.write_text(json.dumps({"period": "0.5s"}))
+    env = {**os.environ, **standin_env(4, devices=tmp_path / "devices")}
+    monitor = subprocess.Popen(
+        [str(STANDIN / "bin" / "neuron-monitor"), "-c", str(config)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        stop = time.monotonic() + 1.6
+        while time.monotonic() < stop:  # busy, back to back
+            module(*inputs)
+        reports = [json.loads(monitor.stdout.readline()) for _ in range(3)]
+    finally:
+        monitor.terminate()
+    core = device_time._models[module.handle][1]
+    busiest = max(core_utilization(r).get(core, 0.0) for r in reports)
+    assert 70.0 <= busiest <= 100.0, reports
+    assert reports[0]["neuron_runtime_data"][0]["pid"] == os.getpid()
+
+
+def test_the_pipelined_runner_answers_as_one_call_per_batch(device_time, neuronx_artifact):
+    from neuronserve.execution import RunReport
+    from neuronserve.runtime import Runner
+
+    os.environ.pop("NEURON_STANDIN_DEVICE_TIME")  # every call computed: answers compared
+    plain = Runner(neuronx_artifact, pipeline=False)
+    piped = Runner(neuronx_artifact)  # a Neuron target pipelines by default
+    assert piped.group_rows and not plain.group_rows
+    bodies = [({"inputs": f"request {i} " * (1 + i % 5)}, None) for i in range(11)]
+    bodies[5] = ({"inputs": ["a", "b"], "parameters": {"no such": 1}}, None)  # refused alone
+    bodies[7] = ({"inputs": ["one", "two", "three"]}, None)
+    report = RunReport()
+    got = piped.responses_for_bodies(bodies, report)
+    want = plain.responses_for_bodies(bodies)
+    assert len(report.runs) > 1  # served in groups
+    assert report.requests == len(bodies) and report.texts == 12
+    for g, w in zip(got, want, strict=True):
+        if isinstance(w, Exception):
+            assert type(g) is type(w) and g.status == w.status
+            continue
+        # rows padded into other buckets: equal up to float rounding
+        g, w = json.loads(json.dumps(g)), json.loads(json.dumps(w))
+        labels = [[x["label"] for x in row] for row in (w if isinstance(w[0], list) else [w])]
+        assert labels == [
+            [x["label"] for x in row] for row in (g if isinstance(g[0], list) else [g])
+        ]
+        scores = [x["score"] for row in (w if isinstance(w[0], list) else [w]) for x in row]
+        got_scores = [x["score"] for row in (g if isinstance(g[0], list) else [g]) for x in row]
+        assert got_scores == pytest.approx(scores, abs=1e-5)
+
+
+def test_the_monitor_reader_follows_neuron_monitors_documented_report():
+    # the neuroncore_counters example of the Neuron Monitor User Guide
+    report = {
+        "neuron_runtime_data": [
+            {
+                "neuron_runtime_index": 0,
+                "error": "",
+                "report": {
+                    "neuroncore_counters": {
+                        "period": 1.000113182,
+                        "neuroncores_in_use": {
+                            "0": {"neuroncore_utilization": 42.01, "loaded_models": []},
+                            "1": {"neuroncore_utilization": 42.02, "loaded_models": []},
+                        },
+                        "error": "",
+                    }
+                },
+            }
+        ]
+    }
+    assert core_utilization(report) == {0: 42.01, 1: 42.02}
+    assert core_utilization({"neuron_runtime_data": [{"error": "no runtime"}]}) == {}
+    monitor = NeuronMonitor()
+    monitor.history.append((time.monotonic() + 1.0, {0: 50.0, 1: 70.0}))
+    assert monitor.mean_between(time.monotonic() - 1.0, time.monotonic() + 2.0) == 0.6
+    assert monitor.mean_between(0.0, 1.0) is None
