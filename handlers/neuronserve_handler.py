@@ -4,16 +4,19 @@ worker's Runners (one per model the archive holds).
 initialize:  `neuronserve.worker.start_worker` with the settings packaging wrote into the
              archive's model-config.yaml: lease a core group, pin, load and warm up every
              model on it.
-preprocess:  TorchServe request rows -> (model, parsed request); the model is the one the
+handle:      one batch TorchServe formed, answered in place:
+  _parse:    TorchServe request rows -> (model, parsed request); the model is the one the
              X-Neuronserve-Model header names (optional when the archive holds one); bad
              requests become errors in place.
-inference:   `Worker.serve`: one Runner call per model for the batch TorchServe formed.
-postprocess: per request, the task's JSON (a client of TorchServe's own API), or the
+  serve:     `Worker.serve`: one Runner call per model for the batch.
+  _answer:   per request, the task's JSON (a client of TorchServe's own API), or the
              results as named tensors when the front asks (X-Neuronserve-Answer:
              tensors: the front answers), and the HTTP status (a RequestError keeps its
              own: 400, 404, 413, 500).
-handle:      BaseHandler's, timed; the batch's metrics (`neuronserve.metrics`, labelled
-             by model) are written by a thread of their own once the response has gone.
+             The batch's metrics (`neuronserve.metrics`, labelled by model) are written
+             by a thread of their own once the response has gone.
+
+Every batch's state is its own: nothing of a request is kept on the handler.
 
 Everything else (decoding, tokenizing, bucketing, padding, running, unpadding, task
 output) is the Runner's, shared with Triton.
@@ -62,16 +65,36 @@ class NeuronServeHandler(BaseHandler):
         self.initialized = True
         logger.info("neuronserve: %s", self.worker.describe())
 
-    def preprocess(self, data):
+    def handle(self, data, context):
+        """TorchServe's entry point: the batch's answers, in its order."""
+        from neuronserve.worker import batch_values, handler_values
+
+        # Timed around everything, decoding and JSON encoding included; `neuronserve
+        # bench` divides it by the request count. The metrics are written after the
+        # response has left (DeferredMetrics says why).
+        t0 = time.perf_counter()
+        served = {}
+
+        def report(model, run):
+            served[model] = run.requests
+            self.metrics.add(batch_values(run, model))
+
+        requests, tensors = self._parse(data, context)
+        results = self.worker.serve(requests, report, respond=False)
+        out = self._answer(results, requests, tensors, context)
+        self.metrics.add(handler_values((time.perf_counter() - t0) * 1e3, served))
+        return out
+
+    def _parse(self, data, context):
         from neuronserve.worker import RequestError, internal_error
 
-        self.tensors = []  # whether each request asked for its results as tensors
+        tensors = []  # whether each request asked for its results as tensors
         requests = []
         for idx, row in enumerate(data):
             field, body = _body(row)
-            content_type = _content_type(self.context, idx, field, body)
-            model = _header(self.context, idx, MODEL_HEADER)
-            self.tensors.append(_header(self.context, idx, ANSWER_HEADER) == ANSWER_TENSORS)
+            content_type = _content_type(context, idx, field, body)
+            model = _header(context, idx, MODEL_HEADER)
+            tensors.append(_header(context, idx, ANSWER_HEADER) == ANSWER_TENSORS)
             try:
                 if body is None:
                     raise RequestError(
@@ -83,43 +106,20 @@ class NeuronServeHandler(BaseHandler):
                 requests.append((None, e))
             except Exception:  # noqa: BLE001 - a decoding bug fails this request, not the batch
                 requests.append((None, internal_error("decoding the request")))
-        self.requests = requests
-        return requests
+        return requests, tensors
 
-    def handle(self, data, context):
-        from neuronserve.worker import handler_values
-
-        # Timed here, around BaseHandler's own, so the sum covers decoding and JSON encoding
-        # as well as the Runners; `neuronserve bench` divides it by the request count. The
-        # metrics are written after the response has left (DeferredMetrics says why).
-        self.served = {}
-        t0 = time.perf_counter()
-        out = super().handle(data, context)
-        handler_ms = (time.perf_counter() - t0) * 1e3
-        self.metrics.add(handler_values(handler_ms, self.served))
-        return out
-
-    def inference(self, data, *args, **kwargs):
-        return self.worker.serve(data, self._report, respond=False)
-
-    def _report(self, model, report) -> None:
-        from neuronserve.worker import batch_values
-
-        self.served[model] = report.requests
-        self.metrics.add(batch_values(report, model))
-
-    def postprocess(self, data):
+    def _answer(self, results, requests, tensors, context):
         from neuronserve.worker import HEADER_LENGTH, RequestError, pack
 
         out = []
-        for idx, result in enumerate(data):
-            model, request = self.requests[idx]
+        for idx, result in enumerate(results):
+            model, request = requests[idx]
             content_type = "application/json"
             if not isinstance(result, RequestError):
-                if self.tensors[idx]:  # the front answers: its results as they are
+                if tensors[idx]:  # the front answers: its results as they are
                     body, head = pack(self.worker.tensors(model, result))
                     content_type = "application/octet-stream"
-                    self.context.set_response_header(idx, HEADER_LENGTH, str(head))
+                    context.set_response_header(idx, HEADER_LENGTH, str(head))
                 else:
                     # orjson: json's encoder was a visible share of a lone request
                     answer = self.worker.respond(model, request, result)
@@ -130,10 +130,10 @@ class NeuronServeHandler(BaseHandler):
             if isinstance(result, RequestError):
                 # the reason phrase is the status's own: the message is in the body only
                 phrase = HTTPStatus(result.status).phrase
-                self.context.set_response_status(code=result.status, phrase=phrase, idx=idx)
+                context.set_response_status(code=result.status, phrase=phrase, idx=idx)
                 result = orjson.dumps({"code": result.status, "error": result.message})
                 content_type = "application/json"
-            self.context.set_response_content_type(idx, content_type)
+            context.set_response_content_type(idx, content_type)
             out.append(result)
         return out
 

@@ -39,7 +39,8 @@ EPS=(); for k in "${KINDS[@]}"; do EPS+=(-e "$k:$ART"); done
 one() {  # $1: base or new, $2: round
   local rev; rev=$([ "$1" = base ] && echo "$BASE" || echo "$NEW")
   # outside the checkout, so that the revision on PYTHONPATH is the one imported
-  (cd "$WORK" && PYTHONPATH=$(tree "$rev") "$ROOT/.venv/bin/neuronserve" \
+  # (a PYTHONPATH given to this script follows it: the Neuron stand-in for the simulation)
+  (cd "$WORK" && PYTHONPATH=$(tree "$rev")${PYTHONPATH:+:$PYTHONPATH} "$ROOT/.venv/bin/neuronserve" \
     bench --title "$1: $rev, round $2" "${EPS[@]}" --generator wrk \
     --sequence-lengths "${SEQ:-8}" --concurrency "${CONC:-1,32}" --warmup 2 --duration "${DURATION:-4}" \
     --server-warmup 10 --out "$OUT/$1-$2")

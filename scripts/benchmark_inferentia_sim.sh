@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Inferentia by simulation: two revisions of neuronserve (scripts/benchmark_revisions.sh)
+# serving BERT-base (random weights) compiled for neuronx, on a fake host of one
+# NeuronCore whose calls take the time AWS publishes for inf2 (the Neuron stand-in's
+# device-time mode, tests/neuron_standin), 128-token texts, TorchServe and Triton behind
+# the front and directly. bench records each point's NeuronCore utilization from the
+# stand-in's neuron-monitor and the host's CPU per request. Run it on a 2-CPU machine
+# (an inf2.xlarge has 2 vCPUs per NeuronCore), nothing else running.
+#
+#   scripts/benchmark_inferentia_sim.sh <BASE> [NEW, default HEAD]   # in benchmarks/inferentia-sim/
+#
+# What is simulated and what only hardware can confirm: BENCHMARKS.md, "Inferentia by
+# simulation". CONC, RUNS, OUT override.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+SIM=${WORK:-$ROOT/.bench}/inferentia-sim
+STANDIN=$ROOT/tests/neuron_standin
+export PATH=$STANDIN/bin:$PATH PYTHONPATH=$STANDIN
+export NEURON_STANDIN_CORES=1 NEURON_STANDIN_CORES_PER_DEVICE=1
+export NEURON_STANDIN_DEVICE_DIR=$SIM/devices NEURON_STANDIN_DEVICE_TIME=inf2-bert-base
+[ -x .venv/bin/neuronserve ] || scripts/install.sh
+[ -f "$SIM/bert-base/config.json" ] || .venv/bin/python -m neuronserve.bench.models \
+  bert-base "$SIM/bert-base" --task feature-extraction
+# compiled in device-time mode, so the bucket times it records are the device's
+[ -f "$SIM/bert-neuronx/manifest.json" ] || .venv/bin/neuronserve compile \
+  --model "$SIM/bert-base" --task feature-extraction --target neuronx \
+  --batch-sizes 1,2,4,8,16 --sequence-lengths 128 --out "$SIM/bert-neuronx"
+ART=$SIM/bert-neuronx SEQ=128 CONC=${CONC:-1,16,32,64} OUT=${OUT:-benchmarks/inferentia-sim} \
+  exec scripts/benchmark_revisions.sh "$@"
