@@ -26,5 +26,8 @@ export NEURON_STANDIN_DEVICE_DIR=$SIM/devices NEURON_STANDIN_DEVICE_TIME=inf2-be
 [ -f "$SIM/bert-neuronx/manifest.json" ] || .venv/bin/neuronserve compile \
   --model "$SIM/bert-base" --task feature-extraction --target neuronx \
   --batch-sizes 1,2,4,8,16 --sequence-lengths 128 --out "$SIM/bert-neuronx"
-ART=$SIM/bert-neuronx SEQ=128 CONC=${CONC:-1,16,32,64} OUT=${OUT:-benchmarks/inferentia-sim} \
-  exec scripts/benchmark_revisions.sh "$@"
+OUT=$(realpath -m "${OUT:-benchmarks/inferentia-sim}")
+ART=$SIM/bert-neuronx SEQ=128 CONC=${CONC:-1,16,32,64} OUT=$OUT scripts/benchmark_revisions.sh "$@"
+.venv/bin/python scripts/inferentia_sim_summary.py "$OUT" "$(git rev-parse --short "${2:-HEAD}")" \
+  "$(git rev-parse --short "$1")" > "$OUT/inferentia.md"
+cat "$OUT/inferentia.md"

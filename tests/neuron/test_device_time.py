@@ -186,3 +186,24 @@ def test_the_monitor_reader_follows_neuron_monitors_documented_report():
     monitor.history.append((time.monotonic() + 1.0, {0: 50.0, 1: 70.0}))
     assert monitor.mean_between(time.monotonic() - 1.0, time.monotonic() + 2.0) == 0.6
     assert monitor.mean_between(0.0, 1.0) is None
+
+
+def test_engines_form_batches_of_several_device_calls(neuronx_artifact):
+    from neuronserve.buckets import efficient_batches
+    from neuronserve.compile.targets import pipeline_depth
+    from neuronserve.engines.torchserve.package import model_config
+    from neuronserve.engines.triton.package import model_config as triton_config
+    from neuronserve.packaging.model import prepare
+    from neuronserve.spec import load_spec
+
+    with standin_process(4):
+        spec = load_spec(None, {"artifact": neuronx_artifact})
+        packaged = prepare(spec)
+    m = packaged.models[0].manifest
+    unit = max(efficient_batches(m.grid, m.bucket_ms).values() or m.grid.batch_sizes)
+    depth = pipeline_depth(m.target)
+    assert depth > 1
+    assert model_config(spec, packaged)["batchSize"] == depth * unit
+    config = triton_config(spec, packaged)
+    assert max(config.dynamic_batching.preferred_batch_size) == depth * unit
+    assert config.max_batch_size >= depth * unit
