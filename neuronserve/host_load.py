@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +45,12 @@ def core_utilization(report: dict[str, Any]) -> dict[int, float]:
 
 
 class NeuronMonitor:
-    """neuron-monitor run in the background, its NeuronCore counters only, the latest
-    report kept (`utilization`) and, for averages over a window, each core's sum of
-    percent x seconds (`busy_seconds`)."""
+    """neuron-monitor run in the background, its NeuronCore counters only: the recent
+    reports (`history`: the latest is `utilization`, a window's mean `mean_between`)
+    and each core's sum of percent x seconds since it started (`busy_seconds`)."""
 
     def __init__(self, period_s: float = 1.0) -> None:
         self.period_s = period_s
-        self.latest: dict[int, float] = {}
         self.busy: dict[int, float] = {}
         # (monotonic time received, utilization per core) of the recent reports
         self.history: deque[tuple[float, dict[int, float]]] = deque(maxlen=3600)
@@ -98,14 +98,13 @@ class NeuronMonitor:
                 runtime = next(iter(report.get("neuron_runtime_data") or []))
                 period = float(runtime["report"]["neuroncore_counters"]["period"])
             with self._lock:
-                self.latest = found
                 self.history.append((time.monotonic(), found))
                 for core, percent in found.items():
                     self.busy[core] = self.busy.get(core, 0.0) + percent / 100 * period
 
     def utilization(self) -> dict[int, float]:
         with self._lock:
-            return dict(self.latest)
+            return dict(self.history[-1][1]) if self.history else {}
 
     def mean_between(self, start: float, end: float) -> float | None:
         """The mean utilization (a fraction) of the cores in use over the reports whose
@@ -134,21 +133,38 @@ class NeuronMonitor:
             self._config = None
 
 
+def tree_cpu(roots: list[int]) -> Iterator[tuple[psutil.Process, float]]:
+    """Each live process of the trees under `roots` (each once), with its CPU seconds
+    (user + system) so far; a process that ends meanwhile is left out."""
+    seen: set[int] = set()
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in procs:
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            try:
+                t = p.cpu_times()
+            except psutil.Error:
+                continue
+            yield p, t.user + t.system
+
+
 def cpu_seconds(pid: int | None = None) -> tuple[float, float]:
-    """CPU seconds (user + system) so far of process `pid` (default: this one) and of
-    every process under it: (its own, its children's)."""
-    try:
-        root = psutil.Process(pid)
-        own = root.cpu_times()
-        children = root.children(recursive=True)
-    except psutil.Error:
-        return 0.0, 0.0
-    below = 0.0
-    for child in children:
-        with contextlib.suppress(psutil.Error):
-            t = child.cpu_times()
-            below += t.user + t.system
-    return own.user + own.system, below
+    """CPU seconds so far of process `pid` (default: this one) and of every process under
+    it: (its own, its children's)."""
+    root = os.getpid() if pid is None else pid
+    own = below = 0.0
+    for p, seconds in tree_cpu([root]):
+        if p.pid == root:
+            own = seconds
+        else:
+            below += seconds
+    return own, below
 
 
 # a share of time above which a resource is the one that sets the pace

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from .artifact import ArtifactError, Manifest, read_manifest, read_verified
-from .buckets import Bucket, efficient_batches
-from .compile.targets import core_kind, get_target
+from .buckets import Bucket, engine_batch_sizes
+from .compile.targets import get_target, pipeline_depth
 from .execution import Executor, InputLayout, Module, Row, RunReport
 from .images import ImagePreprocessor
 from .tasks import RequestError, TaskRequest, get_task
@@ -85,11 +85,10 @@ class Runner:
             m.bucket_ms,
         )
         self.info = {**m.task_info(), "tokenizer": self.tokenizer}
-        # texts per pipelined group (0: not pipelined): the batch the device's own cost
-        # curve says is worth a call (the bucket times), else the largest compiled
-        pipelined = core_kind(m.target) == "neuron" if pipeline is None else pipeline
-        sizes = efficient_batches(self.grid, m.bucket_ms).values() or self.grid.batch_sizes
-        self.group_rows = max(sizes) if pipelined else 0
+        # texts per pipelined group (0: not pipelined): the largest batch the device's
+        # own cost curve says is worth a call (the bucket times), as engines form them
+        pipelined = pipeline_depth(m.target) > 1 if pipeline is None else pipeline
+        self.group_rows = max(engine_batch_sizes(self.grid, m.bucket_ms)) if pipelined else 0
         self._device: ThreadPoolExecutor | None = None
         if warmup:
             self.warmup()

@@ -300,30 +300,21 @@ def cpu_by_role(roots: list[int], front: int | None = None) -> dict[str, float]:
     model workers and neuronserve's front (the process `front`)."""
     import psutil
 
+    from ..host_load import tree_cpu
+
     out: dict[str, float] = {}
-    seen: set[int] = set()
-    for root_pid in roots:
+    for p, seconds in tree_cpu(roots):
         try:
-            root = psutil.Process(root_pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.NoSuchProcess:
+            name = " ".join(p.cmdline()[:2]) or p.name()
+        except psutil.Error:
             continue
-        for p in procs:
-            if p.pid in seen:
-                continue
-            seen.add(p.pid)
-            try:
-                name = " ".join(p.cmdline()[:2]) or p.name()
-                t = p.cpu_times()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            if p.pid == front:
-                role = "front"
-            elif any(s in name for s in _server_processes()):
-                role = "frontend"
-            else:
-                role = "workers"
-            out[role] = out.get(role, 0.0) + t.user + t.system
+        if p.pid == front:
+            role = "front"
+        elif any(s in name for s in _server_processes()):
+            role = "frontend"
+        else:
+            role = "workers"
+        out[role] = out.get(role, 0.0) + seconds
     return out
 
 

@@ -49,7 +49,7 @@ def test_the_front_exports_host_cpu_and_each_neuroncores_utilization():
     assert 0 < own <= cpu_seconds()[0] + 0.01  # this process's CPU so far
     assert "neuroncore_utilization" not in text  # no monitor on a CPU host
     metrics.monitor = NeuronMonitor()
-    metrics.monitor.latest = {0: 42.0, 1: 7.5}
+    metrics.monitor.history.append((0.0, {0: 42.0, 1: 7.5}))
     metrics.monitor.busy = {0: 3.0, 1: 0.5}
     text = generate_latest(metrics.registry).decode()
     assert 'neuronserve_neuroncore_utilization_percent{neuroncore="0"} 42.0' in text
