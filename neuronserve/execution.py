@@ -139,34 +139,99 @@ class Executor:
     ) -> RowOutputs:
         """Pad `rows` to `bucket`, run its module, drop the padding (rows, and tokens
         when the module answers per token)."""
-        arrays = pad_batch(rows, bucket, self.layout.names, self.layout.pad_values)
-        module = (module_for or self.module_for)(bucket)
-        with torch.inference_mode():
-            out = module(*(torch.from_numpy(arrays[n]) for n in self.layout.names))
-        lengths = (
-            [self.layout.length(r) + self.layout.leading for r in rows]
-            if self.layout.per_token
-            else None
-        )
-        return unpad(out.float().numpy(), len(rows), lengths)
+        planned = self.plan(rows, [list(range(len(rows)))], [bucket])
+        out, _ = self._call(planned.tensors[0], bucket, module_for or self.module_for)
+        return self._unpad(out, planned, 0)
 
     def run(self, rows: Sequence[Row], report: RunReport | None = None) -> RowOutputs:
         """Outputs for `rows` in their order: rows grouped by length into the smallest
-        buckets that hold them, batches beyond the largest bucket split."""
+        buckets that hold them, batches beyond the largest bucket split. The three
+        stages in turn; a pipelined caller (Runner.outputs) runs `call` on a thread of
+        its own, so the device waits for no padding or unpadding."""
+        planned = self.plan(rows)
+        return self.finish(planned, self.call(planned), report)
+
+    def plan(
+        self,
+        rows: Sequence[Row],
+        chunks: list[list[int]] | None = None,
+        buckets: list[Bucket] | None = None,
+    ) -> Planned:
+        """The host's work before the device's: rows grouped into bucket runs (unless
+        given) and padded into each bucket's tensors."""
         lengths = [self.layout.length(r) for r in rows]
-        costs = self.bucket_ms
-        measured = costs and all(b.key in costs for b in self.grid.buckets)
-        chunks = list(self.grid.chunks(lengths, (lambda b: costs[b.key]) if measured else None))
-        if self.copies:
-            chunks = _spread(chunks, 1 + len(self.copies))
-        buckets = [self.grid.choose(len(c), max(lengths[i] for i in c)) for c in chunks]
-        timed = self._run_chunks(rows, chunks, buckets)
+        if chunks is None:
+            costs = self.bucket_ms
+            measured = costs and all(b.key in costs for b in self.grid.buckets)
+            chunks = list(self.grid.chunks(lengths, (lambda b: costs[b.key]) if measured else None))
+            if self.copies:
+                chunks = _spread(chunks, 1 + len(self.copies))
+        if buckets is None:
+            buckets = [self.grid.choose(len(c), max(lengths[i] for i in c)) for c in chunks]
+        names, pads = self.layout.names, self.layout.pad_values
+        tensors = []
+        for chunk, bucket in zip(chunks, buckets, strict=True):
+            arrays = pad_batch([rows[i] for i in chunk], bucket, names, pads)
+            tensors.append(tuple(torch.from_numpy(arrays[n]) for n in names))
+        return Planned(len(rows), lengths, chunks, buckets, tensors)
+
+    def call(self, planned: Planned) -> list[tuple[torch.Tensor, float]]:
+        """The device's work: each bucket run's module call, its output and time (ms),
+        on the module copies at once when this worker holds several cores."""
+        runs = list(zip(planned.tensors, planned.buckets, strict=True))
+        if not self.copies or len(runs) <= 1:
+            return [self._call(t, b, self.module_for) for t, b in runs]
+        # each copy runs one chunk at a time: a queue hands them to the pool's threads
+        free: queue.SimpleQueue[Callable[[Bucket], Module]] = queue.SimpleQueue()
+        for module_for in (self.module_for, *self.copies):
+            free.put(module_for)
+
+        def on_a_free_copy(
+            tensors: tuple[torch.Tensor, ...], bucket: Bucket
+        ) -> tuple[torch.Tensor, float]:
+            module_for = free.get()
+            try:
+                return self._call(tensors, bucket, module_for)
+            finally:
+                free.put(module_for)
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1 + len(self.copies), "neuronserve-core")
+        return list(self._pool.map(on_a_free_copy, *zip(*runs, strict=True)))
+
+    def finish(
+        self,
+        planned: Planned,
+        called: list[tuple[torch.Tensor, float]],
+        report: RunReport | None = None,
+    ) -> RowOutputs:
+        """The host's work after the device's: padding dropped, outputs in the rows'
+        order, each bucket run reported."""
         if report is not None:
-            for chunk, bucket, (_, ms) in zip(chunks, buckets, timed, strict=True):
-                report.runs.append(
-                    BucketRun(bucket, len(chunk), sum(lengths[i] for i in chunk), ms)
-                )
-        return self._in_row_order(chunks, [got for got, _ in timed], len(rows))
+            for chunk, bucket, (_, ms) in zip(planned.chunks, planned.buckets, called, strict=True):
+                real = sum(planned.lengths[i] for i in chunk)
+                report.runs.append(BucketRun(bucket, len(chunk), real, ms))
+        outs = [self._unpad(out, planned, k) for k, (out, _) in enumerate(called)]
+        return self._in_row_order(planned.chunks, outs, planned.rows)
+
+    @staticmethod
+    def _call(
+        tensors: tuple[torch.Tensor, ...], bucket: Bucket, module_for: Callable[[Bucket], Module]
+    ) -> tuple[torch.Tensor, float]:
+        module = module_for(bucket)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = module(*tensors)
+        return out, (time.perf_counter() - t0) * 1e3
+
+    def _unpad(self, out: torch.Tensor, planned: Planned, k: int) -> RowOutputs:
+        chunk = planned.chunks[k]
+        lengths = (
+            [planned.lengths[i] + self.layout.leading for i in chunk]
+            if self.layout.per_token
+            else None
+        )
+        return unpad(out.float().numpy(), len(chunk), lengths)
 
     def _in_row_order(self, chunks: list[list[int]], outs: list[RowOutputs], n: int) -> RowOutputs:
         """The chunks' outputs put back in the rows' order."""
@@ -183,33 +248,17 @@ class Executor:
             stacked[chunk] = got
         return stacked
 
-    def _run_chunks(
-        self, rows: Sequence[Row], chunks: list[list[int]], buckets: list[Bucket]
-    ) -> list[tuple[RowOutputs, float]]:
-        def one(
-            chunk: list[int], bucket: Bucket, module_for: Callable[[Bucket], Module]
-        ) -> tuple[RowOutputs, float]:
-            t0 = time.perf_counter()
-            got = self.run_bucket([rows[i] for i in chunk], bucket, module_for)
-            return got, (time.perf_counter() - t0) * 1e3
 
-        if not self.copies or len(chunks) == 1:
-            return [one(c, b, self.module_for) for c, b in zip(chunks, buckets, strict=True)]
-        # each copy runs one chunk at a time: a queue hands them to the pool's threads
-        free: queue.SimpleQueue[Callable[[Bucket], Module]] = queue.SimpleQueue()
-        for module_for in (self.module_for, *self.copies):
-            free.put(module_for)
+@dataclass
+class Planned:
+    """A batch made ready for the device (Executor.plan): how many rows, each row's
+    length, the rows of each bucket run, its bucket and its padded tensors."""
 
-        def on_a_free_copy(chunk: list[int], bucket: Bucket) -> tuple[RowOutputs, float]:
-            module_for = free.get()
-            try:
-                return one(chunk, bucket, module_for)
-            finally:
-                free.put(module_for)
-
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1 + len(self.copies), "neuronserve-core")
-        return list(self._pool.map(on_a_free_copy, chunks, buckets))
+    rows: int
+    lengths: list[int]
+    chunks: list[list[int]]
+    buckets: list[Bucket]
+    tensors: list[tuple[torch.Tensor, ...]]
 
 
 def _spread(chunks: list[list[int]], copies: int) -> list[list[int]]:

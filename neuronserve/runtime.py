@@ -1,6 +1,6 @@
 """Runner: one artifact loaded and served, the same way for every task, target and server.
 
-    decode -> tokenize (whole batch) -> execute (pick bucket, pad, run, unpad) -> respond
+    decode -> tokenize -> plan (pick buckets, pad) -> call (the device) -> finish (unpad) -> respond
 
 Server adapters hand the Runner one batch as their server formed it and get back one
 result per request: a JSON-able response (TorchServe, the SageMaker front) or model
@@ -21,7 +21,7 @@ from typing import Any, cast
 from .artifact import ArtifactError, Manifest, read_manifest, read_verified
 from .buckets import Bucket, engine_batch_sizes
 from .compile.targets import get_target, pipeline_depth
-from .execution import Executor, InputLayout, Module, Row, RunReport
+from .execution import Executor, InputLayout, Module, Planned, Row, RunReport
 from .images import ImagePreprocessor
 from .tasks import RequestError, TaskRequest, get_task
 from .tasks.base import RequestLimits, Text, internal_error, prompted
@@ -181,19 +181,19 @@ class Runner:
         groups = self._groups(requests)
         if len(groups) == 1:
             prepared = self._prepare(requests, groups[0], results, report)
-            self._complete(prepared, requests, results, self._run(prepared.rows, report))
+            self._complete(prepared, requests, results, self._call(prepared), report)
             return cast(list[Outputs], results)
         if self._device is None:
             self._device = ThreadPoolExecutor(1, "neuronserve-device")
         pending: tuple[_Prepared, Future[Any]] | None = None
         for group in groups:
             prepared = self._prepare(requests, group, results, report)
-            running = self._device.submit(self._run, prepared.rows, report)
+            running = self._device.submit(self._call, prepared)
             if pending is not None:
-                self._complete(pending[0], requests, results, pending[1].result())
+                self._complete(pending[0], requests, results, pending[1].result(), report)
             pending = (prepared, running)
         if pending is not None:
-            self._complete(pending[0], requests, results, pending[1].result())
+            self._complete(pending[0], requests, results, pending[1].result(), report)
         # every slot is filled now: refused at parse, refused here, or given its results
         return cast(list[Outputs], results)
 
@@ -221,7 +221,7 @@ class Runner:
         report: RunReport,
     ) -> _Prepared:
         """Admit, tokenize and check the requests of `group`: refusals go into
-        `results`, the rest become the token rows of one device call."""
+        `results`, the rest become the padded tensors of one device call."""
         for i in group:
             r = requests[i]
             results[i] = r if isinstance(r, RequestError) else self._admit(r)
@@ -236,7 +236,8 @@ class Runner:
         encoded = self._encode(live, results)
         report.tokenize_ms += (time.perf_counter() - t0) * 1e3
 
-        prepared = _Prepared([], [])
+        rows: list[Row] = []
+        prepared = _Prepared(None, [])
         for i, request in live:
             mine = encoded.get(i)
             if mine is None:
@@ -247,14 +248,23 @@ class Runner:
                 or self._too_large(mine, request)
             )
             if results[i] is None:
-                prepared.rows.extend(e.row() for windows in mine for e in windows)
+                rows.extend(e.row() for windows in mine for e in windows)
                 prepared.owners.append((i, mine))
+        try:
+            prepared.planned = self.executor.plan(rows)
+        except Exception:  # the group fails, the worker must not
+            log.exception("padding the batch")
+            prepared.failed = internal_error("padding the batch")
         return prepared
 
-    def _run(self, rows: list[Row], report: RunReport) -> Any:
+    def _call(self, prepared: _Prepared) -> Any:
+        """The device's part of a group (nothing else, so that on a pipelined target
+        its thread goes from one call to the next)."""
+        if prepared.planned is None:
+            return prepared.failed
         try:
-            return self.executor.run(rows, report)
-        except Exception:  # the batch fails, the worker must not
+            return self.executor.call(prepared.planned)
+        except Exception:  # the group fails, the worker must not
             log.exception("running the model")
             return internal_error("running the model")
 
@@ -263,9 +273,17 @@ class Runner:
         prepared: _Prepared,
         requests: Sequence[TaskRequest | RequestError],
         results: list[Outputs | None],
-        out: Any,
+        called: Any,
+        report: RunReport,
     ) -> None:
         """Each prepared request's results from its rows of the device call's output."""
+        out = called
+        if prepared.planned is not None and not isinstance(called, RequestError):
+            try:
+                out = self.executor.finish(prepared.planned, called, report)
+            except Exception:  # the group fails, the worker must not
+                log.exception("unpadding the outputs")
+                out = internal_error("unpadding the outputs")
         pos = 0
         for i, mine in prepared.owners:
             n = sum(len(windows) for windows in mine)
@@ -400,10 +418,12 @@ class Runner:
 
 @dataclass
 class _Prepared:
-    """A group's token rows and, per request served, its index and its texts' rows."""
+    """A group made ready for the device (its padded tensors; None if padding failed,
+    with why) and, per request served, its index and its texts' rows."""
 
-    rows: list[Row]
+    planned: Planned | None
     owners: list[tuple[int, list[list[Encoded]]]]
+    failed: RequestError | None = None
 
 
 def default_stride(max_length: int) -> int:

@@ -160,6 +160,52 @@ def test_the_pipelined_runner_answers_as_one_call_per_batch(device_time, neuronx
         assert got_scores == pytest.approx(scores, abs=1e-5)
 
 
+def test_the_device_thread_only_calls_the_modules(device_time, neuronx_artifact, monkeypatch):
+    """Padding and unpadding run on the caller's thread beside the device's calls, so the
+    device thread goes from one call to the next; a group whose padding fails fails only
+    its own requests."""
+    from neuronserve import execution
+    from neuronserve.runtime import Runner
+
+    runner = Runner(neuronx_artifact)
+    where: dict[str, set[str]] = {"pad": set(), "unpad": set(), "call": set()}
+
+    def recorded(name, fn):
+        def wrapper(*args, **kwargs):
+            where[name].add(threading.current_thread().name)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(execution, "pad_batch", recorded("pad", execution.pad_batch))
+    monkeypatch.setattr(execution, "unpad", recorded("unpad", execution.unpad))
+    module_for = runner.executor.module_for
+    monkeypatch.setattr(
+        runner.executor, "module_for", lambda bucket: recorded("call", module_for(bucket))
+    )
+    texts = runner.group_rows * 3
+    answers = runner.responses_for_bodies([({"inputs": f"text {i}"}, None) for i in range(texts)])
+    assert not any(isinstance(a, Exception) for a in answers)
+    caller = threading.current_thread().name
+    assert where["pad"] == where["unpad"] == {caller}
+    assert len(where["call"]) == 1 and caller not in where["call"]
+
+    plan = runner.executor.plan
+    calls = {"n": 0}
+
+    def second_fails(rows):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("padding broke")
+        return plan(rows)
+
+    monkeypatch.setattr(runner.executor, "plan", second_fails)
+    answers = runner.responses_for_bodies([({"inputs": f"text {i}"}, None) for i in range(texts)])
+    failed = [i for i, a in enumerate(answers) if isinstance(a, Exception)]
+    assert failed == list(range(runner.group_rows, 2 * runner.group_rows))
+    assert {answers[i].status for i in failed} == {500}
+
+
 def test_the_monitor_reader_follows_neuron_monitors_documented_report():
     # the neuroncore_counters example of the Neuron Monitor User Guide
     report = {
