@@ -96,15 +96,40 @@ def engine_ratios(folder: Path) -> dict[str, list[float]]:
     return out
 
 
-def compare(before: dict[str, list[float]], now: dict[str, list[float]]) -> Iterator[str]:
+def machine(folder: Path) -> tuple[frozenset[str], dict[str, float]]:
+    """The CPU flags and the per-core matrix probe (GOP/s by precision) of a run's first
+    round: what says whether two runs were on the same kind of CPU."""
+    data = json.loads((rounds(folder)[0] / "results.json").read_text())
+    probe = next(iter((data.get("peak_gops") or {}).values()), {})
+    return frozenset(data["machine"].get("cpu_flags", [])), probe
+
+
+def other_cpu(before: Path, now: Path, tolerance: float = 0.25) -> str | None:
+    """Why two runs' ratios do not compare (None: they do): other CPU flags, or a matrix
+    probe that differs by more than `tolerance` in some precision (the models' precisions
+    speed up by different factors from one CPU generation to the next, the fp32 pipeline
+    by yet another, so ratios move with the CPU, not the code)."""
+    (flags_a, probe_a), (flags_b, probe_b) = machine(before), machine(now)
+    if flags_a != flags_b:
+        return f"other CPU flags ({' '.join(sorted(flags_a ^ flags_b))})"
+    for precision in sorted(set(probe_a) & set(probe_b)):
+        a, b = probe_a[precision], probe_b[precision]
+        if abs(b - a) > tolerance * a:
+            return f"other CPU ({precision} probe {a:.0f} -> {b:.0f} GOP/s per core)"
+    return None
+
+
+def compare(
+    before: dict[str, list[float]], now: dict[str, list[float]], differs: str | None
+) -> Iterator[str]:
     for name, new in now.items():
         old = before.get(name)
         if not old:
-            yield f"| {name} | - | {spread(new, 2)} | new |"
+            yield f"| {name} | - | {spread(new, 2)} | | new |"
             continue
         worse = max(new) < min(old)
         change = statistics.median(new) / statistics.median(old)
-        verdict = "**worse**" if worse else "not worse"
+        verdict = f"not compared: {differs}" if differs else "**worse**" if worse else "not worse"
         yield f"| {name} | {spread(old, 2)} | {spread(new, 2)} | {change:.2f} | {verdict} |"
 
 
@@ -124,13 +149,13 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         "Each ratio: median (min-max) over the rounds of the committed run, then of the new",
         "one, ratios taken round by round; the medians' change; worse when the new best round",
-        "is below the old worst.",
+        "is below the old worst; not compared when the two ran on other kinds of CPU.",
         "",
         "| ratio | before | now | now / before | |",
         "|---|---:|---:|---:|---|",
     ]
     for ratios, before, now in pairs:
-        lines += compare(ratios(before), ratios(now))
+        lines += compare(ratios(before), ratios(now), other_cpu(before, now))
     print("\n".join(lines))
 
 
