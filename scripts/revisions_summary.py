@@ -19,9 +19,9 @@ from neuronserve.bench.spread import spread
 CPU = ("workers", "frontend", "front", "client")
 
 
-def points(run: Path) -> dict[tuple[str, int], dict[str, Any]]:
+def points(run: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
     found = json.loads((run / "results.json").read_text())["points"]
-    return {(p["endpoint"], p["concurrency"]): p for p in found if not p.get("errors")}
+    return {(p["endpoint"], p["seq"], p["concurrency"]): p for p in found if not p.get("errors")}
 
 
 def cpu_ms(p: dict[str, Any]) -> float:
@@ -39,9 +39,9 @@ def main(out: Path, new_label: str, base_label: str) -> str:
     lines = [
         f"## {new_label} against {base_label}, {len(rounds)} rounds in alternating order",
         "",
-        "| endpoint | c | req/s base | new | new / base | CPU ms/req base | new "
+        "| endpoint | tokens | c | req/s base | new | new / base | CPU ms/req base | new "
         "| front CPU ms/req base | new | p50 ms base | new |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key in keys:
         base, new = [b[key] for b, _ in pairs], [n[key] for _, n in pairs]
@@ -53,7 +53,7 @@ def main(out: Path, new_label: str, base_label: str) -> str:
             *both(base, new, lambda p: p.get("cpu_ms_per_req_front") or 0.0, 2),
             *both(base, new, lambda p: p["p50_ms"], 1),
         ]
-        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
