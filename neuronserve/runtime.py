@@ -237,7 +237,7 @@ class Runner:
         report.tokenize_ms += (time.perf_counter() - t0) * 1e3
 
         rows: list[Row] = []
-        prepared = _Prepared(None, [])
+        owners: list[tuple[int, list[list[Encoded]]]] = []
         for i, request in live:
             mine = encoded.get(i)
             if mine is None:
@@ -249,19 +249,18 @@ class Runner:
             )
             if results[i] is None:
                 rows.extend(e.row() for windows in mine for e in windows)
-                prepared.owners.append((i, mine))
+                owners.append((i, mine))
         try:
-            prepared.planned = self.executor.plan(rows)
+            return _Prepared(self.executor.plan(rows), owners)
         except Exception:  # the group fails, the worker must not
             log.exception("padding the batch")
-            prepared.failed = internal_error("padding the batch")
-        return prepared
+            return _Prepared(internal_error("padding the batch"), owners)
 
     def _call(self, prepared: _Prepared) -> Any:
         """The device's part of a group (nothing else, so that on a pipelined target
         its thread goes from one call to the next)."""
-        if prepared.planned is None:
-            return prepared.failed
+        if isinstance(prepared.planned, RequestError):
+            return prepared.planned
         try:
             return self.executor.call(prepared.planned)
         except Exception:  # the group fails, the worker must not
@@ -278,9 +277,9 @@ class Runner:
     ) -> None:
         """Each prepared request's results from its rows of the device call's output."""
         out = called
-        if prepared.planned is not None and not isinstance(called, RequestError):
+        if not isinstance(called, RequestError):
             try:
-                out = self.executor.finish(prepared.planned, called, report)
+                out = self.executor.finish(cast(Planned, prepared.planned), called, report)
             except Exception:  # the group fails, the worker must not
                 log.exception("unpadding the outputs")
                 out = internal_error("unpadding the outputs")
@@ -418,12 +417,11 @@ class Runner:
 
 @dataclass
 class _Prepared:
-    """A group made ready for the device (its padded tensors; None if padding failed,
-    with why) and, per request served, its index and its texts' rows."""
+    """A group made ready for the device (its padded tensors, or why padding failed)
+    and, per request served, its index and its texts' rows."""
 
-    planned: Planned | None
+    planned: Planned | RequestError
     owners: list[tuple[int, list[list[Encoded]]]]
-    failed: RequestError | None = None
 
 
 def default_stride(max_length: int) -> int:
