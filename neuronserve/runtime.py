@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -23,6 +23,7 @@ from .buckets import Bucket, engine_batch_sizes
 from .compile.targets import get_target, pipeline_depth
 from .execution import Executor, InputLayout, Module, Planned, Row, RunReport
 from .images import ImagePreprocessor
+from .inflight import Countdown, InFlight
 from .tasks import RequestError, TaskRequest, get_task
 from .tasks.base import RequestLimits, Text, internal_error, prompted
 from .tokenization import Encoded, TextTokenizer
@@ -89,7 +90,7 @@ class Runner:
         # own cost curve says is worth a call (the bucket times), as engines form them
         pipelined = pipeline_depth(m.target) > 1 if pipeline is None else pipeline
         self.group_rows = max(engine_batch_sizes(self.grid, m.bucket_ms)) if pipelined else 0
-        self._device: ThreadPoolExecutor | None = None
+        self._flight = InFlight()
         if warmup:
             self.warmup()
 
@@ -153,7 +154,12 @@ class Runner:
     ) -> list[Response]:
         """JSON-able responses for already-parsed requests served as one batch, with
         errors passed through in place."""
-        outputs = self.outputs(requests, report)
+        return self.answers(requests, self.outputs(requests, report))
+
+    def answers(
+        self, requests: Sequence[TaskRequest | RequestError], outputs: Sequence[Outputs]
+    ) -> list[Response]:
+        """The JSON-able answers of a batch's `outputs`, errors passed through."""
         return [
             self.task.respond(o, req, self.info)
             if isinstance(req, TaskRequest) and not isinstance(o, RequestError)
@@ -168,45 +174,101 @@ class Runner:
         JSON-able results for the others), one per text, for one batch; errors in place.
 
         Tensor-based servers (Triton) turn these into their output tensors with
-        `task.tensors`; JSON servers use `responses`.
+        `task.tensors`; JSON servers use `responses`. `start` is the same, begun."""
+        return self.start(requests, report).result()
 
-        A batch larger than one device call (`group_rows` texts) on a target whose calls
-        leave the host's CPU free (a NeuronCore) is served in groups, pipelined: while
-        the device runs one group, this thread tokenizes the next and finishes the one
-        before, so the device is not idle during the host's work.
-        """
+    def start(
+        self, requests: Sequence[TaskRequest | RequestError], report: RunReport | None = None
+    ) -> Future[list[Outputs]]:
+        """`outputs` for one batch, as a future.
+
+        On a target whose calls leave the host's CPU free (a NeuronCore) the batch is
+        served in groups: this thread tokenizes and pads each group and queues it for
+        the device's thread, whose calls go back to back, and the finishing thread
+        unpads each one as the device returns it. The future completes when the last
+        group is finished, so the caller may parse and start the next batch while the
+        device runs this one: two batches in flight keep the device busy through one
+        batch's host work (parse, answers, the engine's hand-offs). A third waits here
+        for a slot, so the engine's own queue, not this process's memory, holds the
+        backlog. A batch that finds the device idle goes in groups of `group_rows`
+        texts (the efficient batch), so the device starts on its first group soon; one
+        that finds another batch in flight cannot start before that one ends, so its
+        groups are as large as the grid's largest batch and the bucket times choose its
+        calls (`Executor.plan`): the device's cheapest rows.
+
+        Elsewhere (the CPU, where the model and the host's work share the cores) the
+        batch is served on this thread, in one call, and the future is already done."""
         report = report if report is not None else RunReport()
         report.requests = len(requests)
         results: list[Outputs | None] = [None] * len(requests)
-        groups = self._groups(requests)
-        if len(groups) == 1:
-            prepared = self._prepare(requests, groups[0], results, report)
-            self._complete(prepared, requests, results, self._call(prepared), report)
-            return cast(list[Outputs], results)
-        if self._device is None:
-            self._device = ThreadPoolExecutor(1, "neuronserve-device")
-        pending: tuple[_Prepared, Future[Any]] | None = None
-        for group in groups:
-            prepared = self._prepare(requests, group, results, report)
-            running = self._device.submit(self._call, prepared)
-            if pending is not None:
-                self._complete(pending[0], requests, results, pending[1].result(), report)
-            pending = (prepared, running)
-        if pending is not None:
-            self._complete(pending[0], requests, results, pending[1].result(), report)
-        # every slot is filled now: refused at parse, refused here, or given its results
-        return cast(list[Outputs], results)
-
-    def _groups(self, requests: Sequence[TaskRequest | RequestError]) -> list[list[int]]:
-        """The batch's requests in groups of about `group_rows` texts (one group when
-        the target is not pipelined)."""
-        every = list(range(len(requests)))
+        done: Future[list[Outputs]] = Future()
         if not self.group_rows:
-            return [every]
+            every = list(range(len(requests)))
+            prepared = self._prepare(requests, every, results, report)
+            self._complete(prepared, requests, results, self._call(prepared), report)
+            done.set_result(cast(list[Outputs], results))
+            return done
+        return self._start_pipelined(requests, results, report, done)
+
+    def _start_pipelined(
+        self,
+        requests: Sequence[TaskRequest | RequestError],
+        results: list[Outputs | None],
+        report: RunReport,
+        done: Future[list[Outputs]],
+    ) -> Future[list[Outputs]]:
+        flight = self._flight
+        behind = flight.enter()
+        failed: list[BaseException] = []
+
+        def finished() -> None:
+            flight.leave()
+            if failed:
+                done.set_exception(failed[0])
+            else:  # every slot is filled: refused at parse, refused here, or its results
+                done.set_result(cast(list[Outputs], results))
+
+        parts = Countdown(finished)
+        rows = self.grid.max_batch if behind else self.group_rows
+        try:
+            for group in self._groups(requests, rows):
+                prepared = self._prepare(requests, group, results, report)
+                running = flight.device.submit(self._call, prepared)
+                parts.add()
+                flight.finishing.submit(
+                    self._finish_group, parts, requests, results, prepared, running, report
+                )
+        except BaseException as e:  # the groups queued still finish; then the batch fails
+            failed.append(e)
+            raise
+        finally:
+            parts.close()
+        return done
+
+    def _finish_group(  # noqa: PLR0913 - one group of one batch
+        self,
+        parts: Countdown,
+        requests: Sequence[TaskRequest | RequestError],
+        results: list[Outputs | None],
+        prepared: _Prepared,
+        running: Future[Any],
+        report: RunReport,
+    ) -> None:
+        try:
+            self._complete(prepared, requests, results, running.result(), report)
+        finally:
+            parts.settle()
+
+    def close(self) -> None:
+        """Wait for the batches in flight to be answered, then stop the threads."""
+        self._flight.close()
+
+    def _groups(self, requests: Sequence[TaskRequest | RequestError], rows: int) -> list[list[int]]:
+        """The batch's requests in groups of about `rows` texts."""
         groups: list[list[int]] = [[]]
         texts = 0
         for i, r in enumerate(requests):
-            if groups[-1] and texts >= self.group_rows:
+            if groups[-1] and texts >= rows:
                 groups.append([])
                 texts = 0
             groups[-1].append(i)

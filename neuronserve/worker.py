@@ -17,11 +17,14 @@ and several models loaded by one process share its cores.
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
 import signal
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,11 +33,14 @@ from pydantic import BaseModel
 
 from . import cores, placement
 from .catalog import Follower
+from .inflight import Countdown
 
 if TYPE_CHECKING:
     from .execution import RunReport
     from .runtime import Runner
     from .tasks.base import RequestLimits, TaskRequest
+
+log = logging.getLogger(__name__)
 
 # TorchServe: the section of model-config.yaml holding the settings
 CONFIG_SECTION = "neuronserve"
@@ -223,6 +229,15 @@ class Worker:
         report: Callable[[str, RunReport], None],
         respond: bool = True,
     ) -> list[Any]:
+        """`start`, waited for."""
+        return self.start(requests, report, respond).result()
+
+    def start(
+        self,
+        requests: Sequence[tuple[str | None, Any]],
+        report: Callable[[str, RunReport], None],
+        respond: bool = True,
+    ) -> Future[list[Any]]:
         """One batch of (model name, parsed request or RequestError) pairs as the engine
         formed it (an error is answered as it is): each model's requests go through its
         Runner in one call of their own (requests for different models never share a
@@ -230,32 +245,80 @@ class Worker:
         one does not always delay another.
         `respond`: JSON-able answers, else each request's results (`Worker.respond` and
         `Worker.tensors` answer them, as the request asks).
-        `report(model, run report)` is called once per model served."""
+        `report(model, run report)` is called once per model served.
+
+        The future is done on return where every Runner serves on the caller's thread
+        (CPU); on a pipelined target it completes on the Runner's finishing thread, and
+        the engine may take its next batch meanwhile (`Runner.start`)."""
         from .execution import RunReport
         from .tasks import RequestError
+        from .tasks.base import internal_error
 
-        out: list[Any] = [None] * len(requests)
+        # refused before a model was found for it, or to be filled
+        out: list[Any] = [r if isinstance(r, RequestError) else None for _, r in requests]
+        done: Future[list[Any]] = Future()
+        parts = Countdown(lambda: done.set_result(out))
+
+        def served(
+            idx: list[int], run: RunReport, runner: Runner | None, started: Future[list[Any]]
+        ) -> None:
+            try:
+                answers = started.result()
+                if respond and runner is not None:
+                    answers = runner.answers([requests[i][1] for i in idx], answers)
+                for i, result in zip(idx, answers, strict=True):
+                    out[i] = result
+                if runner is not None:
+                    report(runner.name, run)
+            except Exception:
+                log.exception("answering a batch")
+                for i in idx:  # these requests fail, the batch's others do not
+                    out[i] = internal_error("answering the batch")
+            finally:
+                parts.settle()
+
+        for name, idx in self._by_model(requests):
+            run = RunReport()
+            parts.add()
+            runner, started = self._start(name, [requests[i][1] for i in idx], run)
+            started.add_done_callback(functools.partial(served, idx, run, runner))
+        parts.close()
+        return done
+
+    def _by_model(self, requests: Sequence[tuple[str | None, Any]]) -> list[tuple[str, list[int]]]:
+        """Each model's requests (by index; not those refused already), the models in
+        this batch's turn."""
+        from .tasks import RequestError
+
         groups: dict[str, list[int]] = {}
         for i, (name, request) in enumerate(requests):
-            if isinstance(request, RequestError):
-                out[i] = request  # refused before a model was found for it
-            else:
+            if not isinstance(request, RequestError):
                 groups.setdefault(name or "", []).append(i)
-        order = list(groups)
+        order = list(groups.items())
         if len(order) > 1:
             k = self._turn % len(order)
             order = order[k:] + order[:k]
             self._turn += 1
-        for name in order:
-            idx = groups[name]
+        return order
+
+    def _start(
+        self, name: str, batch: list[Any], run: RunReport
+    ) -> tuple[Runner | None, Future[list[Any]]]:
+        """One model's part of a batch, begun on its Runner; if it cannot begin (a model
+        dropped since the parse), no Runner and its requests' errors."""
+        from .tasks import RequestError
+        from .tasks.base import internal_error
+
+        try:
             runner = self.runner(name or None)
-            run = RunReport()
-            batch = [requests[i][1] for i in idx]
-            results = runner.responses(batch, run) if respond else runner.outputs(batch, run)
-            for i, result in zip(idx, results, strict=True):
-                out[i] = result
-            report(runner.name, run)
-        return out
+            return runner, runner.start(batch, run)
+        except Exception as e:
+            if not isinstance(e, RequestError):
+                log.exception("serving %s", name)
+                e = internal_error(f"serving {name}")
+            refused: Future[list[Any]] = Future()
+            refused.set_result([e] * len(batch))
+            return None, refused
 
     def respond(self, model: str | None, request: TaskRequest, result: Any) -> Any:
         """The task's JSON-able answer (numpy arrays: orjson) for one request's results."""
@@ -271,8 +334,11 @@ class Worker:
         return tensors.of(runner.manifest.task).encode(result, runner.info)
 
     def stop(self) -> None:
+        """Stop following the catalog, answer the batches in flight, release the cores."""
         if self.follower is not None:
             self.follower.stop()
+        for runner in list(self.runners.values()):
+            runner.close()
         self.lease.release()
 
 

@@ -135,23 +135,57 @@ class TritonPythonModel:
             served[model] = run.requests
             self._metrics.record(model, run)
 
+        started = self.worker.start(parsed, report, respond=False)
+        if started.done():  # served on this thread (CPU): the faster way back
+            return self._responses(parsed, started, t0, served)
+        # a pipelined target: the batch runs on, and this instance takes the next one
+        senders = [r.get_response_sender() for r in requests]
+        started.add_done_callback(lambda f: self._send(senders, parsed, f, t0, served))
+        return None
+
+    def _responses(self, parsed, started, t0, served):
+        """One response per request: its tensors, or its error."""
+        from neuronserve.worker import RequestError, internal_error
+
+        try:
+            results = started.result()
+        except Exception:  # noqa: BLE001 - every request of the batch gets its 500
+            pb_utils.Logger.log_error(f"neuronserve: {self.instance_name} failed a batch")
+            results = [internal_error("serving the batch")] * len(parsed)
         responses = []
-        for (model, _), result in zip(
-            parsed, self.worker.serve(parsed, report, respond=False), strict=True
-        ):
-            if isinstance(result, RequestError):
+        for (model, _), result in zip(parsed, results, strict=True):
+            try:
+                if isinstance(result, RequestError):
+                    raise result
+                tensors = self.worker.tensors(model, result)
+                outputs = [pb_utils.Tensor(name, arr) for name, arr in tensors.items()]
+                responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+            except Exception as e:  # noqa: BLE001 - this request fails, the others do not
+                error = e if isinstance(e, RequestError) else internal_error("building the answer")
                 responses.append(
-                    pb_utils.InferenceResponse(output_tensors=[], error=triton_error(result))
+                    pb_utils.InferenceResponse(output_tensors=[], error=triton_error(error))
                 )
-                continue
-            tensors = self.worker.tensors(model, result)
-            responses.append(
-                pb_utils.InferenceResponse(
-                    output_tensors=[pb_utils.Tensor(name, arr) for name, arr in tensors.items()]
-                )
-            )
         self._metrics.handled((time.perf_counter() - t0) * 1e3, served)
         return responses
+
+    def _send(self, senders, parsed, started, t0, served):
+        """A batch answered after `execute` returned: each request's one response and
+        the final flag, through its response sender (a non-decoupled model may answer
+        so; Triton releases the request when `execute` returns and keeps its response
+        factory until the final flag)."""
+        from neuronserve.worker import internal_error
+
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            responses = self._responses(parsed, started, t0, served)
+        except Exception:  # noqa: BLE001 - no request may be left without its answer
+            error = triton_error(internal_error("answering the batch"))
+            responses = [pb_utils.InferenceResponse(output_tensors=[], error=error)] * len(senders)
+        for sender, response in zip(senders, responses, strict=True):
+            try:
+                sender.send(response, flags=final)
+            except Exception as e:  # noqa: BLE001 - the others are still answered
+                pb_utils.Logger.log_error(f"neuronserve: a response was not sent: {e}")
 
     def _parse(self, request, runner, params):
         from neuronserve.worker import RequestError, TaskRequest, truncation_parameters

@@ -10,7 +10,9 @@ import os
 import subprocess
 import threading
 import time
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from helpers import STANDIN, standin_env, standin_process
@@ -161,9 +163,9 @@ def test_the_pipelined_runner_answers_as_one_call_per_batch(device_time, neuronx
 
 
 def test_the_device_thread_only_calls_the_modules(device_time, neuronx_artifact, monkeypatch):
-    """Padding and unpadding run on the caller's thread beside the device's calls, so the
-    device thread goes from one call to the next; a group whose padding fails fails only
-    its own requests."""
+    """Padding runs on the caller's thread and unpadding on the finishing thread, beside
+    the device's calls, so the device thread goes from one call to the next; a group whose
+    padding fails fails only its own requests."""
     from neuronserve import execution
     from neuronserve.runtime import Runner
 
@@ -187,8 +189,9 @@ def test_the_device_thread_only_calls_the_modules(device_time, neuronx_artifact,
     answers = runner.responses_for_bodies([({"inputs": f"text {i}"}, None) for i in range(texts)])
     assert not any(isinstance(a, Exception) for a in answers)
     caller = threading.current_thread().name
-    assert where["pad"] == where["unpad"] == {caller}
-    assert len(where["call"]) == 1 and caller not in where["call"]
+    assert where["pad"] == {caller}
+    assert len(where["call"]) == len(where["unpad"]) == 1
+    assert len({caller, *where["call"], *where["unpad"]}) == 3
 
     plan = runner.executor.plan
     calls = {"n": 0}
@@ -204,6 +207,60 @@ def test_the_device_thread_only_calls_the_modules(device_time, neuronx_artifact,
     failed = [i for i, a in enumerate(answers) if isinstance(a, Exception)]
     assert failed == list(range(runner.group_rows, 2 * runner.group_rows))
     assert {answers[i].status for i in failed} == {500}
+
+
+def test_a_pipelined_runner_takes_the_next_batch_while_the_device_runs_one(
+    device_time, neuronx_artifact
+):
+    """`start` returns once a batch is queued for the device, so an engine's worker can
+    parse the next batch meanwhile; with two in flight a third waits for the first to be
+    answered; every batch gets the answers of one call."""
+    from neuronserve.inflight import IN_FLIGHT
+    from neuronserve.runtime import Runner
+
+    runner = Runner(neuronx_artifact)
+
+    def batch():
+        return [runner.parse({"inputs": f"text {i}"}) for i in range(runner.group_rows)]
+
+    want = runner.outputs(batch())  # computed once, then each call holds the core (40+ ms)
+    assert IN_FLIGHT == 2
+    first = runner.start(batch())
+    second = runner.start(batch())
+    assert not first.done() and not second.done()  # both queued, the device on the first
+    third = runner.start(batch())  # waited for a slot
+    assert first.done() and not third.done()
+    for started in (first, second, third):  # the later ones in larger calls: other buckets
+        got = started.result(timeout=30)
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert np.allclose(np.asarray(g), np.asarray(w), atol=1e-5)
+    runner.close()
+
+
+def test_a_batch_whose_worker_fails_to_begin_a_model_answers_its_other_requests(
+    device_time, neuronx_artifact
+):
+    """A worker's batch for two models where one cannot be begun (dropped since the
+    parse): its requests get the error, the other model's are answered."""
+    from neuronserve.runtime import Runner
+    from neuronserve.tasks import RequestError
+    from neuronserve.worker import Worker
+
+    runner = Runner(neuronx_artifact, name="kept")
+    worker = Worker(SimpleNamespace(release=lambda: None), {"kept": runner})  # type: ignore[arg-type]
+    try:
+        request = runner.parse({"inputs": "fine"})
+        reports = []
+        got = worker.start(
+            [("kept", request), ("dropped", runner.parse({"inputs": "x"})), ("kept", request)],
+            lambda model, run: reports.append((model, run.requests)),
+        ).result(timeout=30)
+        assert isinstance(got[1], RequestError) and got[1].status == 404
+        assert got[0] == got[2] and not isinstance(got[0], RequestError)
+        assert reports == [("kept", 2)]
+    finally:
+        worker.stop()
 
 
 def test_the_monitor_reader_follows_neuron_monitors_documented_report():

@@ -7,10 +7,13 @@ onto its own cores, and no NeuronCore was loaded by two processes."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
+import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -200,12 +203,19 @@ def replaced_alone_on_its_core(serving, tensor, rows) -> None:
     outcomes: list[bool] = []
 
     def ask(module, model: str):
-        client = module.InferenceServerClient(urls[module])
+        # a request the killed stub held is never answered (its batch was queued for the
+        # device and `execute` had returned): the client's timeout ends it
+        client = (
+            module.InferenceServerClient(urls[module], network_timeout=10)
+            if module is httpclient
+            else module.InferenceServerClient(urls[module])
+        )
+        timeout = {} if module is httpclient else {"client_timeout": 10}
         inputs = module.InferInput("TEXT", list(tensor.shape()), "BYTES")
         inputs.set_data_from_numpy(np.array([[t.encode()] for t in TEXTS], dtype=object))
         while not stop.is_set():
             try:
-                got = client.infer(STACK, [inputs], parameters={"model": model})
+                got = client.infer(STACK, [inputs], parameters={"model": model}, **timeout)
                 outcomes.append(np.array_equal(got.as_numpy("LOGITS"), rows))
             except InferenceServerException:
                 outcomes.append(False)
@@ -238,3 +248,50 @@ def replaced_alone_on_its_core(serving, tensor, rows) -> None:
     mine = [e for e in standin_events(serving.log, "load") if e["pid"] == new_pid]
     assert {e["core"] for e in mine} == {int(freed)} and len(mine) >= 2
     assert standin_events(serving.log, "core_busy") == []
+
+
+def test_a_triton_instance_takes_its_next_batch_while_the_device_runs_one(
+    tmp_path, neuronx_artifact, neuronx_runner, monkeypatch
+):
+    """One instance on one NeuronCore whose calls take 150 ms (the stand-in's device time,
+    a test's own table): each `execute` returns once its batch is queued for the device,
+    long before the device is done (Triton's own statistics), so the instance takes the
+    next batch meanwhile; each request is still answered after the device's time, with
+    its own rows."""
+    table = {"seq": 16, "batch_ms": {"1": 150, "8": 300}}
+    monkeypatch.setenv("NEURON_STANDIN_DEVICE_TIME", json.dumps(table))
+    serving = NeuronServing(
+        tmp_path, "triton", models=[{"artifact": str(neuronx_artifact), "name": "alone"}],
+        workers=1, cores_per_worker=1,
+    )  # fmt: skip
+    try:
+        url = f"127.0.0.1:{serving.spec['http_port']}"
+        [rows] = neuronx_runner.outputs([neuronx_runner.parse({"inputs": TEXTS})])
+
+        def ask() -> tuple[float, bool]:
+            client = httpclient.InferenceServerClient(url)
+            t = httpclient.InferInput("TEXT", [len(TEXTS), 1], "BYTES")
+            t.set_data_from_numpy(np.array([[s.encode()] for s in TEXTS], dtype=object))
+            started = time.monotonic()
+            got = client.infer("alone", [t]).as_numpy("LOGITS")
+            client.close()
+            return time.monotonic() - started, bool(np.array_equal(got, rows))
+
+        assert ask()[1]  # computed once; from now on the same call holds the core
+        alone = [ask() for _ in range(4)]
+        assert all(right for _, right in alone)
+        assert min(took for took, _ in alone) >= 0.1  # the device's time was paid
+        key = (serving.work / "tr" / "admin_key").read_text().strip()  # statistics need it
+        client = httpclient.InferenceServerClient(url)
+        stats = client.get_inference_statistics("alone", headers={"neuronserve-admin-key": key})
+        stats = stats["model_stats"][0]
+        client.close()
+        compute = stats["inference_stats"]["compute_infer"]
+        assert stats["execution_count"] >= 2
+        assert int(compute["ns"]) / int(compute["count"]) < 50e6  # ms, not the device's 150
+        # several clients: batches of several requests (a third waits in `execute` for a
+        # slot), each request answered with its own rows
+        with ThreadPoolExecutor(4) as pool:
+            assert all(right for _, right in pool.map(lambda _: ask(), range(8)))
+    finally:
+        serving.stop()
