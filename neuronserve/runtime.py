@@ -23,7 +23,7 @@ from .buckets import Bucket, engine_batch_sizes
 from .compile.targets import get_target, pipeline_depth
 from .execution import Executor, InputLayout, Module, Planned, Row, RunReport
 from .images import ImagePreprocessor
-from .inflight import Countdown, InFlight
+from .inflight import IN_FLIGHT, Countdown, InFlight
 from .tasks import RequestError, TaskRequest, get_task
 from .tasks.base import RequestLimits, Text, internal_error, prompted
 from .tokenization import Encoded, TextTokenizer
@@ -44,13 +44,15 @@ class Runner:
         limits: RequestLimits | None = None,
         name: str | None = None,
         pipeline: bool | None = None,
+        in_flight: int = IN_FLIGHT,
     ):
         """`cores`: how many cores this process holds; a target whose calls each run on
         one core (Neuron) gets a copy of every module per core. `limits`: what one request
         may hold (413 beyond), checked before anything is tokenized. `name`: what the
         model is served as (default: the artifact's). `pipeline`: serve a large batch in
         device-sized groups, the host's work beside the device's (default: on a target
-        whose calls leave the CPU free)."""
+        whose calls leave the CPU free). `in_flight`: batches a pipelined Runner holds
+        at once (`start`)."""
         self.artifact_dir = Path(artifact_dir)
         # every file checked against its sha256 before any is loaded
         self.manifest: Manifest = read_manifest(self.artifact_dir)
@@ -90,7 +92,7 @@ class Runner:
         # own cost curve says is worth a call (the bucket times), as engines form them
         pipelined = pipeline_depth(m.target) > 1 if pipeline is None else pipeline
         self.group_rows = max(engine_batch_sizes(self.grid, m.bucket_ms)) if pipelined else 0
-        self._flight = InFlight()
+        self._flight = InFlight(in_flight)
         if warmup:
             self.warmup()
 
@@ -174,8 +176,34 @@ class Runner:
         JSON-able results for the others), one per text, for one batch; errors in place.
 
         Tensor-based servers (Triton) turn these into their output tensors with
-        `task.tensors`; JSON servers use `responses`. `start` is the same, begun."""
-        return self.start(requests, report).result()
+        `task.tensors`; JSON servers use `responses`.
+
+        A batch larger than one device call (`group_rows` texts) on a target whose calls
+        leave the host's CPU free (a NeuronCore) is served in groups, pipelined: while
+        the device runs one group, this thread tokenizes the next and finishes the one
+        before, so the device is not idle during the host's work. For a caller that
+        waits for its answers anyway (TorchServe's worker): `start` hands the batch on.
+        """
+        report = report if report is not None else RunReport()
+        report.requests = len(requests)
+        results: list[Outputs | None] = [None] * len(requests)
+        groups = self._groups(requests, self.group_rows) if self.group_rows else []
+        if len(groups) <= 1:  # one call, on this thread
+            every = list(range(len(requests)))
+            prepared = self._prepare(requests, every, results, report)
+            self._complete(prepared, requests, results, self._call(prepared), report)
+            return cast(list[Outputs], results)
+        pending: tuple[_Prepared, Future[Any]] | None = None
+        for group in groups:
+            prepared = self._prepare(requests, group, results, report)
+            running = self._flight.device.submit(self._call, prepared)
+            if pending is not None:
+                self._complete(pending[0], requests, results, pending[1].result(), report)
+            pending = (prepared, running)
+        if pending is not None:
+            self._complete(pending[0], requests, results, pending[1].result(), report)
+        # every slot is filled now: refused at parse, refused here, or given its results
+        return cast(list[Outputs], results)
 
     def start(
         self, requests: Sequence[TaskRequest | RequestError], report: RunReport | None = None
@@ -198,16 +226,13 @@ class Runner:
 
         Elsewhere (the CPU, where the model and the host's work share the cores) the
         batch is served on this thread, in one call, and the future is already done."""
+        done: Future[list[Outputs]] = Future()
+        if not self.group_rows:
+            done.set_result(self.outputs(requests, report))
+            return done
         report = report if report is not None else RunReport()
         report.requests = len(requests)
         results: list[Outputs | None] = [None] * len(requests)
-        done: Future[list[Outputs]] = Future()
-        if not self.group_rows:
-            every = list(range(len(requests)))
-            prepared = self._prepare(requests, every, results, report)
-            self._complete(prepared, requests, results, self._call(prepared), report)
-            done.set_result(cast(list[Outputs], results))
-            return done
         return self._start_pipelined(requests, results, report, done)
 
     def _start_pipelined(
@@ -264,7 +289,7 @@ class Runner:
         self._flight.close()
 
     def _groups(self, requests: Sequence[TaskRequest | RequestError], rows: int) -> list[list[int]]:
-        """The batch's requests in groups of about `rows` texts."""
+        """The batch's requests in groups of about `rows` texts (at least one group)."""
         groups: list[list[int]] = [[]]
         texts = 0
         for i, r in enumerate(requests):

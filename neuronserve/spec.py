@@ -359,6 +359,17 @@ class WorkerSection(Section):
         description="longest a request may wait in the engine's queue before it is refused "
         "(503); default: no limit but response_timeout_s",
     )
+    batches_in_flight: int = Field(
+        2,
+        ge=1,
+        le=4,
+        description="batches a Triton instance on a Neuron target holds at once: 2 "
+        "(default) keeps its NeuronCore busy while the host parses and answers the batch "
+        "beside the one on the device; 1 answers each batch before taking the next. A "
+        "batch held by an instance whose process dies (killed, out of memory) fails at once "
+        "with 1; beyond the first, Triton never answers it: its clients' timeouts end it "
+        "(the front's deadline_s). TorchServe's workers hold one batch whatever this says",
+    )
 
     @model_validator(mode="after")
     def _latency_layout_is_one_worker(self) -> WorkerSection:

@@ -128,6 +128,8 @@ class WorkerSettings(BaseModel):
     models: list[ModelSettings] = []
     # multi-model: the catalog folder whose wanted models the worker follows (catalog.py)
     catalog: str | None = None
+    # batches a worker on a pipelined target holds at once (Runner.start)
+    batches_in_flight: int = 2
 
     def limits(self) -> RequestLimits:
         """What one request may hold and get back, as every worker checks it."""
@@ -229,8 +231,27 @@ class Worker:
         report: Callable[[str, RunReport], None],
         respond: bool = True,
     ) -> list[Any]:
-        """`start`, waited for."""
-        return self.start(requests, report, respond).result()
+        """One batch of (model name, parsed request or RequestError) pairs as the engine
+        formed it (an error is answered as it is), served on this thread: each model's
+        requests go through its Runner in one call of their own (requests for different
+        models never share a module run), the models taking turns at going first from
+        batch to batch so a busy one does not always delay another.
+        `respond`: JSON-able answers, else each request's results (`Worker.respond` and
+        `Worker.tensors` answer them, as the request asks).
+        `report(model, run report)` is called once per model served."""
+        from .execution import RunReport
+        from .tasks import RequestError
+
+        out: list[Any] = [r if isinstance(r, RequestError) else None for _, r in requests]
+        for name, idx in self._by_model(requests):
+            runner = self.runner(name or None)
+            run = RunReport()
+            batch = [requests[i][1] for i in idx]
+            results = runner.responses(batch, run) if respond else runner.outputs(batch, run)
+            for i, result in zip(idx, results, strict=True):
+                out[i] = result
+            report(runner.name, run)
+        return out
 
     def start(
         self,
@@ -238,18 +259,11 @@ class Worker:
         report: Callable[[str, RunReport], None],
         respond: bool = True,
     ) -> Future[list[Any]]:
-        """One batch of (model name, parsed request or RequestError) pairs as the engine
-        formed it (an error is answered as it is): each model's requests go through its
-        Runner in one call of their own (requests for different models never share a
-        module run), the models taking turns at going first from batch to batch so a busy
-        one does not always delay another.
-        `respond`: JSON-able answers, else each request's results (`Worker.respond` and
-        `Worker.tensors` answer them, as the request asks).
-        `report(model, run report)` is called once per model served.
-
-        The future is done on return where every Runner serves on the caller's thread
-        (CPU); on a pipelined target it completes on the Runner's finishing thread, and
-        the engine may take its next batch meanwhile (`Runner.start`)."""
+        """`serve`, begun: the future is done on return where every Runner serves on
+        the caller's thread (CPU); on a pipelined target it completes on the Runner's
+        finishing thread, and the engine may take its next batch meanwhile
+        (`Runner.start`). A model that cannot begin (dropped since the parse) fails its
+        requests alone."""
         from .execution import RunReport
         from .tasks import RequestError
         from .tasks.base import internal_error
@@ -354,6 +368,7 @@ def _follower(settings: WorkerSettings, worker: Worker, model_dir: Path) -> Foll
             cores=len(worker.lease.cores),
             limits=worker.limits,
             name=name,
+            in_flight=settings.batches_in_flight,
         )
 
     return Follower(

@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import Future
 
 import triton_python_backend_utils as pb_utils
 
@@ -104,8 +105,12 @@ class TritonPythonModel:
         self.instance_name = args["model_instance_name"]
         index = instance_index(self.instance_name, config)
         version_dir = os.path.join(args["model_repository"], args["model_version"])
+        settings = WorkerSettings.from_parameters(parameters(config))
+        # one batch at a time: `execute` waits for its answers (a batch answered later is
+        # lost with the process if it dies: WorkerSection.batches_in_flight)
+        self.wait = settings.batches_in_flight == 1
         self.worker = start_worker(
-            WorkerSettings.from_parameters(parameters(config)),
+            settings,
             version_dir,
             owner=f"triton:{self.model_name}",
             prefer=index,
@@ -135,8 +140,15 @@ class TritonPythonModel:
             served[model] = run.requests
             self._metrics.record(model, run)
 
-        started = self.worker.start(parsed, report, respond=False)
-        if started.done():  # served on this thread (CPU): the faster way back
+        if self.wait:
+            started = Future()
+            try:
+                started.set_result(self.worker.serve(parsed, report, respond=False))
+            except Exception as e:  # noqa: BLE001 - answered as the batch's 500s
+                started.set_exception(e)
+        else:
+            started = self.worker.start(parsed, report, respond=False)
+        if started.done():  # served on this thread (CPU, or one batch at a time)
             return self._responses(parsed, started, t0, served)
         # a pipelined target: the batch runs on, and this instance takes the next one
         senders = [r.get_response_sender() for r in requests]

@@ -163,9 +163,9 @@ def test_the_pipelined_runner_answers_as_one_call_per_batch(device_time, neuronx
 
 
 def test_the_device_thread_only_calls_the_modules(device_time, neuronx_artifact, monkeypatch):
-    """Padding runs on the caller's thread and unpadding on the finishing thread, beside
-    the device's calls, so the device thread goes from one call to the next; a group whose
-    padding fails fails only its own requests."""
+    """Padding and unpadding run beside the device's calls (a caller that waits does both;
+    a batch handed on is unpadded on the finishing thread), so the device thread goes
+    from one call to the next; a group whose padding fails fails only its own requests."""
     from neuronserve import execution
     from neuronserve.runtime import Runner
 
@@ -189,9 +189,15 @@ def test_the_device_thread_only_calls_the_modules(device_time, neuronx_artifact,
     answers = runner.responses_for_bodies([({"inputs": f"text {i}"}, None) for i in range(texts)])
     assert not any(isinstance(a, Exception) for a in answers)
     caller = threading.current_thread().name
-    assert where["pad"] == {caller}
-    assert len(where["call"]) == len(where["unpad"]) == 1
-    assert len({caller, *where["call"], *where["unpad"]}) == 3
+    assert where["pad"] == where["unpad"] == {caller}
+    assert len(where["call"]) == 1 and caller not in where["call"]
+    device = set(where["call"])
+    for seen in where.values():
+        seen.clear()
+    batch = [runner.parse({"inputs": f"text {i}"}) for i in range(texts)]
+    assert not any(isinstance(a, Exception) for a in runner.start(batch).result(timeout=30))
+    assert where["pad"] == {caller} and where["call"] == device
+    assert len(where["unpad"]) == 1 and not where["unpad"] & {caller, *device}
 
     plan = runner.executor.plan
     calls = {"n": 0}
