@@ -190,7 +190,8 @@ def pace(neuroncores_busy: float | None, host_busy: float) -> str:
     return (
         "neither: the NeuronCores and the CPUs both have room, so requests wait on each "
         "other in turn; raise the concurrency or the batch (max_batch_delay_ms), and "
-        "check that each worker keeps its core busy"
+        "serve on Triton, whose instances hold two batches at once (batches_in_flight), "
+        "where TorchServe's workers hold one"
     )
 
 
