@@ -181,8 +181,9 @@ class Runner:
         A batch larger than one device call (`group_rows` texts) on a target whose calls
         leave the host's CPU free (a NeuronCore) is served in groups, pipelined: while
         the device runs one group, this thread tokenizes the next and finishes the one
-        before, so the device is not idle during the host's work. For a caller that
-        waits for its answers anyway (TorchServe's worker): `start` hands the batch on.
+        before, so the device is not idle during the host's work. This is for a caller
+        that waits for its answers (TorchServe's worker); `start` is for one that takes
+        its next batch meanwhile (a Triton instance).
         """
         report = report if report is not None else RunReport()
         report.requests = len(requests)
