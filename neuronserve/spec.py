@@ -37,6 +37,7 @@ from pydantic import (
 )
 
 from .engines import DEFAULT_ENGINE
+from .inflight import IN_FLIGHT
 from .names import safe_name
 from .section import EngineSection, Section, flags
 
@@ -360,7 +361,7 @@ class WorkerSection(Section):
         "(503); default: no limit but response_timeout_s",
     )
     batches_in_flight: int = Field(
-        2,
+        IN_FLIGHT,
         ge=1,
         le=4,
         description="batches a Triton instance on a Neuron target holds at once: 2 "

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 
 from . import cores, placement
 from .catalog import Follower
-from .inflight import Countdown
+from .inflight import IN_FLIGHT, Countdown
 
 if TYPE_CHECKING:
     from .execution import RunReport
@@ -129,7 +129,7 @@ class WorkerSettings(BaseModel):
     # multi-model: the catalog folder whose wanted models the worker follows (catalog.py)
     catalog: str | None = None
     # batches a worker on a pipelined target holds at once (Runner.start)
-    batches_in_flight: int = 2
+    batches_in_flight: int = IN_FLIGHT
 
     def limits(self) -> RequestLimits:
         """What one request may hold and get back, as every worker checks it."""
