@@ -107,10 +107,11 @@ def test_the_healer_replaces_one_instance_only_where_each_group_is_one_core_grou
     assert instance_names(several) == ["m_0_0", "m_0_1"]
 
 
-def test_a_crashed_servers_stubs_are_stopped_before_the_next_start(tmp_path):
-    """A tritonserver that died leaves its stubs running in its process group, holding
-    their core leases; the next start (or stop) from its run directory kills them, and
-    only them."""
+@pytest.fixture
+def crashed_server(tmp_path):
+    """A "server" that led its own session, as tritonserver runs, killed, its "stub"
+    child left running in its process group; a stub of another server beside it.
+    Yields (run dir naming the dead server, its pid, the orphan, the bystander)."""
     import os
     import signal
     import subprocess
@@ -121,11 +122,10 @@ def test_a_crashed_servers_stubs_are_stopped_before_the_next_start(tmp_path):
 
     stub = tmp_path / STUB
     stub.symlink_to("/bin/sleep")
-    # a "server" leading its own session, with a "stub" child, as tritonserver runs
     server = subprocess.Popen(
         ["/bin/bash", "-c", f"{stub} 300 & exec /bin/sleep 300"], start_new_session=True
     )
-    bystander = subprocess.Popen([str(stub), "300"])  # a stub of another server
+    bystander = subprocess.Popen([str(stub), "300"])
     try:
         wait_for(lambda: psutil.Process(server.pid).children(), timeout=10, what="the stub")
         orphan = psutil.Process(server.pid).children()[0]
@@ -135,15 +135,40 @@ def test_a_crashed_servers_stubs_are_stopped_before_the_next_start(tmp_path):
         run_dir = tmp_path / "run"
         run_dir.mkdir(mode=0o700)
         (run_dir / triton.PID_FILE).write_text(f"{server.pid}\n")
-        said: list[str] = []
-        assert triton.stop(run_dir, log=said.append) is False
-        assert not orphan.is_running() or orphan.status() == psutil.STATUS_ZOMBIE
-        assert bystander.poll() is None, "a stub of another server was stopped"
-        assert "stopped 1 stub process(es) it left" in said[0]
-        assert not (run_dir / triton.PID_FILE).exists()
+        yield run_dir, server.pid, orphan, bystander
     finally:
         bystander.kill()
         server.kill()
+
+
+def gone(process) -> bool:
+    import psutil
+
+    return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_crashed_servers_stubs_are_stopped_before_the_next_start(crashed_server):
+    """The next start (or stop) from a dead server's run directory kills the stubs it
+    left holding their core leases, and only them."""
+    run_dir, _, orphan, bystander = crashed_server
+    said: list[str] = []
+    assert triton.stop(run_dir, log=said.append) is False
+    assert gone(orphan)
+    assert bystander.poll() is None, "a stub of another server was stopped"
+    assert "stopped 1 stub process(es) it left" in said[0]
+    assert not (run_dir / triton.PID_FILE).exists()
+
+
+def test_a_server_killed_before_its_healer_watches_it_leaves_no_stub(crashed_server):
+    """Killed while its healer starts: the healer, handed the server's pid, still kills
+    the stubs it left, and only them; a healer called wrongly says how to call it."""
+    from neuronserve.engines.triton.healer import main
+
+    run_dir, server_pid, orphan, bystander = crashed_server
+    assert main([str(run_dir)]) == 2
+    assert main([str(run_dir), str(server_pid)]) == 0
+    assert gone(orphan)
+    assert bystander.poll() is None, "a stub of another server was stopped"
 
 
 STUB_SCRIPT = """

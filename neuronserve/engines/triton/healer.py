@@ -27,7 +27,10 @@ Model control is explicit (`--model-control-mode=explicit`), behind the admin ke
 how many expected and what the healer is doing (serving, replacing, failed); readiness
 (`wait_ready`, the front's /ping and /health) reads the same counts (`instance_counts`).
 
-    python -m neuronserve.engines.triton.healer RUN_DIR
+A server that dies before the healer watches it (killed while the healer starts) still
+leaves stubs holding their cores: the healer, given the server's pid, kills them and ends.
+
+    python -m neuronserve.engines.triton.healer RUN_DIR SERVER_PID
 """
 
 from __future__ import annotations
@@ -102,13 +105,17 @@ def instance_names(groups: list[dict[str, Any]]) -> list[str]:
     return [f"{g['name']}_{i}" for g in groups for i in range(max(int(g.get("count", 1)), 1))]
 
 
+class ServerGone(Exception):
+    """The tritonserver the healer was started for is gone."""
+
+
 class Healer:
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, server_pid: int):
         self.run_dir = Path(run_dir)
         inst = triton.running(self.run_dir)
-        if inst is None:
-            raise SystemExit(f"no tritonserver runs from {run_dir}")
-        self.server_pid = inst.pid or 0
+        if inst is None or inst.pid != server_pid:
+            raise ServerGone(f"tritonserver {server_pid} no longer runs from {run_dir}")
+        self.server_pid = server_pid
         self.url = inst.http_url
         key = (self.run_dir / triton.ADMIN_KEY_FILE).read_text().strip()
         self.headers = {triton.ADMIN_HEADER: key, "Connection": "close"}
@@ -144,13 +151,12 @@ class Healer:
                 # a dead instance keeps its (dead) pid until it is out of rotation
                 state.instances = {**state.instances, **running}
                 dead = [n for n in instance_names(self.groups[model]) if n not in running]
-                if dead:
+                # a server that died since leaves no child: nothing to replace
+                if dead and alive(self.server_pid):
                     self.heal(model, dead)
             self.write_status()
             self._wait(stubs)
-        # a server that crashed leaves its stubs running, holding their cores
-        killed = kill_orphans(self.server_pid)
-        log.info("tritonserver is gone: the healer stops (%d stub(s) it left killed)", killed)
+        stop_orphans(self.server_pid)
 
     def _wait(self, stubs: dict[str, list[psutil.Process]]) -> None:
         """Sleep POLL_S, or less: until one of `stubs` exits (each watched by a pidfd,
@@ -188,8 +194,11 @@ class Healer:
                 self._reload(model)
         except (requests.RequestException, RuntimeError) as e:
             state.state, state.last_error = "failed", str(e)
-            log.error("neuronserve: replacing %s failed: %s (again in %gs)", model, e, RETRY_S)
             self.write_status()
+            if not alive(self.server_pid):  # its orphans are killed at once (run)
+                log.error("neuronserve: replacing %s failed: %s (tritonserver is gone)", model, e)
+                return
+            log.error("neuronserve: replacing %s failed: %s (again in %gs)", model, e, RETRY_S)
             time.sleep(RETRY_S)
             return
         state.state, state.last_error = "serving", ""
@@ -259,15 +268,32 @@ class Healer:
         psutil.wait_procs(left, timeout=10)
 
 
+def stop_orphans(server_pid: int) -> None:
+    """A server that crashed leaves its stubs running, holding their cores: kill them."""
+    killed = kill_orphans(server_pid)
+    log.info("tritonserver is gone: the healer stops (%d stub(s) it left killed)", killed)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m neuronserve.engines.triton.healer RUN_DIR", file=sys.stderr)
+    if len(args) != 2 or not args[1].isdigit():
+        print(
+            "usage: python -m neuronserve.engines.triton.healer RUN_DIR SERVER_PID",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s neuronserve healer %(message)s", stream=sys.stdout
     )
-    Healer(Path(args[0])).run()
+    server_pid = int(args[1])
+    try:
+        healer = Healer(Path(args[0]), server_pid)
+    except (ServerGone, requests.RequestException, OSError):
+        if alive(server_pid):
+            raise
+        stop_orphans(server_pid)  # killed before the healer could watch it
+        return 0
+    healer.run()
     return 0
 
 

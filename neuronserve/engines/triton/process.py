@@ -445,7 +445,7 @@ def _launch(
             )
         envs = set(glob.glob(PYTHON_ENVS)) - envs_before
         note_leftovers(run_dir, stub_regions(live_stubs(proc.pid)) | envs)
-        _start_healer(run_dir)
+        _start_healer(run_dir, proc.pid)
     except BaseException:
         stop(run_dir, log=lambda *_: None)
         if proc.poll() is None:  # alive, but not the process its pid file names
@@ -504,9 +504,9 @@ def _healer(run_dir: Path) -> Background:
     return Background("healer", run_dir / HEALER_PID, "neuronserve serve triton --stop")
 
 
-def _start_healer(run_dir: Path) -> None:
+def _start_healer(run_dir: Path, server_pid: int) -> None:
     healer = _healer(run_dir)
-    cmd = [sys.executable, "-m", "neuronserve.engines.triton.healer", str(run_dir)]
+    cmd = [sys.executable, "-m", "neuronserve.engines.triton.healer", str(run_dir), str(server_pid)]
     healer.record(healer.spawn(cmd, run_dir / HEALER_LOG).pid)
 
 
@@ -534,12 +534,14 @@ def _log_errors(path: Path, errors_only: bool = True) -> str:
 
 def _gone(proc: subprocess.Popen) -> str:
     """How tritonserver (`proc`, our child) ended, for a start that lost it."""
-    code = proc.poll()
-    if code is None:
-        return (
-            f"it runs (pid {proc.pid}) but is not the process recorded in its pid file "
-            f"({' '.join(psutil.Process(proc.pid).cmdline()[:1])})"
-        )
+    try:  # a kill is seen a moment after the pid file's process is gone
+        code = proc.wait(timeout=2)
+    except subprocess.TimeoutExpired:
+        try:
+            name = " ".join(psutil.Process(proc.pid).cmdline()[:1])
+        except psutil.Error:
+            name = "gone since"
+        return f"it runs (pid {proc.pid}) but is not the process recorded in its pid file ({name})"
     if code < 0:
         return f"killed by {signal.Signals(-code).name}"
     return f"exit status {code}"
