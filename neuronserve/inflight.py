@@ -60,11 +60,6 @@ class InFlight:
             self._held += 1
             return self._held - 1
 
-    def wait_room(self) -> None:
-        """Wait until a batch entering now would not wait."""
-        self._slots.acquire()
-        self._slots.release()
-
     def leave(self) -> None:
         with self._lock:
             self._held -= 1

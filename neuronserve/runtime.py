@@ -248,13 +248,11 @@ class Runner:
         failed: list[BaseException] = []
 
         def finished() -> None:
-            try:  # answered (its callbacks run here), then its slot is free
-                if failed:
-                    done.set_exception(failed[0])
-                else:  # every slot is filled: refused at parse, refused here, or its results
-                    done.set_result(cast(list[Outputs], results))
-            finally:
-                flight.leave()
+            flight.leave()
+            if failed:
+                done.set_exception(failed[0])
+            else:  # every slot is filled: refused at parse, refused here, or its results
+                done.set_result(cast(list[Outputs], results))
 
         parts = Countdown(finished)
         rows = self.grid.max_batch if behind else self.group_rows
@@ -286,13 +284,6 @@ class Runner:
             self._complete(prepared, requests, results, running.result(), report)
         finally:
             parts.settle()
-
-    def wait_room(self) -> None:
-        """Wait until a batch started now would not wait for a slot. An engine that
-        takes its next batch only then hands over everything queued meanwhile: while
-        the device is busy, its next call grows instead of a small batch waiting."""
-        if self.group_rows:
-            self._flight.wait_room()
 
     def close(self) -> None:
         """Wait for the batches in flight to be answered, then stop the threads."""

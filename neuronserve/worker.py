@@ -262,8 +262,8 @@ class Worker:
         """`serve`, begun: the future is done on return where every Runner serves on
         the caller's thread (CPU); on a pipelined target it completes on the Runner's
         finishing thread, and the engine may take its next batch meanwhile
-        (`Runner.start`), once each Runner has room for it (`Runner.wait_room`). A model
-        that cannot begin (dropped since the parse) fails its requests alone."""
+        (`Runner.start`). A model that cannot begin (dropped since the parse) fails its
+        requests alone."""
         from .execution import RunReport
         from .tasks import RequestError
         from .tasks.base import internal_error
@@ -291,17 +291,12 @@ class Worker:
             finally:
                 parts.settle()
 
-        used = []
         for name, idx in self._by_model(requests):
             run = RunReport()
             parts.add()
             runner, started = self._start(name, [requests[i][1] for i in idx], run)
             started.add_done_callback(functools.partial(served, idx, run, runner))
-            used.append(runner)
         parts.close()
-        for runner in used:
-            if runner is not None:
-                runner.wait_room()
         return done
 
     def _by_model(self, requests: Sequence[tuple[str | None, Any]]) -> list[tuple[str, list[int]]]:

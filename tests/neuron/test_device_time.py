@@ -244,29 +244,6 @@ def test_a_pipelined_runner_takes_the_next_batch_while_the_device_runs_one(
     runner.close()
 
 
-def test_a_worker_takes_its_next_batch_when_its_runner_has_room_for_it(
-    device_time, neuronx_artifact
-):
-    """`Worker.start` returns at once while its Runner has a free slot, and otherwise
-    once one frees: the engine's next batch is formed then, from everything queued while
-    the device was busy, instead of a small one waiting for the slot."""
-    from neuronserve.runtime import Runner
-    from neuronserve.worker import Worker
-
-    runner = Runner(neuronx_artifact, name="m")
-    worker = Worker(SimpleNamespace(release=lambda: None), {"m": runner})  # type: ignore[arg-type]
-    try:
-        batch = [("m", runner.parse({"inputs": f"text {i}"})) for i in range(runner.group_rows)]
-        runner.outputs([r for _, r in batch])  # computed once; then each call holds the core
-        first = worker.start(batch, lambda *_: None)
-        assert not first.done()  # room for another: returned at once
-        second = worker.start(batch, lambda *_: None)
-        assert first.done() and not second.done()  # returned once the first was answered
-        assert first.result() == second.result(timeout=30)
-    finally:
-        worker.stop()
-
-
 def test_a_batch_whose_worker_fails_to_begin_a_model_answers_its_other_requests(
     device_time, neuronx_artifact
 ):
