@@ -102,6 +102,12 @@ class TextTokenizer:
                     out[i] = Encoded(e.ids, e.attention_mask, e.type_ids, out[i].full_length, e)
         return out
 
+    def lengths(self, texts: Sequence[Text]) -> list[int]:
+        """Tokens the model reads of each text: its length, at most `max_length` (all a
+        truncated text keeps; a longer one is refused). No ids, masks or offsets are
+        built, so a count costs much less than `encode`."""
+        return [min(len(e), self.max_length) for e in self._full.encode_batch_fast(list(texts))]
+
     def windows(self, pair: tuple[str, str], stride: int) -> list[Encoded]:
         """(question, context) as windows of at most `max_length` tokens, each holding the
         whole question and a part of the context, consecutive parts overlapping by

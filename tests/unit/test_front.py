@@ -106,6 +106,28 @@ def test_embeddings_are_float32_in_their_fewest_digits(two, tiny_runner):
     assert not float32_in_fewest_digits(orjson.dumps(want.tolist()))  # a float64's digits
 
 
+def test_openai_usage_counts_the_tokens_the_model_reads(two, tiny_embedder_dir, tiny_runner):
+    """usage.prompt_tokens: each text's tokens by transformers' own tokenizer (special
+    tokens included), summed; `TextTokenizer.lengths` bounds a longer text by what the
+    model reads of it, as `encode` with truncation keeps."""
+    from transformers import AutoTokenizer
+
+    client, _ = two
+    tok = AutoTokenizer.from_pretrained(tiny_embedder_dir)
+    texts = [SENTENCES[0], SENTENCES[1] * 3]
+    r = client.post("/v1/embeddings", json={"input": texts, "model": "tiny"})
+    assert r.status_code == 200, r.text
+    want = sum(len(tok(t)["input_ids"]) for t in texts)
+    assert r.json()["usage"] == {"prompt_tokens": want, "total_tokens": want}
+    ours = tiny_runner.tokenizer
+    long = " ".join(SENTENCES) * 20
+    assert len(tok(long)["input_ids"]) > ours.max_length
+    short = list(SENTENCES[:3])
+    kept = ours.encode([*short, long], truncate=True)
+    assert ours.lengths([*short, long]) == [len(e.ids) for e in kept]
+    assert ours.lengths([long]) == [ours.max_length]
+
+
 def test_openai_client_names_its_model(two, tiny_runner):
     client, _ = two
     oa = openai.OpenAI(base_url="http://front/v1", api_key="k", http_client=client, max_retries=0)

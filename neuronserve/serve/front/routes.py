@@ -130,7 +130,7 @@ class Api:
         vectors = _vectors(await self.serving.predict(model, texts, {}))
         if dims is not None:
             vectors = normalized(vectors[:, :dims])
-        tokens = await self.serving.count_tokens(model, texts, None)
+        tokens = await self.serving.count_tokens(model, texts)
         if body.encoding_format == "base64":
             data = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
         else:
@@ -238,7 +238,7 @@ class Api:
         params = {**body.parameters(), **_prompt(body.prompt_name), "token_embeddings": True}
         # every token's vector: a 200 KB request could ask for hundreds of MB, which no
         # engine should build (TorchServe's worker dies sending what it cannot carry)
-        counts = await self.serving.token_counts(model, texts, params.get("truncate"))
+        counts = await self.serving.token_counts(model, texts)
         found = get_task(model.task).answer_bytes(counts, params, model.manifest.task_info())
         refused = self.serving.config.answer_limits.check_answer(*found) if found else None
         if refused is not None:

@@ -228,28 +228,20 @@ class Serving:
             self._health = (now, await self.client.health())
         return self._health[1]
 
-    async def count_tokens(
-        self, model: ServedModel, texts: Sequence[Text], truncate: bool | None
-    ) -> int:
+    async def count_tokens(self, model: ServedModel, texts: Sequence[Text]) -> int:
         """Tokens the model reads for `texts`, its default prompt included (what OpenAI's
         usage reports)."""
-        return sum(await self.token_counts(model, texts, truncate))
+        return sum(await self.token_counts(model, texts))
 
-    async def token_counts(
-        self, model: ServedModel, texts: Sequence[Text], truncate: bool | None
-    ) -> list[int]:
+    async def token_counts(self, model: ServedModel, texts: Sequence[Text]) -> list[int]:
         """Tokens the model reads for each of `texts`, its default prompt included."""
-        cut = model.truncation if truncate is None else truncate
         tokenizer = model.tokenizer
         if tokenizer is None:
             return [0] * len(texts)  # an image model reads no tokens
-        texts = model.prompted(list(texts), None)
-
-        def count() -> list[int]:
-            encoded = tokenizer.encode(texts, cut)
-            return [min(len(e.ids), tokenizer.max_length) for e in encoded]
-
-        counts: list[int] = await off_loop(count, sum(len(t) for t in texts if isinstance(t, str)))
+        prompted = model.prompted(list(texts), None)
+        counts: list[int] = await off_loop(
+            lambda: tokenizer.lengths(prompted), sum(len(t) for t in prompted if isinstance(t, str))
+        )
         return counts
 
 
