@@ -12,6 +12,7 @@ import random
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -193,6 +194,14 @@ class Background:
         others = stop_tree(pid, lambda: ask(pid), timeout_s)
         forget_pid(self.pid_file)
         return others
+
+
+def reap(proc: subprocess.Popen) -> None:
+    """Collect `proc`'s exit status the moment it ends, on a thread of its own. A child
+    this process no longer watches would otherwise stay a zombie for as long as this
+    process lives, and a zombie passes `kill(pid, 0)`: Triton's stubs, which check their
+    server so, would go on holding their cores after it died."""
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
 
 
 def terminate(pid: int) -> None:

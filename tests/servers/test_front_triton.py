@@ -23,7 +23,7 @@ import psutil
 import pytest
 import requests
 import torch
-from helpers import free_port, run_cli, tiny_bert_classifier, write_spec
+from helpers import free_port, run_cli, tiny_bert_classifier, wait_for, write_spec
 from tritonclient.utils import InferenceServerException
 
 from neuronserve.engines.triton.stubs import live_stubs
@@ -426,6 +426,8 @@ def test_a_crashed_tritonserver_leaves_no_stub_holding_its_cores(front, tiny_art
     server.kill()
     _, alive = psutil.wait_procs(stubs, timeout=30)
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+    # the front reaps the server it started: no zombie left for stubs to take as alive
+    wait_for(lambda: not psutil.pid_exists(server.pid), timeout=10, what="the server reaped")
     run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=front.work, env=front.env,
             check=False)  # fmt: skip
     run_cli("serve", "front", tiny_artifact, "--spec", "deploy.yaml", cwd=front.work, env=front.env)

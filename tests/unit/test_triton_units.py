@@ -147,6 +147,37 @@ def gone(process) -> bool:
     return not process.is_running() or process.status() == psutil.STATUS_ZOMBIE
 
 
+def test_a_reaped_child_that_dies_is_gone_not_a_zombie():
+    """A child left to `reap` leaves no zombie when it dies, while its parent lives on
+    (a zombie passes kill(pid, 0), the check by which Triton's stubs watch their
+    server); a child nobody reaps stays one."""
+    import os
+    import signal
+    import subprocess
+
+    import psutil
+
+    from neuronserve.serve.process import reap
+
+    def zombie(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return False
+
+    reaped, left = subprocess.Popen(["sleep", "300"]), subprocess.Popen(["sleep", "300"])
+    try:
+        reap(reaped)
+        for p in (reaped, left):
+            os.kill(p.pid, signal.SIGKILL)
+        wait_for(lambda: zombie(left.pid), timeout=10, what="the unreaped child's death")
+        wait_for(lambda: not psutil.pid_exists(reaped.pid), timeout=10, what="the reaping")
+        assert reaped.returncode == -signal.SIGKILL
+        os.kill(left.pid, 0)  # the zombie passes the stubs' check: no error
+    finally:
+        left.wait()
+
+
 def test_a_crashed_servers_stubs_are_stopped_before_the_next_start(crashed_server):
     """The next start (or stop) from a dead server's run directory kills the stubs it
     left holding their core leases, and only them."""

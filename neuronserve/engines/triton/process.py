@@ -36,6 +36,7 @@ from ...serve.process import (
     forget_pid,
     private_dir,
     private_file,
+    reap,
     scrub_command_line,
     stop_tree,
     terminate,
@@ -446,6 +447,7 @@ def _launch(
         envs = set(glob.glob(PYTHON_ENVS)) - envs_before
         note_leftovers(run_dir, stub_regions(live_stubs(proc.pid)) | envs)
         _start_healer(run_dir, proc.pid)
+        reap(proc)
     except BaseException:
         stop(run_dir, log=lambda *_: None)
         if proc.poll() is None:  # alive, but not the process its pid file names
@@ -507,7 +509,9 @@ def _healer(run_dir: Path) -> Background:
 def _start_healer(run_dir: Path, server_pid: int) -> None:
     healer = _healer(run_dir)
     cmd = [sys.executable, "-m", "neuronserve.engines.triton.healer", str(run_dir), str(server_pid)]
-    healer.record(healer.spawn(cmd, run_dir / HEALER_LOG).pid)
+    proc = healer.spawn(cmd, run_dir / HEALER_LOG)
+    healer.record(proc.pid)
+    reap(proc)
 
 
 # what Triton logs for a model whose load failed ("failed to load 'm' version 1: <why>")
