@@ -224,11 +224,11 @@ def replaced_alone_on_its_core(serving, tensor, rows) -> None:
     # Triton's own HTTP and gRPC ports, both models
     asked = [(httpclient, "first"), (httpclient, "second"), (grpcclient, "first"),
              (grpcclient, "second")]  # fmt: skip
-    threads = [threading.Thread(target=ask, args=a) for a in asked]
+    # daemons, stopped however the test ends: a client left asking a stopped server
+    # would keep the test process alive
+    threads = [threading.Thread(target=ask, args=a, daemon=True) for a in asked]
     for th in threads:
         th.start()
-    wait_for(lambda: len(outcomes) > 8, what="traffic")
-    os.kill(victim, signal.SIGKILL)
 
     def replacement():
         now = {p.pid for p in live_stubs(server.pid or 0)[STACK]}
@@ -236,11 +236,15 @@ def replaced_alone_on_its_core(serving, tensor, rows) -> None:
         new = now - set(stubs)
         return counts.whole and len(now) == 4 and new and new.pop()
 
-    new_pid = wait_for(replacement, timeout=30, what="the replacement instance")
-    wait_for(lambda: len(outcomes) > 8, what="traffic after")
-    stop.set()
-    for th in threads:
-        th.join()
+    try:
+        wait_for(lambda: len(outcomes) > 8, what="traffic")
+        os.kill(victim, signal.SIGKILL)
+        new_pid = wait_for(replacement, timeout=30, what="the replacement instance")
+        wait_for(lambda: len(outcomes) > 8, what="traffic after")
+    finally:
+        stop.set()
+        for th in threads:
+            th.join(timeout=30)
     assert outcomes.count(False) <= 8, outcomes.count(False)  # the killed stub's batch
     # the other three were never reloaded
     assert set(stubs) - {victim} <= {p.pid for p in live_stubs(server.pid or 0)[STACK]}
