@@ -2,6 +2,8 @@
 the numpy guard of `serve triton`."""
 
 import importlib.util
+import json
+import os
 import sys
 import time
 
@@ -105,6 +107,56 @@ def test_the_healer_replaces_one_instance_only_where_each_group_is_one_core_grou
     several = [{"name": "m_0", "count": 2, "host_policy": ""}]
     assert not partitioned(same_policy) and not partitioned(several)
     assert instance_names(several) == ["m_0_0", "m_0_1"]
+
+
+def test_a_removal_triton_never_finishes_is_reported_not_waited_on(tmp_path, monkeypatch):
+    """Triton's Python backend waits forever for a stub killed while it sent a response,
+    and taking that instance out never returns: the healer stops waiting after REMOVE_S,
+    says why and what to do, and sends no later update (it would wait behind the first)."""
+    import http.server
+    import threading
+
+    from neuronserve.engines.triton import healer as h
+
+    groups = [{"name": f"cores{i}", "count": 1, "host_policy": f"cores{i}"} for i in range(2)]
+    loads: list[str] = []
+    release = threading.Event()
+
+    class Triton(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # the model's config
+            body = json.dumps({"name": "m", "instance_group": groups}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):  # a load that never finishes
+            self.rfile.read(int(self.headers["Content-Length"]))
+            loads.append(self.path)
+            release.wait(30)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Triton)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(h, "REMOVE_S", 0.5)
+    healer = object.__new__(h.Healer)
+    healer.run_dir, healer.server_pid = tmp_path, os.getpid()
+    healer.url, healer.headers = f"http://127.0.0.1:{server.server_address[1]}", {}
+    healer.groups = {"m": groups}
+    healer.states = {"m": h.ModelState(alive=1, expected=2)}
+    healer.generation, healer.wedged = {}, set()
+    try:
+        healer.heal("m", ["cores1_0"])
+    finally:
+        release.set()
+        server.shutdown()
+    state = json.loads((tmp_path / h.STATUS_FILE).read_text())["m"]
+    assert state["state"] == "failed" and "did not take cores1_0 out" in state["last_error"]
+    assert "Restart the server" in state["last_error"]
+    assert loads == ["/v2/repository/models/m/load"]  # the removal only
+    assert healer.wedged == {"m"}
 
 
 @pytest.fixture

@@ -29,6 +29,8 @@ how many expected and what the healer is doing (serving, replacing, failed); rea
 
 A server that dies before the healer watches it (killed while the healer starts) still
 leaves stubs holding their cores: the healer, given the server's pid, kills them and ends.
+A stub killed while it sent a response cannot be taken out at all (REMOVE_S): the
+healer says so and leaves that model alone.
 
     python -m neuronserve.engines.triton.healer RUN_DIR SERVER_PID
 """
@@ -74,6 +76,16 @@ DRAIN_S = 3.0
 # a replacement that failed is tried again after this long (the core may still be held
 # by a process that is slow to die)
 RETRY_S = 5.0
+# how long taking a dead instance out may take (about a second: Triton checks the dead
+# stub's health once). Longer, and Triton waits for the dead stub forever: tritonserver
+# 2.51's Python backend hands each response a stub sends to a thread that waits, with no
+# timeout, for the stub to take its turn back (python_be.cc ResponseSendDecoupled), and
+# removing the instance joins that thread; a stub killed during a send never does.
+REMOVE_S = 30.0
+
+
+class Wedged(RuntimeError):
+    """Triton's update of a model's instances never returned: no later update can."""
 
 
 @dataclass
@@ -126,6 +138,7 @@ class Healer:
             for m, n in inst.expected.items()
         }
         self.generation: dict[tuple[str, str], int] = {}
+        self.wedged: set[str] = set()  # models Triton can no longer update
         self.noted: set[str] = set()
         self.exits: dict[int, int] = {}  # stub pid -> pidfd
 
@@ -152,7 +165,7 @@ class Healer:
                 state.instances = {**state.instances, **running}
                 dead = [n for n in instance_names(self.groups[model]) if n not in running]
                 # a server that died since leaves no child: nothing to replace
-                if dead and alive(self.server_pid):
+                if dead and model not in self.wedged and alive(self.server_pid):
                     self.heal(model, dead)
             self.write_status()
             self._wait(stubs)
@@ -195,6 +208,10 @@ class Healer:
         except (requests.RequestException, RuntimeError) as e:
             state.state, state.last_error = "failed", str(e)
             self.write_status()
+            if isinstance(e, Wedged):  # never again: it would wait behind the first
+                self.wedged.add(model)
+                log.error("neuronserve: replacing %s failed: %s", model, e)
+                return
             if not alive(self.server_pid):  # its orphans are killed at once (run)
                 log.error("neuronserve: replacing %s failed: %s (tritonserver is gone)", model, e)
                 return
@@ -214,7 +231,15 @@ class Healer:
         present = [g for g in config["instance_group"] if g["name"] not in gone]
         if present:
             if len(present) < len(config["instance_group"]):
-                self._load(model, {**config, "instance_group": present})
+                try:
+                    self._load(model, {**config, "instance_group": present}, REMOVE_S)
+                except requests.Timeout:
+                    raise Wedged(
+                        f"Triton did not take {', '.join(dead)} out in {REMOVE_S:g}s: its Python "
+                        "backend waits forever for a stub killed while it sent a response, and "
+                        f"{model} can no longer be updated; the other instances serve on. "
+                        "Restart the server to have the model whole again."
+                    ) from None
             # out of rotation now: a request sent again reaches a live instance (with
             # every instance dead, none is taken out: they stay until replaced)
             self.states[model].instances.update(dict.fromkeys(dead))
@@ -242,15 +267,17 @@ class Healer:
             raise RuntimeError(f"config of {model}: {r.status_code} {r.text[:2000]}")
         return dict(r.json())
 
-    def _load(self, model: str, config: dict[str, Any]) -> None:
-        self._call("load", model, {"parameters": {"config": json.dumps(config)}})
+    def _load(self, model: str, config: dict[str, Any], timeout: float = 900) -> None:
+        self._call("load", model, {"parameters": {"config": json.dumps(config)}}, timeout)
 
-    def _call(self, action: str, model: str, body: dict[str, Any] | None = None) -> None:
+    def _call(
+        self, action: str, model: str, body: dict[str, Any] | None = None, timeout: float = 900
+    ) -> None:
         r = requests.post(
             f"{self.url}/v2/repository/models/{model}/{action}",
             headers=self.headers,
             json=body,
-            timeout=900,
+            timeout=timeout,
         )
         if r.status_code != 200:
             raise RuntimeError(f"{action}: {r.status_code} {r.text[:2000]}")
