@@ -117,7 +117,7 @@ class NeuronServeHandler(BaseHandler):
             content_type = "application/json"
             if not isinstance(result, RequestError):
                 if tensors[idx]:  # the front answers: its results as they are
-                    body, head = pack(self.worker.tensors(model, result))
+                    body, head = pack(self.worker.tensors(model, result, request))
                     content_type = "application/octet-stream"
                     context.set_response_header(idx, HEADER_LENGTH, str(head))
                 else:

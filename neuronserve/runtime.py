@@ -338,6 +338,8 @@ class Runner:
             if results[i] is None:
                 rows.extend(e.row() for windows in mine for e in windows)
                 owners.append((i, mine))
+                if self.preprocessor is None:  # what OpenAI's usage reports, counted once
+                    request.tokens = [sum(len(e.ids) for e in windows) for windows in mine]
         try:
             return _Prepared(self.executor.plan(rows), owners)
         except Exception:  # the group fails, the worker must not

@@ -6,7 +6,8 @@ Inputs: TEXT (BYTES, [n, 1]), with TEXT_PAIR for a task that takes pairs, or IMA
 (encoded images) for an image task. Outputs, one row (or element) per text:
 
     embeddings        EMBEDDING (float32, [dim]); every token's vector: TOKEN_EMBEDDINGS
-                      (bytes: a float32 tokens x dim matrix per text)
+                      (bytes: a float32 tokens x dim matrix per text); TOKENS (int32,
+                      [1]): the tokens the model read of each text (a text model's)
     classification    LOGITS, SCORES (the task's default function), LABEL (the best)
     rerank            LOGITS, SCORE (the relevance)
     the others        one BYTES element of JSON per text (ENTITIES, ANSWERS, PREDICTIONS,
@@ -28,6 +29,7 @@ import numpy as np
 import orjson
 
 TOKEN_EMBEDDINGS = "TOKEN_EMBEDDINGS"
+TOKENS = "TOKENS"
 PAIR_INPUT = "TEXT_PAIR"
 
 
@@ -51,6 +53,10 @@ def bytes_rows(values: Sequence[str | bytes]) -> np.ndarray:
 class TaskTensors:
     """One kind of task's tensors: its outputs, how its results become them, and back."""
 
+    # whether its answers carry TOKENS, each text's token count (OpenAI's usage): the
+    # worker counted them while tokenizing, so the front need not tokenize again
+    counts_tokens = False
+
     def outputs(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
         raise NotImplementedError
 
@@ -67,12 +73,15 @@ class TaskTensors:
 
 
 class Embeddings(TaskTensors):
+    counts_tokens = True
+
     def outputs(self, output_dim: int, labels: list[str] | None) -> list[TensorSpec]:
         # token embeddings: each text's (tokens x dim) float32 matrix as bytes, one element
         # per text (texts differ in length, a tensor's rows may not)
         return [
             TensorSpec("EMBEDDING", "float32", (output_dim,)),
             TensorSpec(TOKEN_EMBEDDINGS, "bytes", (1,)),
+            TensorSpec(TOKENS, "int32", (1,)),
         ]
 
     def output_for(self, parameters: dict[str, Any]) -> str | None:
@@ -163,6 +172,23 @@ def of(task: str) -> TaskTensors:
     return _BY_TASK[task]
 
 
+def results_tensors(
+    task: str, results: Any, info: dict[str, Any], tokens: list[int] | None
+) -> dict[str, np.ndarray]:
+    """One request's results as `task`'s tensors, with TOKENS when the task answers them
+    and the worker counted the request's tokens."""
+    codec = of(task)
+    arrays = codec.encode(results, info)
+    if codec.counts_tokens and tokens is not None:
+        arrays[TOKENS] = np.asarray(tokens, dtype=np.int32).reshape(-1, 1)
+    return arrays
+
+
+def token_counts(tensor: np.ndarray | None) -> list[int] | None:
+    """The TOKENS tensor of an answer as a count per text (None: the answer had none)."""
+    return None if tensor is None else [int(n) for n in tensor.reshape(-1)]
+
+
 def input_name(task: str) -> str:
     """The tensor a request's texts (or images) travel in."""
     from .tasks import get_task
@@ -209,15 +235,26 @@ def pack(arrays: dict[str, np.ndarray]) -> tuple[bytes, int]:
 
 def unpack(body: bytes, header_length: int | str | None, name: str) -> np.ndarray:
     """The tensor `name` of a body `pack` wrote (or a KServe v2 binary answer)."""
+    found = unpack_all(body, header_length, (name,))
+    if name not in found:
+        raise ValueError(f"the answer holds no tensor {name!r}")
+    return found[name]
+
+
+def unpack_all(
+    body: bytes, header_length: int | str | None, names: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """Those of the tensors `names` that a body `pack` wrote holds."""
     size = int(header_length) if header_length else len(body)
     header = orjson.loads(body[:size])
     at = size
+    found = {}
     for o in header.get("outputs", []):
         shape = [int(d) for d in o["shape"]]
         length = int((o.get("parameters") or {}).get("binary_data_size", 0))
         raw = body[at : at + length]
         at += length
-        if o["name"] != name:
+        if o["name"] not in names:
             continue
         if o["datatype"] == "BYTES":
             out = np.empty(math.prod(shape), dtype=object)
@@ -226,7 +263,9 @@ def unpack(body: bytes, header_length: int | str | None, name: str) -> np.ndarra
                 (n,) = struct.unpack_from("<I", raw, pos)
                 out[i] = raw[pos + 4 : pos + 4 + n]
                 pos += 4 + n
-            return out.reshape(shape)
+            found[o["name"]] = out.reshape(shape)
+            continue
         kind = {v: k for k, v in _WIRE_TYPES.items()}[o["datatype"]]
-        return np.frombuffer(raw, dtype=np.dtype(kind).newbyteorder("<")).reshape(shape)
-    raise ValueError(f"the answer holds no tensor {name!r}")
+        dtype = np.dtype(kind).newbyteorder("<")
+        found[o["name"]] = np.frombuffer(raw, dtype=dtype).reshape(shape)
+    return found

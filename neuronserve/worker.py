@@ -339,13 +339,17 @@ class Worker:
         runner = self.runner(model)
         return runner.task.respond(result, request, runner.info)
 
-    def tensors(self, model: str | None, result: Any) -> dict[str, Any]:
+    def tensors(
+        self, model: str | None, result: Any, request: TaskRequest | None = None
+    ) -> dict[str, Any]:
         """One request's results as its task's named tensors (neuronserve.tensors): what
-        a tensor engine's own API answers, and what the front asks for of any engine."""
+        a tensor engine's own API answers, and what the front asks for of any engine;
+        with the tokens the model read of each text when `request` was tokenized here."""
         from . import tensors
 
         runner = self.runner(model)
-        return tensors.of(runner.manifest.task).encode(result, runner.info)
+        tokens = request.tokens if request is not None else None
+        return tensors.results_tensors(runner.manifest.task, result, runner.info, tokens)
 
     def stop(self) -> None:
         """Stop following the catalog, answer the batches in flight, release the cores."""

@@ -38,9 +38,11 @@ class InProcessEngine(EngineClient):
         self.calls += 1
         while self.hold is not None and not self.hold.is_set():
             await asyncio.sleep(0.01)
-        [result] = self.runners[model.worker_name].outputs([dataclasses.replace(request)])
+        sent = dataclasses.replace(request)  # the worker's own copy, as over a wire
+        [result] = self.runners[model.worker_name].outputs([sent])
         if isinstance(result, RequestError):
             raise result
+        request.tokens = sent.tokens  # what an engine's answer carries back (TOKENS)
         return result
 
     async def health(self) -> WorkerCounts:

@@ -165,11 +165,11 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"neuronserve: {self.instance_name} failed a batch")
             results = [internal_error("serving the batch")] * len(parsed)
         responses = []
-        for (model, _), result in zip(parsed, results, strict=True):
+        for (model, request), result in zip(parsed, results, strict=True):
             try:
                 if isinstance(result, RequestError):
                     raise result
-                tensors = self.worker.tensors(model, result)
+                tensors = self.worker.tensors(model, result, request)
                 outputs = [pb_utils.Tensor(name, arr) for name, arr in tensors.items()]
                 responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
             except Exception as e:  # noqa: BLE001 - this request fails, the others do not

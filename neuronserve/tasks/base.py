@@ -155,6 +155,10 @@ class TaskRequest:
     # left) or refuse it; None keeps the deployment's `truncation`
     truncate: bool | None = None
     truncation_direction: str = "right"
+    # the tokens the model read of each text (its prompt included; every window of a
+    # windowed task): set by the worker that tokenized it, and by an engine's client from
+    # the worker's answer, so that the front need not tokenize again to report them
+    tokens: list[int] | None = None
 
 
 def prompted(

@@ -196,19 +196,27 @@ def test_config_is_triton_protobuf_and_round_trips(server):
     ).read_text()
 
 
-def test_embeddings_over_http_and_grpc_equal_the_runners(server, minilm_runner):
+def test_embeddings_over_http_and_grpc_equal_the_runners(server, minilm_runner, minilm_dir):
+    """Each text's row, and TOKENS: the tokens the model read of it, as transformers'
+    tokenizer counts them (what the front reports as OpenAI's usage)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(minilm_dir)
     http = httpclient.InferenceServerClient(server.http_url.removeprefix("http://"))
     grpc = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         for i in range(0, len(SENTENCES), 4):  # max_batch_size texts per request at most
             chunk = SENTENCES[i : i + 4]
-            via_http = infer(http, "minilm", chunk).as_numpy("EMBEDDING")
+            answer = infer(http, "minilm", chunk)
+            via_http = answer.as_numpy("EMBEDDING")
             t = grpcclient.InferInput("TEXT", [len(chunk), 1], "BYTES")
             t.set_data_from_numpy(np.array([[s.encode()] for s in chunk], dtype=object))
             via_grpc = grpc.infer(STACK, [t], parameters={"model": "minilm"}).as_numpy("EMBEDDING")
             # sequential requests form the same batch as in process: bit for bit
             assert np.array_equal(via_http, runner_rows(minilm_runner, chunk))
             assert np.array_equal(via_http, via_grpc)
+            counted = [len(tok(text)["input_ids"]) for text in chunk]
+            assert answer.as_numpy("TOKENS").reshape(-1).tolist() == counted
     finally:
         http.close()
 

@@ -106,18 +106,40 @@ def test_embeddings_are_float32_in_their_fewest_digits(two, tiny_runner):
     assert not float32_in_fewest_digits(orjson.dumps(want.tolist()))  # a float64's digits
 
 
-def test_openai_usage_counts_the_tokens_the_model_reads(two, tiny_embedder_dir, tiny_runner):
+def test_openai_usage_counts_the_tokens_the_model_reads(
+    two, tiny_embedder_dir, tiny_runner, monkeypatch
+):
     """usage.prompt_tokens: each text's tokens by transformers' own tokenizer (special
-    tokens included), summed; `TextTokenizer.lengths` bounds a longer text by what the
-    model reads of it, as `encode` with truncation keeps."""
+    tokens included), summed: as the engine's worker counted them while tokenizing (the
+    front does not tokenize again), or, from an engine that does not say, counted by the
+    front; `TextTokenizer.lengths` bounds a longer text by what the model reads of it,
+    as `encode` with truncation keeps."""
     from transformers import AutoTokenizer
 
-    client, _ = two
+    from neuronserve.tokenization import TextTokenizer
+
+    client, engine = two
     tok = AutoTokenizer.from_pretrained(tiny_embedder_dir)
     texts = [SENTENCES[0], SENTENCES[1] * 3]
-    r = client.post("/v1/embeddings", json={"input": texts, "model": "tiny"})
-    assert r.status_code == 200, r.text
     want = sum(len(tok(t)["input_ids"]) for t in texts)
+
+    def not_here(self, texts):
+        raise AssertionError("the front tokenized the texts again")
+
+    with monkeypatch.context() as m:
+        m.setattr(TextTokenizer, "lengths", not_here)
+        r = client.post("/v1/embeddings", json={"input": texts, "model": "tiny"})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"] == {"prompt_tokens": want, "total_tokens": want}
+    run = engine.run
+
+    async def says_nothing(model, request):
+        results = await run(model, request)
+        request.tokens = None  # an answer without TOKENS
+        return results
+
+    monkeypatch.setattr(engine, "run", says_nothing)
+    r = client.post("/v1/embeddings", json={"input": texts, "model": "tiny"})
     assert r.json()["usage"] == {"prompt_tokens": want, "total_tokens": want}
     ours = tiny_runner.tokenizer
     long = " ".join(SENTENCES) * 20

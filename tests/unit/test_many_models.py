@@ -96,7 +96,7 @@ def test_two_embedders_of_other_widths_share_a_variable_output(tmp_path, tiny_ar
         for o in model_config(spec(tmp_path, tiny_artifact, wider), packaged).output
     }
     # (every token's vector travels as bytes, one element per text, whatever the width)
-    assert outputs == {"EMBEDDING": [-1], "TOKEN_EMBEDDINGS": [1]}
+    assert outputs == {"EMBEDDING": [-1], "TOKEN_EMBEDDINGS": [1], "TOKENS": [1]}
 
 
 def test_two_models_of_one_name_and_two_targets_are_refused(

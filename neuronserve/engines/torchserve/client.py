@@ -96,7 +96,11 @@ class TorchServeClient(EngineClient):
         codec = tensors.of(task.name)
         m = model.manifest
         name = codec.output_for(params) or tensors.first_output(task.name, m.output_dim, m.labels)
-        return codec.decode(tensors.unpack(data, head, name), model.task_info)
+        found = tensors.unpack_all(data, head, (name, tensors.TOKENS))
+        if name not in found:
+            raise ValueError(f"the worker's answer holds no tensor {name!r}")
+        request.tokens = tensors.token_counts(found.get(tensors.TOKENS))
+        return codec.decode(found[name], model.task_info)
 
     async def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, str | None]:
         try:

@@ -80,6 +80,9 @@ class TritonClient(EngineClient):
         )
         self._infer_url = f"{urls.http}/v2/models/{name}/infer"
         self._ready_url = f"{urls.http}/v2/models/{name}/ready"
+        self._model_url = f"{urls.http}/v2/models/{name}"
+        # the outputs the Triton model declares (its metadata), once asked
+        self._outputs: set[str] | None = None
         self._aux = aiohttp.ClientSession(timeout=PROBE_TIMEOUT)
         self._metrics_url = f"{urls.metrics}/metrics"
         self._name, self._instances, self._alive = name, instances, alive
@@ -114,8 +117,11 @@ class TritonClient(EngineClient):
         output = codec.output_for(request.parameters) or tensors.first_output(
             task.name, m.output_dim, m.labels
         )
+        outputs = [output]
+        if codec.counts_tokens and model.tokenizer is not None and await self._declares_tokens():
+            outputs.append(tensors.TOKENS)
         calls = [
-            self._infer(task.name, [texts[i] for i in piece], params, output) for piece in pieces
+            self._infer(task.name, [texts[i] for i in piece], params, outputs) for piece in pieces
         ]
         # one piece (most requests) awaited as it is: gather would make it a task
         parts = (
@@ -124,35 +130,58 @@ class TritonClient(EngineClient):
             else await asyncio.gather(*calls, return_exceptions=True)
         )
         results: list[Any] = [None] * len(texts)
+        tokens: list[int] | None = [0] * len(texts)
         for piece, part in zip(pieces, parts, strict=True):
             if isinstance(part, BaseException):
                 raise part
-            for i, result in zip(piece, codec.decode(part, model.task_info), strict=True):
+            for i, result in zip(piece, codec.decode(part[output], model.task_info), strict=True):
                 results[i] = result
+            counts = tensors.token_counts(part.get(tensors.TOKENS))
+            if counts is None or tokens is None:
+                tokens = None
+            else:
+                for i, n in zip(piece, counts, strict=True):
+                    tokens[i] = n
+        request.tokens = tokens
         # rows (a vector per text) stack; per-token results (a matrix per text) cannot
         rows = isinstance(results[0], np.ndarray) and results[0].ndim == 1
         return np.stack(results) if rows else results
 
+    async def _declares_tokens(self) -> bool:
+        """Whether the Triton model answers TOKENS (a repository packaged before it did
+        does not: the front counts the tokens itself), asked once."""
+        if self._outputs is None:
+            try:
+                async with self._aux.get(self._model_url, headers=self._headers) as resp:
+                    if resp.status != 200:
+                        return False
+                    meta = await resp.json(content_type=None)
+            except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
+                return False
+            self._outputs = {o.get("name") for o in meta.get("outputs", [])}
+        return tensors.TOKENS in self._outputs
+
     async def _infer(
-        self, task: str, texts: list, params: dict[str, Any], output: str
-    ) -> np.ndarray:
+        self, task: str, texts: list, params: dict[str, Any], outputs: list[str]
+    ) -> dict[str, np.ndarray]:
         first = [tensors.bytes_element(t[0] if isinstance(t, tuple) else t) for t in texts]
         columns = {tensors.input_name(task): first}
         if isinstance(texts[0], tuple):
             columns[tensors.PAIR_INPUT] = [tensors.bytes_element(t[1]) for t in texts]
-        body, headers = kserve.infer_body(columns, output, params or None)
+        body, headers = kserve.infer_body(columns, outputs, params or None)
         headers = {**self._headers, **headers}
 
-        async def send() -> np.ndarray:
+        async def send() -> dict[str, np.ndarray]:
             try:
                 async with self._infer_session.post(
                     self._infer_url, data=body, headers=headers
                 ) as resp:
                     raw = await resp.read()
                     if resp.status == 200:
-                        return kserve.output_array(
-                            raw, resp.headers.get(kserve.HEADER_LENGTH), output
-                        )
+                        found = kserve.output_arrays(raw, resp.headers.get(kserve.HEADER_LENGTH))
+                        if outputs[0] not in found:
+                            raise ValueError(f"Triton's answer holds no output {outputs[0]!r}")
+                        return found
             except (aiohttp.ClientError, OSError) as e:
                 raise EngineUnavailable(f"Triton did not answer: {e}") from None
             message = kserve.error_message(raw)

@@ -1,6 +1,6 @@
 """KServe v2 inference over HTTP with binary tensors, as the front sends it to Triton:
 the request's JSON header then each BYTES input's elements (a 4-byte little-endian length
-before each), one output asked for in binary; the answer's JSON header then its bytes.
+before each), the outputs asked for in binary; the answer's JSON header then its bytes.
 The protocol's "Binary Tensor Data Extension", which tritonclient speaks too; written out
 here because the front's per-request CPU is what short requests pay for (tritonclient's
 objects and its JSON took about twice the front's CPU per request of a plain POST)."""
@@ -37,7 +37,7 @@ def _bytes_elements(values: list[bytes]) -> bytes:
 
 
 def infer_body(
-    columns: dict[str, list[bytes]], output: str, parameters: dict[str, Any] | None
+    columns: dict[str, list[bytes]], outputs: list[str], parameters: dict[str, Any] | None
 ) -> tuple[bytes, dict[str, str]]:
     """The request body for BYTES inputs of one element per row ([n, 1]) and the
     headers that say where its JSON ends."""
@@ -52,7 +52,7 @@ def infer_body(
             }
             for name, values in columns.items()
         ],
-        "outputs": [{"name": output, "parameters": {"binary_data": True}}],
+        "outputs": [{"name": o, "parameters": {"binary_data": True}} for o in outputs],
     }
     if parameters:
         header["parameters"] = parameters
@@ -71,12 +71,13 @@ def _bytes_tensor(raw: bytes, count: int) -> np.ndarray:
     return out
 
 
-def output_array(body: bytes, header_length: str | None, output: str) -> np.ndarray:
-    """The output `output` of an answer to `infer_body`'s request: numbers as their
+def output_arrays(body: bytes, header_length: str | None) -> dict[str, np.ndarray]:
+    """The outputs of an answer to `infer_body`'s request, by name: numbers as their
     dtype, BYTES as an object array of bytes, in the answer's shape."""
     size = int(header_length) if header_length else len(body)
     header = orjson.loads(body[:size])
     at = size
+    found = {}
     for o in header.get("outputs", []):
         shape = [int(d) for d in o["shape"]]
         count = math.prod(shape)
@@ -84,16 +85,15 @@ def output_array(body: bytes, header_length: str | None, output: str) -> np.ndar
         length = int(params.get("binary_data_size", 0))
         raw = body[at : at + length]
         at += length
-        if o["name"] != output:
-            continue
         if "binary_data_size" not in params:  # the server answered it as JSON
             values = o["data"]
             array = np.array(values, dtype=object if o["datatype"] == "BYTES" else None)
-            return array.reshape(shape)
-        if o["datatype"] == "BYTES":
-            return _bytes_tensor(raw, count).reshape(shape)
-        return np.frombuffer(raw, dtype=_DTYPES[o["datatype"]]).reshape(shape)
-    raise ValueError(f"Triton's answer holds no output {output!r}")
+        elif o["datatype"] == "BYTES":
+            array = _bytes_tensor(raw, count)
+        else:
+            array = np.frombuffer(raw, dtype=_DTYPES[o["datatype"]])
+        found[o["name"]] = array.reshape(shape)
+    return found
 
 
 def error_message(body: bytes) -> str:

@@ -41,7 +41,12 @@ CONFIG = "config.pbtxt"
 # the Python-backend model every instance runs (triton_backend/model.py)
 MODEL_PY = "model.py"
 
-_DTYPES = {"float32": "TYPE_FP32", "bytes": "TYPE_STRING", "int64": "TYPE_INT64"}
+_DTYPES = {
+    "float32": "TYPE_FP32",
+    "bytes": "TYPE_STRING",
+    "int64": "TYPE_INT64",
+    "int32": "TYPE_INT32",
+}
 
 
 def model_config(spec: DeploySpec, packaged: Packaged) -> Any:

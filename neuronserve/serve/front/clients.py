@@ -75,12 +75,19 @@ class EngineAnswer:
     """The JSON answer to one request, kept as the values the task answered and written
     once, when a route needs the bytes."""
 
-    __slots__ = ("_limits", "_raw", "_value")
+    __slots__ = ("_limits", "_raw", "_value", "tokens")
 
     def __init__(
-        self, raw: bytes | None = None, value: Any = _UNSET, limits: RequestLimits | None = None
+        self,
+        raw: bytes | None = None,
+        value: Any = _UNSET,
+        limits: RequestLimits | None = None,
+        tokens: list[int] | None = None,
     ):
         self._raw, self._value, self._limits = raw, value, limits
+        # the tokens the model read of each text, as the engine's worker counted them
+        # (None: the engine did not say)
+        self.tokens = tokens
 
     @property
     def raw(self) -> bytes:

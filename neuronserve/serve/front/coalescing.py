@@ -144,7 +144,11 @@ class Coalescer:
             if not isinstance(e, Exception):
                 raise
             return
+        counted = iter(joined_request.tokens or ())
         for w, answer in zip(part, answers, strict=True):
+            # each request's share of the worker's token counts (OpenAI's usage)
+            if joined_request.tokens is not None:
+                w.request.tokens = [next(counted) for _ in w.request.texts]
             _settle(w, results=answer)
 
     async def _answer(self, group: _Group, waiting: _Waiting) -> None:

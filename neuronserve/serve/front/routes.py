@@ -127,10 +127,11 @@ class Api:
         model = await self._model(request, "/v1/embeddings", body.model, EMBEDDINGS)
         texts = await _texts(model, body.input, "input")
         dims = _dimensions(model, body.dimensions)
-        vectors = _vectors(await self.serving.predict(model, texts, {}))
+        prediction = await self.serving.predict(model, texts, {})
+        vectors = _vectors(prediction)
         if dims is not None:
             vectors = normalized(vectors[:, :dims])
-        tokens = await self.serving.count_tokens(model, texts)
+        tokens = await self.serving.count_tokens(model, texts, prediction)
         if body.encoding_format == "base64":
             data = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
         else:

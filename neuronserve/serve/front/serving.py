@@ -191,6 +191,7 @@ class Serving:
         return EngineAnswer(
             value=task.respond(results, request, model.task_info),
             limits=self.config.answer_limits if joined else None,
+            tokens=request.tokens,
         )
 
     async def results(self, model: ServedModel, request: TaskRequest) -> Any:
@@ -209,6 +210,8 @@ class Serving:
             dataclasses.replace(request, texts=texts[i : i + step], single=False) for i in starts
         ]
         parts = await asyncio.gather(*(client.run(model, piece) for piece in pieces))
+        counted = [piece.tokens for piece in pieces]
+        request.tokens = None if None in counted else [n for c in counted for n in c or ()]
         if all(isinstance(p, np.ndarray) for p in parts):
             return np.concatenate(parts)
         return [r for part in parts for r in part]
@@ -228,9 +231,14 @@ class Serving:
             self._health = (now, await self.client.health())
         return self._health[1]
 
-    async def count_tokens(self, model: ServedModel, texts: Sequence[Text]) -> int:
+    async def count_tokens(
+        self, model: ServedModel, texts: Sequence[Text], answer: EngineAnswer | None = None
+    ) -> int:
         """Tokens the model reads for `texts`, its default prompt included (what OpenAI's
-        usage reports)."""
+        usage reports): as the engine's worker counted them for `answer` when it did,
+        else counted here."""
+        if answer is not None and answer.tokens is not None:
+            return sum(answer.tokens)
         return sum(await self.token_counts(model, texts))
 
     async def token_counts(self, model: ServedModel, texts: Sequence[Text]) -> list[int]:
