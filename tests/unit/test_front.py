@@ -150,6 +150,34 @@ def test_openai_usage_counts_the_tokens_the_model_reads(
     assert ours.lengths([long]) == [ours.max_length]
 
 
+def test_the_workers_answer_carries_each_texts_token_count(tiny_embedder_dir, tiny_runner):
+    """What a worker answers the front (its tensors, packed as TorchServe's handler sends
+    them and as Triton's KServe answer lays them out) holds TOKENS: each text's tokens as
+    transformers counts them, read back by the front's codec."""
+    from transformers import AutoTokenizer
+
+    from neuronserve import tensors
+
+    tok = AutoTokenizer.from_pretrained(tiny_embedder_dir)
+    texts = [SENTENCES[0], SENTENCES[1] * 3, "a"]
+    request = tiny_runner.parse({"inputs": texts})
+    [rows] = tiny_runner.outputs([request])
+    want = [len(tok(t)["input_ids"]) for t in texts]
+    assert request.tokens == want
+    sent = tensors.results_tensors("feature-extraction", rows, tiny_runner.info, request.tokens)
+    body, head = tensors.pack(sent)
+    found = tensors.unpack_all(body, head, ("EMBEDDING", tensors.TOKENS))
+    assert np.array_equal(found["EMBEDDING"], rows)
+    assert tensors.token_counts(found[tensors.TOKENS]) == want
+    # a worker that counted nothing (an image model) sends none, and the front says so
+    plain = tensors.results_tensors("feature-extraction", rows, tiny_runner.info, None)
+    body, head = tensors.pack(plain)
+    assert (
+        tensors.token_counts(tensors.unpack_all(body, head, (tensors.TOKENS,)).get("TOKENS"))
+        is None
+    )
+
+
 def test_openai_client_names_its_model(two, tiny_runner):
     client, _ = two
     oa = openai.OpenAI(base_url="http://front/v1", api_key="k", http_client=client, max_retries=0)
