@@ -352,8 +352,7 @@ class WorkerSection(Section):
         description="requests that may wait for a worker (TorchServe's job queue, Triton's "
         "dynamic-batching queue); beyond it the engine refuses at once (503) instead of "
         "letting latency grow without bound. Behind the front they are the front's calls: "
-        "a request over the model's largest batch is several; Triton behind the front "
-        "leaves its queue to the front's max_in_flight (its own bound costs stalls)",
+        "a request over the model's largest batch is several",
     )
     queue_timeout_ms: int | None = Field(
         None,

@@ -61,14 +61,6 @@ def test_both_engines_bound_their_queues_from_the_same_fields(tiny_artifact):
     assert policy.timeout_action == policy.REJECT
     unbounded_wait = load_spec(None, {})
     assert "clientTimeoutInMills" not in model_config(unbounded_wait, packaged)
-    # behind the front (only it may ask Triton) the front's max_in_flight bounds the queue:
-    # no queue policy, so Triton's batcher prefetches (no 500 ms lost wake-ups); a queue
-    # timeout asked for is kept all the same
-    behind = load_spec(None, {"max_queued": 7, "triton_inference_key": True})
-    assert not triton_config(behind, packaged).dynamic_batching.HasField("default_queue_policy")
-    timed = load_spec(None, {"queue_timeout_ms": 250, "triton_inference_key": True})
-    policy = triton_config(timed, packaged).dynamic_batching.default_queue_policy
-    assert policy.default_timeout_microseconds == 250_000
 
 
 def test_start_worker_leases_pins_and_loads(tmp_path, tiny_artifact, monkeypatch):

@@ -49,21 +49,6 @@ _DTYPES = {
 }
 
 
-def _own_queue_bound(spec: DeploySpec) -> bool:
-    """Whether Triton bounds its queue itself (max_queued, queue_timeout_ms).
-
-    Not behind the front, unless a queue timeout is asked for: there only the front,
-    holding the admin key, can ask for inference, and its `max_in_flight` bounds what can
-    queue. Any queue policy turns off the dynamic batcher's prefetching, and without it
-    the batcher waits for a free instance on a condition variable that can miss its
-    wake-up (tritonserver's dynamic_batch_scheduler.cc, WaitForPayloadSlotAvailable
-    waits under a mutex of its own, which the notifying thread does not take): a request
-    then waits out the batcher's default 500 ms (the development guide's observations).
-    """
-    behind_front = spec.engine(TritonSection).inference_key
-    return not behind_front or spec.worker.queue_timeout_ms is not None
-
-
 def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
     """The ModelConfig message of a deployment: one Triton model holding every model
     (named after its model when it holds one), whose inputs and outputs are those its
@@ -95,14 +80,13 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
     preferred = {size for m in packaged.models for size in engine_batches(m.manifest)}
     config.dynamic_batching.preferred_batch_size.extend(sorted(preferred))
     config.dynamic_batching.max_queue_delay_microseconds = spec.worker.max_batch_delay_ms * 1000
-    if _own_queue_bound(spec):
-        # bounded: beyond max_queued (or after queue_timeout_ms waiting) Triton refuses
-        # the request (UNAVAILABLE, HTTP 503) instead of letting latency grow without bound
-        policy = config.dynamic_batching.default_queue_policy
-        policy.max_queue_size = spec.worker.max_queued
-        policy.timeout_action = mc.ModelQueuePolicy.REJECT
-        if spec.worker.queue_timeout_ms:
-            policy.default_timeout_microseconds = spec.worker.queue_timeout_ms * 1000
+    # bounded: beyond max_queued (or after queue_timeout_ms waiting) Triton refuses the
+    # request (UNAVAILABLE, HTTP 503) instead of letting latency grow without bound
+    policy = config.dynamic_batching.default_queue_policy
+    policy.max_queue_size = spec.worker.max_queued
+    policy.timeout_action = mc.ModelQueuePolicy.REJECT
+    if spec.worker.queue_timeout_ms:
+        policy.default_timeout_microseconds = spec.worker.queue_timeout_ms * 1000
     # one group per core group, so that one dead instance can be replaced alone
     for index in range(packaged.plan.workers):
         name, policy = core_group_config(index)
