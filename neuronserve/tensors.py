@@ -205,6 +205,26 @@ def first_output(task: str, output_dim: int, labels: list[str] | None) -> str:
 # KServe v2's binary tensor layout, its JSON header first, its length in this header
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _WIRE_TYPES = {"float32": "FP32", "float64": "FP64", "int64": "INT64", "int32": "INT32"}
+# every KServe v2 datatype of numbers, as numpy reads its little-endian bytes
+_READ_TYPES = {
+    "BOOL": "?",
+    "INT8": "i1",
+    "INT16": "<i2",
+    "INT32": "<i4",
+    "INT64": "<i8",
+    "UINT8": "u1",
+    "UINT16": "<u2",
+    "UINT32": "<u4",
+    "UINT64": "<u8",
+    "FP16": "<f2",
+    "FP32": "<f4",
+    "FP64": "<f8",
+}
+
+
+def bytes_elements(values: Sequence[bytes]) -> bytes:
+    """A BYTES tensor's data: each element after its 4-byte little-endian length."""
+    return b"".join(struct.pack("<I", len(v)) + v for v in values)
 
 
 def pack(arrays: dict[str, np.ndarray]) -> tuple[bytes, int]:
@@ -213,9 +233,7 @@ def pack(arrays: dict[str, np.ndarray]) -> tuple[bytes, int]:
     outputs, data = [], []
     for name, array in arrays.items():
         if array.dtype == object:
-            raw = b"".join(
-                struct.pack("<I", len(v)) + v for v in (bytes_element(x) for x in array.reshape(-1))
-            )
+            raw = bytes_elements([bytes_element(x) for x in array.reshape(-1)])
             kind = "BYTES"
         else:
             raw = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<")).tobytes()
@@ -242,30 +260,39 @@ def unpack(body: bytes, header_length: int | str | None, name: str) -> np.ndarra
 
 
 def unpack_all(
-    body: bytes, header_length: int | str | None, names: Sequence[str]
+    body: bytes, header_length: int | str | None, names: Sequence[str] | None = None
 ) -> dict[str, np.ndarray]:
-    """Those of the tensors `names` that a body `pack` wrote holds."""
+    """The tensors of a body `pack` wrote or of a KServe v2 answer (an output the server
+    answered as JSON too), by name: those of `names` it holds, or all. Numbers in their
+    dtype, BYTES as an object array of bytes, in the answer's shape."""
     size = int(header_length) if header_length else len(body)
     header = orjson.loads(body[:size])
     at = size
     found = {}
     for o in header.get("outputs", []):
         shape = [int(d) for d in o["shape"]]
-        length = int((o.get("parameters") or {}).get("binary_data_size", 0))
+        params = o.get("parameters") or {}
+        length = int(params.get("binary_data_size", 0))
         raw = body[at : at + length]
         at += length
-        if o["name"] not in names:
+        if names is not None and o["name"] not in names:
             continue
-        if o["datatype"] == "BYTES":
-            out = np.empty(math.prod(shape), dtype=object)
-            pos = 0
-            for i in range(out.size):
-                (n,) = struct.unpack_from("<I", raw, pos)
-                out[i] = raw[pos + 4 : pos + 4 + n]
-                pos += 4 + n
-            found[o["name"]] = out.reshape(shape)
-            continue
-        kind = {v: k for k, v in _WIRE_TYPES.items()}[o["datatype"]]
-        dtype = np.dtype(kind).newbyteorder("<")
-        found[o["name"]] = np.frombuffer(raw, dtype=dtype).reshape(shape)
+        if "binary_data_size" not in params:  # the server answered it as JSON
+            kind = object if o["datatype"] == "BYTES" else None
+            found[o["name"]] = np.array(o["data"], dtype=kind).reshape(shape)
+        elif o["datatype"] == "BYTES":
+            found[o["name"]] = _bytes_tensor(raw, math.prod(shape)).reshape(shape)
+        else:
+            dtype = np.dtype(_READ_TYPES[o["datatype"]])
+            found[o["name"]] = np.frombuffer(raw, dtype=dtype).reshape(shape)
     return found
+
+
+def _bytes_tensor(raw: bytes, count: int) -> np.ndarray:
+    out = np.empty(count, dtype=object)
+    at = 0
+    for i in range(count):
+        (size,) = struct.unpack_from("<I", raw, at)
+        out[i] = raw[at + 4 : at + 4 + size]
+        at += 4 + size
+    return out

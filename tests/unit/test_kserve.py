@@ -10,6 +10,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import serialize_byte_tensor
 
+from neuronserve import tensors
 from neuronserve.engines.triton import kserve
 from neuronserve.tensors import bytes_rows
 
@@ -85,7 +86,7 @@ def _answer(outputs: dict[str, np.ndarray]) -> tuple[bytes, int]:
 def test_an_answer_is_read_as_tritonclient_reads_it(outputs):
     body, length = _answer(outputs)
     want = httpclient.InferResult.from_response_body(body, header_length=length)
-    found = kserve.output_arrays(body, str(length))
+    found = tensors.unpack_all(body, str(length))
     assert sorted(found) == sorted(outputs)
     for name in outputs:
         got, expected = found[name], want.as_numpy(name)

@@ -178,7 +178,7 @@ class TritonClient(EngineClient):
                 ) as resp:
                     raw = await resp.read()
                     if resp.status == 200:
-                        found = kserve.output_arrays(raw, resp.headers.get(kserve.HEADER_LENGTH))
+                        found = tensors.unpack_all(raw, resp.headers.get(kserve.HEADER_LENGTH))
                         if outputs[0] not in found:
                             raise ValueError(f"Triton's answer holds no output {outputs[0]!r}")
                         return found
