@@ -343,6 +343,7 @@ def test_truncation_travels_in_triton_request_parameters(front, reranker_artifac
 def test_health_and_the_engines_metrics(front):
     health = front.get("/health", key=False).json()
     assert health == {"status": "ok", "workers_ready": 2, "workers_expected": 2}
+    assert front.post("/rerank", {"query": QUERY, "texts": DOCS}).status_code == 200
     text = front.get("/metrics").text
     assert "nv_inference_request_success" in text
     assert 'neuronserve_front_requests_total{model="reranker",route="/rerank",status="200"}' in text

@@ -119,6 +119,9 @@ def server(tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
     assert f"serving 1 model(s) found in {work / 'repo'}: {STACK}" in proc.stdout
     assert "tritonserver is ready" in proc.stdout
     inst = triton.running(work / "run")
+    # `serve` returns once the healer watches: its status answers from the start
+    healing = json.loads((work / "run" / "instances.json").read_text())
+    assert healing and {s["state"] for s in healing.values()} == {"serving"}, healing
     procs = [psutil.Process(inst.pid), *psutil.Process(inst.pid).children(recursive=True)]
     inst.spec, inst.work = spec, work
     yield inst

@@ -506,11 +506,21 @@ def _healer(run_dir: Path) -> Background:
     return Background("healer", run_dir / HEALER_PID, "neuronserve serve triton --stop")
 
 
-def _start_healer(run_dir: Path, server_pid: int) -> None:
+def _start_healer(run_dir: Path, server_pid: int, timeout_s: float = 30) -> None:
+    """Start the healer and return once it watches (its first status written): a stub
+    that dies from then on is replaced, and `instances.json` answers from the start."""
     healer = _healer(run_dir)
     cmd = [sys.executable, "-m", "neuronserve.engines.triton.healer", str(run_dir), str(server_pid)]
     proc = healer.spawn(cmd, run_dir / HEALER_LOG)
     healer.record(proc.pid)
+    deadline = time.monotonic() + timeout_s
+    while not (run_dir / HEALER_STATUS_FILE).exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise ServeError(
+                f"the healer {'exited' if proc.poll() is not None else 'did not start'} "
+                f"before it watched tritonserver: see {run_dir / HEALER_LOG}"
+            )
+        time.sleep(0.05)
     reap(proc)
 
 
