@@ -54,6 +54,13 @@ class EngineSection(Section):
     # each engine's section gives its own default and description
     run_dir: Path = Field(Path(".neuronserve/engine"), description="the engine's run folder")
 
+    @classmethod
+    def missing(cls) -> str | None:
+        """Why the engine cannot start on this machine, with what to install; None when
+        it can. Cheap and without importing the engine: the default engine is the first
+        of the registry's for which this is None."""
+        return None
+
     @property
     def store(self) -> Path:
         return Path(getattr(self, self.store_field))

@@ -36,7 +36,7 @@ from pydantic import (
     model_validator,
 )
 
-from .engines import DEFAULT_ENGINE
+from .engines import default_engine
 from .inflight import IN_FLIGHT
 from .names import safe_name
 from .section import EngineSection, Section, flags
@@ -426,9 +426,10 @@ class FrontSection(Section):
     key = "front"
 
     engine: str = Field(
-        DEFAULT_ENGINE,
+        default_factory=default_engine,
         description="the engine the front starts behind it (one of those installed: see "
-        "`neuronserve serve --help`)",
+        "`neuronserve serve --help`); unless told, the first of triton, torchserve that "
+        "can start on this machine",
     )
     address: str = Field(
         "127.0.0.1",
@@ -734,6 +735,16 @@ class DeploySpec(BaseModel):
                 "`name` names the one model of a deployment; with `models` each entry has "
                 "its own `name`, and `deployment_name` names the set"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _engine_of_its_section(self) -> DeploySpec:
+        """A spec that names no engine but sets one engine's options runs on that engine:
+        on the default one those options would be silently left out."""
+        if "engine" not in self.front.model_fields_set:
+            given = [name for name, s in self.engines.items() if s.model_fields_set]
+            if len(given) == 1:
+                self.front.engine = given[0]
         return self
 
     def engine(self, section: type[S]) -> S:

@@ -2,7 +2,7 @@
 # End to end on the bundled default: a RAG stack on one host. all-MiniLM-L6-v2 embeddings,
 # a cross-encoder and a classifier (both built from MiniLM's encoder with a head fitted on a
 # few examples: scripts/demo_models.py), each compiled for CPU, packaged together into one
-# TorchServe archive whose workers (one per core) each hold all three, served behind
+# Triton model whose instances (one process per core) each hold all three, served behind
 # neuronserve's front; one request to each model the way clients send them (the openai
 # client, text-embeddings-inference's /rerank and /predict), then worker placement and
 # latency, and a stop. Everything it writes goes under .neuronserve/demo.
@@ -42,9 +42,9 @@ models:
   - artifact: artifacts/reranker
   - artifact: artifacts/topics
 deployment_name: rag
-torchserve:
-  model_store: model_store
-  run_dir: torchserve
+triton:
+  repository: triton_repo
+  run_dir: triton
 # the front: OpenAI, text-embeddings-inference and SageMaker routes on one port; on
 # loopback no API key is needed (any other address turns keys on)
 front:
@@ -56,10 +56,10 @@ worker:
   # 0: a lone request runs at once; under load what queued meanwhile is batched
   max_batch_delay_ms: 0
 YAML
-echo "== neuronserve package torchserve (one archive, three models)"
-neuronserve package torchserve --spec "$DEMO/deploy.yaml"
-echo "== neuronserve serve front (TorchServe behind it, on loopback)"
+echo "== neuronserve package triton (one Triton model, three models in each instance)"
+neuronserve package triton --spec "$DEMO/deploy.yaml"
+echo "== neuronserve serve front (Triton behind it, on loopback)"
 trap 'echo "== stopping: neuronserve serve front --stop --run-dir $DEMO/front"; neuronserve serve front --stop --run-dir "$DEMO/front"' EXIT
-neuronserve serve front "$DEMO/model_store" --spec "$DEMO/deploy.yaml"
+neuronserve serve front "$DEMO/triton_repo" --spec "$DEMO/deploy.yaml"
 echo "== requests"
 python scripts/demo_client.py --url "http://127.0.0.1:$PORT" --run-dir "$DEMO/front"

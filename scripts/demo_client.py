@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import requests
 
+from neuronserve.engines.triton.stubs import instance_of, live_stubs
 from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front.server import ENGINE_DIR
 
@@ -99,19 +100,18 @@ def show_tei(post, url: str) -> None:
 
 
 def show_workers(run_dir: Path) -> None:
-    engine = running_engine(run_dir / ENGINE_DIR, "torchserve")
-    print("\nTorchServe's workers behind the front, each holding all three models (its")
-    print("management API on loopback, /proc):")
-    for w in engine.instance.workers("rag"):
-        pid = int(w["pid"])
-        status = Path(f"/proc/{pid}/status").read_text()
+    engine = running_engine(run_dir / ENGINE_DIR, "triton")
+    stubs = live_stubs(engine.instance.pid)["rag"]
+    print("\nTriton's instances behind the front, one process each, every one holding all")
+    print("three models (/proc):")
+    for stub in sorted(stubs, key=lambda p: p.pid):
+        status = Path(f"/proc/{stub.pid}/status").read_text()
         cpus = re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)
-        print(f"  pid {pid}: {w['status']}, pinned to CPU {cpus}")
+        print(f"  pid {stub.pid}: instance {instance_of(stub)}, pinned to CPU {cpus}")
 
 
 def show_latency(post) -> None:
-    # TorchServe's Java frontend compiles its hot paths during the first seconds of
-    # traffic, when a request costs it more CPU than it will once warm
+    # the first requests pay one-off costs (connections, each bucket's first call)
     warm_until = time.perf_counter() + 3
     while time.perf_counter() < warm_until:
         post("/embed", {"inputs": SENTENCES[0]})
@@ -129,22 +129,25 @@ def show_latency(post) -> None:
     q = statistics.quantiles(lat, n=100)
     print(
         f"{conc} concurrent clients: {n / wall:.0f} req/s, p50 {q[49]:.1f} ms, "
-        f"p95 {q[94]:.1f} ms (TorchServe batches them)"
+        f"p95 {q[94]:.1f} ms (Triton batches them)"
     )
 
 
 def show_buckets(url: str) -> None:
     metrics = requests.get(f"{url}/metrics", timeout=10).text
-    runs = re.findall(
-        r'NeuronServeBucketRuns\{[^}]*model="minilm",Bucket="(\w+)",BatchSize="(\d+)"[^}]*\} (\S+)',
-        metrics,
-    )
+    # one series per instance: summed by bucket and rows in it
+    runs: dict[tuple[str, str], float] = {}
+    for labels, count in re.findall(r"^neuronserve_bucket_runs\{([^}]*)\} (\S+)$", metrics, re.M):
+        label = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if label.get("model") == "minilm":
+            key = (label["bucket"], label["batch_size"])
+            runs[key] = runs.get(key, 0.0) + float(count)
     if runs:
         shown = ", ".join(
-            f"{b} x{int(float(c))} (batch {s})"
-            for b, s, c in sorted(runs, key=lambda x: -float(x[2]))[:5]
+            f"{b} x{int(c)} (batch {s})"
+            for (b, s), c in sorted(runs.items(), key=lambda x: -x[1])[:5]
         )
-        print(f"minilm's most used buckets ({url}/metrics, NeuronServeBucketRuns): {shown}")
+        print(f"minilm's most used buckets ({url}/metrics, neuronserve_bucket_runs): {shown}")
     served = re.findall(
         r'neuronserve_front_requests_total\{model="minilm",route="/embed",status="200"\} (\S+)',
         metrics,

@@ -5,11 +5,11 @@ Endpoint specs (`--endpoint`, repeatable), `TYPE:WHERE`, optionally `LABEL=TYPE:
 
     <engine>:ARTIFACT          start the engine on the artifact (per --layouts), measure
                                its own API in each of its protocols
-    sagemaker:ARTIFACT         start the SageMaker entrypoint (the first engine behind it)
-    front:ARTIFACT             start `serve front` with the first engine behind it;
-                               measure the engine directly, then /invocations, /embed
-                               and /v1/embeddings through the front, on the same processes
-    front-<engine>:ARTIFACT    the same with another engine behind the front
+    sagemaker:ARTIFACT         start the SageMaker entrypoint (TorchServe behind it)
+    front-<engine>:ARTIFACT    start `serve front` with that engine behind it; measure
+                               the engine directly, then /invocations, /embed and
+                               /v1/embeddings through the front, on the same processes
+    front:ARTIFACT             front-torchserve (the name BENCHMARKS' commands use)
     runner:ARTIFACT            the Runner in this process (no server)
     vanilla:MODEL_DIR          the transformers pipeline on the eager model (the baseline)
     <protocol>:WHERE           an already running engine, in a protocol of its own API
@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from .. import metrics
 from ..artifact import MANIFEST, read_manifest
-from ..engines import DEFAULT_ENGINE, ENGINES
+from ..engines import ENGINES
 from ..engines.base import NativeRoute, engine_class
 from ..host_load import NeuronMonitor
 from .endpoints import Endpoint, HttpJsonEndpoint, RunnerEndpoint, VanillaEndpoint
@@ -47,9 +47,9 @@ from .stats import summarize
 from .texts import text_with_tokens
 from .work import Work, mask_token
 
-# the engine behind the front, by endpoint type: `front` the first engine's, each other
-# engine's `front-<engine>`
-FRONT_ENGINES = {("front" if e == DEFAULT_ENGINE else f"front-{e}"): e for e in ENGINES}
+# the engine behind the front, by endpoint type: `front-<engine>`, and `front` for
+# TorchServe's (the name the commands in BENCHMARKS were published with)
+FRONT_ENGINES = {"front": SageMakerServer.engine, **{f"front-{e}": e for e in ENGINES}}
 MANAGED = (*ENGINES, "sagemaker", *FRONT_ENGINES)
 # the protocols of the engines' own APIs: a running server named by one
 PROTOCOLS = tuple(dict.fromkeys(p for e in ENGINES for p in engine_class(e).protocols))
@@ -71,9 +71,7 @@ def parse_endpoint(text: str) -> EndpointSpec:
         label, text = text.split("=", 1)
     type_, sep, where = text.partition(":")
     if not sep or not where:
-        raise ValueError(
-            f"endpoint {text!r}: expected TYPE:WHERE, e.g. {DEFAULT_ENGINE}:artifacts/m"
-        )
+        raise ValueError(f"endpoint {text!r}: expected TYPE:WHERE, e.g. {ENGINES[0]}:artifacts/m")
     if type_ not in TYPES:
         raise ValueError(f"endpoint {text!r}: unknown type {type_!r}; choose from {TYPES}")
     return EndpointSpec(label or type_, type_, where)

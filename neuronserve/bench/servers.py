@@ -21,7 +21,7 @@ import requests
 from .. import placement
 from ..artifact import read_manifest
 from ..cores import LEASE_DIR_ENV
-from ..engines import DEFAULT_ENGINE, ENGINES, section_class
+from ..engines import ENGINES, section_class
 from ..serve.deployment import Deployment, running_engine
 from ..serve.process import free_ports, stop_tree
 from ..spec import DeploySpec, ModelEntry, load_spec
@@ -208,8 +208,12 @@ class SageMakerServer:
     """The SageMaker container entrypoint (`python -m neuronserve.serve.sagemaker`) in
     front of an engine, serving /ping and /invocations on a free port."""
 
-    def __init__(self, artifact: Path, layout: str, engine: str = DEFAULT_ENGINE):
-        self.artifact, self.layout, self.engine = Path(artifact), layout, engine
+    # unless told: TorchServe, as in the commands BENCHMARKS published
+    engine = "torchserve"
+
+    def __init__(self, artifact: Path, layout: str, engine: str | None = None):
+        self.artifact, self.layout = Path(artifact), layout
+        self.engine = engine or self.engine
         plan = layout_plan(self.artifact, layout)
         self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
         self.tmp = tempfile.TemporaryDirectory(prefix="ns-bench-sagemaker-")

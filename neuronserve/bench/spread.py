@@ -46,7 +46,7 @@ def derived(r: dict[str, Any], peaks: dict[str, Any] | None = None) -> dict[str,
 
 
 def engine_ratios(runs: list[dict[str, Any]]) -> list[str]:
-    """The first engine's req/s over each other engine's best protocol at each point, run
+    """The first engine's best protocol's req/s over the second's at each point, run
     by run, on the same artifact and machine: one median and range per point."""
     from ..engines import ENGINES
     from ..engines.base import engine_class

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ..engines import DEFAULT_ENGINE, ENGINES
+from ..engines import ENGINES, IMAGE_ENGINE
 from ..engines.base import engine_class
 from ..spec import DeploySpec
 from .options import ArtifactsArg, fail, require_artifacts, with_artifacts
@@ -71,7 +71,7 @@ for _name in ENGINES:
 def sagemaker_cmd(
     spec: DeploySpec,
     artifacts: ArtifactsArg = None,
-    engine: EngineOption = DEFAULT_ENGINE,
+    engine: EngineOption = IMAGE_ENGINE,
     target: Annotated[
         str,
         typer.Option(help="the image's hardware, which picks the Dockerfile: cpu | neuronx | cuda"),
@@ -104,7 +104,7 @@ def kubernetes_cmd(
             "minilm:neuronx)"
         ),
     ] = "",
-    engine: EngineOption = DEFAULT_ENGINE,
+    engine: EngineOption = IMAGE_ENGINE,
     target: Annotated[
         str, typer.Option(help="the pods' hardware: cpu | neuronx (aws.amazon.com/neuroncore)")
     ] = "cpu",

@@ -133,6 +133,12 @@ def _what_to_serve(
             "artifact (or several), a model store or a Triton repository"
         )
     spec = _compiled(spec)
+    if "engine" not in spec.front.model_fields_set:
+        from ..serve.model_source import store_engine
+
+        packaged_for = store_engine(given)
+        if packaged_for is not None:
+            spec.front.engine = packaged_for
     if models and given:  # artifacts and models by id on one command line: all served
         given += [e.artifact for e in spec.model_entries()]
     if given and (spec.artifact is not None or spec.models):

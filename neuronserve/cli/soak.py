@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..engines import DEFAULT_ENGINE, ENGINES
+from ..engines import ENGINES, default_engine
 from .options import fail
 
 
@@ -16,9 +16,13 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
     artifact: Annotated[
         Path, typer.Argument(help="artifact directory (answers are checked against its Runner)")
     ],
-    engine: Annotated[str, typer.Option(help=f"the engine: {' or '.join(ENGINES)}")] = (
-        DEFAULT_ENGINE
-    ),
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            help=f"the engine: {' or '.join(ENGINES)} [default: the first installed]",
+            show_default=False,
+        ),
+    ] = None,
     via: Annotated[
         str,
         typer.Option(
@@ -78,6 +82,7 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
     )
     from ..serve.process import ServeError
 
+    engine = engine or default_engine()
     if engine not in ENGINES:
         fail(f"--engine {engine!r}: {' or '.join(ENGINES)}")
     protocols = soak_protocols()

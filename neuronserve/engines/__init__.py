@@ -14,13 +14,27 @@ if TYPE_CHECKING:
     from ..section import EngineSection
 
 # engine name -> its package under neuronserve.engines, which holds `engine.py` (the
-# Engine class, named in the value) and `section.py` (its spec section, `<Class>Section`)
+# Engine class, named in the value) and `section.py` (its spec section, `<Class>Section`).
+# In order of preference: Triton is maintained and keeps several batches in flight per
+# worker; TorchServe is archived upstream (2025-08): fully supported, never required.
 _PACKAGES = {
-    "torchserve": "TorchServe",
     "triton": "Triton",
+    "torchserve": "TorchServe",
 }
 ENGINES = tuple(_PACKAGES)
-DEFAULT_ENGINE = ENGINES[0]
+# what an image (SageMaker, Kubernetes) runs unless told: it is built elsewhere, so what
+# this machine has installed does not say
+IMAGE_ENGINE = ENGINES[0]
+
+
+def default_engine() -> str:
+    """The engine a spec that names none runs on: the first of ENGINES that can start on
+    this machine (`EngineSection.missing`); where none can, the first, whose start then
+    says what to install."""
+    for name in ENGINES:
+        if section_class(name).missing() is None:
+            return name
+    return ENGINES[0]
 
 
 class UnknownEngine(ValueError):

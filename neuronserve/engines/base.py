@@ -136,6 +136,11 @@ class Engine(ABC, Generic[Instance]):
     def start(self, log: Log = print, timeout_s: float = 600) -> Instance:
         """Start on the section's store, listening where it says, and return once every
         worker of every model is ready (stopping again if that fails)."""
+        from ..serve.process import ServeError
+
+        refusal = self.section.missing()
+        if refusal is not None:
+            raise ServeError(refusal)
         self._instance = self._start(log, timeout_s)
         return self._instance
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from ..artifact import MANIFEST, read_manifest
-from ..engines import DEFAULT_ENGINE, ENGINES
+from ..engines import ENGINES, default_engine
 from ..engines.base import FoundModel, ModelSourceError, engine_class
 
 __all__ = ["FoundModel", "ModelSourceError", "UnpackLimits", "find_models", "unpack_tar"]
@@ -120,6 +120,21 @@ def find_models(source: Path, work: Path) -> list[FoundModel]:
     )
 
 
+def store_engine(sources: list[Path]) -> str | None:
+    """The engine whose `neuronserve package` wrote every store in `sources` (None when
+    they are artifacts, or stores of different engines): what a front given them and no
+    engine serves them on, as the user who packaged them for it expects."""
+    found = {
+        name
+        for source in sources
+        for name in ENGINES
+        if Path(source).is_dir()
+        and not (Path(source) / MANIFEST).is_file()
+        and engine_class(name).models_in(Path(source))
+    }
+    return found.pop() if len(found) == 1 else None
+
+
 def _artifact(folder: Path) -> FoundModel:
     return FoundModel(folder, read_manifest(folder, verify=False).name)
 
@@ -140,12 +155,12 @@ def model_source() -> Path:
 
 def engine_name() -> str:
     """NEURONSERVE_ENGINE, else the engine the build context was made for, else the
-    registry's first."""
+    first installed (`engines.default_engine`)."""
     engine = os.environ.get("NEURONSERVE_ENGINE")
     config = Path(os.environ.get("NEURONSERVE_CONFIG", CONFIG_FILE))
     if not engine and config.is_file():
         engine = json.loads(config.read_text()).get("engine")
-    engine = engine or DEFAULT_ENGINE
+    engine = engine or default_engine()
     if engine not in ENGINES:
         raise ModelSourceError(f"NEURONSERVE_ENGINE={engine!r}: use {' or '.join(ENGINES)}")
     return engine

@@ -163,3 +163,63 @@ def test_a_model_is_a_folder_next_to_the_spec_or_a_hub_id(tmp_path):
     assert (
         load_spec(None, {"compile": {"model": "org/name"}, "artifact": "a"}).model_sources() == []
     )
+
+
+def test_the_default_engine_is_the_first_that_can_start_here(monkeypatch):
+    """Triton first, TorchServe (archived upstream) where Triton cannot start: a fresh
+    machine never needs TorchServe; a spec that sets one engine's options runs on it."""
+    import importlib.util
+
+    from neuronserve.engines import default_engine, section_class
+    from neuronserve.engines.triton.section import INSTALL, glibc_refusal
+
+    triton, torchserve = section_class("triton"), section_class("torchserve")
+    assert triton.missing() is None and torchserve.missing() is None  # this machine
+    assert default_engine() == "triton" and load_spec(None, {}).front.engine == "triton"
+    # each engine's own check, as a machine without it answers
+    real = importlib.util.find_spec
+    gone = {"tritonclient", "ts"}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in gone else real(name, *a)
+    )
+    assert triton.missing() == INSTALL and "neuronserve[torchserve]" in torchserve.missing()
+    assert default_engine() == "triton"  # none can: the first, whose start says what to do
+    gone.discard("ts")
+    assert default_engine() == "torchserve"
+    assert load_spec(None, {}).front.engine == "torchserve"
+    assert "glibc 2.35 or newer" in glibc_refusal("glibc 2.31") and not glibc_refusal("2.35")
+    monkeypatch.undo()
+    # a spec naming no engine but setting TorchServe's options runs on TorchServe; one
+    # naming an engine keeps it
+    spec = load_spec(None, {"torchserve": {"batch_requests": 3}})
+    assert spec.front.engine == "torchserve"
+    spec = load_spec(None, {"torchserve": {"batch_requests": 3}, "front": {"engine": "triton"}})
+    assert spec.front.engine == "triton"
+
+
+def test_an_engine_that_cannot_start_here_says_what_to_install(monkeypatch, tmp_path):
+    from neuronserve.engines.base import engine_class
+    from neuronserve.engines.triton.section import TritonSection
+    from neuronserve.serve.process import ServeError
+
+    monkeypatch.setattr(TritonSection, "missing", classmethod(lambda cls: "pip install x"))
+    engine = engine_class("triton")(TritonSection(repository=tmp_path), tmp_path / "run")
+    with pytest.raises(ServeError, match="pip install x"):
+        engine.start(log=lambda *_: None)
+    assert not (tmp_path / "run").exists()  # refused before anything was made
+
+
+def test_a_store_is_served_on_the_engine_that_packaged_it(tmp_path):
+    from neuronserve.serve.model_source import store_engine
+
+    store, repo, artifact = tmp_path / "store", tmp_path / "repo", tmp_path / "art"
+    (store / "minilm" / "MAR-INF").mkdir(parents=True)
+    (store / "minilm" / "MAR-INF" / "MANIFEST.json").write_text("{}")
+    (repo / "rag").mkdir(parents=True)
+    (repo / "rag" / "config.pbtxt").write_text("")
+    artifact.mkdir()
+    (artifact / "manifest.json").write_text("{}")
+    assert store_engine([store]) == "torchserve" and store_engine([repo]) == "triton"
+    assert store_engine([artifact]) is None and store_engine([]) is None
+    assert store_engine([store, repo]) is None  # two engines' stores: the default decides
+    assert store_engine([store, artifact]) == "torchserve"

@@ -4,6 +4,8 @@ authorization, its batchSize, its worker retry)."""
 
 from __future__ import annotations
 
+import importlib.util
+import shutil
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -33,6 +35,14 @@ class TorchServeSection(EngineSection):
         "token_expiration_min": 10 * 365 * 24 * 60,
         "archive_format": "no-archive",
     }
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if importlib.util.find_spec("ts") is None:
+            return "TorchServe is not installed: pip install 'neuronserve[torchserve]'"
+        if shutil.which("java") is None:
+            return "TorchServe needs Java 11 or newer: no java on PATH"
+        return None
 
     model_store: Path = Field(Path("model_store"), description="TorchServe model store")
     run_dir: Path = Field(

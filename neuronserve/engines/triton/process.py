@@ -46,6 +46,7 @@ from ...serve.process import (
 from ...worker import STACKS_SIGNAL
 from ..base import NativeRoute
 from . import shm as private_shm
+from .section import INSTALL, glibc_refusal
 from .stubs import (
     Count,
     instance_counts,
@@ -148,18 +149,10 @@ class TritonInstance:
 
 
 def check_glibc(version: str | None = None) -> None:
-    """The tritonserver in nvidia-pytriton needs glibc 2.35 or newer ("An operating system
-    with glibc >= 2.35", PyTriton installation:
-    https://triton-inference-server.github.io/pytriton/latest/installation/); Ubuntu 20.04
-    images, the Neuron ones of SDK 2.20 and older included, have 2.31."""
-    found = version or os.confstr("CS_GNU_LIBC_VERSION") or ""
-    parts = found.replace("glibc", "").strip().split(".")
-    if len(parts) >= 2 and (int(parts[0]), int(parts[1])) < (2, 35):
-        raise ServeError(
-            f"this system has {found}; the Triton engine (nvidia-pytriton's tritonserver) "
-            "needs glibc 2.35 or newer: use an Ubuntu 22.04 base image (for Neuron, a Neuron "
-            "SDK 2.21+ deep learning container), or the TorchServe engine"
-        )
+    """Refuse a system whose glibc nvidia-pytriton's tritonserver cannot run on."""
+    refusal = glibc_refusal(version)
+    if refusal is not None:
+        raise ServeError(refusal)
 
 
 def check_numpy() -> None:
@@ -195,11 +188,7 @@ def find_tritonserver() -> tuple[Path, Path | None]:
     root = _pytriton_root()
     if root is not None and (root / "bin" / "tritonserver").is_file():
         return root / "bin" / "tritonserver", root
-    raise ServeError(
-        "no tritonserver found: install the triton extra "
-        "(pip install 'neuronserve[triton]', which brings nvidia-pytriton) or "
-        "run inside NVIDIA's Triton container"
-    )
+    raise ServeError(f"no tritonserver found. {INSTALL}")
 
 
 def backend_directory(root: Path, run_dir: Path) -> Path:

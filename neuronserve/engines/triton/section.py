@@ -4,12 +4,36 @@ are the worker section's `workers`, each of `cores_per_worker` cores."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field
 
 from ...section import EngineSection, flags
+
+INSTALL = (
+    "Triton is not installed: pip install 'neuronserve[triton]' (its tritonserver comes "
+    "in the nvidia-pytriton wheel), or run inside NVIDIA's Triton container"
+)
+
+
+def glibc_refusal(version: str | None = None) -> str | None:
+    """Why this system cannot run nvidia-pytriton's tritonserver, which needs glibc 2.35 or
+    newer ("An operating system with glibc >= 2.35", PyTriton installation:
+    https://triton-inference-server.github.io/pytriton/latest/installation/); Ubuntu 20.04
+    images, the Neuron ones of SDK 2.20 and older included, have 2.31."""
+    found = version or os.confstr("CS_GNU_LIBC_VERSION") or ""
+    parts = found.replace("glibc", "").strip().split(".")
+    if len(parts) >= 2 and (int(parts[0]), int(parts[1])) < (2, 35):
+        return (
+            f"this system has {found}; the Triton engine (nvidia-pytriton's tritonserver) "
+            "needs glibc 2.35 or newer: use an Ubuntu 22.04 base image (for Neuron, a Neuron "
+            "SDK 2.21+ deep learning container), or the TorchServe engine"
+        )
+    return None
 
 
 class TritonSection(EngineSection):
@@ -19,6 +43,16 @@ class TritonSection(EngineSection):
 
     # behind the front: inference behind the admin key too (the front holds it)
     behind_front: ClassVar[dict[str, Any]] = {"inference_key": True}
+
+    @classmethod
+    def missing(cls) -> str | None:
+        if importlib.util.find_spec("tritonclient") is None:
+            return INSTALL
+        if shutil.which("tritonserver"):  # NVIDIA's container: its own, whatever glibc
+            return None
+        if importlib.util.find_spec("pytriton") is None:
+            return INSTALL
+        return glibc_refusal()
 
     repository: Path = Field(
         Path("triton_repo"),
