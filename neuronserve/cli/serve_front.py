@@ -137,8 +137,8 @@ def _what_to_serve(
         from ..serve.model_source import store_engine
 
         packaged_for = store_engine(given)
-        if packaged_for is not None:
-            spec.front.engine = packaged_for
+        if packaged_for is not None:  # a copy: what the front process is handed is a dump
+            spec = spec.with_section("front", engine=packaged_for)
     if models and given:  # artifacts and models by id on one command line: all served
         given += [e.artifact for e in spec.model_entries()]
     if given and (spec.artifact is not None or spec.models):

@@ -152,8 +152,9 @@ class Pod:
             # /ping is 200 only once every worker has loaded and warmed up
             "startupProbe": probe("/ping", 5, STARTUP_S // 5),
             "readinessProbe": probe("/ping", 5, 2),
-            # /health is 503 while a worker is missing: a pod whose engine has not come
-            # back within two minutes is restarted
+            # /health is 503 once no worker can serve (a worker being replaced leaves it
+            # 200, "degraded"): a pod whose engine has not come back within two minutes
+            # is restarted
             "livenessProbe": probe("/health", 10, 12),
         }
 

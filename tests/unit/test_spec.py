@@ -210,7 +210,9 @@ def test_an_engine_that_cannot_start_here_says_what_to_install(monkeypatch, tmp_
 
 
 def test_a_store_is_served_on_the_engine_that_packaged_it(tmp_path):
+    from neuronserve.cli.serve_front import _what_to_serve
     from neuronserve.serve.model_source import store_engine
+    from neuronserve.spec import DeploySpec
 
     store, repo, artifact = tmp_path / "store", tmp_path / "repo", tmp_path / "art"
     (store / "minilm" / "MAR-INF").mkdir(parents=True)
@@ -223,3 +225,9 @@ def test_a_store_is_served_on_the_engine_that_packaged_it(tmp_path):
     assert store_engine([artifact]) is None and store_engine([]) is None
     assert store_engine([store, repo]) is None  # two engines' stores: the default decides
     assert store_engine([store, artifact]) == "torchserve"
+    # what `serve front STORE` hands the front's process: the spec as a dump
+    spec, _ = _what_to_serve(load_spec(None, {}), [store], [])
+    handed = DeploySpec.model_validate(spec.model_dump(mode="json", exclude_unset=True))
+    assert handed.front.engine == "torchserve"
+    spec, _ = _what_to_serve(load_spec(None, {"front": {"engine": "triton"}}), [store], [])
+    assert spec.front.engine == "triton"  # told: kept
