@@ -112,6 +112,8 @@ class Engine(ABC, Generic[Instance]):
     replacement: ClassVar[str]
     # neuronserve's pip extra that installs it (an image for it gets that extra)
     extra: ClassVar[str]
+    # the system (apt) packages it needs beyond Python's: an image for it installs them
+    system_packages: ClassVar[tuple[str, ...]] = ()
     # (package, file) of the adapter it ships into its store: what its workers run
     adapter: ClassVar[tuple[str, str]]
     # the protocols of its own API, one NativeRoute each

@@ -93,6 +93,20 @@ def check_runs(spec: DeploySpec, target: str, what: str = "image") -> list[str]:
     return names
 
 
+# the line of each Dockerfile naming the system packages its engine needs (as written:
+# TorchServe's); the context's Dockerfile names its own engine's
+ENGINE_PACKAGES = 'ARG ENGINE_PACKAGES="openjdk-17-jre-headless"'
+
+
+def dockerfile(target: str, engine: str) -> str:
+    """The `target` image's Dockerfile, installing what `engine` needs from the system
+    and nothing else (no Java runtime in a Triton image)."""
+    text = (_files() / f"Dockerfile.{target}").read_text()
+    assert ENGINE_PACKAGES in text, f"Dockerfile.{target} has no {ENGINE_PACKAGES}"
+    wanted = " ".join(engine_class(engine).system_packages)
+    return text.replace(ENGINE_PACKAGES, f'ARG ENGINE_PACKAGES="{wanted}"')
+
+
 def package_sagemaker(spec: DeploySpec, engine: str, target: str, out: Path) -> Path:
     """The build context of an image serving the spec's models (one or several) on
     `engine`."""
@@ -107,7 +121,7 @@ def package_sagemaker(spec: DeploySpec, engine: str, target: str, out: Path) -> 
     out.mkdir(parents=True, exist_ok=True)
 
     files = _files()
-    shutil.copy2(files / f"Dockerfile.{target}", out / "Dockerfile")
+    (out / "Dockerfile").write_text(dockerfile(target, engine))
     shutil.copy2(files / "serve", out / "serve")
     (out / "serve").chmod(0o755)
     _copy_package(out / "python" / "neuronserve")

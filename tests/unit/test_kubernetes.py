@@ -55,6 +55,9 @@ def test_every_combination_renders_and_validates(  # noqa: PLR0915 - one renderi
     assert result.exit_code == 0, result.output
     assert "kubectl apply -f" in result.output and "create secret generic" in result.output
     assert (out / "image" / "Dockerfile").is_file() and (out / "image" / "serve").is_file()
+    # a Java runtime only where the engine's frontend is Java
+    java = 'ARG ENGINE_PACKAGES="openjdk-17-jre-headless"'
+    assert (java in (out / "image" / "Dockerfile").read_text()) == (engine == "torchserve")
     context = json.loads((out / "image" / "neuronserve.json").read_text())
     assert context["models"] == [read_manifest(a).name for a in artifacts]
     files = sorted(p.relative_to(out).as_posix() for p in out.glob("*/*.yaml"))

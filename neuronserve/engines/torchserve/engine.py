@@ -23,6 +23,7 @@ class TorchServe(Engine["TorchServeInstance"]):
     name = "torchserve"
     server = "TorchServe"
     extra = "torchserve"
+    system_packages = ("openjdk-17-jre-headless",)  # its frontend is Java
     protocols = ("torchserve",)
     worker_word = "workers"
     adapter = ("neuronserve._handlers", "neuronserve_handler.py")
