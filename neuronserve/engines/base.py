@@ -157,6 +157,14 @@ class Engine(ABC, Generic[Instance]):
         every model of the deployment), served by `workers` workers, with up to
         `connections` open."""
 
+    def stuck(self) -> str | None:
+        """Why the engine started here can no longer be made whole without a restart
+        (None: it is whole, or mends itself), the front then restarting it: here, that
+        its server is gone (a crash; its workers' own deaths each engine heals)."""
+        if self.running() is None:
+            return f"{self.server} is no longer running"
+        return None
+
     def stop(self, log: Log = print) -> bool:
         """Stop it and wait until its processes are gone; False when none was running."""
         self._instance = None

@@ -149,6 +149,11 @@ class Deployment:
     def stop(self) -> None:
         self.engine.stop(log=log.info)
 
+    def restart(self) -> None:
+        """Stop and start again on the same ports (the front's client reconnects)."""
+        self.stop()
+        self.start()
+
     @property
     def tasks(self) -> str:
         """The models it starts with, as the log says them ("no model yet" for a

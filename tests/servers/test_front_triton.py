@@ -30,6 +30,7 @@ from neuronserve.engines.triton.stubs import live_stubs
 from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front import schemas
 from neuronserve.serve.front.server import ENGINE_DIR
+from neuronserve.serve.process import live_pid
 
 pytestmark = pytest.mark.server
 
@@ -404,6 +405,38 @@ def test_a_killed_stub_is_replaced_alone_while_the_other_serves(front):
     assert front.post("/predict", {"inputs": "x", "model": "tiny-classifier"}).status_code == 200
 
 
+def test_a_model_only_a_restart_can_mend_makes_the_front_restart_triton(front):
+    """The healer says a model is wedged (Triton can no longer update it: a stub killed
+    while it sent a response, which test_neuron.py meets now and then; stood in for here
+    by the healer paused and its status written as it writes a wedge): the front restarts
+    tritonserver, says `loading` on /health meanwhile, and the models answer again from
+    new processes."""
+    engine = front.engine()
+    old = {engine.pid, *(p.pid for p in live_stubs(engine.pid)["models"])}
+    healer = live_pid(engine.run_dir / "healer.pid")
+    os.kill(healer, signal.SIGSTOP)
+    status = engine.run_dir / "instances.json"
+    state = json.loads(status.read_text())
+    state["models"].update(state="wedged", last_error="Triton did not take cores1_0 out in 30s")
+    status.write_text(json.dumps(state))
+    seen: list[tuple[int, str]] = []
+
+    def restarted() -> bool:
+        health = front.get("/health", key=False)
+        seen.append((health.status_code, health.json()["status"]))
+        now = front.engine()
+        return now is not None and now.pid not in old and seen[-1] == (200, "ok")
+
+    wait_for(restarted, timeout=180, interval=0.2, what="tritonserver restarted")
+    assert (503, "loading") in seen, seen
+    log = (front.work / "front" / "front.log").read_text()
+    assert "restarting triton: models: Triton did not take cores1_0 out" in log
+    assert not [pid for pid in old | {healer} if psutil.pid_exists(pid)]
+    assert not front.engine().wedged()  # a new healer, a new status
+    assert front.post("/embed", {"inputs": "mended"}).status_code == 200
+    assert front.post("/predict", {"inputs": "x", "model": "tiny-classifier"}).status_code == 200
+
+
 def test_the_run_directory_serves_another_model_after_a_stop(front, tiny_artifact, tiny_runner):
     """Last in the module: stop, then serve another artifact from the same run directory.
     Only it is loaded: nothing packaged for the earlier start comes back."""
@@ -418,9 +451,10 @@ def test_the_run_directory_serves_another_model_after_a_stop(front, tiny_artifac
     assert sorted(p.name for p in store.iterdir()) == ["tiny"]
 
 
-def test_a_crashed_tritonserver_leaves_no_stub_holding_its_cores(front, tiny_artifact, tiny_runner):
+def test_a_crashed_tritonserver_leaves_no_stub_holding_its_cores(front, tiny_runner):
     """Last: tritonserver killed outright (as when it aborts) leaves its stubs running,
-    each holding its core group: the healer stops them, and the next start serves."""
+    each holding its core group: the healer stops them, and the front starts the server
+    again, which serves."""
     server = psutil.Process(front.engine().pid)
     stubs = [p for ps in live_stubs(server.pid).values() for p in ps]
     assert len(stubs) == 2
@@ -429,9 +463,15 @@ def test_a_crashed_tritonserver_leaves_no_stub_holding_its_cores(front, tiny_art
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
     # the front reaps the server it started: no zombie left for stubs to take as alive
     wait_for(lambda: not psutil.pid_exists(server.pid), timeout=10, what="the server reaped")
-    run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=front.work, env=front.env,
-            check=False)  # fmt: skip
-    run_cli("serve", "front", tiny_artifact, "--spec", "deploy.yaml", cwd=front.work, env=front.env)
+
+    def restarted() -> bool:
+        now = front.engine()
+        health = front.get("/health", key=False)
+        return now is not None and now.pid != server.pid and health.status_code == 200
+
+    wait_for(restarted, timeout=180, interval=0.2, what="tritonserver started again")
+    log = (front.work / "front" / "front.log").read_text()
+    assert "restarting triton: tritonserver is no longer running" in log
     r = front.post("/embed", {"inputs": "again"})
     want = tiny_runner.responses_for_bodies([({"inputs": "again"}, None)])[0]
     assert r.status_code == 200 and np.allclose(r.json(), [want], atol=1e-6)

@@ -238,7 +238,7 @@ def replaced_alone_on_its_core(serving, tensor, rows) -> None:
 
     def replacement():
         now = {p.pid for p in live_stubs(server.pid or 0).get(STACK, [])}
-        if json.loads(status.read_text())[STACK]["state"] == "failed":
+        if json.loads(status.read_text())[STACK]["state"] == "wedged":
             return "wedged"
         counts = server.instances()[STACK]
         new = now - set(stubs)
@@ -258,7 +258,7 @@ def replaced_alone_on_its_core(serving, tensor, rows) -> None:
     assert set(stubs) - {victim} <= {p.pid for p in live_stubs(server.pid or 0)[STACK]}
     if new_pid == "wedged":
         said = json.loads(status.read_text())[STACK]["last_error"]
-        assert "did not take" in said and "Restart the server" in said, said
+        assert "did not take" in said and "Restarting the server" in said, said
         return
     assert outcomes.count(False) <= 8, outcomes.count(False)  # the killed stub's batch
     assert standin_imports(serving.log)[new_pid]["NEURON_RT_VISIBLE_CORES"] == freed

@@ -246,3 +246,61 @@ def test_truncation_parameters_are_every_tasks():
             get_task(name).parse("a", {"truncation_direction": "middle"})
         with pytest.raises(RequestError, match='"truncate" must be'):
             get_task(name).parse("a", {"truncate": 1})
+
+
+def test_an_engine_only_a_restart_can_mend_is_restarted_and_health_says_loading():
+    """`_keep_whole` asks the engine whether it is stuck; when it is, /health's `starting`
+    is on for the restart's time, and a restart waits for the lock the last stop holds."""
+    import asyncio
+    import threading
+    from types import SimpleNamespace
+
+    from neuronserve.serve.front.server import _keep_whole
+
+    closed: list[str] = []
+
+    class Client:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        async def close(self) -> None:
+            closed.append(self.name)
+
+    config = SimpleNamespace(max_in_flight=8)
+    serving = SimpleNamespace(starting=False, client=Client("first"), config=config)
+    seen: list[bool] = []
+
+    class Deployment:
+        engine_name, tasks = "triton", "m (feature-extraction)"
+
+        def __init__(self) -> None:
+            self.why: str | None = None
+            self.engine = SimpleNamespace(stuck=lambda: self.why)
+
+        def restart(self) -> None:
+            seen.append(serving.starting)
+            self.why = None
+
+        def client(self, connections: int) -> Client:
+            return Client(f"after {len(seen)} restart(s), {connections} connections")
+
+    deployment, lock = Deployment(), threading.Lock()
+
+    async def scenario() -> None:
+        task = asyncio.create_task(_keep_whole(serving, deployment, lock, every_s=0.01))
+        await asyncio.sleep(0.1)
+        assert seen == []  # whole: never restarted
+        lock.acquire()  # the last stop holds it
+        deployment.why = "m: wedged"
+        await asyncio.sleep(0.1)
+        assert seen == [] and serving.starting  # waiting for the lock, /health 503
+        lock.release()
+        while not seen:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert seen == [True] and not serving.starting
+    # the new server's client (its keys are new), the old one closed
+    assert serving.client.name == "after 1 restart(s), 8 connections" and closed == ["first"]

@@ -153,10 +153,17 @@ def test_a_removal_triton_never_finishes_is_reported_not_waited_on(tmp_path, mon
         release.set()
         server.shutdown()
     state = json.loads((tmp_path / h.STATUS_FILE).read_text())["m"]
-    assert state["state"] == "failed" and "did not take cores1_0 out" in state["last_error"]
-    assert "Restart the server" in state["last_error"]
+    assert state["state"] == "wedged" and "did not take cores1_0 out" in state["last_error"]
+    assert "Restarting the server makes the model whole" in state["last_error"]
     assert loads == ["/v2/repository/models/m/load"]  # the removal only
     assert healer.wedged == {"m"}
+    # what the front reads to restart the server: the wedged model alone, with why
+    healer.states["n"] = h.ModelState(alive=1, expected=2, state="failed", last_error="retry")
+    healer.write_status()
+    inst = triton.TritonInstance(tmp_path, "http://x", "x", "http://x")
+    assert list(inst.wedged()) == ["m"] and "did not take" in inst.wedged()["m"]
+    (tmp_path / h.STATUS_FILE).unlink()
+    assert inst.wedged() == {}
 
 
 @pytest.fixture

@@ -61,6 +61,13 @@ class Triton(Engine["TritonInstance"]):
 
         return running(self.run_dir)
 
+    def stuck(self) -> str | None:
+        gone = super().stuck()
+        if gone is not None:
+            return gone
+        wedged = self.instance.wedged()
+        return "; ".join(f"{model}: {why}" for model, why in wedged.items()) or None
+
     def health(self, model: str) -> tuple[int, int]:
         """Live stubs of `model` while Triton says it is READY."""
         import requests

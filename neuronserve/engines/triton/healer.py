@@ -92,7 +92,8 @@ class Wedged(RuntimeError):
 class ModelState:
     alive: int
     expected: int
-    state: str = "serving"  # serving | replacing | failed
+    # serving | replacing | failed (tried again) | wedged (only a restart mends it)
+    state: str = "serving"
     replacements: int = 0
     last_error: str = ""
     # each instance's stub process, as far as Triton may still hand it batches: a dead
@@ -206,7 +207,8 @@ class Healer:
             else:
                 self._reload(model)
         except (requests.RequestException, RuntimeError) as e:
-            state.state, state.last_error = "failed", str(e)
+            state.state = "wedged" if isinstance(e, Wedged) else "failed"
+            state.last_error = str(e)
             self.write_status()
             if isinstance(e, Wedged):  # never again: it would wait behind the first
                 self.wedged.add(model)
@@ -238,7 +240,8 @@ class Healer:
                         f"Triton did not take {', '.join(dead)} out in {REMOVE_S:g}s: its Python "
                         "backend waits forever for a stub killed while it sent a response, and "
                         f"{model} can no longer be updated; the other instances serve on. "
-                        "Restart the server to have the model whole again."
+                        "Restarting the server makes the model whole again (the front "
+                        "does so itself)."
                     ) from None
             # out of rotation now: a request sent again reaches a live instance (with
             # every instance dead, none is taken out: they stay until replaced)

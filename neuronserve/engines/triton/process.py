@@ -131,6 +131,19 @@ class TritonInstance:
         pid = known[instance]
         return pid is None or alive(int(pid))
 
+    def wedged(self) -> dict[str, str]:
+        """The models the healer can no longer update (healer.Wedged), with why: only a
+        restart makes them whole."""
+        try:
+            healing = json.loads((self.run_dir / HEALER_STATUS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return {
+            model: str(state.get("last_error", ""))
+            for model, state in healing.items()
+            if isinstance(state, dict) and state.get("state") == "wedged"
+        }
+
     def instances(self) -> dict[str, Count]:
         """Each model's live instances (stub processes) of how many its config asks for;
         while the healer replaces one, those it counted before (the replacement's stub

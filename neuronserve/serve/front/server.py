@@ -2,7 +2,8 @@
 
 The front listens first, so probes get an honest 503 while the engine loads, and
 answers once every worker is ready. A model that cannot load ends the process non-zero
-(SageMaker then marks the endpoint failed instead of waiting). SIGTERM or SIGINT: the
+(SageMaker then marks the endpoint failed instead of waiting). An engine that says only a
+restart can make it whole again (Engine.stuck) is restarted. SIGTERM or SIGINT: the
 front stops accepting, lets requests in flight finish (up to the deadline), then stops
 the engine and exits (uvicorn's graceful shutdown, then the lifespan's exit).
 
@@ -20,6 +21,7 @@ import logging
 import resource
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +44,8 @@ log = logging.getLogger("neuronserve.front")
 
 # the engine work folder inside the front's run directory
 ENGINE_DIR = "engine"
+# how often the front asks its engine whether only a restart can make it whole again
+WHOLE_CHECK_S = 5.0
 
 
 def configure_logging() -> None:
@@ -66,10 +70,14 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
     serving = Serving(config)
     server: dict[str, uvicorn.Server] = {}
     deployments: list[Deployment] = []
+    # a restart (_keep_whole) and the last stop never run at once
+    engine_lock = threading.Lock()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
-        bring_up = asyncio.create_task(_bring_up(serving, make_deployment, deployments, server))
+        bring_up = asyncio.create_task(
+            _bring_up(serving, make_deployment, deployments, server, engine_lock)
+        )
         try:
             yield
         finally:
@@ -81,7 +89,7 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
             serving.metrics.close()
             for deployment in deployments:
                 log.info("stopping %s", deployment.engine_name)
-                await asyncio.to_thread(deployment.stop)
+                await asyncio.to_thread(_holding, engine_lock, deployment.stop)
 
     _room_for_connections(config.max_connections)
     uv = uvicorn.Server(_uvicorn_config(config, build_app(serving, lifespan)))
@@ -146,6 +154,7 @@ async def _bring_up(
     make_deployment: Callable[[], Deployment],
     deployments: list[Deployment],
     server: dict[str, uvicorn.Server],
+    engine_lock: threading.Lock,
 ) -> None:
     uv = server["uvicorn"]
     # uvicorn runs the lifespan before it binds: the engine's ports are picked from the
@@ -176,10 +185,41 @@ async def _bring_up(
         else:
             serving.attach(models, client)
         log.info("ready: %s serving %s", serving.config.url, deployment.tasks)
+        if not deployment.multi_model:  # (a restart would lose what was loaded since)
+            await _keep_whole(serving, deployment, engine_lock)
     except Exception as e:  # noqa: BLE001 - any load failure must end the process
         log.error("neuronserve: model failed to load: %s", " | ".join(str(e).splitlines()))
         serving.exit_code = 1
         uv.should_exit = True
+
+
+async def _keep_whole(
+    serving: Serving, deployment: Deployment, lock: threading.Lock, every_s: float = WHOLE_CHECK_S
+) -> None:
+    """Restart the engine whenever it says only a restart can make it whole again (a
+    Triton model whose Python backend waits forever for a dead stub: the healer cannot
+    replace that instance): /health answers 503 `loading` and requests 503 with
+    Retry-After for the restart's time, instead of a worker lost until someone restarts
+    the server. A restart that fails ends the front as a failed load does."""
+    while True:
+        await asyncio.sleep(every_s)
+        why = await asyncio.to_thread(deployment.engine.stuck)
+        if why is None:
+            continue
+        log.error("neuronserve: restarting %s: %s", deployment.engine_name, why)
+        serving.starting = True
+        await asyncio.to_thread(_holding, lock, deployment.restart)
+        # a client of the new server: its keys are new too
+        old, serving.client = serving.client, deployment.client(serving.config.max_in_flight)
+        if old is not None:
+            await old.close()
+        serving.starting = False
+        log.info("restarted %s: serving %s", deployment.engine_name, deployment.tasks)
+
+
+def _holding(lock: threading.Lock, fn: Callable[[], None]) -> None:
+    with lock:
+        fn()
 
 
 async def _start_catalog(serving: Serving, deployment: Deployment, client: EngineClient) -> None:
