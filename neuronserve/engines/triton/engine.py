@@ -62,10 +62,10 @@ class Triton(Engine["TritonInstance"]):
         return running(self.run_dir)
 
     def stuck(self) -> str | None:
-        gone = super().stuck()
-        if gone is not None:
-            return gone
-        wedged = self.instance.wedged()
+        inst = self.running()
+        if inst is None:
+            return super().stuck()
+        wedged = inst.wedged()
         return "; ".join(f"{model}: {why}" for model, why in wedged.items()) or None
 
     def health(self, model: str) -> tuple[int, int]:

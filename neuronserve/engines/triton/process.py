@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 import requests
@@ -122,25 +123,28 @@ class TritonInstance:
         """Whether Triton no longer hands `instance` of `model` batches from a dead stub:
         the healer took it out, or it runs in a live (replacement) process."""
         try:
-            healing = json.loads((self.run_dir / HEALER_STATUS_FILE).read_text())
-            known = healing[model]["instances"]
-        except (OSError, ValueError, KeyError, TypeError):
+            known = self.healing()[model]["instances"]
+        except (KeyError, TypeError):
             return False
         if instance not in known:
             return False
         pid = known[instance]
         return pid is None or alive(int(pid))
 
+    def healing(self) -> dict[str, Any]:
+        """What the healer last wrote of each model (healer.ModelState); {} before it did."""
+        try:
+            found = json.loads((self.run_dir / HEALER_STATUS_FILE).read_text())
+        except (OSError, ValueError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
     def wedged(self) -> dict[str, str]:
         """The models the healer can no longer update (healer.Wedged), with why: only a
         restart makes them whole."""
-        try:
-            healing = json.loads((self.run_dir / HEALER_STATUS_FILE).read_text())
-        except (OSError, ValueError):
-            return {}
         return {
             model: str(state.get("last_error", ""))
-            for model, state in healing.items()
+            for model, state in self.healing().items()
             if isinstance(state, dict) and state.get("state") == "wedged"
         }
 
@@ -150,11 +154,7 @@ class TritonInstance:
         is alive while it still loads its models, and serves only once Triton's load
         returns)."""
         counts = instance_counts(self.pid or 0, self.expected)
-        try:
-            healing = json.loads((self.run_dir / HEALER_STATUS_FILE).read_text())
-        except (OSError, ValueError):
-            return counts
-        for model, state in healing.items():
+        for model, state in self.healing().items():
             if model in counts and state.get("state") != "serving":
                 alive = min(counts[model].alive, int(state.get("alive", 0)))
                 counts[model] = Count(alive, counts[model].expected)

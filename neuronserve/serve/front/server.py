@@ -203,7 +203,11 @@ async def _keep_whole(
     the server. A restart that fails ends the front as a failed load does."""
     while True:
         await asyncio.sleep(every_s)
-        why = await asyncio.to_thread(deployment.engine.stuck)
+        try:
+            why = await asyncio.to_thread(deployment.engine.stuck)
+        except Exception as e:  # noqa: BLE001 - asking again is all there is to do
+            log.warning("could not tell whether %s is whole: %s", deployment.engine_name, e)
+            continue
         if why is None:
             continue
         log.error("neuronserve: restarting %s: %s", deployment.engine_name, why)
