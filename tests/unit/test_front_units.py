@@ -248,55 +248,69 @@ def test_truncation_parameters_are_every_tasks():
             get_task(name).parse("a", {"truncate": 1})
 
 
+class _Client:
+    def __init__(self, name: str, closed: list[str]) -> None:
+        self.name, self.closed = name, closed
+
+    async def close(self) -> None:
+        self.closed.append(self.name)
+
+
+class _Deployment:
+    """What `_keep_whole` uses of a Deployment: its engine's word, restart, client."""
+
+    engine_name, tasks = "triton", "m (feature-extraction)"
+
+    def __init__(self, serving) -> None:
+        from types import SimpleNamespace
+
+        self.serving, self.why, self.restarts = serving, None, []
+        self.closed: list[str] = []
+        self.unreadable = True  # the engine's state cannot be read at first
+        self.once = True
+        self.asked = 0
+        self.engine = SimpleNamespace(stuck=self.stuck)
+
+    def stuck(self) -> str | None:
+        self.asked += 1
+        if self.unreadable:
+            self.unreadable = False
+            raise OSError("instances.json: unreadable")
+        if self.once:  # a word said once only is not acted on
+            self.once = False
+            return "m: wedged, once"
+        return self.why
+
+    def restart(self) -> None:
+        self.restarts.append(self.serving.starting)
+        self.why = None
+
+    def client(self, connections: int) -> _Client:
+        name = f"after {len(self.restarts)} restart(s), {connections} connections"
+        return _Client(name, self.closed)
+
+
 def test_an_engine_only_a_restart_can_mend_is_restarted_and_health_says_loading():
-    """`_keep_whole` asks the engine whether it is stuck; when it is, /health's `starting`
-    is on for the restart's time, and a restart waits for the lock the last stop holds."""
+    """`_keep_whole` asks the engine whether it is stuck; when it says so twice running,
+    /health's `starting` is on for the restart's time, and a restart waits for the lock
+    the last stop holds."""
     import asyncio
     import threading
     from types import SimpleNamespace
 
     from neuronserve.serve.front.server import _keep_whole
 
-    closed: list[str] = []
-
-    class Client:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
-        async def close(self) -> None:
-            closed.append(self.name)
-
     config = SimpleNamespace(max_in_flight=8)
-    serving = SimpleNamespace(starting=False, client=Client("first"), config=config)
-    seen: list[bool] = []
-
-    class Deployment:
-        engine_name, tasks = "triton", "m (feature-extraction)"
-
-        def __init__(self) -> None:
-            self.why: str | None = None
-            self.unreadable = True  # the engine's state cannot be read at first
-            self.engine = SimpleNamespace(stuck=self.stuck)
-
-        def stuck(self) -> str | None:
-            if self.unreadable:
-                self.unreadable = False
-                raise OSError("instances.json: unreadable")
-            return self.why
-
-        def restart(self) -> None:
-            seen.append(serving.starting)
-            self.why = None
-
-        def client(self, connections: int) -> Client:
-            return Client(f"after {len(seen)} restart(s), {connections} connections")
-
-    deployment, lock = Deployment(), threading.Lock()
+    serving = SimpleNamespace(starting=False, client=None, config=config)
+    deployment, lock = _Deployment(serving), threading.Lock()
+    serving.client = _Client("first", deployment.closed)
+    seen = deployment.restarts
 
     async def scenario() -> None:
         task = asyncio.create_task(_keep_whole(serving, deployment, lock, every_s=0.01))
         await asyncio.sleep(0.1)
-        assert seen == [] and not task.done()  # whole (and not read once): never restarted
+        # unreadable once, stuck once, then whole: never restarted
+        assert seen == [] and not task.done() and deployment.asked > 3
         lock.acquire()  # the last stop holds it
         deployment.why = "m: wedged"
         await asyncio.sleep(0.1)
@@ -310,4 +324,5 @@ def test_an_engine_only_a_restart_can_mend_is_restarted_and_health_says_loading(
     asyncio.run(scenario())
     assert seen == [True] and not serving.starting
     # the new server's client (its keys are new), the old one closed
-    assert serving.client.name == "after 1 restart(s), 8 connections" and closed == ["first"]
+    assert serving.client.name == "after 1 restart(s), 8 connections"
+    assert deployment.closed == ["first"]

@@ -201,6 +201,7 @@ async def _keep_whole(
     replace that instance): /health answers 503 `loading` and requests 503 with
     Retry-After for the restart's time, instead of a worker lost until someone restarts
     the server. A restart that fails ends the front as a failed load does."""
+    said_before = False
     while True:
         await asyncio.sleep(every_s)
         try:
@@ -208,8 +209,11 @@ async def _keep_whole(
         except Exception as e:  # noqa: BLE001 - asking again is all there is to do
             log.warning("could not tell whether %s is whole: %s", deployment.engine_name, e)
             continue
-        if why is None:
+        # a restart costs every request for its time: only on the same word twice running
+        said_before, act = why is not None, said_before and why is not None
+        if not act:
             continue
+        said_before = False
         log.error("neuronserve: restarting %s: %s", deployment.engine_name, why)
         serving.starting = True
         await asyncio.to_thread(_holding, lock, deployment.restart)
