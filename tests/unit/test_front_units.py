@@ -306,19 +306,23 @@ def test_an_engine_only_a_restart_can_mend_is_restarted_and_health_says_loading(
     serving.client = _Client("first", deployment.closed)
     seen = deployment.restarts
 
+    async def until(condition, what: str) -> None:
+        deadline = asyncio.get_running_loop().time() + 10
+        while not condition():
+            assert asyncio.get_running_loop().time() < deadline, f"never: {what}"
+            await asyncio.sleep(0.005)
+
     async def scenario() -> None:
         task = asyncio.create_task(_keep_whole(serving, deployment, lock, every_s=0.01))
-        await asyncio.sleep(0.1)
+        await until(lambda: deployment.asked > 3, "asked past the unreadable and lone words")
         # unreadable once, stuck once, then whole: never restarted
-        assert seen == [] and not task.done() and deployment.asked > 3
+        assert seen == [] and not task.done()
         lock.acquire()  # the last stop holds it
         deployment.why = "m: wedged"
-        await asyncio.sleep(0.1)
-        assert seen == [] and serving.starting  # waiting for the lock, /health 503
+        await until(lambda: serving.starting, "/health turned to loading")
+        assert seen == []  # waiting for the lock, /health 503
         lock.release()
-        while not seen:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
+        await until(lambda: seen and not serving.starting, "restarted and serving again")
         task.cancel()
 
     asyncio.run(scenario())
