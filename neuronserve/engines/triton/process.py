@@ -47,7 +47,7 @@ from ...serve.process import (
 from ...worker import STACKS_SIGNAL
 from ..base import NativeRoute
 from . import shm as private_shm
-from .section import INSTALL, glibc_refusal
+from .section import INSTALL
 from .stubs import (
     Count,
     instance_counts,
@@ -159,13 +159,6 @@ class TritonInstance:
                 alive = min(counts[model].alive, int(state.get("alive", 0)))
                 counts[model] = Count(alive, counts[model].expected)
         return counts
-
-
-def check_glibc(version: str | None = None) -> None:
-    """Refuse a system whose glibc nvidia-pytriton's tritonserver cannot run on."""
-    refusal = glibc_refusal(version)
-    if refusal is not None:
-        raise ServeError(refusal)
 
 
 def check_numpy() -> None:
@@ -378,9 +371,9 @@ def start(
     _server(run_dir).refuse_second(run_dir)
     trusted_store(repository, "model repository")
     check_numpy()
+    # (whether this system can run it at all, glibc included, Engine.start asked first:
+    # TritonSection.missing)
     binary, root = find_tritonserver()
-    if root is not None:
-        check_glibc()
     private_dir(run_dir)
     # a server of this run directory that died: its stubs would keep their cores
     _clean_after_crash(run_dir, log)
