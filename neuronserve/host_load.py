@@ -216,12 +216,26 @@ def front_pace(url: str, seconds: float = 10.0, key: str | None = None) -> list[
 
     headers = {"Authorization": f"Bearer {key}"} if key else {}
 
+    class Stay(urllib.request.HTTPRedirectHandler):
+        # a redirect is answered as the error it is here: urllib would carry the key on
+        # to wherever it points
+        def redirect_request(self, *args: object, **kwargs: object) -> None:
+            return None
+
+    opener = urllib.request.build_opener(Stay)
+
     def read() -> tuple[float, dict[str, float]]:
         request = urllib.request.Request(url.rstrip("/") + "/metrics", headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=10) as r:
+            with opener.open(request, timeout=10) as r:
                 text = r.read().decode()
         except urllib.error.HTTPError as e:
+            if 300 <= e.code < 400:
+                raise OSError(
+                    f"{url}/metrics answered {e.code}, a redirect to "
+                    f"{e.headers.get('Location')!r}: not followed (it would take the key "
+                    "along); give the front's own address"
+                ) from None
             raise OSError(f"{url}/metrics answered {e.code}: {e.read()[:200]!r}") from None
         except (urllib.error.URLError, ValueError) as e:
             raise OSError(f"cannot read {url}/metrics: {e}") from None

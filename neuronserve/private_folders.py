@@ -8,7 +8,8 @@ who can write a parent can rename the folder away and put their own in its place
 rule, as OpenSSH's StrictModes and sudo apply it to the files they trust:
 
 - the folders neuronserve makes or owns (the run folder itself, and the levels a caller
-  names as its own) are real folders, not symlinks, owned by this user, mode 0700;
+  names as its own) are real folders, not symlinks, owned by this user, mode 0700: made
+  so, or found so (one found more open is refused, never chmodded);
 - every folder above them is owned by this user or by root, and no other user can write
   it, unless it has the sticky bit (/tmp): there nobody can rename or remove what is not
   theirs.
@@ -84,15 +85,31 @@ def private_folder(path: Path, own: int = 1) -> Path:
         made.append(folder)
         folder = folder.parent
     for folder in [*reversed(made), *reversed(owned)]:
+        created = False
         if not os.path.lexists(folder):
             # one made meanwhile is checked below like any other
             with contextlib.suppress(FileExistsError):
                 folder.mkdir(mode=0o700)
+                created = True
         problem = not_private(folder)
+        if problem is None and folder in owned and not created:
+            problem = _open_to_others(folder)
         if problem:
             raise NotPrivate(path, folder, problem)
-    path.chmod(0o700)
     return path
+
+
+def _open_to_others(folder: Path) -> str | None:
+    """What makes an existing folder, which neuronserve did not make, more open than
+    0700: its mode is the owner's choice, never changed here (a typo such as
+    `--run-dir /etc` must not take a folder from everyone else)."""
+    mode = stat.S_IMODE(os.lstat(folder).st_mode)
+    if mode & 0o077:
+        return (
+            f"is open to other users (mode {mode:o}; neuronserve changes the mode only of "
+            "folders it makes)"
+        )
+    return None
 
 
 def shared_entry(root: Path) -> tuple[Path, str] | None:

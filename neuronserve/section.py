@@ -45,6 +45,9 @@ class EngineSection(Section):
     # what a deployment behind the front sets (serve/deployment.py): the keys the front
     # holds, and the like
     behind_front: ClassVar[dict[str, Any]] = {}
+    # what the images' entrypoint sets (serve/sagemaker.py): the container is the
+    # deployment's own, every process in it runs as its one user
+    in_container: ClassVar[dict[str, Any]] = {}
 
     bind_address: str = Field(
         "127.0.0.1",

@@ -38,7 +38,7 @@ from pydantic import (
 
 from .engines import default_engine
 from .inflight import IN_FLIGHT
-from .names import safe_name
+from .names import is_hub_id, safe_name
 from .section import EngineSection, Section, flags
 
 Task = Literal[
@@ -955,10 +955,8 @@ def _model_refs_relative_to(data: dict[str, Any], base: Path) -> None:
 
 
 def _model_ref(ref: str, base: Path) -> str:
-    """A model named in a spec file: a folder relative to the file when it is written as
-    one (./, ../) or exists there; a Hub id (org/name) as it is."""
-    if Path(ref).is_absolute() or ref.startswith("~"):
+    """A model named in a spec file: a Hub id (org/name) as it is, even where a folder of
+    that name lies beside the file (names.is_hub_id); a folder relative to the file."""
+    if is_hub_id(ref) or Path(ref).is_absolute() or ref.startswith("~"):
         return ref
-    if ref.startswith(("./", "../")) or (base / ref).exists():
-        return str(base / ref)
-    return ref
+    return str(base / ref)

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from ..serve.front.keys import ENV_KEY
 from ..spec import DeploySpec
 from .options import fail
 from .spec_options import spec_command
@@ -33,7 +34,11 @@ def doctor_cmd(
     seconds: Annotated[float, typer.Option(help="with --url: how long to watch")] = 10.0,
     key: Annotated[
         str | None,
-        typer.Option(help="with --url: the front's API key, when /metrics needs one"),
+        typer.Option(
+            envvar=ENV_KEY,
+            help="with --url: the front's API key for /metrics (a command line is "
+            "readable by every local user: prefer the variable)",
+        ),
     ] = None,
 ) -> None:
     """Report each worker's memory with every given model loaded (weights, the largest

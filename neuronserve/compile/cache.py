@@ -88,13 +88,26 @@ def _model_identity(model: ModelFolder) -> dict[str, Any]:
     if model.repo_id:
         return {"hub": model.repo_id, "commit": model.revision}
     folder = model.folder.resolve()
-    files = sorted(p for p in folder.rglob("*") if p.is_file())
-    return {
-        "folder": str(folder),
-        "files": [
-            [str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns] for p in files
-        ],
-    }
+    return {"folder": str(folder), "files": _files(folder)}
+
+
+def _files(folder: Path) -> list[list[Any]]:
+    """Every file the model folder reads as, with its size and its modification and
+    change times: through symlinked folders too (sentence-transformers' modules are often
+    linked in), each real folder once."""
+    found, seen = [], set()
+    for walked, dirs, names in os.walk(folder, followlinks=True):
+        st = os.stat(walked)
+        if (st.st_dev, st.st_ino) in seen:
+            dirs[:] = []
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        for name in names:
+            p = Path(walked) / name
+            with contextlib.suppress(OSError):
+                f = p.stat()
+                found.append([str(p.relative_to(folder)), f.st_size, f.st_mtime_ns, f.st_ctime_ns])
+    return sorted(found)
 
 
 def cache_key(job: CompileJob, model: ModelFolder) -> str:
@@ -120,6 +133,7 @@ def compiled(job: CompileJob, log: Callable[[str], None] = print, progress: bool
     if job.compile.model is None:
         raise CompileError("no model: pass --model (a Hugging Face Hub id or a folder)")
     model = model_folder(job.compile.model, job.compile.revision, job.compile.allow_pickle_weights)
+    log(f"model {job.compile.model}: {model.said}")
     if "task" not in job.compile.model_fields_set:
         job = replace(
             job, compile=job.compile.model_copy(update={"task": config_task(model.folder)})
@@ -152,6 +166,7 @@ def compiled(job: CompileJob, log: Callable[[str], None] = print, progress: bool
                 out=out,
             ),
             progress,
+            log=None,  # said above
         )
 
 

@@ -12,6 +12,7 @@ import inspect
 import json
 import platform
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,8 +52,11 @@ def compile_model(spec: DeploySpec, progress: bool = True) -> Path:
     return compile_job(CompileJob.of(spec), progress)
 
 
-def compile_job(job: CompileJob, progress: bool = True) -> Path:
-    """Compile `job.compile.model` for its target over its bucket grid into `job.out`."""
+def compile_job(
+    job: CompileJob, progress: bool = True, log: Callable[[str], object] | None = print
+) -> Path:
+    """Compile `job.compile.model` for its target over its bucket grid into `job.out`;
+    `log` hears which model that is (a Hub snapshot or a folder)."""
     from .hub import model_folder
 
     if job.compile.model is None:
@@ -63,7 +67,10 @@ def compile_job(job: CompileJob, progress: bool = True) -> Path:
     if job.out is None:
         raise CompileError("no output directory: pass --out or set `artifact` in the spec")
     c = job.compile
-    model_dir = model_folder(job.compile.model, c.revision, c.allow_pickle_weights).folder
+    model = model_folder(job.compile.model, c.revision, c.allow_pickle_weights)
+    if log is not None:
+        log(f"model {job.compile.model}: {model.said}")
+    model_dir = model.folder
     out = job.out
     _check_model_dir(model_dir)
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():

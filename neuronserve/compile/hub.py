@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..names import is_hub_id
 from .errors import CompileError
 
-# what a Hub id looks like (huggingface_hub's own rule: an optional namespace, a name of
-# letters, digits, '-', '_', '.'); anything else is a path
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
 # what a compile reads of a Hub repository: the config, tokenizer or image processor,
 # sentence-transformers' pooling files and the weights; not other frameworks' exports
 IGNORED = [
@@ -40,27 +37,25 @@ class ModelFolder:
     revision: str | None = None
 
     @property
+    def said(self) -> str:
+        """Which model this is, for the log: a Hub snapshot or a folder."""
+        if self.repo_id:
+            return f"the Hugging Face Hub's {self.repo_id} at {self.revision} ({self.folder})"
+        return f"the local folder {self.folder.resolve()}"
+
+    @property
     def name(self) -> str:
         """What the model is called by default: the Hub name's last part, else the folder's."""
         return self.repo_id.rsplit("/", 1)[-1] if self.repo_id else self.folder.resolve().name
 
 
 def split_revision(ref: str) -> tuple[str, str | None]:
-    """`org/name@revision` -> (`org/name`, `revision`); a ref without `@` has none."""
-    if "@" in ref and not Path(ref).exists():
+    """`org/name@revision` -> (`org/name`, `revision`); a ref without `@`, or written as
+    a path, has none."""
+    if "@" in ref and is_hub_id(ref):
         model, _, revision = ref.rpartition("@")
         return model, revision or None
     return ref, None
-
-
-def is_path(ref: str) -> bool:
-    """Whether `ref` names a local folder rather than a Hub id: it exists, or it is
-    written as a path (absolute, ./, ../, ~, or more than one '/')."""
-    return (
-        Path(ref).expanduser().exists()
-        or ref.startswith(("/", "./", "../", "~"))
-        or not HUB_ID.match(ref)
-    )
 
 
 def offline() -> bool:
@@ -84,7 +79,7 @@ def model_folder(
     when it cannot be had."""
     ref, given = split_revision(ref)
     revision = revision or given
-    if is_path(ref):
+    if not is_hub_id(ref):
         folder = Path(ref).expanduser()
         if not folder.is_dir():
             raise CompileError(
@@ -94,7 +89,15 @@ def model_folder(
         if revision:
             raise CompileError(f"{ref} is a local folder: a revision applies to Hub ids only")
         return ModelFolder(folder)
-    return _download(ref, revision, allow_pickle_weights, cache_dir)
+    try:
+        return _download(ref, revision, allow_pickle_weights, cache_dir)
+    except CompileError as e:
+        if Path(ref).is_dir():
+            raise CompileError(
+                f"{e} (a folder {ref} exists here: {ref} names the Hub's model; to use the "
+                f"folder, write it as a path: ./{ref})"
+            ) from None
+        raise
 
 
 def _download(

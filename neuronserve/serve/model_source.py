@@ -68,32 +68,40 @@ class UnpackLimits:
             )
 
 
-def unpack_tar(tarball: Path, dest: Path, most: int | None = None) -> None:
-    """Extract `tarball` (gzip or not) into `dest` within UnpackLimits, member by member:
-    each header is checked before its member is written (tarfile writes exactly the size
-    a header declares), so a bomb stops at its limit, and whatever it wrote is removed.
-    Links, devices and paths out of `dest` are refused (tarfile's "data" filter)."""
+def unpack_tar(tarballs: list[Path], dest: Path, most: int | None = None) -> None:
+    """Extract `tarballs` (gzip or not) into `dest` within one UnpackLimits for them all
+    (their sizes together: many small archives get no more room than one of their joint
+    size), member by member: each header is checked before its member is written
+    (tarfile writes exactly the size a header declares), so a bomb stops at its limit,
+    and whatever was written is removed. Links, devices and paths out of `dest` are
+    refused (tarfile's "data" filter)."""
     import shutil
     import tarfile
 
-    limits = UnpackLimits(tarball.stat().st_size, dest.parent, most)
+    limits = UnpackLimits(sum(t.stat().st_size for t in tarballs), dest.parent, most)
     members = total = 0
-    try:
-        with tarfile.open(tarball) as t:
-            for member in t:
-                members += 1
-                total += member.size
-                limits.check(tarball.name, members, total)
-                t.extract(member, dest, filter="data")
-    except (tarfile.TarError, OSError, ModelSourceError) as e:
-        shutil.rmtree(dest, ignore_errors=True)
-        if isinstance(e, ModelSourceError):
-            raise
-        if isinstance(e, tarfile.FilterError):
-            why = f"its member {e.tarinfo.name!r} is a link, a device or outside the archive"
-        else:  # an OSError's path is this host's business, its reason the caller's
-            why = (e.strerror or type(e).__name__) if isinstance(e, OSError) else str(e)
-        raise ModelSourceError(f"{tarball.name} is not a usable tar.gz: {why}") from None
+    for tarball in tarballs:
+        try:
+            with tarfile.open(tarball) as t:
+                for member in t:
+                    members += 1
+                    total += member.size
+                    what = (
+                        tarball.name
+                        if len(tarballs) == 1
+                        else f"{tarball.name} (with those before it)"
+                    )
+                    limits.check(what, members, total)
+                    t.extract(member, dest, filter="data")
+        except (tarfile.TarError, OSError, ModelSourceError) as e:
+            shutil.rmtree(dest, ignore_errors=True)
+            if isinstance(e, ModelSourceError):
+                raise
+            if isinstance(e, tarfile.FilterError):
+                why = f"its member {e.tarinfo.name!r} is a link, a device or outside the archive"
+            else:  # an OSError's path is this host's business, its reason the caller's
+                why = (e.strerror or type(e).__name__) if isinstance(e, OSError) else str(e)
+            raise ModelSourceError(f"{tarball.name} is not a usable tar.gz: {why}") from None
 
 
 def find_models(source: Path, work: Path) -> list[FoundModel]:

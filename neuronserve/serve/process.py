@@ -273,28 +273,6 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def scrub_command_line(pid: int, secret: str) -> bool:
-    """Overwrite `secret` where process `pid` keeps its command line (the memory
-    /proc/<pid>/cmdline reads), so that other local users no longer read it there; False
-    where this process may not write that memory (ptrace rules). Only for a program that
-    copied its options when it parsed them, as tritonserver does."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        # arg_start and arg_end: fields 48 and 49 of proc(5), counted from the state (3)
-        start, end = int(fields[45]), int(fields[46])
-        with open(f"/proc/{pid}/mem", "r+b", buffering=0) as mem:
-            mem.seek(start)
-            args = mem.read(end - start)
-            key = secret.encode()
-            if key not in args:
-                return True
-            mem.seek(start)
-            mem.write(args.replace(key, b"x" * len(key)))
-    except (OSError, IndexError, ValueError):
-        return False
-    return True
-
-
 def thread_states(pid: int) -> str:
     """What each process of `pid`'s tree and each of its threads is doing: name, state
     and the kernel function it waits in (/proc's wchan), identical threads counted once.

@@ -26,6 +26,7 @@ from pathlib import Path
 from .. import placement
 from ..artifact import read_manifest
 from ..compile.cache import resolved
+from ..engines import section_class
 from ..spec import DeploySpec, load_spec
 from .deployment import Deployment, model_entries
 from .front.config import FrontConfig
@@ -80,9 +81,10 @@ def sagemaker_spec(work: Path) -> DeploySpec:
     """The deployment spec SageMaker's (or the Kubernetes pod's) environment describes."""
     timeout_s = int(os.environ.get("SAGEMAKER_MODEL_SERVER_TIMEOUT", "60"))
     metrics_auth = os.environ.get("NEURONSERVE_METRICS_AUTH", "on") != "off"
+    engine = engine_name()
     sections: dict[str, dict[str, object]] = {
         "front": {
-            "engine": engine_name(),
+            "engine": engine,
             "metrics_auth": metrics_auth,
             "address": os.environ.get("NEURONSERVE_BIND", "0.0.0.0"),
             "port": int(os.environ.get("SAGEMAKER_BIND_TO_PORT", "8080")),
@@ -100,6 +102,8 @@ def sagemaker_spec(work: Path) -> DeploySpec:
             "target": os.environ.get("NEURONSERVE_TARGET", "cpu"),
         },
     }
+    if section_class(engine).in_container:  # the image's container is the deployment's own
+        sections[engine] = dict(section_class(engine).in_container)
     for var, (section, field) in _BOUNDS.items():
         if os.environ.get(var, "").strip():
             sections[section][field] = int(os.environ[var])

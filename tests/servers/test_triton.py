@@ -47,8 +47,8 @@ from neuronserve.artifact import read_manifest, write_manifest
 from neuronserve.bench.servers import scrape
 from neuronserve.cores import parse_core_list
 from neuronserve.engines.triton import process as triton
+from neuronserve.engines.triton.launch import private
 from neuronserve.engines.triton.package import model_config, read_config
-from neuronserve.engines.triton.shm import private
 from neuronserve.engines.triton.stubs import REGION_ARG
 from neuronserve.images import sample_images
 from neuronserve.runtime import Runner

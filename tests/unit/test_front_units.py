@@ -82,7 +82,7 @@ def test_key_files_others_can_write_or_that_hold_nothing_are_refused(tmp_path, n
 def test_a_generated_key_is_never_written_through_a_symlink(tmp_path, no_env_key):
     target = tmp_path / "elsewhere"
     target.write_text("precious\n")
-    (tmp_path / "front").mkdir()
+    (tmp_path / "front").mkdir(mode=0o700)
     os.symlink(target, tmp_path / "front" / GENERATED_KEY_FILE)
     with pytest.raises(KeyFileError, match="a symlink"):
         resolve_keys(spec(tmp_path, front_address="0.0.0.0"))

@@ -34,6 +34,38 @@ def test_a_hub_id_is_found_in_the_cache_offline_and_a_missing_one_says_what_to_d
     assert split_revision("org/name") == ("org/name", None)
 
 
+def test_a_folder_named_like_a_hub_id_never_stands_in_for_it(
+    offline_hub, tmp_path, monkeypatch, tiny_embedder_dir
+):
+    """A ref shaped like a Hub id is the Hub's model even where the working directory (a
+    shared one, say) holds a folder of that name; written as a path it is the folder, and
+    the log names which was used. The same for a spec file's model beside such a folder."""
+    import shutil
+
+    from neuronserve.spec import _model_ref
+
+    monkeypatch.chdir(tmp_path)
+    planted = tmp_path / REPO_ID
+    shutil.copytree(tiny_embedder_dir, planted)
+    (planted / "planted").write_text("")
+    found = model_folder(REPO_ID)
+    assert found.repo_id == REPO_ID and not (found.folder / "planted").exists()
+    assert found.said.startswith(f"the Hugging Face Hub's {REPO_ID} at {'1' * 40}")
+    mine = model_folder(f"./{REPO_ID}")
+    assert mine.repo_id is None and (mine.folder / "planted").exists()
+    assert mine.said == f"the local folder {planted}"
+    assert _model_ref(REPO_ID, tmp_path) == REPO_ID
+    assert _model_ref(f"./{REPO_ID}", tmp_path) == str(tmp_path / f"./{REPO_ID}")
+    # where the Hub has no such model, the error points at the folder's path
+    shutil.copytree(tiny_embedder_dir, tmp_path / "org" / "absent")
+    with pytest.raises(CompileError, match=r"a folder org/absent exists here.*\./org/absent"):
+        model_folder("org/absent")
+    logged: list[str] = []
+    monkeypatch.setenv("NEURONSERVE_CACHE", str(tmp_path / "ns-cache"))
+    artifact_cache.compiled(_job(), log=logged.append, progress=False)
+    assert f"model {REPO_ID}: the Hugging Face Hub's {REPO_ID} at {'1' * 40}" in logged[0]
+
+
 def test_the_task_is_read_from_the_config(tmp_path, tiny_embedder_dir, minilm_dir):
     assert config_task(tiny_embedder_dir) == "feature-extraction"
     cases = {

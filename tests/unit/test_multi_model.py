@@ -68,8 +68,12 @@ class FollowingWorkers(EngineClient):
             f.start()
             self.followers.append(f)
         self.turn = itertools.count()
+        # every model a request reached: the engine's own series go on counting them
+        # after an unload, as TorchServe's do
+        self.ran: set[str] = set()
 
     def _runner(self, model: str) -> Runner:
+        self.ran.add(model)
         runner = self.held[next(self.turn) % WORKERS].get(model)
         if runner is None:
             raise RequestError(f"no model {model!r} here", status=404)
@@ -87,7 +91,11 @@ class FollowingWorkers(EngineClient):
         return WorkerCounts(WORKERS, WORKERS)
 
     async def metrics(self) -> str:
-        return ""
+        return "".join(
+            f'NeuronServeBatchRequests{{ModelName="mme",Level="Model",model="{m}",'
+            f'Hostname="h"}} 1.0\n'
+            for m in sorted(self.ran)
+        )
 
     async def close(self) -> None:
         for f in self.followers:
@@ -347,7 +355,16 @@ def _nothing_left(client, workers, catalog_dir):
 
 @pytest.mark.parametrize(
     "name",
-    ["../../../../victim", "/abs/olute", "x" * 256, "é" * 200, "modèle", "a\r\nforged: line", ""],
+    [
+        "../../../../victim",
+        "/abs/olute",
+        "x" * 256,
+        "é" * 200,
+        "modèle",
+        "a\r\nforged: line",
+        "",
+        "minilm\n",
+    ],
 )
 def test_a_model_name_that_is_not_plain_is_refused_at_the_door(endpoint, tmp_path, name):
     client, models, serving, _ = endpoint
@@ -490,6 +507,23 @@ def test_an_archive_is_bounded_while_it_unpacks_and_nothing_is_left(
     _nothing_left(client, workers, tmp_path / "catalog")
 
 
+def test_the_archives_of_one_url_share_one_bound(endpoint, tmp_path, monkeypatch):
+    """A folder of several archives unpacks within the bound of their joint size, not
+    each within its own (three archives would otherwise take three times the room)."""
+    from neuronserve.serve import model_source
+
+    client, _, _, workers = endpoint
+    monkeypatch.setattr(model_source, "MIN_ROOM", 1 << 20, raising=False)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    for i in range(3):
+        _tar(folder / f"part{i}.tar.gz", {f"weights{i}.bin": b"\0" * (600 << 10)})
+    r = load(client, "parts", folder)
+    assert r.status_code == 400, r.text
+    assert "part1.tar.gz (with those before it) unpacks to more than 1 MiB" in r.json()["error"]
+    _nothing_left(client, workers, tmp_path / "catalog")
+
+
 def test_a_failed_load_a_delete_and_a_swap_leave_no_files(endpoint, tmp_path, tiny_artifact):
     client, _, _, workers = endpoint
     sources = tmp_path / "catalog" / "sources"
@@ -530,7 +564,17 @@ def test_a_deleted_model_leaves_no_series_in_the_metrics(endpoint):
         assert client.post("/embed", json={"inputs": "x", "model": name}).status_code == 200
     metrics = client.get("/metrics").text
     assert 'model="gone"' in metrics and 'model="kept"' in metrics
+    assert 'NeuronServeBatchRequests{ModelName="mme",Level="Model",model="gone"' in metrics
     assert client.delete("/models/gone").status_code == 200
     metrics = client.get("/metrics").text
+    # the engine still counts it; the front passes none of its series on
     assert 'model="gone"' not in metrics, [m for m in metrics.splitlines() if "gone" in m]
-    assert 'model="kept"' in metrics
+    assert 'NeuronServeBatchRequests{ModelName="mme",Level="Model",model="kept"' in metrics
+    # the old version of a swap goes the same way; a name registered again comes back
+    assert client.put("/models/kept", json={"url": str(models / "b")}).status_code == 200
+    assert embed(client, "kept").status_code == 200
+    metrics = client.get("/metrics").text
+    assert 'model="kept@2"' in metrics
+    assert 'NeuronServeBatchRequests{ModelName="mme",Level="Model",model="kept"' not in metrics
+    assert load(client, "gone", models / "a").status_code == 200
+    assert 'Level="Model",model="gone"' in client.get("/metrics").text

@@ -416,3 +416,110 @@ def test_the_front_tokenizes_with_the_bytes_it_verified(tmp_path, tiny_artifact)
     tok.write_text(tok.read_text().replace('"hello"', '"hullo"', 1) + " ")
     with pytest.raises(ArtifactError, match="does not match its sha256"):
         ServedModel.tokenizer_of(manifest, copy)
+
+
+def test_the_cache_key_follows_symlinked_module_folders(tmp_path, tiny_embedder_dir):
+    """sentence-transformers' modules are often linked in: a weight changed in a linked
+    folder makes another key (rglob did not follow the link: the stale artifact was used)."""
+    from neuronserve.compile import cache as artifact_cache
+    from neuronserve.compile.hub import ModelFolder
+    from neuronserve.compile.job import CompileJob
+
+    model = Path(shutil.copytree(tiny_embedder_dir, tmp_path / "model"))
+    dense = tmp_path / "dense"
+    dense.mkdir()
+    (dense / "model.safetensors").write_bytes(b"a" * 64)
+    (model / "2_Dense").symlink_to(dense)
+    (model / "loop").symlink_to(model)  # a link back up is walked once
+    job = CompileJob.of(load_spec(None, {"compile": {"model": str(model)}}))
+    before = artifact_cache.cache_key(job, ModelFolder(model))
+    (dense / "model.safetensors").write_bytes(b"b" * 64)
+    assert artifact_cache.cache_key(job, ModelFolder(model)) != before
+
+
+def test_doctor_takes_the_key_from_the_environment(monkeypatch):
+    """A key on doctor's command line is readable by every local user while it runs:
+    NEURONSERVE_API_KEY is read instead (the option stays for scripts)."""
+    from typer.testing import CliRunner
+
+    from neuronserve import host_load
+    from neuronserve.cli import app
+
+    seen = []
+    monkeypatch.setattr(host_load, "front_pace", lambda url, s, key: seen.append(key) or [])
+    done = CliRunner().invoke(
+        app, ["doctor", "--url", "http://127.0.0.1:1"], env={"NEURONSERVE_API_KEY": "k-env"}
+    )
+    assert done.exit_code == 0, done.output
+    assert seen == ["k-env"]
+
+
+def test_tritons_secret_options_are_hidden_and_refused_if_not_handed_over():
+    """What the command line of tritonserver shows: each option holding the key carries
+    a placeholder tritonserver refuses to start with; the real one waits in the
+    environment (launch.hand_over points the program at it)."""
+    from neuronserve.engines.triton import launch
+    from neuronserve.engines.triton.process import restricted_api_args
+
+    key = "k" * 43
+    cmd = ["/bin/tritonserver", "--model-repository=/r", *restricted_api_args(key, True)]
+    shown, env = launch.hide(cmd, key)
+    assert not any(key in a for a in shown)
+    assert shown[2:] == ["--http-restricted-api=hidden", "--grpc-restricted-protocol=hidden"]
+    assert env == {f"{launch.HIDDEN_ENV}2": cmd[2], f"{launch.HIDDEN_ENV}3": cmd[3]}
+    with pytest.raises(ValueError, match="outside an --option=value"):
+        launch.hide(["/bin/x", key], key)
+
+
+@pytest.mark.parametrize(
+    ("options", "hidden"),
+    [("rw,relatime", False), ("rw,hidepid=2", True), ("rw,hidepid=invisible", True),
+     ("rw,hidepid=0", False), ("rw,hidepid=noaccess,gid=5", True)],
+)  # fmt: skip
+def test_proc_mounted_hidepid_hides_command_lines(options, hidden):
+    from neuronserve.engines.triton.launch import proc_hides_processes
+
+    line = f"25 30 0:23 / /proc rw,nosuid,nodev,noexec,relatime shared:14 - proc proc {options}"
+    other = "26 30 0:24 / /sys rw shared:7 - sysfs sysfs rw"
+    assert proc_hides_processes(f"{other}\n{line}\n") is hidden
+
+
+def test_the_wrapper_refuses_triton_without_a_dev_shm_of_its_own(monkeypatch, tmp_path, capsys):
+    """Where no mount namespace can be made (no CAP_SYS_ADMIN, no user namespaces) the
+    wrapper executes nothing, and the start says why and what to do instead; with
+    `triton.host_shm` (a container of its own) it goes on."""
+    from neuronserve.engines.triton import launch
+    from neuronserve.engines.triton.process import LOG_FILE, _refused_launch
+
+    ran = []
+    monkeypatch.setattr(launch, "own_shm", lambda: "unshare(CLONE_NEWNS): not permitted")
+    monkeypatch.setattr(os, "execv", lambda program, argv: ran.append(argv))
+    with pytest.raises(SystemExit) as exited:
+        launch.main(["/bin/tritonserver", "--model-repository=/r"])
+    assert exited.value.code == launch.NO_PRIVATE_SHM and ran == []
+    (tmp_path / LOG_FILE).write_text(capsys.readouterr().err)
+    said = _refused_launch(launch.NO_PRIVATE_SHM, tmp_path)
+    assert said is not None
+    for part in ("not permitted", "--engine torchserve", "CAP_SYS_ADMIN", "triton.host_shm"):
+        assert part in said, said
+    launch.main(["--host-shm", "/bin/tritonserver", "--model-repository=/r"])
+    assert ran == [["/bin/tritonserver", "--model-repository=/r"]]
+    said = _refused_launch(launch.NO_TRACE, tmp_path)
+    assert said is not None and "hidepid=2" in said
+
+
+@pytest.mark.parametrize("engine", ["triton", "torchserve"])
+def test_an_image_uses_the_containers_dev_shm_for_triton_only(engine, tmp_path, monkeypatch):
+    """The images' entrypoint runs in a container of its own (its /dev/shm is its own,
+    every process in it the image's one user): there Triton may use that /dev/shm where it
+    cannot make one of its own; nothing else about the engine is set, and a TorchServe
+    image gets no Triton section."""
+    from neuronserve.serve.sagemaker import sagemaker_spec
+
+    monkeypatch.setenv("NEURONSERVE_ENGINE", engine)
+    spec = sagemaker_spec(tmp_path / "work")
+    assert spec.front.engine == engine
+    from neuronserve.engines.triton.section import TritonSection
+
+    assert spec.engine(TritonSection).host_shm is (engine == "triton")
+    assert spec.engine_named("torchserve") == type(spec.engine_named("torchserve"))()

@@ -9,14 +9,14 @@ def test_yaml_spec_with_flag_overrides(tmp_path):
     (tmp_path / "models/minilm").mkdir(parents=True)
     f = tmp_path / "deploy.yaml"
     f.write_text(
-        "model: models/minilm\nbatch-sizes: [8, 1, 4, 4]\ntruncation: false\n"
+        "model: ./models/minilm\nbatch-sizes: [8, 1, 4, 4]\ntruncation: false\n"
         "workers: 2\nartifact: out/minilm\n"
     )
     spec = load_spec(f, {"workers": 1, "truncation": None})
     assert spec.compile.batch_sizes == [1, 4, 8]  # sorted, deduplicated
     assert spec.worker.workers == 1  # the flag wins
     assert spec.truncation is False  # an unset flag does not override the file
-    assert spec.compile.model == str(tmp_path / "models/minilm")  # relative to the spec file
+    assert spec.compile.model == str(tmp_path / "./models/minilm")  # relative to the spec file
     assert spec.model_name() == "minilm"
 
 
@@ -138,22 +138,27 @@ def test_every_option_is_a_field_declared_once_with_its_help():
 
 
 def test_a_model_is_a_folder_next_to_the_spec_or_a_hub_id(tmp_path):
+    """Written as a path, a folder relative to the spec; shaped like a Hub id, the Hub's
+    model even where a folder of that name lies beside the spec."""
     (tmp_path / "here").mkdir()
+    (tmp_path / "org" / "name").mkdir(parents=True)
     f = tmp_path / "deploy.yaml"
     f.write_text(
         "compile: {model: org/name}\n"
-        "models: [{model: here}, {model: ../there}, {model: sentence-transformers/x@v1}, "
-        "{artifact: art}]\n"
+        "models: [{model: ./here}, {model: ../there}, {model: sentence-transformers/x@v1}, "
+        "{artifact: art}, {model: here}, {model: a/b/c}]\n"
     )
     spec = load_spec(f)
     assert spec.compile.model == "org/name"
     assert [getattr(m, "model", None) for m in spec.models] == [
-        str(tmp_path / "here"),
+        str(tmp_path / "./here"),
         str(tmp_path / "../there"),
         "sentence-transformers/x@v1",
         None,
+        "here",
+        str(tmp_path / "a/b/c"),  # no Hub id has two slashes
     ]
-    assert [s.model for s in spec.model_sources()][-1] == "sentence-transformers/x@v1"
+    assert [s.model for s in spec.model_sources()][2] == "sentence-transformers/x@v1"
     with pytest.raises(SpecError, match="Hub id or folder"):
         spec.model_entries()  # to be compiled first: only `serve front` does
     one = load_spec(None, {"compile": {"model": "org/name", "revision": "abc"}, "name": "n"})

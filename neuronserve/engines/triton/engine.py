@@ -49,7 +49,7 @@ class Triton(Engine["TritonInstance"]):
 
         s = self.own
         listen = Listen(s.http_port, s.grpc_port, s.metrics_port, s.bind_address, s.inference_key)
-        return start(s.repository, self.run_dir, listen, timeout_s, log=log)
+        return start(s.repository, self.run_dir, listen, timeout_s, log=log, host_shm=s.host_shm)
 
     def _stop(self, log: Log) -> bool:
         from .process import stop

@@ -38,7 +38,6 @@ from ...serve.process import (
     private_dir,
     private_file,
     reap,
-    scrub_command_line,
     stop_tree,
     terminate,
     thread_states,
@@ -46,7 +45,7 @@ from ...serve.process import (
 )
 from ...worker import STACKS_SIGNAL
 from ..base import NativeRoute
-from . import shm as private_shm
+from . import launch
 from .section import INSTALL
 from .stubs import (
     Count,
@@ -355,15 +354,18 @@ def _command(
     return cmd
 
 
-def start(
+def start(  # noqa: PLR0913 - the repository, where to run and listen, and how
     repository: Path,
     run_dir: Path,
     listen: Listen | None = None,
     timeout_s: float = 600,
     log: Callable[[str], object] = print,
+    host_shm: bool = False,
 ) -> TritonInstance:
     """Start tritonserver on `repository` in the background; return once every model in
-    it is READY (stopping the server again if that fails)."""
+    it is READY (stopping the server again if that fails). `host_shm`: where no /dev/shm
+    of its own can be made, use the host's (a container in which every process runs as
+    one user) instead of refusing."""
     repository, run_dir = Path(repository).resolve(), Path(run_dir).resolve()
     listen = listen or Listen()
     if not repository.is_dir() or not models_in(repository):
@@ -382,14 +384,15 @@ def start(
     inst = listen.instance(
         run_dir, {m: instance_count(repository / m) for m in models_in(repository)}
     )
+    launching = Launching(cmd, host_shm)
     try:
-        return _launch(cmd, inst, timeout_s, log)
+        return _launch(launching, inst, timeout_s, log)
     except StartStalled as e:
         # a hang in Triton's Python backend, not in this deployment: a second start loads
         with contextlib.suppress(FileNotFoundError):
             (run_dir / LOG_FILE).replace(run_dir / STALLED_LOG)
         log(f"warning: {e} (the log kept as {run_dir / STALLED_LOG}); starting it once more")
-        return _launch(cmd, inst, timeout_s, log)
+        return _launch(launching, inst, timeout_s, log)
     except TritonExited as e:
         # a model that cannot load fails the same way again: said at once, with its
         # reason; any other end (a signal, an exit that logged nothing) is kept with its
@@ -400,32 +403,86 @@ def start(
         with contextlib.suppress(FileNotFoundError):
             (run_dir / LOG_FILE).replace(run_dir / EXITED_LOG)
         log(f"warning: {e} (the log kept as {run_dir / EXITED_LOG}); starting it once more")
-        return _launch(cmd, inst, timeout_s, log)
+        return _launch(launching, inst, timeout_s, log)
+
+
+@dataclass(frozen=True)
+class Launching:
+    """How tritonserver is executed (launch.py): `cmd` with its admin key, which the
+    command line other users read never shows; `host_shm`: the host's /dev/shm where the
+    server cannot have one of its own."""
+
+    cmd: list[str]
+    host_shm: bool = False
+
+    def spawn(self, server: Background, run_dir: Path) -> subprocess.Popen:
+        """tritonserver started through the wrapper, once it runs with its key."""
+        key = (run_dir / ADMIN_KEY_FILE).read_text().strip()
+        # where /proc hides other users' processes, nobody else reads the command line
+        hidden = not launch.proc_hides_processes()
+        shown, env = launch.hide(self.cmd, key) if hidden else (self.cmd, {})
+        flags = ["--traced"] * hidden + ["--host-shm"] * self.host_shm
+        proc = server.spawn(
+            [sys.executable, "-m", launch.__name__, *flags, *shown],
+            run_dir / LOG_FILE,
+            cwd=run_dir,
+            env={**_env(run_dir), **env},
+        )
+        try:
+            if hidden:
+                launch.hand_over(proc, shown)
+            else:
+                _wait_exec(proc, shown[0])
+        except launch.HandOverFailed as e:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            why = _refused_launch(e.exit_status, run_dir) or f"tritonserver: {e}"
+            raise ServeError(why) from None
+        refused = _refused_launch(proc.poll(), run_dir)
+        if refused:
+            raise ServeError(refused)
+        return proc
+
+
+def _refused_launch(status: int | None, run_dir: Path) -> str | None:
+    """What the wrapper refused before it executed tritonserver, and what to do."""
+    said = _log_errors(run_dir / LOG_FILE)
+    if status == launch.NO_PRIVATE_SHM:
+        return (
+            f"Triton refused: {said}. Its Python backend passes every request through "
+            "/dev/shm in regions other local users can open; without a /dev/shm of its own "
+            "(CAP_SYS_ADMIN, or unprivileged user namespaces: sysctl "
+            "kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0) another user "
+            "could read them. Serve with `--engine torchserve`, give the serving user the "
+            "capability, or, where every process of this host or container runs as this "
+            "user, set `triton.host_shm: true`"
+        )
+    if status == launch.NO_TRACE:
+        return (
+            f"Triton refused: {said}. tritonserver takes its admin key on its command line, "
+            "which every local user reads in /proc, and this host does not let neuronserve "
+            "keep it out of there (ptrace of its own child refused: kernel.yama.ptrace_scope "
+            "3, or a seccomp profile). Mount /proc with hidepid=2, allow ptrace of children, "
+            "or serve with `--engine torchserve`"
+        )
+    return None
 
 
 def _launch(
-    cmd: list[str], inst: TritonInstance, timeout_s: float, log: Callable[[str], object]
+    launching: Launching, inst: TritonInstance, timeout_s: float, log: Callable[[str], object]
 ) -> TritonInstance:
-    """Start tritonserver (`cmd`), its key hidden and its pid recorded; wait until its
-    models are READY, then start the healer; on any failure stop the server again."""
+    """Start tritonserver and record its pid; wait until its models are READY, then start
+    the healer; on any failure stop the server again."""
     run_dir = inst.run_dir
     # a healer's word from an earlier server would stand for this one's instances
     (run_dir / HEALER_STATUS_FILE).unlink(missing_ok=True)
     envs_before = set(glob.glob(PYTHON_ENVS))
-    log(f"starting tritonserver {cmd[0]} (run directory {run_dir}) ...")
+    log(f"starting tritonserver {launching.cmd[0]} (run directory {run_dir}) ...")
     server = _server(run_dir)
-    # in a mount namespace of its own where it may: its /dev/shm is private (the Python
-    # backend's regions, which carry the requests, are 0644 whatever the umask)
-    proc = server.spawn(
-        [sys.executable, "-m", private_shm.__name__, *cmd],
-        run_dir / LOG_FILE,
-        cwd=run_dir,
-        env=_env(run_dir),
-    )
-    # first hidden, then recorded: the identity `--stop` checks is the command line as
-    # it stays, tritonserver's (the namespace wrapper executes it in the same process)
-    _wait_exec(proc, cmd[0])
-    _hide_key(proc, run_dir, log)
+    proc = launching.spawn(server, run_dir)
+    # the identity `--stop` checks is the command line as it stays: tritonserver's, as
+    # other users see it (the wrapper executes it in the same process)
     server.record(proc.pid)
     endpoints = {k: v for k, v in dataclasses.asdict(inst).items() if k != "run_dir"}
     (run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints))
@@ -433,10 +490,10 @@ def _launch(
         wait_ready(
             inst, list(inst.expected), timeout_s=timeout_s, log=log, gone=lambda: _gone(proc)
         )
-        if not private_shm.private(proc.pid):
+        if not launch.private(proc.pid):
             log(
-                "warning: tritonserver shares this host's /dev/shm (no mount namespace of "
-                "its own without CAP_SYS_ADMIN): each instance makes its request region "
+                "warning: tritonserver shares this host's /dev/shm (triton.host_shm: no "
+                "namespace of its own could be made): each instance makes its request region "
                 "0600 as it starts; see the security guide"
             )
         envs = set(glob.glob(PYTHON_ENVS)) - envs_before
@@ -452,33 +509,14 @@ def _launch(
 
 
 def _wait_exec(proc: subprocess.Popen, binary: str, timeout_s: float = 30) -> None:
-    """Wait until process `proc` runs `binary` (the wrapper that gives it a /dev/shm of
-    its own has executed it), or has exited."""
+    """Wait until process `proc` runs `binary` (the wrapper has executed it), or has
+    exited."""
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None and time.monotonic() < deadline:
         with contextlib.suppress(psutil.Error):
             if psutil.Process(proc.pid).cmdline()[:1] == [binary]:
                 return
         time.sleep(0.005)
-
-
-def _hide_key(proc: subprocess.Popen, run_dir: Path, log: Callable[[str], object]) -> None:
-    """tritonserver takes its admin key on its command line only, which every local user
-    can read in /proc/<pid>/cmdline (unless /proc is mounted hidepid=2): once it has
-    parsed its options (its first log line), the key is overwritten there. Until then,
-    a fraction of a second, it is readable."""
-    deadline = time.monotonic() + 30
-    log_file = run_dir / LOG_FILE
-    while proc.poll() is None and time.monotonic() < deadline:
-        if log_file.stat().st_size > 0:
-            key = (run_dir / ADMIN_KEY_FILE).read_text().strip()
-            if not scrub_command_line(proc.pid, key):
-                log(
-                    "warning: could not hide the admin key in tritonserver's command line; "
-                    "other local users can read it unless /proc is mounted hidepid=2"
-                )
-            return
-        time.sleep(0.01)
 
 
 def compile_model_files(repository: Path) -> None:

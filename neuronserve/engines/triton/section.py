@@ -43,6 +43,8 @@ class TritonSection(EngineSection):
 
     # behind the front: inference behind the admin key too (the front holds it)
     behind_front: ClassVar[dict[str, Any]] = {"inference_key": True}
+    # a container of its own has no other local user to read the host's /dev/shm
+    in_container: ClassVar[dict[str, Any]] = {"host_shm": True}
 
     @classmethod
     def missing(cls) -> str | None:
@@ -79,6 +81,14 @@ class TritonSection(EngineSection):
         "holds the key, starts it so; `serve triton` alone leaves inference open, as "
         "tritonclient users expect)",
         json_schema_extra=flags(flat="triton_inference_key"),
+    )
+    host_shm: bool = Field(
+        False,
+        description="where tritonserver cannot have a /dev/shm of its own (no CAP_SYS_ADMIN "
+        "and no user namespaces), use the host's instead of refusing to start: only where "
+        "every process that can see that /dev/shm runs as the serving user (a container of "
+        "its own), since its Python backend passes requests there in regions others can "
+        "open; the images set it",
     )
     sagemaker: bool = Field(
         False,

@@ -42,7 +42,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
-_GOOD_ID = re.compile(rb"^[A-Za-z0-9._-]{1,64}$")
+_GOOD_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
 # how long loading, swapping or unloading a model may take on every worker: the load's
 # own limit, and a margin for its answer to be the load's error rather than a 504
 LOAD_DEADLINE_S = LOAD_TIMEOUT_S + 60
@@ -68,7 +68,9 @@ class _Call:
         self.family: Family = endpoint.family if endpoint is not None else family_of(scope["path"])
         self.headers = dict(scope["headers"])
         request_id = self.headers.get(b"x-request-id", b"")
-        self.request_id = request_id if _GOOD_ID.match(request_id) else os.urandom(8).hex().encode()
+        self.request_id = (
+            request_id if _GOOD_ID.fullmatch(request_id) else os.urandom(8).hex().encode()
+        )
         scope[REQUEST_ID] = self.request_id.decode()
         self.status, self.started = 500, False
 

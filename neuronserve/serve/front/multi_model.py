@@ -233,11 +233,10 @@ class ModelCatalog:
             raise RequestError(f"url {url!r}: no such file or folder on this host")
         tarballs = [source] if source.is_file() else sorted(source.glob("*.tar.gz"))
         if source.is_file() or (tarballs and not (source / "manifest.json").exists()):
-            for tarball in tarballs:
-                try:
-                    unpack_tar(tarball, work / "unpacked", self.budget)
-                except ModelSourceError as e:
-                    raise RequestError(f"url {url!r}: {e}") from None
+            try:
+                unpack_tar(tarballs, work / "unpacked", self.budget)
+            except ModelSourceError as e:
+                raise RequestError(f"url {url!r}: {e}") from None
             source = work / "unpacked"
         try:
             found = find_models(source, work)
@@ -270,6 +269,7 @@ class ModelCatalog:
             if self.table.get(version.name) is not version or version.state == READY:
                 return
             await self._make_room(version.cost, keep=version)
+            self.serving.metrics.serving(version.key)
             await self._load(version)
             if self.table.get(version.name) is not version:
                 # unregistered (a DELETE) while the workers loaded it: off them again,
@@ -337,12 +337,14 @@ class ModelCatalog:
         self._count()
 
     async def _drop(self, version: Version) -> None:
-        """Unload a version once no request holds it."""
+        """Unload a version once no request holds it; the engine's metrics of it are
+        no longer passed on."""
         await self.table.drained(version)
         if version.state != EVICTED:
             version.state = EVICTED
             await self._write_and_wait(lambda held: version.key not in held)
         self.table.drop(version)
+        self.serving.metrics.dropped(version.key)
         self._count()
 
     def _wanted(self) -> dict[str, dict[str, Any]]:

@@ -8,6 +8,7 @@ one refused before its model was known)."""
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ...host_load import NeuronMonitor, cpu_seconds
+from ...metrics import MODEL_LABEL
 
 # the *_created series (a timestamp per label set) only double what is exposed
 disable_created_metrics()
@@ -30,6 +32,11 @@ disable_created_metrics()
 LATENCY_BUCKETS = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
 )  # fmt: skip
+
+
+# a sample's `model` label (the one label every engine's per-model series carry, ours as
+# metrics.MODEL_LABEL, Triton's own), its value unescaped enough to compare a model name
+_MODEL_LABEL = re.compile(rf'[{{,]\s*{MODEL_LABEL}="((?:[^"\\]|\\.)*)"')
 
 
 class FrontMetrics:
@@ -68,6 +75,9 @@ class FrontMetrics:
         self.monitor: NeuronMonitor | None = None
         self.registry.register(HostLoad(self))
 
+        # what the workers held models as (worker keys) that are unloaded for good: the
+        # engine's own series of them are not passed on
+        self.gone: set[str] = set()
         # label lookups cost more than the update: each series is looked up once
         self._series: dict[tuple[str, int, str], tuple[Any, Any]] = {}
         self._call_series: dict[str, tuple[Any, Any]] = {}
@@ -169,6 +179,28 @@ class FrontMetrics:
             self._call_series[model] = series
         series[0].inc()
         series[1].inc(requests)
+
+    def serving(self, key: str) -> None:
+        """The workers hold a model as `key` (again): the engine's series of it are
+        passed on."""
+        self.gone.discard(key)
+
+    def dropped(self, key: str) -> None:
+        """The workers no longer hold a model as `key`, for good (a DELETE, the old
+        version of a swap)."""
+        self.gone.add(key)
+
+    def engine_text(self, text: str) -> str:
+        """The engine's own Prometheus text without the series of models no longer
+        served (the engine keeps counting a model it was told to drop)."""
+        if not self.gone:
+            return text
+        kept = []
+        for line in text.splitlines(keepends=True):
+            found = _MODEL_LABEL.search(line) if not line.startswith("#") else None
+            if found is None or found.group(1) not in self.gone:
+                kept.append(line)
+        return "".join(kept)
 
     def forget_model(self, model: str) -> None:
         """Drop every series of `model` (unloaded for good): registrations of new names

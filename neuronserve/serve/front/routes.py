@@ -507,7 +507,7 @@ class Api:
     async def prometheus(self, request: Request) -> Response:
         text = generate_latest(self.metrics.registry)
         if self.serving.client is not None:
-            engine = await self.serving.client.metrics()
+            engine = self.metrics.engine_text(await self.serving.client.metrics())
             text += f"# the engine's own metrics ({self.serving.client.kind})\n".encode()
             text += engine.encode()
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")

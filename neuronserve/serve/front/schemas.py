@@ -379,7 +379,7 @@ class LoadModelRequest(Body):
     model_name: Annotated[str, AfterValidator(safe_name)] = Field(
         description="the name to serve it under: letters, digits, '_', '.' and '-', starting "
         "with a letter or digit, at most 128 characters (the rule of every model name)",
-        json_schema_extra={"pattern": NAME.pattern},
+        json_schema_extra={"pattern": f"^{NAME.pattern}$"},
     )
     url: str = Field(
         min_length=1,
