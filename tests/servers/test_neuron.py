@@ -32,6 +32,13 @@ STACK = "pair"
 TEXTS = ["fine", "not fine at all", "a somewhat longer sentence about the weather"]
 
 
+def same_rows(got, rows) -> bool:
+    """The rows computed in process, to float32's last bits: a batch of other
+    composition sums in another order on some CPUs (seen: 2e-9 on an Intel host with
+    AMX), while another text's row differs by far more."""
+    return got.shape == rows.shape and bool(np.allclose(got, rows, rtol=0, atol=1e-5))
+
+
 def two_models(artifact) -> list[dict]:
     return [
         {"artifact": str(artifact), "name": "first"},
@@ -178,7 +185,7 @@ def test_four_triton_instances_on_four_cores_hold_both_models(
         [rows] = neuronx_runner.outputs([neuronx_runner.parse({"inputs": TEXTS})])
         for model in ("first", "second"):
             got = client.infer(STACK, [t], parameters={"model": model}).as_numpy("LOGITS")
-            assert np.array_equal(got, rows)
+            assert same_rows(got, rows)
         client.close()
         replaced_alone_on_its_core(serving, t, rows)
     finally:
@@ -220,7 +227,7 @@ def replaced_alone_on_its_core(serving, tensor, rows) -> None:
         while not stop.is_set():
             try:
                 got = client.infer(STACK, [inputs], parameters={"model": model}, **timeout)
-                outcomes.append(np.array_equal(got.as_numpy("LOGITS"), rows))
+                outcomes.append(same_rows(got.as_numpy("LOGITS"), rows))
             except InferenceServerException:
                 outcomes.append(False)
         client.close()
@@ -294,7 +301,7 @@ def test_a_triton_instance_takes_its_next_batch_while_the_device_runs_one(
             started = time.monotonic()
             got = client.infer("alone", [t]).as_numpy("LOGITS")
             client.close()
-            return time.monotonic() - started, bool(np.array_equal(got, rows))
+            return time.monotonic() - started, same_rows(got, rows)
 
         assert ask()[1]  # computed once; from now on the same call holds the core
         alone = [ask() for _ in range(4)]
