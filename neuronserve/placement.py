@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import cores
-from .compile import targets
+from . import cores, targets
 from .cores import CoreGroup, CoreLease, NoFreeCoreGroup
 
 if TYPE_CHECKING:

@@ -20,12 +20,13 @@ from typing import Any, cast
 
 from .artifact import ArtifactError, Manifest, read_manifest, read_verified
 from .buckets import Bucket, engine_batch_sizes
-from .compile.targets import get_target, pipeline_depth
+from .errors import internal_error
 from .execution import Executor, InputLayout, Module, Planned, Row, RunReport
 from .images import ImagePreprocessor
 from .inflight import IN_FLIGHT, Countdown, InFlight
+from .targets import get_target, pipeline_depth
 from .tasks import RequestError, TaskRequest, get_task
-from .tasks.base import RequestLimits, Text, internal_error, prompted
+from .tasks.base import RequestLimits, Text, prompted
 from .tokenization import Encoded, TextTokenizer
 
 log = logging.getLogger(__name__)

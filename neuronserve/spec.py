@@ -36,9 +36,9 @@ from pydantic import (
     model_validator,
 )
 
-from .engines import default_engine
 from .inflight import IN_FLIGHT
 from .names import is_hub_id, safe_name
+from .registry import default_engine
 from .section import EngineSection, Section, flags
 
 Task = Literal[
@@ -508,7 +508,7 @@ class FrontSection(Section):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:
-        from .engines import ENGINES
+        from .registry import ENGINES
 
         if v not in ENGINES:
             raise ValueError(f"engine {v!r}: choose {' or '.join(ENGINES)}")
@@ -638,7 +638,7 @@ SECTIONS: tuple[type[Section], ...] = (
 
 def engine_sections() -> dict[str, type[EngineSection]]:
     """Each installed engine's section, by engine name (the registry's)."""
-    from .engines import ENGINES, section_class
+    from .registry import ENGINES, section_class
 
     return {name: section_class(name) for name in ENGINES}
 

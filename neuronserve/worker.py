@@ -264,9 +264,9 @@ class Worker:
         finishing thread, and the engine may take its next batch meanwhile
         (`Runner.start`). A model that cannot begin (dropped since the parse) fails its
         requests alone."""
+        from .errors import internal_error
         from .execution import RunReport
         from .tasks import RequestError
-        from .tasks.base import internal_error
 
         # refused before a model was found for it, or to be filled
         out: list[Any] = [r if isinstance(r, RequestError) else None for _, r in requests]
@@ -320,8 +320,8 @@ class Worker:
     ) -> tuple[Runner | None, Future[list[Any]]]:
         """One model's part of a batch, begun on its Runner; if it cannot begin (a model
         dropped since the parse), no Runner and its requests' errors."""
+        from .errors import internal_error
         from .tasks import RequestError
-        from .tasks.base import internal_error
 
         try:
             runner = self.runner(name or None)
@@ -426,9 +426,9 @@ def start_worker(
 # module alone; each loaded on its first use, after the pin (numpy and the tokenizers
 # start thread pools that read their settings once, when they load)
 _FOR_ADAPTERS = {
-    "RequestError": "neuronserve.tasks",
+    "RequestError": "neuronserve.errors",
     "TaskRequest": "neuronserve.tasks",
-    "internal_error": "neuronserve.tasks.base",
+    "internal_error": "neuronserve.errors",
     "truncation_parameters": "neuronserve.tasks.base",
     "METRICS": "neuronserve.metrics",
     "MODEL_LABEL": "neuronserve.metrics",

@@ -37,8 +37,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def one_run(engine: str, a: Path, b: Path, seconds: float, log) -> dict:
+    from neuronserve.processes import free_ports
     from neuronserve.serve.front import launch
-    from neuronserve.serve.process import free_ports
     from neuronserve.spec import load_spec
 
     with tempfile.TemporaryDirectory(prefix="ns-models-") as tmp:

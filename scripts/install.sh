@@ -18,7 +18,7 @@ step "neuronserve and its extras: TorchServe, Triton, ONNX Runtime, OpenVINO, th
 .venv/bin/python -m pip install -qq -e ".[cpu,torchserve,triton,bench,demo,docs,test]"
 # KServe's API models validate the KServe manifests (tests/kserve_schema.py); the package
 # pins server dependencies of its own, so only its wheel is fetched, never installed
-KSERVE=$(.venv/bin/python -c "from neuronserve.packaging.kubernetes import KSERVE_VERSION as v; print(v)")
+KSERVE=$(.venv/bin/python -c "from neuronserve.platforms.kubernetes import KSERVE_VERSION as v; print(v)")
 [ -f ".venv/kserve-wheel/kserve-$KSERVE-py3-none-any.whl" ] || \
   .venv/bin/python -m pip download -qq --no-deps "kserve==$KSERVE" -d .venv/kserve-wheel
 command -v java >/dev/null || { echo "TorchServe needs Java 17 (apt-get install openjdk-17-jre-headless)" >&2; exit 1; }

@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 import torch
 
-from neuronserve.serve.process import free_ports
+from neuronserve.processes import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 STANDIN = REPO / "tests" / "neuron_standin"

@@ -11,11 +11,11 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
+from neuronserve.engines.client import EngineClient, WorkerCounts
 from neuronserve.serve.front.app import build_app
-from neuronserve.serve.front.clients import EngineClient, WorkerCounts
 from neuronserve.serve.front.config import FrontConfig
-from neuronserve.serve.front.model import ServedModel
 from neuronserve.serve.front.serving import Serving
+from neuronserve.served import ServedModel
 from neuronserve.spec import load_spec
 from neuronserve.tasks import RequestError, TaskRequest
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-# the release the manifests are checked against (neuronserve.packaging.kubernetes)
+# the release the manifests are checked against (neuronserve.platforms.kubernetes)
 WHEEL_DIR = Path(os.environ.get("NEURONSERVE_KSERVE_WHEELS", ROOT / ".venv" / "kserve-wheel"))
 
 
@@ -36,7 +36,7 @@ class KServeSchemaError(ValueError):
 def _kserve_models() -> Any:
     if "kserve.models" in sys.modules:
         return sys.modules["kserve.models"]
-    from neuronserve.packaging.kubernetes import KSERVE_VERSION
+    from neuronserve.platforms.kubernetes import KSERVE_VERSION
 
     wheel = WHEEL_DIR / f"kserve-{KSERVE_VERSION}-py3-none-any.whl"
     if not wheel.is_file():

@@ -35,17 +35,17 @@ from tqdm import tqdm
 
 from .. import metrics
 from ..artifact import MANIFEST, read_manifest
-from ..engines import ENGINES
 from ..engines.base import NativeRoute, engine_class
+from ..engines.bench import EngineBench, engine_bench, protocol_bench
 from ..host_load import NeuronMonitor
-from .endpoints import Endpoint, HttpJsonEndpoint, RunnerEndpoint, VanillaEndpoint
-from .engines import EngineBench, engine_bench, protocol_bench
+from ..load.endpoints import Endpoint, HttpJsonEndpoint, RunnerEndpoint, VanillaEndpoint
+from ..load.generator import LoadResult, Window, run_load
+from ..load.work import Work, mask_token
+from ..registry import ENGINES
 from .floor import encoder_gflop, peak_gops
-from .load import LoadResult, Window, run_load
 from .servers import FrontServer, ManagedServer, SageMakerServer, cpu_by_role, scrape
 from .stats import summarize
 from .texts import text_with_tokens
-from .work import Work, mask_token
 
 # the engine behind the front, by endpoint type: `front-<engine>`, and `front` for
 # TorchServe's (the name the commands in BENCHMARKS were published with)
@@ -102,7 +102,7 @@ class BenchConfig:
     wrk_seq: int | None = None
 
     def drives_with_wrk(self) -> bool:
-        from . import wrk
+        from ..load import wrk
 
         if self.generator not in GENERATORS:
             raise ValueError(f"unknown load generator {self.generator!r}: {GENERATORS}")
@@ -400,7 +400,7 @@ class Sweep:
         """Measure one point again with wrk, and the server's own count of what it served
         meanwhile: wrk counts whatever came back, so that count shows its requests were
         the real ones."""
-        from . import wrk
+        from ..load import wrk
 
         config = self.config
         seq = config.wrk_seq or min(config.sequence_lengths)
@@ -509,7 +509,7 @@ def _wrk_point(
 ) -> dict[str, Any]:
     """One point driven by wrk: warmed up, then measured for the window's duration, with
     the probe around it; the same figures as a point of ours."""
-    from . import wrk
+    from ..load import wrk
 
     if window.warmup_s > 0:
         wrk.run_wrk(request, c, window.warmup_s)

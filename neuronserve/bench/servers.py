@@ -21,9 +21,9 @@ import requests
 from .. import placement
 from ..artifact import read_manifest
 from ..cores import LEASE_DIR_ENV
-from ..engines import ENGINES, section_class
+from ..processes import free_ports, stop_tree
+from ..registry import ENGINES, section_class
 from ..serve.deployment import Deployment, running_engine
-from ..serve.process import free_ports, stop_tree
 from ..spec import DeploySpec, ModelEntry, load_spec
 
 if TYPE_CHECKING:
@@ -205,8 +205,9 @@ class FrontServer:
 
 
 class SageMakerServer:
-    """The SageMaker container entrypoint (`python -m neuronserve.serve.sagemaker`) in
-    front of an engine, serving /ping and /invocations on a free port."""
+    """The SageMaker container entrypoint (`python -m
+    neuronserve.platforms.sagemaker.entrypoint`) in front of an engine, serving /ping and
+    /invocations on a free port."""
 
     # unless told: TorchServe, as in the commands BENCHMARKS published
     engine = "torchserve"
@@ -240,7 +241,7 @@ class SageMakerServer:
         }
         self.log = open(work / "sagemaker.log", "w")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "neuronserve.serve.sagemaker"],
+            [sys.executable, "-m", "neuronserve.platforms.sagemaker.entrypoint"],
             env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
@@ -293,7 +294,7 @@ class SageMakerServer:
 
 
 def _server_processes() -> tuple[str, ...]:
-    from .engines import engine_bench
+    from ..engines.bench import engine_bench
 
     return tuple(engine_bench(e).server_process for e in ENGINES)
 

@@ -46,9 +46,9 @@ import aiohttp
 import numpy as np
 import psutil
 
+from ..engines.bench import engine_bench
+from ..load.protocols import NATIVE, SoakProtocol
 from ..pids import alive
-from .engines import engine_bench
-from .protocols import NATIVE, SoakProtocol
 
 __all__ = ["NATIVE", "SoakProtocol", "SoakTarget", "soak_protocols"]
 
@@ -156,7 +156,7 @@ class SoakReport:
 
 def soak_protocols() -> dict[str, SoakProtocol]:
     """Every protocol soak speaks, by name: the native one and each engine's own."""
-    from ..engines import ENGINES
+    from ..registry import ENGINES
 
     out = {NATIVE.name: NATIVE}
     for name in ENGINES:
@@ -209,7 +209,7 @@ class SoakTarget:
 
 def _worker_marks() -> tuple[str, ...]:
     """What the command line of any engine's worker process holds."""
-    from ..engines import ENGINES
+    from ..registry import ENGINES
 
     return tuple(engine_bench(name).worker_process for name in ENGINES)
 

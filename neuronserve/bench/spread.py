@@ -48,8 +48,8 @@ def derived(r: dict[str, Any], peaks: dict[str, Any] | None = None) -> dict[str,
 def engine_ratios(runs: list[dict[str, Any]]) -> list[str]:
     """The first engine's best protocol's req/s over the second's at each point, run
     by run, on the same artifact and machine: one median and range per point."""
-    from ..engines import ENGINES
     from ..engines.base import engine_class
+    from ..registry import ENGINES
 
     if len(ENGINES) < 2:
         return []

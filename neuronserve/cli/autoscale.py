@@ -48,7 +48,7 @@ def sagemaker_cmd(
     """Register the endpoint variant with Application Auto Scaling and put a
     target-tracking policy on invocations per instance."""
     # long: typer declares one parameter per command-line option
-    from ..packaging.sagemaker_scaling import (
+    from ..platforms.sagemaker.scaling import (
         ScalingError,
         ScalingPlan,
         apply,

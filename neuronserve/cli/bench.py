@@ -105,8 +105,8 @@ def bench_cmd(
     p50/p95/p99/max latency, throughput, ratio to the vanilla pipeline, the load
     generator's own CPU use; writes CSV, JSON, markdown and PNG plots."""
     # long: typer declares one parameter per command-line option
-    from ..bench.load import Window
     from ..bench.run import BenchConfig, parse_endpoint, run_bench, save
+    from ..load.generator import Window
 
     headers = {}
     for h in header or []:

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ..engines import ENGINES, IMAGE_ENGINE
 from ..engines.base import engine_class
+from ..registry import ENGINES, IMAGE_ENGINE
 from ..spec import DeploySpec
 from .options import ArtifactsArg, fail, require_artifacts, with_artifacts
 from .spec_options import TOP, spec_command
@@ -81,7 +81,7 @@ def sagemaker_cmd(
     """Write a Docker build context for a SageMaker endpoint (Dockerfile, model, `serve`)."""
     from ..artifact import ArtifactError
     from ..packaging.model import PackagingError
-    from ..packaging.sagemaker import ContextError, package_sagemaker
+    from ..platforms.sagemaker.context import ContextError, package_sagemaker
 
     s = with_artifacts(spec, artifacts)
     try:
@@ -154,9 +154,9 @@ def kubernetes_cmd(
     InferenceService)."""
     # long: typer declares one parameter per command-line option
     from ..artifact import ArtifactError
-    from ..packaging.kubernetes import ClusterOptions, package_kubernetes
     from ..packaging.model import PackagingError
-    from ..packaging.sagemaker import ContextError
+    from ..platforms.kubernetes import ClusterOptions, package_kubernetes
+    from ..platforms.sagemaker.context import ContextError
 
     if not image:
         fail("--image is required: where your registry will hold the image built from "

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import typer
 
-from ..engines import ENGINES
 from ..engines.base import engine_class
+from ..registry import ENGINES
 from ..spec import DeploySpec
 from .options import Stop, Timeout, fail
 from .serve_front import front_cmd
@@ -36,7 +36,7 @@ def _serve_command(name: str) -> None:
 
     @spec_command(name)
     def serve_engine(spec: DeploySpec, stop: Stop = False, timeout: Timeout = 600) -> None:
-        from ..serve.process import ServeError
+        from ..processes import ServeError
 
         section = spec.engine_named(name)
         engine = kind(section)
@@ -78,6 +78,6 @@ def sagemaker_cmd() -> None:
     unset, it refuses to start. Reads SAGEMAKER_BIND_TO_PORT,
     SAGEMAKER_MODEL_SERVER_WORKERS, SAGEMAKER_MODEL_SERVER_TIMEOUT and the model in
     /opt/ml/model (NEURONSERVE_MODEL_DIR) or baked into the image."""
-    from ..serve.sagemaker import main as sagemaker_main
+    from ..platforms.sagemaker.entrypoint import main as sagemaker_main
 
     raise typer.Exit(sagemaker_main())

@@ -84,9 +84,9 @@ def front_cmd(
     and `/invocations`; `/metrics` and `/docs`. The engine listens on loopback only. API
     keys are required whenever the front listens beyond loopback.
     """
+    from ..processes import ServeError
     from ..serve.front import launch
     from ..serve.front.keys import KeyFileError
-    from ..serve.process import ServeError
 
     s = spec
     if stop:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..engines import ENGINES, default_engine
+from ..registry import ENGINES, default_engine
 from .options import fail
 
 
@@ -80,7 +80,7 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
         soak_protocols,
         soak_started,
     )
-    from ..serve.process import ServeError
+    from ..processes import ServeError
 
     engine = engine or default_engine()
     if engine not in ENGINES:

@@ -10,9 +10,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ..targets import get_target
     from .base import CompileError, Target
     from .driver import compile_model
-    from .targets import get_target
 
 __all__ = ["CompileError", "Target", "compile_model", "get_target"]
 

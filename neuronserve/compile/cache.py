@@ -55,7 +55,7 @@ def _versions(target: str) -> dict[str, Any]:
     import transformers
 
     from .. import __version__
-    from .targets import get_target
+    from ..targets import get_target
 
     return {
         "neuronserve": __version__,
@@ -210,8 +210,8 @@ def resolved(
     compile section names, else `target` (a package's), else this host's; `spec` itself
     when it names none."""
     from ..spec import DeploySpec, ModelEntry, ModelSource
+    from ..targets import host_target
     from .job import CompileJob
-    from .targets import host_target
 
     sources = spec.model_sources()
     if not sources:

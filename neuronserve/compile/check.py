@@ -16,10 +16,10 @@ from pathlib import Path
 
 from ..artifact import Manifest, read_manifest, write_manifest
 from ..execution import InputLayout, Module
+from ..targets import get_target
 from ..tasks import get_task
 from .base import CompileError, Target
 from .reference import REFERENCE_FILE, Judge, Reference, Verdict, check
-from .targets import get_target
 
 
 def runnable_target(path: Path, manifest: Manifest) -> Target:

@@ -32,6 +32,7 @@ from ..buckets import BucketGrid
 from ..execution import InputLayout, token_rows
 from ..images import PROCESSOR_FILE, ImagePreprocessor
 from ..spec import TRUNCATION_AT_COMPILE, DeploySpec
+from ..targets import get_target
 from ..tasks import Task, WrappedModel, get_task, task_for
 from ..tokenization import TextTokenizer
 from .base import CompileError
@@ -40,7 +41,6 @@ from .examples import Examples, ImageExamples, TextExamples
 from .job import CompileJob
 from .precision import Choice, PrecisionSearch
 from .reference import REFERENCE_FILE
-from .targets import get_target
 
 INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")
 CANDIDATES = ".candidates"

@@ -25,34 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
+from ..processes import ServeError
+from ..registry import class_name
 from ..section import EngineSection
-from ..serve.process import ServeError
-from ..spec import ModelEntry
+from ..sources import FoundModel, ModelSourceError
 from ..worker import WorkerSettings
-from . import class_name
 
 if TYPE_CHECKING:
     from ..placement import WorkerPlan
-    from ..serve.front.clients import EngineClient
     from ..spec import DeploySpec
+    from .client import EngineClient
 
 Log = Callable[[str], object]
-
-
-class ModelSourceError(RuntimeError):
-    pass
-
-
-@dataclass(frozen=True)
-class FoundModel:
-    artifact: Path
-    name: str
-    # what it was packaged with (a .mar's or a Triton repository's): what the user gave
-    # at packaging time must survive packaging again for this host
-    truncation: bool | None = None
-
-    def entry(self) -> ModelEntry:
-        return ModelEntry(artifact=self.artifact, name=self.name, truncation=self.truncation)
 
 
 def packaged(model_dir: Path, settings: WorkerSettings) -> list[FoundModel]:
@@ -138,7 +122,7 @@ class Engine(ABC, Generic[Instance]):
     def start(self, log: Log = print, timeout_s: float = 600) -> Instance:
         """Start on the section's store, listening where it says, and return once every
         worker of every model is ready (stopping again if that fails)."""
-        from ..serve.process import ServeError
+        from ..processes import ServeError
 
         refusal = self.section.missing()
         if refusal is not None:

@@ -24,8 +24,8 @@ from typing import Any, TypeVar
 from .. import cores, placement
 from ..artifact import Manifest, read_manifest
 from ..buckets import engine_batch_sizes
-from ..compile.targets import pipeline_depth
 from ..spec import DeploySpec, ModelEntry
+from ..targets import pipeline_depth
 from ..worker import MODELS_DIR, ModelSettings, WorkerSettings
 
 # the largest batch an engine forms in a multi-model deployment, whose models' grids are

@@ -19,14 +19,14 @@ from .. import catalog, placement
 from ..artifact import read_manifest
 from ..engines.base import engine_class
 from ..packaging.model import recorded_unless_given, served_truncation
+from ..processes import free_ports, private_dir
 from ..spec import DeploySpec, ModelEntry
-from .process import free_ports, private_dir
 
 if TYPE_CHECKING:
     from ..artifact import Manifest
     from ..engines.base import Engine
-    from .front.clients import EngineClient
-    from .front.model import ServedModel
+    from ..engines.client import EngineClient
+    from ..served import ServedModel
     from .front.multi_model import ModelCatalog
     from .front.serving import Serving
     from .model_source import FoundModel
@@ -179,7 +179,7 @@ class Deployment:
         key: str = "",
     ) -> ServedModel:
         """One model as the front needs it (a multi-model load passes its worker name)."""
-        from .front.model import ServedModel
+        from ..served import ServedModel
 
         return ServedModel(
             name=name,

@@ -18,7 +18,6 @@ request alone.
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from ..errors import RequestError
 from ..tokenization import Text
 
 # a module's outputs for a batch, unpadded: per-row outputs stacked (rows, dim), or
@@ -36,48 +36,6 @@ if TYPE_CHECKING:
     import torch
 
     from ..tokenization import Encoded
-
-
-class RequestError(ValueError):
-    """One request cannot be served; `status` is the HTTP code to answer with."""
-
-    # "[413] message": how a status travels through a protocol with fewer codes (Triton)
-    _TAG = re.compile(r"^\[(\d{3})\] (.*)$", re.S)
-
-    def __init__(self, message: str, status: int = 400, kind: str | None = None):
-        super().__init__(message)
-        self.status = status
-        # text-embeddings-inference's error type where the status alone does not tell it
-        # ("Empty": nothing was sent; "Tokenizer")
-        self.kind = kind
-
-    @property
-    def message(self) -> str:
-        return str(self)
-
-    def tagged(self) -> str:
-        return f"[{self.status}] {self.message}"
-
-    @classmethod
-    def from_engine(cls, message: str, status: int) -> RequestError:
-        """The error an engine answered with `status` and `message`, with the status a
-        tag in the message carries, if any."""
-        m = cls._TAG.match(message)
-        return cls(m.group(2), int(m.group(1))) if m else cls(message, status)
-
-
-def internal_error(doing: str) -> RequestError:
-    """A 500 for the client that names no internals: the exception, with its traceback,
-    goes to the server's log under an error id the client gets to quote."""
-    import logging
-    import uuid
-
-    error_id = uuid.uuid4().hex[:12]
-    logging.getLogger("neuronserve").exception("error %s while %s", error_id, doing)
-    return RequestError(
-        f"internal error while {doing} (error id {error_id}; details in the server log)",
-        status=500,
-    )
 
 
 TRUNCATION_DIRECTIONS = ("right", "left")

@@ -93,7 +93,7 @@ def test_compile_takes_a_hub_id_and_says_when_given_an_artifact(offline_hub, tmp
 def test_the_containers_entrypoint_serves_hf_model_id(offline_hub, tmp_path, monkeypatch):
     """SageMaker's (and the Kubernetes pod's) environment names the model as Hugging
     Face's containers do: HF_MODEL_ID, HF_MODEL_REVISION, HF_TASK."""
-    from neuronserve.serve import sagemaker
+    from neuronserve.platforms.sagemaker import entrypoint as sagemaker
 
     monkeypatch.setenv("HF_MODEL_ID", REPO_ID)
     monkeypatch.setenv("HF_TASK", "fill-mask")

@@ -299,11 +299,11 @@ def test_the_monitor_reader_follows_neuron_monitors_documented_report():
 
 def test_engines_form_batches_of_several_device_calls(neuronx_artifact):
     from neuronserve.buckets import efficient_batches
-    from neuronserve.compile.targets import pipeline_depth
     from neuronserve.engines.torchserve.package import model_config
     from neuronserve.engines.triton.package import model_config as triton_config
     from neuronserve.packaging.model import prepare
     from neuronserve.spec import load_spec
+    from neuronserve.targets import pipeline_depth
 
     with standin_process(4):
         spec = load_spec(None, {"artifact": neuronx_artifact})

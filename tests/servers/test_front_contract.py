@@ -25,7 +25,7 @@ import pytest
 import requests
 from helpers import SENTENCES, as_sent, free_port, run_cli, wait_for, write_spec
 
-from neuronserve.engines import ENGINES
+from neuronserve.registry import ENGINES
 from neuronserve.runtime import Runner
 from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front import schemas

@@ -28,10 +28,10 @@ from helpers import free_port, run_cli, tiny_bert_classifier, wait_for, write_sp
 from tritonclient.utils import InferenceServerException
 
 from neuronserve.engines.triton.stubs import live_stubs
+from neuronserve.processes import live_pid
 from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front import schemas
 from neuronserve.serve.front.server import ENGINE_DIR
-from neuronserve.serve.process import live_pid
 
 pytestmark = pytest.mark.server
 

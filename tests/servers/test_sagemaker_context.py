@@ -16,7 +16,7 @@ import pytest
 from helpers import REPO, SageMakerServe, sagemaker_context, wait_for
 
 pytestmark = pytest.mark.server
-FILES = REPO / "neuronserve" / "packaging" / "sagemaker_files"
+FILES = REPO / "neuronserve" / "platforms" / "sagemaker" / "files"
 
 
 PARSE = """

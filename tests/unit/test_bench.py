@@ -13,12 +13,12 @@ import pytest
 from helpers import wait_for
 
 from neuronserve import tensors
-from neuronserve.bench import wrk
-from neuronserve.bench.endpoints import Endpoint, RequestFailed
-from neuronserve.bench.load import Window, run_load
 from neuronserve.bench.report import best_by_seq
 from neuronserve.bench.run import BenchConfig, _add_ratios, _sessions, parse_endpoint, time_split
-from neuronserve.bench.work import Batch
+from neuronserve.load import wrk
+from neuronserve.load.endpoints import Endpoint, RequestFailed
+from neuronserve.load.generator import Window, run_load
+from neuronserve.load.work import Batch
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -463,7 +463,7 @@ def test_a_lone_in_process_client_runs_on_the_calling_thread():
 def test_every_tasks_bench_request_is_one_its_server_takes(task):
     """The body bench sends natively parses as the task's request with one item per
     text asked for, and its Triton columns are the task's inputs."""
-    from neuronserve.bench.work import Work
+    from neuronserve.load.work import Work
     from neuronserve.tasks import get_task
 
     work = Work(task, {16: "the river bank was quiet that morning"}, mask="[MASK]")

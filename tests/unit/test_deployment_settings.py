@@ -73,7 +73,7 @@ def triton_truncation(repo, name):
 def test_packaging_keeps_the_artifacts_truncation_unless_given(artifacts, tmp_path, given):
     from neuronserve.engines.torchserve.package import package_torchserve
     from neuronserve.engines.triton.package import package_triton
-    from neuronserve.packaging.sagemaker import package_sagemaker
+    from neuronserve.platforms.sagemaker.context import package_sagemaker
 
     strict, want = artifacts / "strict", False if given is None else given
     # what `package ... [--truncation]` hands the packagers (cli/options.load)

@@ -21,8 +21,8 @@ from helpers import SENTENCES, as_sent, float32_in_fewest_digits
 from in_process_front import front
 from starlette.testclient import TestClient
 
+from neuronserve.engines.client import WorkerCounts
 from neuronserve.serve.front.app import build_app
-from neuronserve.serve.front.clients import WorkerCounts
 from neuronserve.serve.front.config import FrontConfig
 from neuronserve.serve.front.serving import Serving
 from neuronserve.spec import load_spec

@@ -16,7 +16,7 @@ from neuronserve.host_load import NeuronMonitor, cpu_seconds, front_pace, pace
 
 
 def test_a_pipelined_target_forms_batches_of_several_device_calls():
-    from neuronserve.compile.targets import pipeline_depth
+    from neuronserve.targets import pipeline_depth
 
     grid = BucketGrid((1, 4, 8), (16,))
     costs = {"b1_s16": 4, "b4_s16": 8, "b8_s16": 12}

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from neuronserve import cores
 from neuronserve.artifact import read_manifest
 from neuronserve.cli import app
-from neuronserve.packaging import kubernetes as k8s
+from neuronserve.platforms import kubernetes as k8s
 from neuronserve.spec import DeploySpec, load_spec
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
@@ -207,7 +207,7 @@ def test_a_pod_plans_workers_from_its_quota_not_the_nodes_cores(tmp_path, monkey
 
 
 def test_kubernetes_mode_needs_its_key(monkeypatch):
-    from neuronserve.serve import sagemaker
+    from neuronserve.platforms.sagemaker import entrypoint as sagemaker
 
     monkeypatch.setenv("NEURONSERVE_PLATFORM", "kubernetes")
     monkeypatch.delenv("NEURONSERVE_API_KEY", raising=False)

@@ -26,13 +26,13 @@ from starlette.testclient import TestClient
 
 from neuronserve import catalog, placement
 from neuronserve.artifact import read_manifest
+from neuronserve.engines.client import EngineClient, WorkerCounts
 from neuronserve.runtime import Runner
 from neuronserve.serve.front.app import build_app
-from neuronserve.serve.front.clients import EngineClient, WorkerCounts
 from neuronserve.serve.front.config import FrontConfig
-from neuronserve.serve.front.model import ServedModel
 from neuronserve.serve.front.multi_model import ModelCatalog
 from neuronserve.serve.front.serving import Serving
+from neuronserve.served import ServedModel
 from neuronserve.spec import load_spec
 from neuronserve.tasks import RequestError, TaskRequest
 
@@ -304,7 +304,7 @@ def test_the_container_runs_the_contract_when_sagemaker_asks(tmp_path, monkeypat
     """SAGEMAKER_MULTI_MODEL=true: a multi-model spec with the budget of the container's
     environment, and a deployment that starts with no model at all (SageMaker loads them
     through /models) whose workers follow the catalog."""
-    from neuronserve.serve.sagemaker import sagemaker_deployment, sagemaker_spec
+    from neuronserve.platforms.sagemaker.entrypoint import sagemaker_deployment, sagemaker_spec
 
     monkeypatch.setenv("SAGEMAKER_MULTI_MODEL", "true")
     monkeypatch.setenv("NEURONSERVE_MEMORY_BUDGET_MB", "512")
@@ -492,7 +492,7 @@ def _tar(path: Path, members: dict[str, bytes]) -> Path:
 def test_an_archive_is_bounded_while_it_unpacks_and_nothing_is_left(
     endpoint, tmp_path, monkeypatch
 ):
-    from neuronserve.serve import model_source
+    from neuronserve import sources as model_source
 
     client, _, _, workers = endpoint
     monkeypatch.setattr(model_source, "MIN_ROOM", 1 << 20, raising=False)
@@ -510,7 +510,7 @@ def test_an_archive_is_bounded_while_it_unpacks_and_nothing_is_left(
 def test_the_archives_of_one_url_share_one_bound(endpoint, tmp_path, monkeypatch):
     """A folder of several archives unpacks within the bound of their joint size, not
     each within its own (three archives would otherwise take three times the room)."""
-    from neuronserve.serve import model_source
+    from neuronserve import sources as model_source
 
     client, _, _, workers = endpoint
     monkeypatch.setattr(model_source, "MIN_ROOM", 1 << 20, raising=False)

@@ -10,7 +10,7 @@ import json
 import pytest
 from helpers import run_cli
 
-from neuronserve.packaging import sagemaker_scaling as sc
+from neuronserve.platforms.sagemaker import scaling as sc
 
 boto3 = pytest.importorskip("boto3")
 from botocore.exceptions import ParamValidationError  # noqa: E402

@@ -150,8 +150,8 @@ def bystander():
 
 
 def test_stop_leaves_a_process_a_stale_pid_file_names_alone(tmp_path, bystander):
+    from neuronserve.processes import live_pid, record_pid
     from neuronserve.serve.front import launch
-    from neuronserve.serve.process import live_pid, record_pid
 
     run = tmp_path / "front"
     run.mkdir()
@@ -314,7 +314,7 @@ def test_compiled_weights_are_not_world_readable(tiny_artifact):
 
 
 def test_logs_are_private_and_never_written_through_a_link(tmp_path):
-    from neuronserve.serve.process import private_file
+    from neuronserve.processes import private_file
 
     target = tmp_path / "victim.txt"
     target.write_text("keep")
@@ -406,7 +406,7 @@ def test_the_front_tokenizes_with_the_bytes_it_verified(tmp_path, tiny_artifact)
     """The front's tokenizer comes from tokenizer.json's checked bytes: one altered after
     the manifest was written is refused, not loaded."""
     from neuronserve.artifact import read_manifest
-    from neuronserve.serve.front.model import ServedModel
+    from neuronserve.served import ServedModel
 
     copy = tmp_path / "tiny"
     shutil.copytree(tiny_artifact, copy)
@@ -514,7 +514,7 @@ def test_an_image_uses_the_containers_dev_shm_for_triton_only(engine, tmp_path, 
     every process in it the image's one user): there Triton may use that /dev/shm where it
     cannot make one of its own; nothing else about the engine is set, and a TorchServe
     image gets no Triton section."""
-    from neuronserve.serve.sagemaker import sagemaker_spec
+    from neuronserve.platforms.sagemaker.entrypoint import sagemaker_spec
 
     monkeypatch.setenv("NEURONSERVE_ENGINE", engine)
     spec = sagemaker_spec(tmp_path / "work")

@@ -16,7 +16,7 @@ from helpers import ports_for
 
 from neuronserve import catalog
 from neuronserve.private_folders import NotPrivate, private_folder, shared_entry
-from neuronserve.serve.process import ServeError, private_dir, trusted_store
+from neuronserve.processes import ServeError, private_dir, trusted_store
 from neuronserve.worker import make_shared_memory_private
 
 NOBODY = 65534
@@ -142,7 +142,7 @@ def test_serve_front_in_the_foreground_refuses_an_open_run_folder(tmp_path, tiny
 def test_the_sagemaker_entrypoint_refuses_an_open_work_folder(tmp_path):
     work = _open_folder(tmp_path / "work")
     done = _start(
-        [sys.executable, "-m", "neuronserve.serve.sagemaker"],
+        [sys.executable, "-m", "neuronserve.platforms.sagemaker.entrypoint"],
         {
             "NEURONSERVE_WORK_DIR": str(work),
             "NEURONSERVE_PLATFORM": "sagemaker",

@@ -175,8 +175,8 @@ def test_the_default_engine_is_the_first_that_can_start_here(monkeypatch):
     machine never needs TorchServe; a spec that sets one engine's options runs on it."""
     import importlib.util
 
-    from neuronserve.engines import default_engine, section_class
     from neuronserve.engines.triton.section import INSTALL, glibc_refusal
+    from neuronserve.registry import default_engine, section_class
 
     triton, torchserve = section_class("triton"), section_class("torchserve")
     assert triton.missing() is None and torchserve.missing() is None  # this machine
@@ -205,7 +205,7 @@ def test_the_default_engine_is_the_first_that_can_start_here(monkeypatch):
 def test_an_engine_that_cannot_start_here_says_what_to_install(monkeypatch, tmp_path):
     from neuronserve.engines.base import engine_class
     from neuronserve.engines.triton.section import TritonSection
-    from neuronserve.serve.process import ServeError
+    from neuronserve.processes import ServeError
 
     monkeypatch.setattr(TritonSection, "missing", classmethod(lambda cls: "pip install x"))
     engine = engine_class("triton")(TritonSection(repository=tmp_path), tmp_path / "run")

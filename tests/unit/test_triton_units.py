@@ -11,7 +11,7 @@ import pytest
 from helpers import REPO, wait_for
 
 from neuronserve.engines.triton import process as triton
-from neuronserve.serve.process import ServeError
+from neuronserve.processes import ServeError
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +219,7 @@ def test_a_reaped_child_that_dies_is_gone_not_a_zombie():
 
     import psutil
 
-    from neuronserve.serve.process import reap
+    from neuronserve.processes import reap
 
     def zombie(pid: int) -> bool:
         try:
@@ -286,7 +286,7 @@ def test_a_start_that_stalls_after_every_instance_is_ready_says_where_it_waits(
     import psutil
 
     from neuronserve.engines.triton.stubs import STUB
-    from neuronserve.serve.process import free_ports, record_pid
+    from neuronserve.processes import free_ports, record_pid
 
     monkeypatch.setattr(triton, "STALL_S", 0.5)
     run_dir = tmp_path / "run"
@@ -369,7 +369,7 @@ def test_ports_handed_to_servers_are_below_the_ephemeral_range():
     free_ports picks distinct ports below that range, each free to bind."""
     import socket
 
-    from neuronserve.serve.process import EPHEMERAL_RANGE, free_ports
+    from neuronserve.processes import EPHEMERAL_RANGE, free_ports
 
     ephemeral = int(EPHEMERAL_RANGE.read_text().split()[0])
     ports = free_ports(8)

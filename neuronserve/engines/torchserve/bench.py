@@ -4,11 +4,11 @@ handler's metrics are named in TorchServe's style."""
 
 from __future__ import annotations
 
-from ...bench.endpoints import Endpoint, HttpJsonEndpoint
-from ...bench.engines import EngineBench
-from ...bench.protocols import NATIVE, SoakProtocol
+from ...load.endpoints import Endpoint, HttpJsonEndpoint
+from ...load.protocols import NATIVE, SoakProtocol
 from ...metrics import Metric
 from ..base import NativeRoute
+from ..bench import EngineBench
 
 
 class TorchServeBench(EngineBench):

@@ -15,7 +15,8 @@ import aiohttp
 import orjson
 
 from ... import tensors
-from ...serve.front.clients import (
+from ...worker import ANSWER_HEADER, ANSWER_TENSORS, MODEL_HEADER
+from ..client import (
     PLAIN,
     PROBE_TIMEOUT,
     EngineClient,
@@ -26,10 +27,9 @@ from ...serve.front.clients import (
     metrics_text,
     once_more,
 )
-from ...worker import ANSWER_HEADER, ANSWER_TENSORS, MODEL_HEADER
 
 if TYPE_CHECKING:
-    from ...serve.front.model import ServedModel
+    from ...served import ServedModel
     from ...tasks import TaskRequest
 
 # How TorchServe says the worker that held a request died with it: "Worker died." (500,

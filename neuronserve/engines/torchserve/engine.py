@@ -13,9 +13,9 @@ from .section import TorchServeSection
 
 if TYPE_CHECKING:
     from ...placement import WorkerPlan
-    from ...serve.front.clients import EngineClient
     from ...spec import DeploySpec
     from ..base import FoundModel
+    from ..client import EngineClient
     from .process import TorchServeInstance
 
 

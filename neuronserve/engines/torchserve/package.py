@@ -31,10 +31,10 @@ from ...packaging.model import (
     staged,
 )
 from ...resources import package_file, tool
-from ...serve.model_source import UnpackLimits
+from ...sources import FoundModel, ModelSourceError, UnpackLimits
 from ...spec import DeploySpec
 from ...worker import MODELS_DIR, WorkerSettings
-from ..base import FoundModel, ModelSourceError, packaged
+from ..base import packaged
 from .section import TorchServeSection
 
 __all__ = ["PackagingError", "model_config", "package_torchserve"]

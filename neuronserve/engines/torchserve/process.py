@@ -25,14 +25,14 @@ import requests
 
 from ...cores import DEPLOYMENT_ENV
 from ...pids import alive
-from ...resources import package_file, tool
-from ...serve.process import (
+from ...processes import (
     Background,
     ServeError,
     private_dir,
     private_file,
     trusted_store,
 )
+from ...resources import package_file, tool
 from ...worker import FAILURE_MARKER
 from ..base import NativeRoute
 from .package import CONFIG_FILE, read_properties, write_properties

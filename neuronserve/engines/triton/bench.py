@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ...bench.endpoints import (
+from ...load.endpoints import (
     AsyncHttpConnection,
     AsyncSend,
     Endpoint,
@@ -18,14 +18,14 @@ from ...bench.endpoints import (
     Send,
     raw_post,
 )
-from ...bench.engines import EngineBench
-from ...bench.protocols import SoakProtocol
-from ...bench.work import Batch
-from ...bench.wrk import WrkRequest
+from ...load.protocols import SoakProtocol
+from ...load.work import Batch
+from ...load.wrk import WrkRequest
 from ...metrics import Metric
 from ...tensors import first_output
 from ...tensors import of as tensors_of
 from ..base import NativeRoute
+from ..bench import EngineBench
 
 
 class TritonEndpoint(Endpoint):

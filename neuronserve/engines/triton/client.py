@@ -16,7 +16,9 @@ import aiohttp
 import numpy as np
 
 from ... import tensors
-from ...serve.front.clients import (
+from ...tasks import RequestError
+from ...worker import MODEL_PARAMETER
+from ..client import (
     PLAIN,
     PROBE_TIMEOUT,
     EngineClient,
@@ -26,12 +28,10 @@ from ...serve.front.clients import (
     metrics_text,
     once_more,
 )
-from ...tasks import RequestError
-from ...worker import MODEL_PARAMETER
 from . import kserve
 
 if TYPE_CHECKING:
-    from ...serve.front.model import ServedModel
+    from ...served import ServedModel
     from ...tasks import TaskRequest
 
 # How Triton's Python backend says the instance that held a request died with it: "Stub

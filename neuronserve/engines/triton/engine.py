@@ -14,9 +14,9 @@ from .section import TritonSection
 
 if TYPE_CHECKING:
     from ...placement import WorkerPlan
-    from ...serve.front.clients import EngineClient
     from ...spec import DeploySpec
     from ..base import FoundModel
+    from ..client import EngineClient
     from .process import TritonInstance
 
 

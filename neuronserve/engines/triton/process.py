@@ -31,7 +31,7 @@ import requests
 
 from ...cores import DEPLOYMENT_ENV
 from ...pids import alive
-from ...serve.process import (
+from ...processes import (
     Background,
     ServeError,
     forget_pid,

@@ -31,9 +31,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from ...engines.client import EngineClient
+from ...served import ServedModel
 from ...tasks import RequestError, TaskRequest
-from .clients import EngineClient
-from .model import ServedModel
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator

@@ -17,8 +17,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...processes import private_dir
 from ...spec import DeploySpec
-from ..process import private_dir
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...spec import DeploySpec
-from ..process import (
+from ...processes import (
     Background,
     ServeError,
     listeners,
@@ -29,6 +28,7 @@ from ..process import (
     private_file,
     terminate,
 )
+from ...spec import DeploySpec
 from .config import FrontConfig
 
 SETTINGS_FILE = "front.json"

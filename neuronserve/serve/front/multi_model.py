@@ -25,14 +25,15 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ... import catalog, placement
 from ...artifact import ArtifactError, Manifest, read_manifest
 from ...names import safe_name
+from ...sources import ModelSourceError, unpack_tar
 from ...tasks import RequestError
-from ..model_source import ModelSourceError, find_models, unpack_tar
+from ..model_source import find_models
 from .config import LOAD_TIMEOUT_S
 from .schemas import model_name
 from .table import EVICTED, LOADING, READY, ModelTable, Version
 
 if TYPE_CHECKING:
-    from .model import ServedModel
+    from ...served import ServedModel
     from .observe import FrontMetrics
 
 

@@ -19,12 +19,12 @@ from prometheus_client import generate_latest
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
+from ...engines.client import EngineAnswer, EngineUnavailable
+from ...served import ServedModel
 from ...tasks import RequestError, TaskRequest, get_task
 from ...tasks.base import RequestLimits, Text
 from . import schemas as s
-from .clients import EngineAnswer, EngineUnavailable
 from .errors import Family, error_response
-from .model import ServedModel
 from .observe import FrontMetrics
 from .openapi import SWAGGER_FILES, SWAGGER_PAGE, document, swagger_file
 from .route import Handler, Route

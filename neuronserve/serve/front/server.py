@@ -28,17 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
+from ...processes import ServeError, port_taken, private_dir
 from ...spec import DeploySpec, load_spec
 from ..deployment import Deployment, model_entries
 from ..model_source import find_models
-from ..process import ServeError, port_taken, private_dir
 from .app import build_app
 from .config import FrontConfig
 from .protocol import with_deadlines
 from .serving import Serving
 
 if TYPE_CHECKING:
-    from .clients import EngineClient
+    from ...engines.client import EngineClient
 
 log = logging.getLogger("neuronserve.front")
 

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...engines.client import EngineAnswer, EngineClient, WorkerCounts
+from ...served import ServedModel
 from ...tasks import RequestError, TaskRequest
 from ...tasks.base import Text
-from .clients import EngineAnswer, EngineClient, WorkerCounts
 from .coalescing import Coalescer
 from .config import FrontConfig
-from .model import ServedModel
 from .observe import FrontMetrics
 from .table import ModelTable, Version
 
@@ -89,7 +89,8 @@ class Serving:
 
     @property
     def info(self) -> dict[str, Any]:
-        infos = [m.info(self.config) for m in self.models.values()]
+        c = self.config
+        infos = [m.info(c.max_in_flight, c.max_client_batch) for m in self.models.values()]
         if self.catalog is not None:
             states = self.table.states()
             for i in infos:

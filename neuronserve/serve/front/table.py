@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ...artifact import Manifest
-    from .model import ServedModel
+    from ...served import ServedModel
 
 LOADING, READY, EVICTED = "loading", "ready", "evicted"
 

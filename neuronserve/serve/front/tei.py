@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from ...served import ServedModel
 from ...tasks import RequestError
 from ...tasks.base import FLOAT32_JSON_BYTES
-from .model import ServedModel
 
 
 def texts_of(

@@ -21,7 +21,7 @@ from typing import Any
 
 import psutil
 
-from ..private_folders import NotPrivate, private_folder, shared_entry
+from .private_folders import NotPrivate, private_folder, shared_entry
 
 
 class ServeError(RuntimeError):

@@ -23,17 +23,23 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .. import placement
-from ..artifact import read_manifest
-from ..compile.cache import resolved
-from ..engines import section_class
-from ..spec import DeploySpec, load_spec
-from .deployment import Deployment, model_entries
-from .front.config import FrontConfig
-from .front.keys import ENV_KEY
-from .front.server import configure_logging, run
-from .model_source import FoundModel, ModelSourceError, engine_name, find_models, model_source
-from .process import private_dir
+from ... import placement
+from ...artifact import read_manifest
+from ...compile.cache import resolved
+from ...processes import private_dir
+from ...registry import section_class
+from ...serve.deployment import Deployment, model_entries
+from ...serve.front.config import FrontConfig
+from ...serve.front.keys import ENV_KEY
+from ...serve.front.server import configure_logging, run
+from ...serve.model_source import (
+    FoundModel,
+    ModelSourceError,
+    engine_name,
+    find_models,
+    model_source,
+)
+from ...spec import DeploySpec, load_spec
 
 log = logging.getLogger("neuronserve.sagemaker")
 

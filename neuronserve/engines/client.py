@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import aiohttp
 import orjson
 
-from ...tasks import RequestError
+from ..tasks import RequestError
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from ...tasks import TaskRequest
-    from ...tasks.base import RequestLimits
-    from .model import ServedModel
+    from ..served import ServedModel
+    from ..tasks import TaskRequest
+    from ..tasks.base import RequestLimits
 
 log = logging.getLogger("neuronserve.front")
 T = TypeVar("T")

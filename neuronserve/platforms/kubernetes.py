@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from ..spec import DeploySpec
-from .sagemaker import ContextError, check_runs, package_sagemaker
+from .sagemaker.context import ContextError, check_runs, package_sagemaker
 
 # The Kubernetes release the manifests are written for and validated against (tests).
 KUBERNETES_VERSION = "1.31"

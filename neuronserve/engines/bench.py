@@ -8,14 +8,14 @@ import importlib
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
-from ..engines import ENGINES
-from ..engines.base import engine_class
+from ..registry import ENGINES
+from .base import engine_class
 
 if TYPE_CHECKING:
-    from ..engines.base import NativeRoute
+    from ..load.endpoints import Endpoint
+    from ..load.protocols import SoakProtocol
     from ..metrics import Metric
-    from .endpoints import Endpoint
-    from .protocols import SoakProtocol
+    from .base import NativeRoute
 
 
 class EngineBench(ABC):

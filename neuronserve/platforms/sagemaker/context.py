@@ -1,7 +1,7 @@
 """package sagemaker: artifact -> a self-contained Docker build context.
 
     <out>/Dockerfile          for the target (base image as a build argument)
-    <out>/serve               SageMaker's entrypoint (neuronserve.serve.sagemaker)
+    <out>/serve               SageMaker's entrypoint (neuronserve.platforms.sagemaker.entrypoint)
     <out>/model/              the packaged model: a .mar store or a Triton repository
     <out>/python/neuronserve  this neuronserve, handler and Triton model.py included
     <out>/requirements.txt    what neuronserve and the engine need besides torch
@@ -19,11 +19,11 @@ import shutil
 from importlib import metadata, resources
 from pathlib import Path
 
-from ..artifact import read_manifest
-from ..engines import ENGINES
-from ..engines.base import engine_class
-from ..spec import DeploySpec
-from .model import recorded_unless_given
+from ...artifact import read_manifest
+from ...engines.base import engine_class
+from ...packaging.model import recorded_unless_given
+from ...registry import ENGINES
+from ...spec import DeploySpec
 
 TARGETS = ("cpu", "neuronx", "cuda")
 # The artifact's compile target each image can run.
@@ -35,7 +35,7 @@ class ContextError(RuntimeError):
 
 
 def _files() -> Path:
-    return Path(str(resources.files("neuronserve.packaging.sagemaker_files")))
+    return Path(str(resources.files("neuronserve.platforms.sagemaker.files")))
 
 
 def requirements(engine: str, target: str) -> list[str]:
@@ -45,7 +45,7 @@ def requirements(engine: str, target: str) -> list[str]:
     may be handed another artifact than the one packaged."""
     from packaging.requirements import Requirement
 
-    from ..compile.cpu import RUNTIME_PACKAGES
+    from ...compile.cpu import RUNTIME_PACKAGES
 
     out = []
     for line in metadata.requires("neuronserve") or []:
@@ -62,9 +62,9 @@ def requirements(engine: str, target: str) -> list[str]:
 def _copy_package(dst: Path) -> None:
     import neuronserve
 
-    from ..engines import ENGINES
-    from ..engines.base import engine_class
-    from ..resources import package_file
+    from ...engines.base import engine_class
+    from ...registry import ENGINES
+    from ...resources import package_file
 
     src = Path(neuronserve.__file__).parent
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

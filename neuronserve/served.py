@@ -9,14 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ... import __version__
-from ...tasks import Task, get_task
-from ...tasks.base import RequestLimits, Text, prompted
-from ...tokenization import TextTokenizer
+from . import __version__
+from .tasks import Task, get_task
+from .tasks.base import RequestLimits, Text, prompted
+from .tokenization import TextTokenizer
 
 if TYPE_CHECKING:
-    from ...artifact import Manifest
-    from .config import FrontConfig
+    from .artifact import Manifest
 
 
 @dataclass(frozen=True)
@@ -39,7 +38,7 @@ class ServedModel:
     def tokenizer_of(manifest: Manifest, artifact: Path) -> TextTokenizer | None:
         """The model's tokenizer, loaded from the bytes checked against the manifest (not
         from the file again, which could have been swapped after the check)."""
-        from ...artifact import read_verified
+        from .artifact import read_verified
 
         tok = manifest.tokenizer
         if tok is None:
@@ -96,8 +95,9 @@ class ServedModel:
             return {"classifier": classes}
         return {m.task: classes}
 
-    def info(self, config: FrontConfig) -> dict[str, Any]:
-        """text-embeddings-inference's Info fields, then neuronserve's own."""
+    def info(self, max_in_flight: int, max_client_batch: int | None) -> dict[str, Any]:
+        """text-embeddings-inference's Info fields, then neuronserve's own (the front's
+        bounds: requests in flight, texts per request)."""
         m = self.manifest
         return {
             "model_id": self.name,
@@ -105,11 +105,11 @@ class ServedModel:
             "model_dtype": m.precision,
             "served_model_name": self.name,
             "model_type": self.model_type(),
-            "max_concurrent_requests": config.max_in_flight,
+            "max_concurrent_requests": max_in_flight,
             "max_input_length": m.grid.max_seq,
             "max_batch_tokens": m.grid.max_batch * m.grid.max_seq,
             "max_batch_requests": m.grid.max_batch,
-            "max_client_batch_size": config.max_client_batch,
+            "max_client_batch_size": max_client_batch,
             "auto_truncate": self.truncation,
             "tokenization_workers": 1,
             "version": __version__,

@@ -1,0 +1,3 @@
+"""Load on a server: an endpoint per protocol (what one request is and how it is sent),
+the work sent, the generator that keeps N clients busy, and wrk beside it. Below the
+engines, whose bench support builds endpoints for their own APIs."""

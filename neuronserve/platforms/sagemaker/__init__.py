@@ -1,0 +1,2 @@
+"""SageMaker: the container build context (context.py, files/), the entrypoint the
+container runs (entrypoint.py) and the endpoint's scaling policy (scaling.py)."""
