@@ -182,7 +182,11 @@ class TextTokenizer:
         repeated = text
         while len(self._full.encode(repeated).ids) < length:
             repeated = repeated + " " + text
-        tok = Tokenizer.from_str(self._full.to_str())
-        tok.enable_truncation(length)
-        e = tok.encode(repeated)
+        key = f"to-{length}"  # one tokenizer per length: compile asks for each bucket's
+        if key not in self._truncating:
+            tok = Tokenizer.from_str(self._json)
+            tok.no_padding()
+            tok.enable_truncation(length)
+            self._truncating[key] = tok
+        e = self._truncating[key].encode(repeated)
         return Encoded(e.ids, e.attention_mask, e.type_ids, len(e.ids))

@@ -21,7 +21,8 @@ types_log=$(mktemp)
 .venv/bin/mypy >"$types_log" 2>&1 &
 types_pid=$!
 tests=0
-.venv/bin/python -m pytest -v -n 3 --dist loadfile --no-loadscope-reorder "$@" || tests=$?
+.venv/bin/python -m pytest -v -n 3 --dist loadfile --no-loadscope-reorder \
+  --hypothesis-profile=thorough "$@" || tests=$?
 types=0
 wait "$types_pid" || types=$?
 echo "mypy: $(cat "$types_log")"

@@ -17,6 +17,14 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 from helpers import HUB_TEST_ID, hub_cache, tiny_bert_classifier, tiny_model
+from hypothesis import settings
+
+# How many examples each property-based test tries: "quick" by default (`pytest
+# tests/unit` before every commit), "thorough" for the whole suite (scripts/test.sh and
+# CI pass --hypothesis-profile=thorough). Tests that set their own count keep it.
+settings.register_profile("quick", max_examples=50)
+settings.register_profile("thorough", max_examples=150)
+settings.load_profile("quick")
 
 # The slowest first, so that a parallel run (scripts/test.sh: files in the order
 # collected) does not end waiting on one of them: the longest modules, those that mostly
@@ -198,6 +206,28 @@ def classifier_runner(classifier_artifact):
 
 
 @pytest.fixture(scope="session")
+def neuronx_manifest_artifact(built_once, classifier_dir):
+    """The tiny classifier compiled for neuronx by the stand-in SDK at one bucket: for
+    tests that read a Neuron artifact's manifest (packaging, placement, manifests), not
+    its answers; a quarter of neuronx_artifact's compile."""
+    from helpers import standin_process
+
+    def build(out: Path) -> Path:
+        with standin_process(4):
+            return _compile(
+                out / "tiny-neuronx",
+                model=classifier_dir,
+                task="text-classification",
+                target="neuronx",
+                batch_sizes=[1],
+                sequence_lengths=[16],
+                precision="fp32",
+            )
+
+    return built_once("neuronx-manifest-artifact", build)
+
+
+@pytest.fixture(scope="session")
 def neuronx_artifact(built_once, classifier_dir):
     """The tiny classifier compiled for neuronx at fp32 by the stand-in SDK on a fake
     4-NeuronCore host (so every bucket was checked), batch sizes 1 and 4."""
@@ -242,26 +272,37 @@ TASK_MODELS = {
 
 
 @pytest.fixture(scope="session")
-def task_models(built_once, minilm_dir) -> dict[str, tuple[Path, Path]]:
-    """Every task's tiny model, compiled once for the session: name -> (model folder,
-    artifact); the ViTs at 32x32, the text models over batches 1, 4 and 16, 32 tokens."""
-    root = built_once("task-models", lambda out: _task_models(out, minilm_dir))
-    return {name: (root / name, root / f"{name}-artifact") for name in TASK_MODELS}
+def task_model(built_once, minilm_dir) -> Callable[[str], tuple[Path, Path]]:
+    """`task_model(name)`: one of TASK_MODELS, compiled once for the session: (model
+    folder, artifact); the ViTs at 32x32, the text models over batches 1, 4 and 16, 32
+    tokens. A test that needs one task's model compiles no other."""
+
+    def one(name: str) -> tuple[Path, Path]:
+        root = built_once(f"task-{name}", lambda out: _task_model(out, name, minilm_dir))
+        return root / name, root / f"{name}-artifact"
+
+    return one
 
 
-def _task_models(root: Path, minilm_dir: Path) -> Path:
+@pytest.fixture(scope="session")
+def task_models(task_model) -> dict[str, tuple[Path, Path]]:
+    """Every task's tiny model: name -> (model folder, artifact)."""
+    return {name: task_model(name) for name in TASK_MODELS}
+
+
+def _task_model(root: Path, name: str, minilm_dir: Path) -> Path:
     from helpers import compile_artifact, tiny_vit
 
-    for name, (task, seed) in TASK_MODELS.items():
-        if task.startswith("image"):
-            model = tiny_vit(root / name, task, seed=seed)
-        else:
-            model = tiny_model(root / name, minilm_dir, task, seed=seed, initializer_range=0.5)
-        extra = {"pooling": "mean"} if task == "image-feature-extraction" else {}
-        artifact = compile_artifact(
-            root / f"{name}-artifact", model, task, name=name, module_format="torchscript", **extra
-        )
-        assert (model, artifact) == (root / name, root / f"{name}-artifact")
+    task, seed = TASK_MODELS[name]
+    if task.startswith("image"):
+        model = tiny_vit(root / name, task, seed=seed)
+    else:
+        model = tiny_model(root / name, minilm_dir, task, seed=seed, initializer_range=0.5)
+    extra = {"pooling": "mean"} if task == "image-feature-extraction" else {}
+    artifact = compile_artifact(
+        root / f"{name}-artifact", model, task, name=name, module_format="torchscript", **extra
+    )
+    assert (model, artifact) == (root / name, root / f"{name}-artifact")
     return root
 
 

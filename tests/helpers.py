@@ -99,15 +99,18 @@ def ports_for(*fields: str) -> dict[str, int]:
 
 
 def wait_for(condition, timeout: float = 60, interval: float = 0.25, what: str = "condition"):
-    """Poll `condition` until it returns something truthy, or fail after `timeout`."""
-    deadline = time.monotonic() + timeout
+    """Poll `condition` until it returns something truthy, or fail after `timeout`: first
+    every 10 ms, then less often, up to every `interval` (a condition met at once costs
+    no wait; a long wait costs few polls)."""
+    deadline, pause = time.monotonic() + timeout, min(0.01, interval)
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
+        time.sleep(pause)
+        pause = min(pause * 2, interval)
 
 
 def run_cli(
@@ -127,6 +130,36 @@ def run_cli(
             f"({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
         )
     return proc
+
+
+def cli(
+    *args: object, cwd: Path | None = None, check: bool = True, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """`neuronserve ARGS` run in this process (typer's test runner), answered as run_cli
+    answers: for commands that finish by themselves and start no server, where a fresh
+    interpreter (seconds of imports) would only cost time."""
+    from typer.testing import CliRunner
+
+    from neuronserve.cli import app
+
+    before = Path.cwd()
+    if cwd is not None:
+        os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, [str(a) for a in args], env=env)
+    finally:
+        os.chdir(before)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    done = subprocess.CompletedProcess(
+        ["neuronserve", *map(str, args)], result.exit_code, result.stdout, result.stderr
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"neuronserve {' '.join(map(str, args))} failed ({done.returncode}):\n"
+            f"{done.stdout}\n{done.stderr}"
+        )
+    return done
 
 
 PORT_FIELDS = (

@@ -63,8 +63,21 @@ def served(runner, max_text_chars: int | None = None) -> ServedModel:
         engine="in-process",
         truncation=runner.truncation,
         max_text_chars=max_text_chars,
-        tokenizer=ServedModel.tokenizer_of(m, runner.artifact_dir),
+        tokenizer=_tokenizer(runner),
     )
+
+
+# Runner id -> (the Runner, kept so that its id is never another's, its tokenizer)
+_TOKENIZERS: dict[int, tuple[Any, Any]] = {}
+
+
+def _tokenizer(runner) -> Any:
+    """The served model's tokenizer, made once per Runner: a test makes many fronts of
+    the same models, and a tokenizer takes tens of milliseconds to read."""
+    if id(runner) not in _TOKENIZERS:
+        tok = ServedModel.tokenizer_of(runner.manifest, runner.artifact_dir)
+        _TOKENIZERS[id(runner)] = (runner, tok)
+    return _TOKENIZERS[id(runner)][1]
 
 
 def front(tmp_path, runners: dict, **fields) -> tuple[TestClient, InProcessEngine, Serving]:

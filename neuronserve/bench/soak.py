@@ -59,6 +59,8 @@ RETRY_CAP_S = 5.0
 MAX_GROWTH_PCT = 10.0
 # seconds a worker started during the run has to load before its memory is sampled
 LOAD_GRACE_S = 5.0
+# how often each worker's memory is sampled: the growth figure is read from these samples
+MEMORY_SAMPLE_S = 1.0
 RECOVERY_LIMIT_S = 60.0
 # texts of every kind a client sends: short, long, unicode, emoji, one character
 TEXTS = [
@@ -436,7 +438,7 @@ class _Run:
                     # not a leak (waiting so for every worker left short runs with none
                     # judged)
                     self.memory[pid] = [first, now, mib, mib]
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(MEMORY_SAMPLE_S)
 
     def _replacement_loaded(self, first_seen: float, now: float) -> bool:
         """A worker that appeared during the run has loaded once it has had LOAD_GRACE_S

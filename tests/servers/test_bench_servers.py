@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import psutil
@@ -18,6 +19,8 @@ import pytest
 from helpers import run_cli, wait_for
 
 from neuronserve.bench.floor import encoder_gflop
+from neuronserve.load import wrk
+from neuronserve.load.generator import Window
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -186,3 +189,79 @@ def _cmdline(p: psutil.Process) -> list[str]:
         return p.cmdline()
     except psutil.Error:  # gone, or not ours to read
         return []
+
+
+class CountingServer:
+    """A plain HTTP server that counts the POSTs it answers and keeps their bodies; it
+    answers 500 to a body holding b"fail"."""
+
+    def __init__(self):
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                with owner.lock:
+                    owner.bodies.add(body)
+                    owner.headers.add(self.headers.get("X-Key", ""))
+                    owner.answered += 1
+                status = 500 if b"fail" in body else 200
+                self.send_response(status)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args):
+                pass
+
+        self.lock = threading.Lock()
+        self.bodies: set[bytes] = set()
+        self.headers: set[str] = set()
+        self.answered = 0
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/predict"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.skipif(not wrk.available(), reason="wrk is not installed")
+def test_a_point_driven_by_wrk_counts_what_the_server_answered_and_wrks_own_cpu():
+    """wrk's body (binary, as Triton's tensors are) and headers reach the server as
+    given; its count of answers is the server's (less those in flight when it stopped);
+    non-2xx answers are errors; its own CPU time is reported."""
+    from neuronserve.bench.run import _wrk_point
+
+    server = CountingServer()
+    probes = []
+    try:
+        body = bytes(range(256)) + "naïve ]==] café".encode()
+        request = wrk.WrkRequest(server.url, body, {"X-Key": "k [[1]]"})
+        row = _wrk_point(
+            request,
+            4,
+            Window(warmup_s=0, duration_s=1),
+            lambda: probes.append(1) or {"cpu": {}, "metrics": {}},
+            2,
+        )
+        assert server.bodies == {body} and server.headers == {"k [[1]]"}
+        assert row["requests"] > 20 and row["errors"] == 0
+        assert server.answered - 4 <= row["requests"] <= server.answered
+        assert row["req_per_s"] == pytest.approx(row["requests"] / row["wall_s"])
+        assert row["texts_per_s"] == pytest.approx(2 * row["req_per_s"])
+        assert row["p50_ms"] <= row["p95_ms"] <= row["p99_ms"] <= row["max_ms"]
+        assert 0 < row["client_cores"] < 1.5 and row["cpu_ms_per_req_client"] > 0
+        assert len(probes) == 2  # as the window opened and as it closed
+        failing = wrk.WrkRequest(server.url, b"fail", {})
+        bad = _wrk_point(
+            failing, 2, Window(warmup_s=0, duration_s=1), lambda: {"cpu": {}, "metrics": {}}, 1
+        )
+        assert bad["requests"] == 0 and bad["errors"] > 0 and "non-2xx" in bad["error_sample"]
+    finally:
+        server.close()

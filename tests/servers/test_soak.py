@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import pytest
-from helpers import run_cli
+from helpers import run_cli, wait_for
 
 pytestmark = pytest.mark.server
 
@@ -68,3 +69,66 @@ def test_torchserve_direct_loses_only_the_killed_workers_batch(minilm_artifact, 
 )
 def test_a_killed_worker_costs_only_its_own_requests(tiny_artifact, tmp_path, engine, via):
     soak(tiny_artifact, tmp_path, engine, via, 3000)
+
+
+def test_soak_judges_only_its_own_temporary_folder_and_shared_memory(tmp_path):
+    """What the run's servers left in their own TMPDIR, and the /dev/shm entries its
+    processes had open or named, count; another server's files on the host do not."""
+    import subprocess
+    import sys
+
+    from neuronserve.bench import soak
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    ours, theirs = shm / f"ns-test-ours-{os.getpid()}", shm / f"ns-test-theirs-{os.getpid()}"
+    temp_dir = tmp_path / "run-tmp"
+    temp_dir.mkdir()
+    (temp_dir / "left.txt").write_text("x")
+    # one of the run's processes: holds one region open and names it, as a stub does
+    code = "import sys, time; f = open(sys.argv[1], 'w'); print('open', flush=True); time.sleep(30)"
+    worker = subprocess.Popen([sys.executable, "-c", code, str(ours)], stdout=subprocess.PIPE)
+    theirs.write_text("another server's")
+    try:
+        assert worker.stdout.readline() == b"open\n"
+        named = soak.shared_memory_of({worker.pid})
+        assert named == {str(ours)}
+        report = soak.SoakReport(target="t", requests=1, concurrency=1)
+        soak.after_stop(report, {worker.pid}, None, temp_dir, named)
+        assert report.left_processes == [worker.pid]
+        assert report.left_temp == sorted([str(temp_dir / "left.txt"), str(ours)])
+        worker.kill()
+        worker.wait()
+        ours.unlink()
+        (temp_dir / "left.txt").unlink()
+        soak.after_stop(report, {worker.pid}, None, temp_dir, named)
+        assert report.left_processes == report.left_temp == []
+        assert report.defects() == []
+    finally:
+        worker.kill()
+        worker.wait()
+        for path in (ours, theirs):
+            path.unlink(missing_ok=True)
+
+
+def test_a_killed_worker_not_yet_reaped_is_not_sampled():
+    """A zombie reads 0 MiB; the soak's memory growth is judged against the first sample."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from neuronserve.bench.soak import memory_mb
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        zombie = psutil.Process(dead.pid)
+        wait_for(lambda: zombie.status() == psutil.STATUS_ZOMBIE, 10, what="the zombie")
+        got = memory_mb([psutil.Process(live.pid), zombie])
+        assert set(got) == {str(live.pid)} and got[str(live.pid)] > 0
+    finally:
+        live.kill()
+        live.wait()
+        dead.wait()

@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 from google.protobuf import json_format
-from helpers import run_cli
+from helpers import cli
 
 from neuronserve.engines.triton.package import read_config
 from neuronserve.serve.model_source import find_models
@@ -99,7 +99,7 @@ def test_packaging_keeps_the_artifacts_truncation_unless_given(artifacts, tmp_pa
 
 
 def test_the_flag_turns_a_default_artifact_strict(artifacts, tmp_path):
-    run_cli(
+    cli(
         "package",
         "triton",
         artifacts / "default",
@@ -109,7 +109,7 @@ def test_the_flag_turns_a_default_artifact_strict(artifacts, tmp_path):
         "1",
     )
     assert triton_truncation(tmp_path / "repo", "default") is True
-    run_cli(
+    cli(
         "package",
         "triton",
         artifacts / "default",

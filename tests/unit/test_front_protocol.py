@@ -32,7 +32,7 @@ def server():
             host="127.0.0.1",
             port=port,
             loop="uvloop",
-            http=with_deadlines(header_timeout_s=2.0, idle_timeout_s=4.0),
+            http=with_deadlines(header_timeout_s=0.5, idle_timeout_s=1.0),
             log_level="warning",
         )
     )
@@ -76,7 +76,7 @@ def test_a_client_that_never_finishes_its_headers_is_cut_off(server):
     silent = socket.create_connection(("127.0.0.1", server), timeout=5)  # sends nothing
     assert get(server).startswith(b"HTTP/1.1 200")  # served meanwhile
     assert not any(closed(slow))  # within the timeout, still open
-    # closed once the header deadline (2 s) has passed; the silent one at its idle one (4 s)
+    # closed once the header deadline (0.5 s) has passed; the silent one at its idle one (1 s)
     wait_for(lambda: all(closed(slow)), timeout=10, interval=0.1, what="slow clients cut")
     wait_for(lambda: closed([silent]) == [True], timeout=10, interval=0.1, what="silent one cut")
     assert get(server).startswith(b"HTTP/1.1 200")

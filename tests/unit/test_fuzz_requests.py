@@ -20,8 +20,8 @@ from neuronserve.serve.front.guard import _Call, _deadline
 from neuronserve.serve.front.keys import Keys
 from neuronserve.tasks import RequestError
 
+# as many examples as the profile says (tests/conftest.py: 50 quick, 150 thorough)
 FUZZ = settings(
-    max_examples=150,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

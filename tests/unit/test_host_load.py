@@ -4,10 +4,6 @@ pipelined target."""
 
 from __future__ import annotations
 
-import http.server
-import threading
-from typing import ClassVar
-
 import pytest
 from prometheus_client import generate_latest
 
@@ -55,53 +51,6 @@ def test_the_front_exports_host_cpu_and_each_neuroncores_utilization():
     assert 'neuronserve_neuroncore_utilization_percent{neuroncore="0"} 42.0' in text
     assert 'neuronserve_neuroncore_busy_seconds_total{neuroncore="1"} 0.5' in text
     assert "neuronserve_neuroncores_in_use 2.0" in text
-
-
-class _Metrics(http.server.BaseHTTPRequestHandler):
-    """Serves two scrapes of a front: before, then after 10 s of load."""
-
-    scrapes: ClassVar[list[str]] = []
-
-    def do_GET(self):
-        body = self.scrapes.pop(0).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain")
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-def _scrape(requests: float, cpu: float, busy: float) -> str:
-    return (
-        f'neuronserve_front_requests_total{{route="/embed",status="200",model="m"}} {requests}\n'
-        f'neuronserve_host_cpu_seconds_total{{role="front"}} {cpu / 2}\n'
-        f'neuronserve_host_cpu_seconds_total{{role="engine"}} {cpu / 2}\n'
-        "neuronserve_neuroncores_in_use 2\n"
-        f'neuronserve_neuroncore_busy_seconds_total{{neuroncore="0"}} {busy / 2}\n'
-        f'neuronserve_neuroncore_busy_seconds_total{{neuroncore="1"}} {busy / 2}\n'
-    )
-
-
-def test_doctor_reads_a_fronts_pace_from_two_scrapes(monkeypatch):
-    from neuronserve import host_load
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Metrics)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _Metrics.scrapes = [_scrape(100, 5.0, 1.0), _scrape(10100, 6.0, 19.0)]
-    clock = iter([0.0, 10.0])
-    monkeypatch.setattr(host_load.time, "monotonic", lambda: next(clock))
-    monkeypatch.setattr(host_load.time, "sleep", lambda s: None)
-    monkeypatch.setattr(host_load.os, "cpu_count", lambda: 4)
-    try:
-        first, verdict = front_pace(f"http://127.0.0.1:{server.server_port}", 10.0)
-    finally:
-        server.shutdown()
-    # 10,000 requests in 10 s; 1 CPU second of 40 (0.1 ms each); 18 of 20 core-seconds busy
-    assert "1000.0 requests/s" in first and "0.10 ms per request" in first
-    assert "2% of this host's 4 CPUs" in first and "NeuronCores 90% busy (2 in use)" in first
-    assert verdict.startswith("pace set by the chip")
 
 
 def test_doctor_says_when_the_front_cannot_be_read():

@@ -60,8 +60,12 @@ def test_a_folder_named_like_a_hub_id_never_stands_in_for_it(
     shutil.copytree(tiny_embedder_dir, tmp_path / "org" / "absent")
     with pytest.raises(CompileError, match=r"a folder org/absent exists here.*\./org/absent"):
         model_folder("org/absent")
+    # and the log names the one used, before anything is compiled
+    from neuronserve.compile import driver
+
     logged: list[str] = []
     monkeypatch.setenv("NEURONSERVE_CACHE", str(tmp_path / "ns-cache"))
+    monkeypatch.setattr(driver, "compile_job", lambda job, progress, log: job.out)
     artifact_cache.compiled(_job(), log=logged.append, progress=False)
     assert f"model {REPO_ID}: the Hugging Face Hub's {REPO_ID} at {'1' * 40}" in logged[0]
 
@@ -106,9 +110,9 @@ def test_a_cache_another_user_can_write_is_refused(offline_hub):
 
 
 def test_serve_says_a_missing_folder_is_missing_and_points_at_model(tmp_path):
-    from helpers import run_cli
+    from helpers import cli
 
-    done = run_cli(
+    done = cli(
         "serve", "front", "org/misspelled", "--run-dir", tmp_path / "front", check=False,
         cwd=tmp_path,
     )  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import run_cli
+from helpers import cli
 from kserve_schema import validate_kserve
 from typer.testing import CliRunner
 
@@ -36,14 +36,19 @@ def spec_of(*artifacts: Path, **fields) -> DeploySpec:
 @pytest.mark.parametrize(
     ("engine", "target", "several"),
     [
-        *((e, t, False) for e, t in itertools.product(("torchserve", "triton"), k8s.TARGETS)),
-        ("torchserve", "cpu", True),
+        # every engine x target, TorchServe's CPU image with a set of models (one pod,
+        # every worker holding all of them), and Triton's CPU image both ways
+        *(
+            (e, t, e == "torchserve" and t == "cpu")
+            for e, t in itertools.product(("torchserve", "triton"), k8s.TARGETS)
+        ),
+        ("triton", "cpu", True),
     ],
 )
 def test_every_combination_renders_and_validates(  # noqa: PLR0915 - one rendering, read whole
-    engine, target, several, tmp_path, tiny_artifact, classifier_artifact, neuronx_artifact
+    engine, target, several, tmp_path, tiny_artifact, classifier_artifact, neuronx_manifest_artifact
 ):
-    artifacts = [neuronx_artifact] if target == "neuronx" else [tiny_artifact]
+    artifacts = [neuronx_manifest_artifact] if target == "neuronx" else [tiny_artifact]
     if several:  # a set of models: one pod, every worker holding all of them
         artifacts.append(classifier_artifact)
     out = tmp_path / "k8s"
@@ -153,7 +158,7 @@ def test_the_validators_catch_what_a_cluster_would_refuse(tiny_artifact):
         validate_kserve(isvc)
 
 
-def test_bad_options_are_refused(tiny_artifact, neuronx_artifact):
+def test_bad_options_are_refused(tiny_artifact, neuronx_manifest_artifact):
     spec = spec_of(tiny_artifact, cores_per_worker=2)
     with pytest.raises(k8s.ClusterError, match="multiple of cores_per_worker"):
         k8s.manifests(spec, "torchserve", "cpu", k8s.ClusterOptions("x", cores=3))
@@ -167,13 +172,13 @@ def test_bad_options_are_refused(tiny_artifact, neuronx_artifact):
     with pytest.raises(k8s.ClusterError, match="target 'cuda'"):
         k8s.manifests(spec_of(tiny_artifact), "torchserve", "cuda", k8s.ClusterOptions("x"))
     one_core = k8s.manifests(
-        spec_of(neuronx_artifact), "triton", "neuronx", k8s.ClusterOptions("x", cores=1)
+        spec_of(neuronx_manifest_artifact), "triton", "neuronx", k8s.ClusterOptions("x", cores=1)
     )
     assert "schedulerName" not in one_core["plain/deployment.yaml"][0]["spec"]["template"]["spec"]
 
 
 def test_image_is_required(tmp_path, tiny_artifact):
-    r = run_cli("package", "kubernetes", tiny_artifact, "--out", tmp_path / "k", check=False)
+    r = cli("package", "kubernetes", tiny_artifact, "--out", tmp_path / "k", check=False)
     assert r.returncode == 2 and "--image is required" in r.stderr
 
 

@@ -100,14 +100,14 @@ def test_two_embedders_of_other_widths_share_a_variable_output(tmp_path, tiny_ar
 
 
 def test_two_models_of_one_name_and_two_targets_are_refused(
-    tmp_path, tiny_artifact, neuronx_artifact
+    tmp_path, tiny_artifact, neuronx_manifest_artifact
 ):
     with pytest.raises(PackagingError, match="two models are named 'tiny'"):
         prepare(spec(tmp_path, tiny_artifact, tiny_artifact))
     with pytest.raises(
         PackagingError, match=r"different targets \(tiny: cpu, tiny-neuronx: neuronx\)"
     ):
-        prepare(spec(tmp_path, tiny_artifact, neuronx_artifact, workers=1))
+        prepare(spec(tmp_path, tiny_artifact, neuronx_manifest_artifact, workers=1))
     renamed = load_spec(
         None,
         {

@@ -15,13 +15,12 @@ import itertools
 import shutil
 import tarfile
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import as_sent, counter_total, wait_for_more
+from helpers import as_sent, counter_total, wait_for, wait_for_more
 from starlette.testclient import TestClient
 
 from neuronserve import catalog, placement
@@ -40,6 +39,19 @@ ADMIN = "admin-key"
 WORKERS = 2
 
 
+# (the manifest's bytes, truncation, name) -> its Runner: a worker process loads its own;
+# here both workers are handed one, loaded once (a load is most of a test's time), and a
+# manifest names every file by its sha256, so the same bytes are the same model
+_LOADED: dict[tuple[bytes, bool | None, str], Runner] = {}
+
+
+def _runner(artifact: Path, truncation: bool | None, name: str) -> Runner:
+    key = ((artifact / "manifest.json").read_bytes(), truncation, name)
+    if key not in _LOADED:
+        _LOADED[key] = Runner(artifact, truncation=truncation, name=name)
+    return _LOADED[key]
+
+
 class FollowingWorkers(EngineClient):
     """Two workers, each a catalog Follower holding its own Runners; a request goes to
     the next worker, which answers 404 for a model it does not hold (as a real one)."""
@@ -56,7 +68,7 @@ class FollowingWorkers(EngineClient):
 
             def load(name, artifact, truncation, group=group):
                 assert self.gate.wait(30)
-                return Runner(Path(artifact), truncation=truncation, name=name)
+                return _runner(Path(artifact), truncation, name)
 
             f = catalog.Follower(
                 folder,
@@ -326,10 +338,11 @@ def test_an_idle_model_is_unloaded_and_loads_again_on_its_next_request(endpoint)
     load(client, "a", models / "a")
     serving.catalog.idle_unload_s = 0.3
     client.portal.call(serving.catalog.start)
-    deadline = time.monotonic() + 10
-    while client.get("/models/a").json()["state"] != "evicted" or any(workers.held):
-        assert time.monotonic() < deadline, "never unloaded"
-        time.sleep(0.05)
+    wait_for(
+        lambda: client.get("/models/a").json()["state"] == "evicted" and not any(workers.held),
+        10,
+        what="the idle model unloaded",
+    )
     assert embed(client, "a").status_code == 200
     assert client.get("/models/a").json()["state"] == "ready"
 
@@ -339,10 +352,16 @@ def test_an_idle_model_is_unloaded_and_loads_again_on_its_next_request(endpoint)
 
 
 def _wait_loading(client, name):
-    deadline = time.monotonic() + 10
-    while client.get(f"/models/{name}").json().get("state") != "loading":
-        assert time.monotonic() < deadline, "never started loading"
-        time.sleep(0.01)
+    wait_for(
+        lambda: client.get(f"/models/{name}").json().get("state") == "loading",
+        10,
+        what="the load to start",
+    )
+
+
+def _wait_operations(serving, name: str, n: int) -> None:
+    """Until `n` operations on `name` (register, swap, unregister) run or wait their turn."""
+    wait_for(lambda: serving.catalog._names.get(name, (None, 0))[1] >= n, 10, what=f"{n} ops")
 
 
 def _nothing_left(client, workers, catalog_dir):
@@ -397,13 +416,13 @@ def test_a_relative_url_is_refused_with_what_to_send(endpoint):
 
 
 def test_delete_during_a_registration_waits_for_it_then_unloads_no_ghost(endpoint, tmp_path):
-    client, models, _, workers = endpoint
+    client, models, serving, workers = endpoint
     workers.gate.clear()
     with ThreadPoolExecutor(2) as pool:
         posted = pool.submit(load, client, "a", models / "a")
         _wait_loading(client, "a")
         deleted = pool.submit(client.delete, "/models/a")
-        time.sleep(0.3)
+        _wait_operations(serving, "a", 2)  # the DELETE came, and waits its turn
         assert not deleted.done()  # one name, one operation at a time, in order
         workers.gate.set()
         assert posted.result().status_code == 200
@@ -423,7 +442,7 @@ def test_delete_during_a_load_on_demand_leaves_no_ghost(endpoint, tmp_path):
         asked = pool.submit(embed, client, "a")
         _wait_loading(client, "a")
         deleted = pool.submit(client.delete, "/models/a")
-        time.sleep(0.2)
+        wait_for(lambda: serving.table.get("a") is None, 10, what="the DELETE")
         workers.gate.set()
         assert deleted.result().status_code == 200
         assert asked.result().status_code == 404  # its model went while it waited
@@ -442,9 +461,9 @@ def test_two_registrations_of_one_name_one_wins_the_other_is_409(endpoint):
     serving.catalog._read = slow_read
     with ThreadPoolExecutor(2) as pool:
         first = pool.submit(load, client, "a", models / "a")
-        time.sleep(0.2)
+        wait_for(lambda: "a" in serving.catalog._registering, 10, what="the first POST")
         second = pool.submit(load, client, "a", models / "b")
-        time.sleep(0.2)
+        wait_for(second.done, 10, what="the second POST's answer, while the first reads")
         reading.set()
         answers = sorted([first.result().status_code, second.result().status_code])
     assert answers == [200, 409], answers
@@ -459,9 +478,9 @@ def test_a_swap_during_a_delete_and_a_delete_during_a_swap(endpoint, tmp_path):
     held = serving.table.hold(serving.table.get("a"))
     with ThreadPoolExecutor(2) as pool:
         deleted = pool.submit(client.delete, "/models/a")
-        time.sleep(0.2)
+        _wait_operations(serving, "a", 1)
         swapped = pool.submit(client.put, "/models/a", json={"url": str(models / "cls")})
-        time.sleep(0.2)
+        _wait_operations(serving, "a", 2)
         client.portal.call(serving.release, {"neuronserve.model_held": held})
         assert deleted.result().status_code == 200
         assert swapped.result().status_code == 404
@@ -471,9 +490,9 @@ def test_a_swap_during_a_delete_and_a_delete_during_a_swap(endpoint, tmp_path):
     workers.gate.clear()
     with ThreadPoolExecutor(2) as pool:
         swapped = pool.submit(client.put, "/models/a", json={"url": str(models / "cls")})
-        time.sleep(0.3)
+        _wait_operations(serving, "a", 1)
         deleted = pool.submit(client.delete, "/models/a")
-        time.sleep(0.2)
+        _wait_operations(serving, "a", 2)
         workers.gate.set()
         assert swapped.result().status_code == 200
         assert deleted.result().status_code == 200

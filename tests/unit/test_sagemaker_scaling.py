@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import run_cli
+from helpers import cli
 
 from neuronserve.platforms.sagemaker import scaling as sc
 
@@ -94,7 +94,7 @@ def test_target_from_a_bench_result(tmp_path):
 
 
 def test_cli_dry_run_prints_the_calls(tmp_path):
-    r = run_cli(
+    r = cli(
         "autoscale", "sagemaker", "minilm", "--from-bench", _bench(tmp_path), "--seq", "128",
         "--max", "3", "--dry-run",
     )  # fmt: skip
@@ -103,5 +103,5 @@ def test_cli_dry_run_prints_the_calls(tmp_path):
     assert calls["register_scalable_target"]["MaxCapacity"] == 3
     policy = calls["put_scaling_policy"]["TargetTrackingScalingPolicyConfiguration"]
     assert policy["TargetValue"] == 900.0
-    r = run_cli("autoscale", "sagemaker", "minilm", check=False)
+    r = cli("autoscale", "sagemaker", "minilm", check=False)
     assert r.returncode == 2 and "--from-bench" in r.stderr

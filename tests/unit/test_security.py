@@ -7,8 +7,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -140,38 +138,6 @@ def test_a_folder_others_can_write_is_refused_and_lock_files_are_private(tmp_pat
         assert stat.S_IMODE(os.stat(lock).st_mode) == 0o600
 
 
-@pytest.fixture
-def bystander():
-    """An unrelated process whose pid a stale pid file happens to name."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield proc
-    proc.kill()
-    proc.wait()
-
-
-def test_stop_leaves_a_process_a_stale_pid_file_names_alone(tmp_path, bystander):
-    from neuronserve.processes import live_pid, record_pid
-    from neuronserve.serve.front import launch
-
-    run = tmp_path / "front"
-    run.mkdir()
-    pid_file = run / launch.PID_FILE
-    # a file from before a reboot: the number only
-    pid_file.write_text(f"{bystander.pid}\n")
-    assert launch.stop(run, log=lambda _: None) is False
-    # recorded for a process that started at another time (the number was reused)
-    record_pid(pid_file, bystander.pid)
-    identity = pid_file.with_name(pid_file.name + ".identity")
-    data = json.loads(identity.read_text())
-    assert live_pid(pid_file) == bystander.pid  # the real record is trusted
-    identity.write_text(json.dumps({**data, "started": "ticks:1"}))
-    assert live_pid(pid_file) is None
-    assert launch.stop(run, log=lambda _: None) is False
-    identity.write_text(json.dumps({**data, "cmdline": ["java", "torchserve"]}))
-    assert launch.stop(run, log=lambda _: None) is False
-    assert bystander.poll() is None  # still running
-
-
 def test_torchserve_loads_from_its_store_only_and_holds_the_body_limit(tmp_path):
     from neuronserve.engines.torchserve.package import (
         read_properties,
@@ -266,20 +232,20 @@ def test_the_runner_loads_the_bytes_it_verified(tiny_artifact, monkeypatch):
 
 
 def test_signed_artifacts_load_only_with_the_right_key(tmp_path, tiny_artifact, monkeypatch):
-    from helpers import run_cli
+    from helpers import cli
 
     art = tmp_path / "art"
     shutil.copytree(tiny_artifact, art)
-    run_cli("sign", "--new-key", tmp_path / "keys")
-    run_cli("sign", "--new-key", tmp_path / "other")
+    cli("sign", "--new-key", tmp_path / "keys")
+    cli("sign", "--new-key", tmp_path / "other")
     assert stat.S_IMODE((tmp_path / "keys" / "neuronserve.key").stat().st_mode) == 0o600
     monkeypatch.setenv("NEURONSERVE_PUBLIC_KEY", str(tmp_path / "keys" / "neuronserve.pub"))
     with pytest.raises(ArtifactError, match="is not signed"):
         read_manifest(art)
-    run_cli("sign", art, "--key", tmp_path / "other" / "neuronserve.key")
+    cli("sign", art, "--key", tmp_path / "other" / "neuronserve.key")
     with pytest.raises(ArtifactError, match="not a signature of this manifest"):
         read_manifest(art)
-    r = run_cli("sign", art, "--key", tmp_path / "keys" / "neuronserve.key")
+    r = cli("sign", art, "--key", tmp_path / "keys" / "neuronserve.key")
     assert "manifest.sig" in r.stdout
     assert read_manifest(art).name == "tiny"  # signed by the configured key: loads
     # a changed manifest (say, a hash swapped for a module of one's own) breaks it
@@ -291,20 +257,20 @@ def test_signed_artifacts_load_only_with_the_right_key(tmp_path, tiny_artifact, 
 
 
 def test_pickle_only_weights_are_refused_unless_allowed(tmp_path, minilm_dir):
-    from helpers import run_cli
+    from helpers import cli
 
     model = tmp_path / "model"
     shutil.copytree(minilm_dir, model)
     for f in model.glob("*.safetensors"):
         f.unlink()
     (model / "pytorch_model.bin").write_bytes(b"not even a pickle")
-    r = run_cli("compile", "--model", model, "--out", tmp_path / "art", check=False)
+    r = cli("compile", "--model", model, "--out", tmp_path / "art", check=False)
     assert r.returncode != 0 and "pytorch_model.bin (Python pickle" in r.stderr
     assert "--allow-pickle-weights" in r.stderr
     assert not (tmp_path / "art").exists()
     # any *.safetensors is not the weights transformers would load in its place
     (model / "README.safetensors").write_bytes(b"junk")
-    r = run_cli("compile", "--model", model, "--out", tmp_path / "art", check=False)
+    r = cli("compile", "--model", model, "--out", tmp_path / "art", check=False)
     assert r.returncode != 0 and "pytorch_model.bin (Python pickle" in r.stderr
 
 
@@ -376,7 +342,7 @@ def test_the_front_refuses_a_run_directory_that_is_not_its_users_own(
     """A run directory another local user made or can write (or a symlink to one) could
     hand the front its settings (listen on 0.0.0.0 without keys): refused before anything
     is read or written there."""
-    from helpers import run_cli
+    from helpers import cli
 
     run_dir = tmp_path / "run"
     if plant == "symlink":
@@ -392,7 +358,7 @@ def test_the_front_refuses_a_run_directory_that_is_not_its_users_own(
             os.chown(run_dir, 65534, 65534)
         else:
             run_dir.chmod(0o777)
-    r = run_cli(
+    r = cli(
         "serve", "front", tiny_artifact, "--run-dir", run_dir, "--engine", "torchserve",
         check=False,
     )  # fmt: skip

@@ -37,9 +37,23 @@ def _path(route) -> str:
     return route.path.replace("{name}", "embedder")
 
 
+@pytest.fixture(scope="module")
+def small_bodies(tmp_path_factory, runners):
+    """One front for every route's body check (each is refused before it changes anything)."""
+    return front(tmp_path_factory.mktemp("bodies"), runners, max_body_bytes=200)
+
+
+@pytest.fixture(scope="module")
+def saturated(tmp_path_factory, runners):
+    """One front whose in-flight bound every route finds full."""
+    client, _, serving = front(tmp_path_factory.mktemp("full"), runners, max_in_flight=3)
+    client.app.in_flight = serving.config.max_in_flight
+    return client
+
+
 @pytest.mark.parametrize("route", _routes(), ids=lambda r: f"{r.method} {r.path}")
-def test_every_route_refuses_a_body_over_the_limit(tmp_path, runners, route):
-    client, engine, _ = front(tmp_path, runners, max_body_bytes=200)
+def test_every_route_refuses_a_body_over_the_limit(small_bodies, route):
+    client, engine, _ = small_bodies
     r = client.request(route.method, _path(route), content=b"x" * 1000)
     assert r.status_code == 413, (r.status_code, r.text[:200])
     assert "max_body_bytes" in r.text
@@ -47,11 +61,8 @@ def test_every_route_refuses_a_body_over_the_limit(tmp_path, runners, route):
 
 
 @pytest.mark.parametrize("route", _routes(), ids=lambda r: f"{r.method} {r.path}")
-def test_every_route_but_the_probes_counts_against_the_in_flight_bound(tmp_path, runners, route):
-    client, _, serving = front(tmp_path, runners, max_in_flight=3)
-    guard = client.app
-    guard.in_flight = serving.config.max_in_flight
-    r = client.request(route.method, _path(route))
+def test_every_route_but_the_probes_counts_against_the_in_flight_bound(saturated, route):
+    r = saturated.request(route.method, _path(route))
     if route.probe:  # a busy front still answers its health checks and its scrapes
         assert r.status_code != 429, r.text
     else:
@@ -67,7 +78,7 @@ def test_every_route_is_held_to_its_deadline(tmp_path, runners, route, monkeypat
 
     monkeypatch.setattr(Api, route.handler.__name__, stalls)
     client, _, _ = front(tmp_path, runners)
-    r = client.request(route.method, _path(route), headers={"X-Request-Timeout": "0.2"})
+    r = client.request(route.method, _path(route), headers={"X-Request-Timeout": "0.05"})
     assert r.status_code == 504, (r.status_code, r.text[:200])
 
 

@@ -30,12 +30,12 @@ from neuronserve.runtime import Runner
 
 
 @pytest.fixture(scope="module")
-def fronts(tmp_path_factory, tei_models, classifier_runner, task_models):
+def fronts(tmp_path_factory, tei_models, classifier_runner, task_model):
     runners = {
         "embedder": Runner(tei_models["embedder"]),
         "splade": Runner(tei_models["splade"]),
         "classifier": classifier_runner,
-        "reranker": Runner(task_models["rerank"][1]),
+        "reranker": Runner(task_model("rerank")[1]),
     }
     return {
         kind: (
