@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +32,15 @@ log = logging.getLogger(__name__)
 MONITOR = "neuron-monitor"
 
 
-def core_utilization(report: dict[str, Any]) -> dict[int, float]:
+def core_utilization(report: dict[str, Any], owned: set[int] | None = None) -> dict[int, float]:
     """Each NeuronCore's utilization (percent over the report's period) in one
-    neuron-monitor report, over every runtime it lists."""
+    neuron-monitor report, over every runtime it lists; with `owned`, only the runtimes
+    of those processes (neuron-monitor sees every process's NeuronCores on the host,
+    other tenants' too) where the report names the runtime's pid."""
     out: dict[int, float] = {}
     for runtime in report.get("neuron_runtime_data") or []:
+        if owned is not None and "pid" in runtime and runtime["pid"] not in owned:
+            continue
         counters = (runtime.get("report") or {}).get("neuroncore_counters") or {}
         for core, data in (counters.get("neuroncores_in_use") or {}).items():
             with contextlib.suppress(TypeError, ValueError):
@@ -49,8 +53,11 @@ class NeuronMonitor:
     reports (`history`: the latest is `utilization`, a window's mean `mean_between`)
     and each core's sum of percent x seconds since it started (`busy_seconds`)."""
 
-    def __init__(self, period_s: float = 1.0) -> None:
+    def __init__(self, period_s: float = 1.0, owned: Callable[[], set[int]] | None = None) -> None:
+        """`owned`: the processes whose NeuronCores count (the deployment's), asked at
+        each report; None: every process's."""
         self.period_s = period_s
+        self.owned = owned
         self.busy: dict[int, float] = {}
         # (monotonic time received, utilization per core) of the recent reports
         self.history: deque[tuple[float, dict[int, float]]] = deque(maxlen=3600)
@@ -92,7 +99,7 @@ class NeuronMonitor:
                 report = json.loads(line)
             except ValueError:
                 continue
-            found = core_utilization(report)
+            found = core_utilization(report, self.owned() if self.owned else None)
             period = self.period_s
             with contextlib.suppress(StopIteration, TypeError, ValueError, AttributeError):
                 runtime = next(iter(report.get("neuron_runtime_data") or []))

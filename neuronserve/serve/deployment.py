@@ -150,8 +150,17 @@ class Deployment:
         self.engine.stop(log=log.info)
 
     def restart(self) -> None:
-        """Stop and start again on the same ports (the front's client reconnects)."""
+        """Stop and start again, on loopback ports chosen afresh: another local user
+        could bind one of the old ones in the moment between, and the front's client,
+        which holds the engine's keys, would talk to them (the front takes a client of the
+        new server)."""
         self.stop()
+        name, section = self.engine.name, type(self.engine.section)
+        ports = free_ports(len(section.port_fields))
+        self.spec = self.spec.with_section(
+            name, **dict(zip(section.port_fields, ports, strict=True))
+        )
+        self.engine = type(self.engine)(self.spec.engine_named(name))
         self.start()
 
     @property

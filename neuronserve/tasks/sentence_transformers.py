@@ -75,7 +75,12 @@ def read_modules(model_dir: Path) -> Modules:
     pooling, normalize, splade = None, False, None
     dense: list[DenseLayer] = []
     for m in json.loads(path.read_text()):
-        kind, folder = _kind(m.get("type", "")), m.get("path", "")
+        kind, folder = _kind(m.get("type", "")), str(m.get("path", ""))
+        if Path(folder).is_absolute() or ".." in Path(folder).parts:
+            raise ValueError(
+                f"{model_dir}: modules.json names module folder {folder!r}, outside the "
+                "model folder: a module's path is relative to it"
+            )
         config = _config(Path(model_dir) / folder)
         if kind in _TRANSFORMER:
             continue

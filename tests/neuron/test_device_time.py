@@ -291,6 +291,14 @@ def test_the_monitor_reader_follows_neuron_monitors_documented_report():
     }
     assert core_utilization(report) == {0: 42.01, 1: 42.02}
     assert core_utilization({"neuron_runtime_data": [{"error": "no runtime"}]}) == {}
+    # another tenant's runtime (a pid not of this deployment) is left out where the
+    # report names its pid
+    theirs = {**report["neuron_runtime_data"][0], "pid": 4242}
+    mine = {"pid": 7, "report": {"neuroncore_counters": {"neuroncores_in_use": {"2": {
+        "neuroncore_utilization": 10.0}}}}}  # fmt: skip
+    both = {"neuron_runtime_data": [theirs, mine]}
+    assert core_utilization(both, owned={7}) == {2: 10.0}
+    assert core_utilization(both) == {0: 42.01, 1: 42.02, 2: 10.0}
     monitor = NeuronMonitor()
     monitor.history.append((time.monotonic() + 1.0, {0: 50.0, 1: 70.0}))
     assert monitor.mean_between(time.monotonic() - 1.0, time.monotonic() + 2.0) == 0.6

@@ -489,3 +489,44 @@ def test_an_image_uses_the_containers_dev_shm_for_triton_only(engine, tmp_path, 
 
     assert spec.engine(TritonSection).host_shm is (engine == "triton")
     assert spec.engine_named("torchserve") == type(spec.engine_named("torchserve"))()
+
+
+@pytest.mark.parametrize("path", ["/etc", "../outside", "1_Pooling/../../x"])
+def test_a_module_folder_outside_the_model_is_refused(tmp_path, path):
+    """modules.json's paths are joined to the model folder: one that leaves it (absolute,
+    or through ..) is refused before any file is read from there."""
+    from neuronserve.tasks.sentence_transformers import read_modules
+
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [{"idx": 0, "name": "0", "path": path, "type": "sentence_transformers.models.Pooling"}]
+        )
+    )
+    with pytest.raises(ValueError, match="outside the model folder"):
+        read_modules(tmp_path)
+    (tmp_path / "modules.json").write_text(
+        json.dumps(
+            [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Normalize"}]
+        )
+    )
+    assert read_modules(tmp_path).normalize
+
+
+@pytest.mark.parametrize("engine", ["triton", "torchserve"])
+def test_a_restart_listens_on_ports_chosen_afresh(engine, tmp_path, tiny_artifact, monkeypatch):
+    """Between the stop and the start of a restart another local user could bind an old
+    port, and the front (which holds the engine's keys) would talk to them: the restart
+    starts on new ones, which the engine it starts listens on."""
+    from neuronserve.serve.deployment import Deployment
+    from neuronserve.spec import ModelEntry
+
+    spec = load_spec(None, {"front": {"engine": engine}})
+    deployment = Deployment(spec, [ModelEntry(artifact=tiny_artifact)], tmp_path / "work")
+    monkeypatch.setattr(type(deployment), "start", lambda self: None)
+    monkeypatch.setattr(type(deployment), "stop", lambda self: None)
+    fields = type(deployment.engine.section).port_fields
+    before = [getattr(deployment.engine.section, f) for f in fields]
+    deployment.restart()
+    after = [getattr(deployment.engine.section, f) for f in fields]
+    assert not set(before) & set(after), (before, after)
+    assert after == [getattr(deployment.spec.engine_named(engine), f) for f in fields]

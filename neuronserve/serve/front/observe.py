@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import psutil
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -140,7 +141,7 @@ class FrontMetrics:
     def watch_neuron_cores(self) -> bool:
         """Export each NeuronCore's utilization from neuron-monitor, where it is
         installed (False where it is not)."""
-        monitor = NeuronMonitor()
+        monitor = NeuronMonitor(owned=_deployment_pids)
         if not monitor.start():
             return False
         self.monitor = monitor
@@ -223,6 +224,15 @@ class FrontMetrics:
                 self.requests.remove(route, str(status), model)
             with contextlib.suppress(KeyError):
                 self.latency.remove(route, model)
+
+
+def _deployment_pids() -> set[int]:
+    """This front's processes: itself and what it started (the engine, its workers)."""
+    me = psutil.Process()
+    try:
+        return {me.pid, *(p.pid for p in me.children(recursive=True))}
+    except psutil.Error:
+        return {me.pid}
 
 
 class HostLoad(Collector):
