@@ -118,7 +118,7 @@ def discovery() -> Finding:
 _PROBE = """
 import json, sys
 from neuronserve import cores, placement
-from .targets import get_target
+from neuronserve.targets import get_target
 lease = placement.claim("neuron", 1, owner="neuronserve doctor probe")
 cores.pin(lease)
 module = get_target(sys.argv[1]).load(sys.argv[2])

@@ -47,8 +47,10 @@ class UnpackLimits:
     def __init__(self, size: int, work: Path, most: int | None = None):
         import shutil
 
-        Path(work).mkdir(parents=True, exist_ok=True)
-        free = shutil.disk_usage(work).free - DISK_MARGIN
+        existing = Path(work)  # what the caller will make, on the disk it will be on
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        free = shutil.disk_usage(existing).free - DISK_MARGIN
         self.bytes = min(max(MAX_RATIO * size, MIN_ROOM), free, most if most else free)
         self.members = MAX_MEMBERS
         self.why = (

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..artifact import MANIFEST, read_manifest
 from ..engines.base import engine_class
+from ..processes import private_dir
 from ..registry import ENGINES, default_engine
 from ..sources import FoundModel, ModelSourceError
 
@@ -37,6 +38,8 @@ def find_models(source: Path, work: Path) -> list[FoundModel]:
     side_by_side = sorted(p.parent for p in source.glob(f"*/{MANIFEST}"))
     if side_by_side:
         return [_artifact(a) for a in side_by_side]
+    # an engine's store is unpacked there: what the workers then run, so this user's alone
+    private_dir(work)
     for name in ENGINES:
         found = engine_class(name).packaged_models(source, work / name)
         if found is not None:

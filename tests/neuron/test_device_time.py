@@ -263,7 +263,11 @@ def test_a_batch_whose_worker_fails_to_begin_a_model_answers_its_other_requests(
             lambda model, run: reports.append((model, run.requests)),
         ).result(timeout=30)
         assert isinstance(got[1], RequestError) and got[1].status == 404
-        assert got[0] == got[2] and not isinstance(got[0], RequestError)
+        assert not isinstance(got[0], RequestError) and not isinstance(got[2], RequestError)
+        # the same text twice in one call: the same answer, to float32's last bits (two
+        # rows of one batch may sum in another order on some CPUs)
+        assert [x["label"] for x in got[0]] == [x["label"] for x in got[2]]
+        assert np.allclose([x["score"] for x in got[0]], [x["score"] for x in got[2]], atol=1e-6)
         assert reports == [("kept", 2)]
     finally:
         worker.stop()

@@ -124,3 +124,27 @@ def test_where_it_cannot_each_stub_makes_its_region_private(tmp_path):
         assert stat.S_IMODE(region.stat().st_mode) == 0o600
     finally:
         region.unlink()
+
+
+def test_a_store_is_unpacked_into_a_folder_of_this_users_own(tmp_path, tiny_artifact):
+    """Reading a TorchServe store back (`serve front model_store`) unpacks its archive
+    into the engine's work folder: made 0700 (it was made 0755 with its parents, which
+    the deployment then refused), and one open to others is refused, never chmodded."""
+    from neuronserve.engines.torchserve.package import package_torchserve
+    from neuronserve.serve.model_source import find_models
+    from neuronserve.spec import load_spec
+
+    store = tmp_path / "model_store"
+    package_torchserve(load_spec(None, {"artifact": tiny_artifact, "model_store": store}))
+    run = tmp_path / "front"
+    run.mkdir(mode=0o700)
+    found = find_models(store, run / "engine")
+    assert [f.name for f in found] == ["tiny"]
+    assert stat.S_IMODE((run / "engine").stat().st_mode) == 0o700
+    open_one = tmp_path / "open"
+    open_one.mkdir(mode=0o700)
+    (open_one / "engine").mkdir()
+    (open_one / "engine").chmod(0o755)
+    with pytest.raises(ServeError, match="open to other users"):
+        find_models(store, open_one / "engine")
+    assert stat.S_IMODE((open_one / "engine").stat().st_mode) == 0o755

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ... import catalog, placement
 from ...artifact import ArtifactError, Manifest, read_manifest
 from ...names import safe_name
+from ...processes import private_dir
 from ...sources import ModelSourceError, unpack_tar
 from ...tasks import RequestError
 from ..model_source import find_models
@@ -213,7 +214,7 @@ class ModelCatalog:
         when it cannot be used, and no message names this host's folders."""
         work = self.folder / "sources" / f"{safe_name(name)}@{version}"
         shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
+        private_dir(work)
         try:
             return self._unpacked(name, url, version, work)
         except RequestError as e:
