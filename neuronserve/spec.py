@@ -450,6 +450,13 @@ class FrontSection(Section):
         "it starts",
         json_schema_extra=flags(flat="front_run_dir"),
     )
+    default_model: str | None = Field(
+        None,
+        description="the model the root answers for when a request names none and several "
+        "could (POST /, /tokenize, /decode, /info; text-embeddings-inference serves one "
+        "model per URL, and its clients post to the root): default, the first served. "
+        "Each model also has a base URL of its own, /models/<name>",
+    )
     auth: Literal["auto", "on", "off"] = Field(
         "auto",
         description="API keys on the front: auto (on unless it listens on loopback only, or "

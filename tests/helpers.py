@@ -45,9 +45,10 @@ QA_CONTEXT = (
 )
 
 
-def reference_embeddings(model_dir: Path, texts: list[str]) -> np.ndarray:
+def reference_embeddings(model_dir: Path, texts: list[str], normalize: bool = True) -> np.ndarray:
     """all-MiniLM-L6-v2 as its model card defines it: eager transformers, mean pooling
-    over the attention mask, L2 normalisation; one text at a time, no padding."""
+    over the attention mask, L2 normalisation (unless not asked); one text at a time, no
+    padding."""
     from transformers import AutoModel, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
@@ -59,7 +60,9 @@ def reference_embeddings(model_dir: Path, texts: list[str]) -> np.ndarray:
             hidden = model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).float()
             emb = (hidden * mask).sum(1) / mask.sum(1)
-            out.append(torch.nn.functional.normalize(emb, dim=-1)[0].numpy())
+            out.append(
+                (torch.nn.functional.normalize(emb, dim=-1) if normalize else emb)[0].numpy()
+            )
     return np.stack(out)
 
 

@@ -69,6 +69,12 @@ def _dense_weights(folder: Path, allow_pickle: bool) -> dict[str, Any]:
     raise ValueError(f"the Dense module in {folder} has no weights (model.safetensors)")
 
 
+def normalized(vectors: np.ndarray) -> np.ndarray:
+    """Each row L2-normalised (sentence-transformers' Normalize; a zero row stays zero)."""
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)
+
+
 def cosines(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
     """Lowest and mean cosine of each compiled embedding to its eager one."""
     norms = np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1)
@@ -77,6 +83,9 @@ def cosines(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
 
 
 TOKEN_EMBEDDINGS = "TOKEN_EMBEDDINGS"
+# the task setting saying the model's answers are L2-normalised by default, outside its
+# compiled module (a request may ask for them as they are: `normalize: false`)
+NORMALIZE = "normalize"
 
 
 class FeatureExtraction(Task):
@@ -86,11 +95,13 @@ class FeatureExtraction(Task):
     auto_class = "AutoModel"
     name = "feature-extraction"
     accepts_pairs = False
-    parameters = frozenset({"prompt_name", "token_embeddings"})
+    parameters = frozenset({"prompt_name", "token_embeddings", "normalize"})
     takes_prompts = True
 
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         boolean(parameters, "token_embeddings", False)
+        if parameters.get("normalize") is not None:
+            boolean(parameters, "normalize", True)
         return dict(parameters)
 
     def wrap(
@@ -107,9 +118,10 @@ class FeatureExtraction(Task):
         from .heads import PooledEncoder
 
         dense = load_dense(model_dir, st.dense, bool(options.get("allow_pickle_weights")))
-        module = PooledEncoder(
-            model, pooling, normalize, options["input_names"], dense, tokens
-        ).eval()
+        # the module stops before Normalize: the worker normalises each answer unless its
+        # request says `normalize: false` (text-embeddings-inference's default, and what
+        # it answers otherwise), so one artifact serves both
+        module = PooledEncoder(model, pooling, False, options["input_names"], dense, tokens).eval()
         return WrappedModel(
             module=module,
             output_name="embedding",
@@ -118,6 +130,7 @@ class FeatureExtraction(Task):
                 "normalize": normalize,
                 "labels": None,
                 "token_embeddings": tokens,
+                "task_settings": {NORMALIZE: normalize},
                 **prompt_fields(model_dir),
             },
         )
@@ -156,11 +169,24 @@ class FeatureExtraction(Task):
         info: dict[str, Any],
     ) -> Any:
         if not isinstance(outputs, list):
-            return outputs  # pooled vectors only
-        # each text's rows: its pooled vector, then one per token
+            return self._normalized(outputs, request, info)  # pooled vectors only
+        # each text's rows: its pooled vector, then one per token (as they came)
         if request.parameters.get("token_embeddings"):
             return [rows[1:] for rows in outputs]
-        return np.stack([rows[0] for rows in outputs])
+        return self._normalized(np.stack([rows[0] for rows in outputs]), request, info)
+
+    @staticmethod
+    def _normalized(vectors: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
+        """The pooled vectors L2-normalised where the model's sentence-transformers
+        config says so and the request does not say `normalize: false`. An artifact
+        compiled before normalising moved out of the module (no NORMALIZE setting)
+        answers as its module does."""
+        if NORMALIZE not in info:
+            return vectors
+        wanted = request.parameters.get("normalize")
+        if not (info[NORMALIZE] if wanted is None else wanted):
+            return vectors
+        return normalized(vectors)
 
     def respond(self, outputs: Any, request: TaskRequest, info: dict[str, Any]) -> Any:
         # float32 arrays, not lists of Python floats: orjson writes each number in the

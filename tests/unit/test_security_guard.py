@@ -83,7 +83,9 @@ def test_every_route_is_held_to_its_deadline(tmp_path, runners, route, monkeypat
 
 
 def test_the_probes_are_the_only_routes_outside_the_in_flight_bound():
-    assert sorted(r.path for r in _routes() if r.probe) == ["/health", "/metrics", "/ping"]
+    assert sorted(r.path for r in _routes() if r.probe) == [
+        "/health", "/metrics", "/models/{name}/health", "/ping"
+    ]  # fmt: skip
 
 
 def test_embed_all_over_max_answer_bytes_is_refused_before_the_engine(tmp_path, runners):

@@ -89,6 +89,31 @@ def test_embed_and_openai_embeddings(fronts):
     call(fronts, "classifier", "POST", "/v1/embeddings", {"input": "x"}, 424)
 
 
+def test_normalize_false_answers_the_vector_as_pooled(fronts):
+    """As text-embeddings-inference answers it: the model's pooled vector, not normalised
+    (the worker normalises only when asked, its default); the same direction, and the
+    same as the worker's own answer to `normalize: false`."""
+    runner = fronts["embedder"][3]
+    raw = np.array(
+        call(fronts, "embedder", "POST", "/embed", {"inputs": TEXTS, "normalize": False}, 200)
+        .json()
+    )  # fmt: skip
+    unit = np.array(call(fronts, "embedder", "POST", "/embed", {"inputs": TEXTS}, 200).json())
+    norms = np.linalg.norm(raw, axis=1)
+    assert not np.allclose(norms, 1.0, atol=1e-3), norms
+    np.testing.assert_allclose(raw / norms[:, None], unit, atol=1e-6)
+    own = runner.responses_for_bodies(
+        [({"inputs": TEXTS, "parameters": {"normalize": False}}, None)]
+    )
+    np.testing.assert_allclose(raw, own[0], atol=1e-6)
+    # cut to fewer dimensions: the first N of the pooled vector, then normalised if asked
+    cut = call(fronts, "embedder", "POST", "/embed",
+               {"inputs": TEXTS, "normalize": False, "dimensions": 8}, 200).json()  # fmt: skip
+    np.testing.assert_allclose(cut, raw[:, :8], atol=1e-6)
+    call(fronts, "embedder", "POST", "/embed",
+         {"inputs": "x", "parameters": {"normalize": "no"}}, 422)  # fmt: skip
+
+
 def test_prompts_are_applied_the_same_on_every_route(fronts):
     runner = fronts["embedder"][3]
     plain = runner.responses_for_bodies([({"inputs": "query: " + TEXTS[0]}, None)])[0]

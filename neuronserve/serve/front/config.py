@@ -41,6 +41,8 @@ class FrontConfig:
     memory_budget_mb: float | None = None
     idle_unload_s: float | None = None
     multi_model: bool = False
+    # what the root answers for when a request names no model and several could
+    default_model: str | None = None
 
     @classmethod
     def from_spec(cls, spec: DeploySpec, sagemaker: bool = False) -> FrontConfig:
@@ -67,6 +69,7 @@ class FrontConfig:
             memory_budget_mb=spec.multi_model.memory_budget_mb,
             idle_unload_s=spec.multi_model.idle_unload_s,
             multi_model=spec.multi_model.enabled,
+            default_model=spec.front.default_model,
         )
 
     @property

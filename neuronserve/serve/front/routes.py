@@ -10,6 +10,7 @@ OpenAPI document is generated from the bodies it names.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,13 +24,14 @@ from ...engines.client import EngineAnswer, EngineUnavailable
 from ...served import ServedModel
 from ...tasks import RequestError, TaskRequest, get_task
 from ...tasks.base import RequestLimits, Text
+from ...tasks.feature_extraction import NORMALIZE, normalized
 from . import schemas as s
 from .errors import Family, error_response
 from .observe import FrontMetrics
 from .openapi import SWAGGER_FILES, SWAGGER_PAGE, document, swagger_file
 from .route import Handler, Route
 from .schemas import model_name
-from .serving import Need, NotReady, Serving, normalized, off_loop
+from .serving import ANY_MODEL, MODEL_BASE, Need, NotReady, Serving, off_loop
 from .tei import (
     cosine_similarities,
     decoded,
@@ -48,6 +50,8 @@ log = logging.getLogger("neuronserve.front")
 # model the request was for (the metrics' `model` label)
 REQUEST_ID = "neuronserve.request_id"
 MODEL = "neuronserve.model"
+# the scope key of the model a request's base URL names (/models/<name>/...)
+PATH_MODEL = "neuronserve.path_model"
 JSON = "application/json"
 # what an image model's /invocations takes besides JSON and image/* bodies
 IMAGE_BODIES = ("multipart/form-data", "application/octet-stream", "application/x-image")
@@ -100,7 +104,6 @@ RERANKER = Need(
     "a cross-encoder (a rerank model, or a classifier with one label)",
 )
 TEXT_MODEL = Need((), lambda m: m.tokenizer is not None, "a text model")
-ANY_MODEL = Need()
 # what SageMaker sends a multi-model endpoint's container: the caller's TargetModel
 TARGET_MODEL = "x-amzn-sagemaker-target-model"
 
@@ -109,14 +112,35 @@ class Api:
     def __init__(self, serving: Serving, metrics: FrontMetrics):
         self.serving, self.metrics = serving, metrics
 
-    async def _model(
-        self, request: Request, route: str, name: str | None, need: Need, ask: str | None = None
+    async def _model(  # noqa: PLR0913 - the request, its route, and how it names a model
+        self,
+        request: Request,
+        route: str,
+        name: str | None,
+        need: Need,
+        ask: str | None = None,
+        default: bool = False,
     ) -> ServedModel:
         """The model this request is for (Serving.lookup: held until the request ends),
-        noted for the metrics."""
-        model = await self.serving.lookup(route, name, need, request.scope, *([ask] if ask else []))
+        noted for the metrics: the one its base URL names (a request's own `model` field
+        is then ignored, as a text-embeddings-inference serving one model ignores it), else
+        the one it names."""
+        name = request.scope.get(PATH_MODEL) or name
+        model = await self.serving.lookup(
+            route, name, need, request.scope, ask or "the request's `model` field", default
+        )
         request.scope[MODEL] = model.name
         return model
+
+    def at_base_url(self, handler: Handler) -> Handler:
+        """`handler` answering for the model its base URL names (/models/<name>/...)."""
+
+        async def scoped(request: Request) -> Response:
+            request.scope[PATH_MODEL] = model_name(request.path_params["name"])
+            return await handler(request)
+
+        scoped.__name__ = handler.__name__
+        return scoped
 
     # OpenAI
 
@@ -149,12 +173,17 @@ class Api:
 
     async def openai_models(self, request: Request) -> Response:
         self.serving.ready()
+        alone = request.scope.get(PATH_MODEL)
+        if alone is not None:
+            names = [(await self._model(request, "/v1/models", alone, ANY_MODEL)).name]
+        else:
+            names = self.serving.table.names()
         return json_response(
             {
                 "object": "list",
                 "data": [
                     {"id": name, "object": "model", "created": 0, "owned_by": "neuronserve"}
-                    for name in self.serving.table.names()
+                    for name in names
                 ],
             }
         )
@@ -162,12 +191,17 @@ class Api:
     # text-embeddings-inference
 
     async def own_task(self, request: Request) -> Response:
-        """TEI's POST /: the route of the named (or only) model's own task answers,
-        so huggingface_hub's InferenceClient pointed at the server's root works."""
-        named = _named(await request.body())
+        """TEI's POST /: the route of the model's own task answers, so
+        huggingface_hub's InferenceClient pointed at the server's root (or at a model's
+        base URL) works. The model: the base URL's, else the one the body names, else the
+        only one whose task's route takes the body, else the default model. It never
+        asks: TEI serves one model per URL, and its clients post to it as given."""
+        body = await request.body()
+        named = request.scope.get(PATH_MODEL) or _named(body)
         if self.serving.catalog is not None and named is not None:
             await self.serving.catalog.ensure(named)
-        model = self.serving.model("/", named, ANY_MODEL)
+        model = self.serving.model("/", named, ANY_MODEL) if named else self._taking(body)
+        request.scope[PATH_MODEL] = model.name  # the task's route answers for it
         route = {
             "feature-extraction": self.embed,
             "sparse-embedding": self.embed_sparse,
@@ -176,33 +210,49 @@ class Api:
         }.get(model.task, self.invocations)
         return await route(request)
 
+    def _taking(self, body: bytes) -> ServedModel:
+        """The only served model whose task's route takes `body` (a query and texts are a
+        cross-encoder's, say), else the default model."""
+        self.serving.ready()
+        taking = [m for m in self.serving.models.values() if _takes(m.task, body)]
+        if len(taking) == 1:
+            return taking[0]
+        chosen = self.serving.default_model()
+        if chosen is None:
+            raise NotReady
+        return chosen
+
     async def embed(self, request: Request) -> Response:
         body: s.EmbedRequest = s.parse_body(await request.body(), s.EmbedRequest)
         model = await self._model(request, "/embed", body.model, EMBEDDERS)
         texts = await _texts(model, body.inputs, "inputs", body.parameters())
         dims = _dimensions(model, body.dimensions)
-        compiled_normalized = bool(model.manifest.normalize)
         if model.task == "sparse-embedding" and body.normalize:
             raise RequestError(
                 "normalize is not available for SPLADE models: send normalize: false for the "
                 "whole vector of term weights, or use /embed_sparse",
                 status=424,
             )
-        if compiled_normalized and not body.normalize:
+        # the worker normalises (or not, as asked) an artifact whose module stops before
+        # Normalize; one compiled with Normalize inside cannot undo it
+        outside = NORMALIZE in model.manifest.task_settings
+        if model.manifest.normalize and not outside and not body.normalize:
             raise RequestError(
-                f"{model.name} normalises its embeddings inside the compiled model; compile "
-                "it with `normalize: false` to get them unnormalised",
+                f"{model.name} was compiled with normalising inside its module (by an "
+                "earlier neuronserve): compile it again to serve normalize: false",
                 status=424,
             )
         params = {**body.parameters(), **_prompt(body.prompt_name)}
+        if outside:
+            params["normalize"] = body.normalize
         if model.task == "feature-extraction" and dims is None:
             prediction = await self.serving.predict(model, texts, params)
-            if body.normalize == compiled_normalized:
+            if outside or body.normalize == bool(model.manifest.normalize):
                 return raw_json(prediction.raw)
             return json_response(normalized(_vectors(prediction)))
         vectors = await self._dense(model, texts, params)
         if dims is not None:
-            vectors = vectors[:, :dims]
+            vectors = np.ascontiguousarray(vectors[:, :dims])
         return json_response(normalized(vectors) if body.normalize else vectors)
 
     async def _dense(
@@ -270,7 +320,7 @@ class Api:
 
     async def decode(self, request: Request) -> Response:
         body: s.DecodeRequest = s.parse_body(await request.body(), s.DecodeRequest)
-        model = await self._model(request, "/decode", body.model, TEXT_MODEL)
+        model = await self._model(request, "/decode", body.model, TEXT_MODEL, default=True)
         one = not body.ids or isinstance(body.ids[0], int)
         batch = cast(list[list[int]], [body.ids] if one else body.ids)
         if not batch:
@@ -356,7 +406,7 @@ class Api:
 
     async def tokenize(self, request: Request) -> Response:
         body: s.TokenizeRequest = s.parse_body(await request.body(), s.TokenizeRequest)
-        model = await self._model(request, "/tokenize", body.model, TEXT_MODEL)
+        model = await self._model(request, "/tokenize", body.model, TEXT_MODEL, default=True)
         tokenizer = model.tokenizer
         assert tokenizer is not None  # TEXT_MODEL
         texts: list[str] = [body.inputs] if isinstance(body.inputs, str) else body.inputs
@@ -390,10 +440,18 @@ class Api:
         return json_response(tokens)
 
     async def info(self, request: Request) -> Response:
-        self.serving.ready()
-        return json_response(self.serving.info)
+        """The default model's Info (or `?model=`'s) and every model's with its base URL;
+        at a model's base URL, that model's alone."""
+        alone = request.scope.get(PATH_MODEL)
+        named = alone or request.query_params.get("model")
+        if named is not None:
+            await self._model(request, "/info", named, ANY_MODEL)
+        return json_response(self.serving.info(named, alone=alone is not None))
 
     async def health(self, request: Request) -> Response:
+        alone = request.scope.get(PATH_MODEL)
+        if alone is not None:  # a model this front does not serve (any more): 404
+            self.serving.model("/health", alone, ANY_MODEL)
         status, body = await self._health()
         if status == 503:
             # text-embeddings-inference's ErrorResponse fields, beside the counts
@@ -590,6 +648,28 @@ def predict_inputs(inputs: str | list[str | list[str]]) -> tuple[list[Any], bool
     return items, False
 
 
+# the schema of the route each task's POST / goes to (others: /invocations, which takes
+# any JSON)
+_ROOT_SCHEMAS: dict[str, type[s.Body]] = {
+    "feature-extraction": s.EmbedRequest,
+    "sparse-embedding": s.EmbedSparseRequest,
+    "text-classification": s.PredictRequest,
+    "rerank": s.RerankRequest,
+}
+
+
+def _takes(task: str, body: bytes) -> bool:
+    """Whether the route of `task`'s POST / takes `body` as it is."""
+    schema = _ROOT_SCHEMAS.get(task)
+    if schema is None:
+        return True
+    try:
+        s.parse_body(body, schema)
+    except RequestError:
+        return False
+    return True
+
+
 def _named(body: bytes) -> str | None:
     """The `model` a JSON body names, if any (the route it goes to parses the rest and
     says what is wrong with it)."""
@@ -602,7 +682,26 @@ def _named(body: bytes) -> str | None:
 
 
 def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
-    """Every route of the front, in the order the documentation lists them."""
+    """Every route of the front, in the order the documentation lists them: then each
+    model's base URL, /models/<name>, with every TEI and OpenAI route under it."""
+    routes = _routes(api, metrics_auth)
+    return routes + [per_model(api, r) for r in routes if r.family in ("openai", "tei")]
+
+
+def per_model(api: Api, route: Route) -> Route:
+    """`route` under a model's base URL (/models/<name>/embed, ...; its POST / at
+    /models/<name>): answering for that model as a TEI serving it alone would."""
+    path = MODEL_BASE + (route.path if route.path != "/" else "")
+    return dataclasses.replace(
+        route,
+        path=path,
+        handler=api.at_base_url(route.handler),
+        summary=f"{route.summary}, of the model named in the path (its own base URL)",
+        tag="per model",
+    )
+
+
+def _routes(api: Api, metrics_auth: bool) -> list[Route]:
     # long: the one table of routes, a row each
     e = Route
     tei = "text-embeddings-inference"

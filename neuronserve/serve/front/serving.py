@@ -60,6 +60,9 @@ class Need:
         return cls(tasks, None, f"a {' or '.join(tasks)} model")
 
 
+ANY_MODEL = Need()
+
+
 class Serving:
     """The table of served models and the engine's client once the engine is ready."""
 
@@ -87,41 +90,58 @@ class Serving:
         """What requests can be routed to now, by name (the table's ready versions)."""
         return self.table.served()
 
-    @property
-    def info(self) -> dict[str, Any]:
+    def info(self, name: str | None = None, alone: bool = False) -> dict[str, Any]:
+        """text-embeddings-inference's Info of model `name` (default: the default model),
+        and `models`: every served model's, each with its base URL; `alone`: that model's
+        only (what a TEI serving it alone answers, at its own base URL)."""
+        self.ready()
         c = self.config
-        infos = [m.info(c.max_in_flight, c.max_client_batch) for m in self.models.values()]
+        infos = {
+            m.name: {**m.info(c.max_in_flight, c.max_client_batch), "base_url": base_url(m.name)}
+            for m in self.models.values()
+        }
         if self.catalog is not None:
             states = self.table.states()
-            for i in infos:
-                i["state"] = states.get(i["model_id"], "ready")
-            infos += [
-                {"model_id": n, "state": state}
-                for n, state in states.items()
-                if n not in self.models
-            ]
-        # text-embeddings-inference's fields are the first model's; `models` lists all
-        return {**(infos[0] if infos else {}), "models": infos}
+            for n, i in infos.items():
+                i["state"] = states.get(n, "ready")
+            for n, state in states.items():
+                if n not in infos:
+                    infos[n] = {"model_id": n, "state": state, "base_url": base_url(n)}
+        described = self.model("/info", name, ANY_MODEL, default=True) if infos else None
+        first = infos[described.name] if described is not None else {}
+        if alone:
+            return first
+        return {**first, "models": list(infos.values())}
+
+    def default_model(self) -> ServedModel | None:
+        """The model the root answers for when a request names none and several could:
+        `front.default_model` while it is served, else the first served."""
+        models = self.models
+        named = self.config.default_model
+        if named is not None and named in models:
+            return models[named]
+        return next(iter(models.values()), None)
 
     def ready(self) -> EngineClient:
         if self.client is None or (not len(self.table) and self.catalog is None):
             raise NotReady
         return self.client
 
-    async def lookup(
+    async def lookup(  # noqa: PLR0913 - the route, the name, and how to choose
         self,
         route: str,
         name: str | None,
         need: Need,
         scope: MutableMapping[str, Any],
         ask: str = "the request's `model` field",
+        default: bool = False,
     ) -> ServedModel:
         """`model(...)`, after loading a registered model that is not on the workers
         (multi-model); the request holds the model's version until it ends (`release`),
         so no eviction, swap or DELETE takes it from under the request."""
         if self.catalog is not None and name is not None:
             await self.catalog.ensure(name)
-        model = self.model(route, name, need, ask)
+        model = self.model(route, name, need, ask, default)
         version = self.table.get(model.name)
         if version is not None:
             scope[HELD], scope[RELEASE] = self.table.hold(version), self.release
@@ -133,12 +153,18 @@ class Serving:
             self.table.release(version)
 
     def model(
-        self, route: str, name: str | None, need: Need, ask: str = "the request's `model` field"
+        self,
+        route: str,
+        name: str | None,
+        need: Need,
+        ask: str = "the request's `model` field",
+        default: bool = False,
     ) -> ServedModel:
         """The model a request to `route` names, or the one served model the route
         applies to when it names none. A 404 lists the served models for an unknown
         name; a model the route does not apply to is a 404 saying what it takes; a
-        request that names none while several models fit is a 400 naming them."""
+        request that names none while several models fit is a 400 naming them, unless
+        the route takes the `default` model then (the root's, which never asks)."""
         self.ready()
         if name is not None:
             model = self.models.get(name)
@@ -152,6 +178,9 @@ class Serving:
         fits = [m for m in self.models.values() if need.fits(m)]
         if len(fits) == 1:
             return fits[0]
+        if default and fits:
+            chosen = self.default_model()
+            return chosen if chosen in fits else fits[0]
         # 424, as text-embeddings-inference answers a route its model does not serve
         if not fits:
             if len(self.models) == 1:
@@ -254,11 +283,16 @@ class Serving:
         return counts
 
 
+# every model has a base URL of its own, answering every TEI and OpenAI route as a TEI
+# serving that model alone would (routes.py: the routes under it)
+MODEL_BASE = "/models/{name}"
+
+
+def base_url(name: str) -> str:
+    """The path of model `name`'s own base URL."""
+    return MODEL_BASE.format(name=name)
+
+
 async def off_loop(fn: Callable[[], Any], chars: int) -> Any:
     """`fn()`, in a worker thread when its input is large enough to stall other requests."""
     return fn() if chars <= _INLINE_CHARS else await asyncio.to_thread(fn)
-
-
-def normalized(vectors: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.maximum(norms, 1e-12)
