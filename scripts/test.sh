@@ -8,6 +8,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh
+# the client libraries whose use the clients guide shows (its snippets run as tests)
+step() { echo "install: $*"; }
+step "the client libraries of the clients guide (LangChain, LlamaIndex, Haystack, LiteLLM)"
+.venv/bin/python -m pip install -qq -e ".[clients]"
 # wrk cross-checks the benchmark's load generator; without it that test checks the skip
 command -v wrk >/dev/null || apt-get install -y -qq wrk >/dev/null 2>&1 || echo "wrk not installed"
 .venv/bin/ruff check neuronserve handlers triton_backend tests scripts docs

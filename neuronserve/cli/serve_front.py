@@ -229,8 +229,14 @@ def _report(inst: Any, custom_run_dir: bool) -> None:
             f"{info['engine']} (each worker holds them all), which listens on loopback only"
         )
         for m in models:
-            typer.echo(f"  {m['model_id']}: {m['task']}, {m['target']} {m['precision']}")
-        typer.echo("  name a model in the request: OpenAI's and the other routes' \"model\" field")
+            typer.echo(
+                f"  {m['model_id']}: {m['task']}, {m['target']} {m['precision']}, base URL "
+                f"{config.url}{m.get('base_url', '')}"
+            )
+        typer.echo(
+            "  name a model in the request (OpenAI's and the other routes' \"model\" field), "
+            f"or use its base URL; the root's default: {info['model_id']}"
+        )
     tasks = list(dict.fromkeys(m["task"] for m in models))
     routes = [r for t in tasks for r in TASK_ROUTES.get(t, [])]
     for route in [*dict.fromkeys(routes), "POST /invocations (SageMaker)"]:
