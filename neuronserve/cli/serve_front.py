@@ -190,6 +190,25 @@ def _foreground(spec: Any, sources: list[Path]) -> int:
     return run(config, lambda: deployment_for(spec, sources, config.run_dir / ENGINE_DIR))
 
 
+def _report_multi_model(config: Any, info: dict[str, Any], log_file: Path) -> None:
+    typer.echo(
+        f"neuronserve front is ready at {config.url}: multi-model, "
+        f"{len(info.get('models', []))} model(s) loaded, which listens on loopback only"
+    )
+    for m in info.get("models", []):
+        typer.echo(f"  {m['model_id']}: {m.get('task', '?')}, {m.get('state', '?')}")
+    where = f"admin key in {config.admin_keys.where}" if config.admin_keys else "no key"
+    typer.echo(
+        "  POST /models {model_name, url} loads one, GET /models lists them, "
+        f"DELETE /models/<name> unloads, PUT /models/<name> swaps ({where})"
+    )
+    typer.echo(
+        "  POST /models/<name>/invoke, any route naming the model, or the model's base URL "
+        "/models/<name> (every text-embeddings-inference and OpenAI route under it)"
+    )
+    typer.echo(f"  log in {log_file}")
+
+
 def _report(inst: Any, custom_run_dir: bool) -> None:
     config = inst.config
     headers = {"Authorization": f"Bearer {config.keys.values[0].decode()}"} if config.keys else {}
@@ -203,19 +222,7 @@ def _report(inst: Any, custom_run_dir: bool) -> None:
         info = {"model_id": "?", "task": "?", "target": "?", "precision": "?", "engine": "?"}
     models = info.get("models") or [info]
     if config.multi_model:
-        typer.echo(
-            f"neuronserve front is ready at {config.url}: multi-model, "
-            f"{len(info.get('models', []))} model(s) loaded, which listens on loopback only"
-        )
-        for m in info.get("models", []):
-            typer.echo(f"  {m['model_id']}: {m.get('task', '?')}, {m.get('state', '?')}")
-        where = f"admin key in {config.admin_keys.where}" if config.admin_keys else "no key"
-        typer.echo(
-            "  POST /models {model_name, url} loads one, GET /models lists them, "
-            f"DELETE /models/<name> unloads, PUT /models/<name> swaps ({where})"
-        )
-        typer.echo("  POST /models/<name>/invoke, or any route naming the model")
-        typer.echo(f"  log in {inst.log}")
+        _report_multi_model(config, info, inst.log)
         return
     if len(models) == 1:
         typer.echo(

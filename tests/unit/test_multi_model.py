@@ -232,6 +232,25 @@ def test_delete_then_invoke_is_404_and_the_others_answer(endpoint):
     assert embed(client, "cls", "fine").status_code == 200
 
 
+def test_a_loaded_model_has_a_base_url_until_it_is_deleted(endpoint):
+    """A model registered at run time answers at its own base URL once served (loaded
+    again on demand after an eviction, like any request for it), and not after a
+    DELETE: 404."""
+    client, models, _, _ = endpoint
+    assert client.post("/models/a/embed", json={"inputs": "hello"}).status_code == 404
+    assert load(client, "a", models / "a").status_code == 200
+    assert load(client, "cls", models / "cls").status_code == 200
+    got = client.post("/models/a/embed", json={"inputs": "hello"})
+    assert got.status_code == 200, got.text
+    assert got.json() == client.post("/embed", json={"inputs": "hello", "model": "a"}).json()
+    assert client.post("/models/cls", json={"inputs": "fine"}).status_code == 200  # its root
+    assert client.get("/models/a/info").json()["model_id"] == "a"
+    assert client.delete("/models/a").status_code == 200
+    for method, path in (("POST", "/models/a/embed"), ("GET", "/models/a/info"),
+                         ("GET", "/models/a/health")):  # fmt: skip
+        assert client.request(method, path, json={"inputs": "x"}).status_code == 404, path
+
+
 def test_list_pages_and_describe(endpoint):
     client, models, _, _ = endpoint
     for name in ("a", "b", "cls"):
