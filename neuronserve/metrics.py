@@ -84,6 +84,8 @@ METRICS = (
     BATCH_MODEL_MS,
     PADDING_RATIO,
 )
+# each metric by its name (how a worker's report names it on the native engine's wire)
+BY_NAME = {m.name: m for m in METRICS}
 
 
 def batch_values(report: RunReport, model: str) -> Iterator[tuple[Metric, float, dict[str, str]]]:

@@ -18,10 +18,13 @@ ENGINES_PACKAGE = "neuronserve.engines"
 # engine name -> its package under neuronserve.engines, which holds `engine.py` (the
 # Engine class, named in the value) and `section.py` (its spec section, `<Class>Section`).
 # In order of preference: Triton is maintained and keeps several batches in flight per
-# worker; TorchServe is archived upstream (2025-08): fully supported, never required.
+# worker; TorchServe is archived upstream (2025-08): fully supported, never required;
+# the native engine (neuronserve's own workers on unix sockets, no server between the
+# front and the cores) has no API but the front's.
 _PACKAGES = {
     "triton": "Triton",
     "torchserve": "TorchServe",
+    "native": "Native",
 }
 ENGINES = tuple(_PACKAGES)
 # what an image (SageMaker, Kubernetes) runs unless told: it is built elsewhere, so what

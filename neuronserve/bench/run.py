@@ -50,7 +50,8 @@ from .texts import text_with_tokens
 # the engine behind the front, by endpoint type: `front-<engine>`, and `front` for
 # TorchServe's (the name the commands in BENCHMARKS were published with)
 FRONT_ENGINES = {"front": SageMakerServer.engine, **{f"front-{e}": e for e in ENGINES}}
-MANAGED = (*ENGINES, "sagemaker", *FRONT_ENGINES)
+# an engine with no API of its own (the native one) is benched behind the front only
+MANAGED = (*(e for e in ENGINES if engine_class(e).protocols), "sagemaker", *FRONT_ENGINES)
 # the protocols of the engines' own APIs: a running server named by one
 PROTOCOLS = tuple(dict.fromkeys(p for e in ENGINES for p in engine_class(e).protocols))
 # openai: any server's OpenAI-compatible embeddings URL (a peer such as infinity-emb or

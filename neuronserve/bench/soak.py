@@ -589,10 +589,14 @@ def start_target(
     """Start `engine` serving `artifact`, asked directly (`via` engine), through the front
     (`serve front`) or through the SageMaker entrypoint; return the server and its SoakTarget."""
     from ..artifact import read_manifest
+    from ..engines.base import engine_class
     from .servers import FrontServer, ManagedServer, SageMakerServer
 
     manifest = read_manifest(artifact, verify=False)
     server: Any
+    if via == "engine" and not engine_class(engine).protocols:
+        server_name = engine_class(engine).server
+        raise ValueError(f"{server_name} has no API of its own: soak it --via front")
     if via == "engine":
         server = ManagedServer(engine, artifact, layout, None)
         work = Path(server.tmp.name)

@@ -66,8 +66,10 @@ def _serve_command(name: str) -> None:
     app.command(name)(serve_engine)
 
 
+# an engine with no API of its own (the native one) is served behind the front only
 for _name in ENGINES:
-    _serve_command(_name)
+    if engine_class(_name).protocols:
+        _serve_command(_name)
 
 
 @app.command("sagemaker")

@@ -1,6 +1,6 @@
 """The contract every engine implements, and the only way the rest of neuronserve reaches
-an engine. TorchServe (engines/torchserve/) and Triton (engines/triton/) are the two;
-the registry (engines/__init__.py) names them.
+an engine. Triton (engines/triton/), TorchServe (engines/torchserve/) and neuronserve's
+own (engines/native/) are the three; the registry (registry.py) names them.
 
 Five methods make an engine:
 
@@ -98,8 +98,9 @@ class Engine(ABC, Generic[Instance]):
     extra: ClassVar[str]
     # the system (apt) packages it needs beyond Python's: an image for it installs them
     system_packages: ClassVar[tuple[str, ...]] = ()
-    # (package, file) of the adapter it ships into its store: what its workers run
-    adapter: ClassVar[tuple[str, str]]
+    # (package, file) of the adapter it ships into its store: what its workers run (None:
+    # its workers run neuronserve's own modules)
+    adapter: ClassVar[tuple[str, str] | None]
     # the protocols of its own API, one NativeRoute each
     protocols: ClassVar[tuple[str, ...]]
     # its spec section

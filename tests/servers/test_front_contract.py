@@ -12,6 +12,7 @@ model after a stop. The front's HTTP handling alone is tested in process
 
 from __future__ import annotations
 
+import contextlib
 import re
 import stat
 import threading
@@ -53,6 +54,8 @@ LONG = " ".join(["long"] * 400)  # 402 tokens: over MiniLM's largest compiled 25
 ENGINE_SERIES = {
     "torchserve": "ts_inference_requests_total",
     "triton": "nv_inference_request_success",
+    # the native engine has no server of its own: its series are its workers'
+    "native": "neuronserve_requests_total",
 }
 
 
@@ -397,13 +400,20 @@ def test_a_burst_beyond_the_in_flight_bound_gets_429_and_the_rest_answers(front,
 def test_the_deadline_answers_504_and_the_engine_serves_again(front):
     # the engine's server frozen (TorchServe's frontend, tritonserver): nothing answers
     # until the front gives up. Its workers are left running (Triton's backend takes a
-    # frozen stub for a dead one, and its healer replaces it: test_front_triton.py)
-    server = psutil.Process(front.engine().instance.pid)
-    server.suspend()
+    # frozen stub for a dead one, and its healer replaces it: test_front_triton.py). The
+    # native engine has no server between: its workers are frozen (and its supervisor
+    # may take them for hung and replace them)
+    inst = front.engine().instance
+    pids = [w["pid"] for w in inst.states()] if front.engine_name == "native" else [inst.pid]
+    frozen = [psutil.Process(pid) for pid in pids]
+    for p in frozen:
+        p.suspend()
     try:
         late = front.post("/embed", {"inputs": "frozen"})
     finally:
-        server.resume()
+        for p in frozen:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.resume()
     assert late.status_code == 504 and "deadline_s" in late.json()["error"]
     wait_for(lambda: front.post("/embed", {"inputs": "awake"}).status_code == 200, 30)
 
@@ -420,7 +430,8 @@ def test_metrics_count_routes_and_show_the_engines_by_model(front):
     assert ENGINE_SERIES[front.engine_name] in text  # the engine's own, behind ours
     # the workers' own series, one per model (in each engine's naming style)
     wait_for(lambda: 'model="tiny-classifier"' in front.get("/metrics").text, 10, 0.1, "metrics")
-    workers = r'(NeuronServeRequests|neuronserve_requests)\{[^}]*model="minilm"'
+    # (the native engine's counters carry Prometheus' _total: its series are the front's)
+    workers = r'(NeuronServeRequests|neuronserve_requests(_total)?)\{[^}]*model="minilm"'
     assert re.search(workers, front.get("/metrics").text)
 
 

@@ -65,7 +65,8 @@ def test_torchserve_direct_loses_only_the_killed_workers_batch(minilm_artifact, 
 # the tiny model below: what is tested is the replacement and the front, and a real
 # model's load only lengthens the wait for it
 @pytest.mark.parametrize(
-    ("engine", "via"), [("torchserve", "front"), ("triton", "engine"), ("triton", "front")]
+    ("engine", "via"),
+    [("torchserve", "front"), ("triton", "engine"), ("triton", "front"), ("native", "front")],
 )
 def test_a_killed_worker_costs_only_its_own_requests(tiny_artifact, tmp_path, engine, via):
     soak(tiny_artifact, tmp_path, engine, via, 3000)

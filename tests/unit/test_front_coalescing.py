@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from neuronserve.tasks import RequestError
-from tests.in_process_front import InProcessEngine, front
+from in_process_front import InProcessEngine, front
 
 
 class Recording(InProcessEngine):

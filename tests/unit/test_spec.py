@@ -171,8 +171,9 @@ def test_a_model_is_a_folder_next_to_the_spec_or_a_hub_id(tmp_path):
 
 
 def test_the_default_engine_is_the_first_that_can_start_here(monkeypatch):
-    """Triton first, TorchServe (archived upstream) where Triton cannot start: a fresh
-    machine never needs TorchServe; a spec that sets one engine's options runs on it."""
+    """Triton first, TorchServe (archived upstream) where Triton cannot start, the native
+    engine where neither can: a fresh machine never needs TorchServe; a spec that sets
+    one engine's options runs on it."""
     import importlib.util
 
     from neuronserve.engines.triton.section import INSTALL, glibc_refusal
@@ -188,7 +189,8 @@ def test_the_default_engine_is_the_first_that_can_start_here(monkeypatch):
         importlib.util, "find_spec", lambda name, *a: None if name in gone else real(name, *a)
     )
     assert triton.missing() == INSTALL and "neuronserve[torchserve]" in torchserve.missing()
-    assert default_engine() == "triton"  # none can: the first, whose start says what to do
+    # neither installed: the native engine, which needs nothing beyond neuronserve
+    assert section_class("native").missing() is None and default_engine() == "native"
     gone.discard("ts")
     assert default_engine() == "torchserve"
     assert load_spec(None, {}).front.engine == "torchserve"

@@ -69,7 +69,10 @@ def _copy_package(dst: Path) -> None:
     src = Path(neuronserve.__file__).parent
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     # Editable installs map the engines' adapters from the repository: real copies here
-    for package, name in (engine_class(e).adapter for e in ENGINES):
+    for adapter in (engine_class(e).adapter for e in ENGINES):
+        if adapter is None:
+            continue
+        package, name = adapter
         folder = dst / package.removeprefix("neuronserve.")
         folder.mkdir(exist_ok=True)
         (folder / "__init__.py").touch()

@@ -1,0 +1,46 @@
+"""The native engine's store: one folder per deployment, `<store>/<name>/`, holding the
+models (`models/<name>/`, each an artifact copied in) and `native.json`: the settings
+every worker reads back (neuronserve.worker), how many workers the plan has, and each
+worker's queue (the spec's worker section, as the other engines read it)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+
+from ... import placement
+from ...packaging.model import prepare, put_in_place, staged
+from ...sources import FoundModel
+from ...spec import DeploySpec
+from ..base import packaged
+from .section import NativeSection
+from .store import DEPLOYMENT_FILE, QueuePolicy, read_deployment
+
+
+def packaged_models(source: Path) -> list[FoundModel] | None:
+    """The models of a native store in `source`, with the settings they were packaged
+    with; None when `source` holds none."""
+    for found in sorted(Path(source).glob(f"*/{DEPLOYMENT_FILE}")):
+        return packaged(found.parent, read_deployment(found.parent)[0])
+    return None
+
+
+def package_native(spec: DeploySpec, plan: placement.WorkerPlan | None = None) -> Path:
+    """Write the spec's models into its native store (for `plan`, or this host's); the
+    deployment's folder."""
+    done = prepare(spec, what="workers", plan=plan)
+    store = spec.engine(NativeSection).store
+    with staged(store) as stage:
+        model_dir = stage / done.name
+        model_dir.mkdir()
+        for m in done.models:
+            shutil.copytree(m.artifact, model_dir / m.folder)
+        deployment = {
+            "settings": done.settings.model_dump(),
+            "workers": done.plan.workers,
+            "queue": asdict(QueuePolicy.of(spec)),
+        }
+        (model_dir / DEPLOYMENT_FILE).write_text(json.dumps(deployment, indent=1))
+        return put_in_place(model_dir, store)

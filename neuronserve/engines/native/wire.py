@@ -1,0 +1,99 @@
+"""The native engine's wire: frames over a unix stream socket between the front and one
+worker, each frame its length, then a small JSON head (orjson) and a binary body.
+
+    frame    = u32 size of what follows | u32 size of the head | head | body
+    request  head {"id", "op": "infer", "model", "texts" (or "pairs"), "parameters",
+             "truncate", "direction"}; an image task's images are the body, "images" their
+             sizes. {"id", "op": "ping"} asks how the worker is.
+    answer   head {"id", "status", "error"?, "kind"?, "header_length"?}; a 200's body is
+             its task's tensors in the KServe v2 binary layout (neuronserve.tensors.pack,
+             which the front already reads): one copy of each tensor into the frame.
+    metrics  head {"id": 0, "op": "metrics", "values": [[name, value, labels], ...]}: what
+             a batch adds to the worker's metrics (neuronserve.metrics), after its answers.
+
+A frame over the reader's bound, or one that does not parse, closes that connection and
+nothing else: the worker's other connections and its batches go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from typing import Any
+
+import orjson
+
+_SIZES = struct.Struct("<II")
+# what a request frame may carry (the front's body limit keeps it far below), and an
+# answer (the front's answer limit, max_answer_bytes, keeps it below)
+MAX_REQUEST_BYTES = 64 << 20
+MAX_ANSWER_BYTES = 512 << 20
+
+
+class FrameError(ValueError):
+    """A frame over its bound, or one that does not parse: its connection is closed."""
+
+
+def frame(head: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
+    """One frame: its sizes, its head as JSON, its body."""
+    raw = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
+    return _SIZES.pack(len(raw) + len(body), len(raw)) + raw + bytes(body)
+
+
+async def read_frame(
+    reader: asyncio.StreamReader, most: int
+) -> tuple[dict[str, Any], bytes] | None:
+    """The next frame's head and body; None at the end of the stream; FrameError for a
+    frame larger than `most` bytes or one that does not parse."""
+    try:
+        sizes = await reader.readexactly(_SIZES.size)
+    except asyncio.IncompleteReadError as e:
+        if e.partial:
+            raise FrameError("the stream ended inside a frame") from None
+        return None
+    size, head_size = _SIZES.unpack(sizes)
+    if size > most:
+        raise FrameError(f"a frame of {size} bytes, over the bound of {most}")
+    if head_size > size:
+        raise FrameError("a frame's head is longer than the frame")
+    try:
+        data = await reader.readexactly(size)
+    except asyncio.IncompleteReadError:
+        raise FrameError("the stream ended inside a frame") from None
+    try:
+        head = orjson.loads(data[:head_size])
+    except orjson.JSONDecodeError as e:
+        raise FrameError(f"a frame's head is not JSON: {e}") from None
+    if not isinstance(head, dict):
+        raise FrameError("a frame's head is not an object")
+    return head, data[head_size:]
+
+
+def ask(path: str, head: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """One question to a worker on its socket, and its answer's head, blocking (the
+    supervisor's ping); OSError (or FrameError) when it does not answer in time."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        s.connect(path)
+        s.sendall(frame(head))
+        sizes = _read(s, _SIZES.size)
+        size, head_size = _SIZES.unpack(sizes)
+        if size > MAX_REQUEST_BYTES or head_size > size:
+            raise FrameError("an answer over its bound")
+        data = _read(s, size)
+    answer = orjson.loads(data[:head_size])
+    if not isinstance(answer, dict):
+        raise FrameError("an answer's head is not an object")
+    return answer
+
+
+def _read(s: Any, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        got = s.recv(n - len(out))
+        if not got:
+            raise ConnectionError("the worker closed the connection")
+        out += got
+    return bytes(out)

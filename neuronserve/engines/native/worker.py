@@ -1,0 +1,376 @@
+"""A native worker: one process per core group, started by the supervisor, answering the
+front on a unix socket in the engine's run folder (wire.py).
+
+    python -m neuronserve.engines.native.worker MODEL_DIR SOCKET INDEX
+
+It leases its core group (INDEX is the one it prefers), pins to it and loads every model
+of the deployment (neuronserve.worker.start_worker: nothing imports torch before the pin),
+then opens its socket, 0600: the supervisor takes a socket that answers for a worker
+that is ready. Requests from every connection wait in one queue; when the worker can take
+a batch it takes all that wait (the Runner runs them in its buckets, each model's in a
+call of its own). On the CPU a batch runs on a thread of its own while the event loop
+reads, parses and answers; on a NeuronCore the worker holds `batches_in_flight` batches at
+once, so the device runs one while the host prepares the next and answers the last. A
+request that cannot be served is answered alone; a frame that does not parse closes its
+connection alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import signal
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...errors import RequestError, internal_error
+from .wire import MAX_REQUEST_BYTES, FrameError, frame, read_frame
+
+if TYPE_CHECKING:
+    from ...tasks.base import Task, TaskRequest
+    from ...worker import Worker, WorkerSettings
+    from .store import QueuePolicy
+
+log = logging.getLogger("neuronserve.native")
+
+
+@dataclass(eq=False)
+class Connection:
+    writer: asyncio.StreamWriter
+    closed: bool = False
+
+    def send(self, data: bytes) -> None:
+        if not self.closed and not self.writer.is_closing():
+            self.writer.write(data)
+
+
+@dataclass
+class Waiting:
+    """A request read and parsed, waiting for a batch."""
+
+    connection: Connection
+    id: int
+    model: str | None
+    request: Any  # TaskRequest, or the RequestError it is answered with
+    arrived: float = field(default_factory=time.monotonic)
+
+    @property
+    def rows(self) -> int:
+        texts = getattr(self.request, "texts", None)
+        return len(texts) if texts is not None else 0
+
+
+@dataclass
+class Served:
+    """The worker's socket server and its one queue of requests."""
+
+    worker: Worker
+    # batches held at once: 1 where the same cores run the model (CPU)
+    depth: int
+    policy: QueuePolicy
+    queue: list[Waiting] = field(default_factory=list)
+    # when each batch in flight began (for the supervisor's hang check)
+    started: dict[int, float] = field(default_factory=dict)
+    batches: int = 0
+
+    async def serve(self, path: Path) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.wake = asyncio.Event()
+        # one thread begins batches: on the CPU it runs them; on a NeuronCore it hands
+        # them to the Runner, whose own threads finish them
+        self.compute = ThreadPoolExecutor(1, thread_name_prefix="neuronserve-batch")
+        path.unlink(missing_ok=True)
+        server = await asyncio.start_unix_server(self.connection, path=str(path))
+        os.chmod(path, 0o600)
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self.loop.add_signal_handler(sig, stop.set)
+        batching = asyncio.create_task(self.batching())
+        log.info("serving on %s", path)
+        await stop.wait()
+        server.close()
+        batching.cancel()
+        self.compute.shutdown(wait=False, cancel_futures=True)
+
+    async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(writer)
+        try:
+            while True:
+                got = await read_frame(reader, MAX_REQUEST_BYTES)
+                if got is None:
+                    break
+                head, body = got
+                op = head.get("op")
+                if op == "infer":
+                    self.take(conn, head, body)
+                elif op == "ping":
+                    conn.send(frame({"id": head.get("id"), "status": 200, **self.state()}))
+                else:
+                    raise FrameError(f"unknown op {op!r}")
+                await writer.drain()
+        except FrameError as e:
+            log.warning("a connection sent what is not a frame, closed: %s", e)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            conn.closed = True
+            writer.close()
+
+    def state(self) -> dict[str, Any]:
+        """How the worker is: its models, requests waiting, and since when its oldest
+        batch in flight runs (None: none runs)."""
+        oldest = min(self.started.values(), default=None)
+        return {
+            "pid": os.getpid(),
+            "models": list(self.worker.runners),
+            "waiting": len(self.queue),
+            "busy_s": None if oldest is None else time.monotonic() - oldest,
+        }
+
+    def take(self, conn: Connection, head: dict[str, Any], body: bytes) -> None:
+        """Parse one request and queue it (a request that cannot be parsed is answered
+        at once, its error alone)."""
+        rid, model = head.get("id"), head.get("model")
+        if not isinstance(rid, int):
+            raise FrameError("a request without an integer id")
+        if len(self.queue) >= self.policy.max_queued:
+            full = RequestError(
+                f"the worker's queue is full ({self.policy.max_queued} requests wait: "
+                "max_queued); try again",
+                status=503,
+            )
+            conn.send(self._answer_frame(Waiting(conn, rid, model, full), full))
+            return
+        try:
+            if model is not None and not isinstance(model, str):
+                raise RequestError('"model" must be a model name')
+            runner = self.worker.runner(model)
+            parsed: Any = _request(runner.task, head, body)
+        except RequestError as e:
+            parsed = e
+        self.queue.append(Waiting(conn, rid, model, parsed))
+        self.wake.set()
+
+    async def batching(self) -> None:
+        """Take every waiting request as one batch whenever fewer than `depth` run
+        (after holding a lone request up to the batch delay, for others to join it)."""
+        while True:
+            await self.wake.wait()
+            self.wake.clear()
+            while self.queue and len(self.started) < self.depth:
+                await self._fill()
+                batch, self.queue = self._expired(self.queue), []
+                if not batch:
+                    continue
+                self.batches += 1
+                number = self.batches
+                self.started[number] = time.monotonic()
+                metrics: list[Any] = []
+                begun = self.loop.run_in_executor(self.compute, self._begin, batch, metrics)
+                begun.add_done_callback(
+                    functools.partial(self._begun, b=batch, n=number, m=metrics)
+                )
+
+    async def _fill(self) -> None:
+        """Until the batch delay since the oldest waiting request has passed, or the
+        waiting requests fill the largest batch a model was compiled for."""
+        if self.policy.batch_delay_s <= 0:
+            return
+        most = max((r.manifest.grid.max_batch for r in self.worker.runners.values()), default=1)
+        deadline = self.queue[0].arrived + self.policy.batch_delay_s
+        while sum(w.rows for w in self.queue) < most:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self.wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), left)
+
+    def _expired(self, waiting: list[Waiting]) -> list[Waiting]:
+        """The requests that may still run: one that waited past the queue timeout is
+        answered 503 now."""
+        limit = self.policy.queue_timeout_s
+        if limit is None:
+            return waiting
+        now, kept = time.monotonic(), []
+        for w in waiting:
+            if now - w.arrived > limit and not isinstance(w.request, RequestError):
+                late = RequestError(
+                    f"the request waited over {limit * 1000:.0f} ms in the worker's queue "
+                    "(queue_timeout_ms); try again",
+                    status=503,
+                )
+                w.connection.send(self._answer_frame(w, late))
+            else:
+                kept.append(w)
+        return kept
+
+    def _begin(self, batch: list[Waiting], metrics: list[Any]) -> Future[list[Any]]:
+        from ...metrics import batch_values
+
+        def report(model: str, run: Any) -> None:  # each model's part, before the answers
+            metrics.extend([m.name, v, labels] for m, v, labels in batch_values(run, model))
+
+        return self.worker.start([(w.model, w.request) for w in batch], report, False)
+
+    def _begun(self, begun: asyncio.Future[Any], b: list[Waiting], n: int, m: list[Any]) -> None:
+        batch, number, metrics = b, n, m
+        try:
+            started: Future[list[Any]] = begun.result()
+        except Exception:
+            log.exception("beginning a batch")
+            failed = [internal_error("serving the batch")] * len(batch)
+            self._send(batch, self._frames(batch, failed, []), number)
+            return
+        started.add_done_callback(lambda f: self._done(f, batch, number, metrics))
+
+    def _done(
+        self, started: Future[list[Any]], batch: list[Waiting], number: int, metrics: list[Any]
+    ) -> None:
+        """A batch's results (on the thread that finished it): each request's answer
+        frame, made here, sent by the event loop."""
+        try:
+            results = started.result()
+        except Exception:
+            log.exception("serving a batch")
+            results = [internal_error("serving the batch")] * len(batch)
+        frames = self._frames(batch, results, metrics, self.started.get(number))
+        self.loop.call_soon_threadsafe(self._send, batch, frames, number)
+
+    def _frames(
+        self,
+        batch: list[Waiting],
+        results: list[Any],
+        metrics: list[Any],
+        began: float | None = None,
+    ) -> list[bytes]:
+        """Each request's answer frame, then the batch's metrics (neuronserve.metrics) for
+        the front, which keeps the engine's series, on the first request's connection:
+        what each model's Runner reported, and the worker's whole time on the batch from
+        its start until its answers are made (`began`), shared by its requests."""
+        from ...metrics import MODEL_LABEL, REQUESTS, handler_values
+
+        frames = [self._answer_frame(w, r) for w, r in zip(batch, results, strict=True)]
+        if began is not None:
+            served = {labels[MODEL_LABEL]: int(v) for name, v, labels in metrics
+                      if name == REQUESTS.name}  # fmt: skip
+            handler_ms = (time.monotonic() - began) * 1000
+            metrics.extend(
+                [m.name, v, labels] for m, v, labels in handler_values(handler_ms, served)
+            )
+        if metrics:
+            frames.append(frame({"id": 0, "op": "metrics", "values": metrics}))
+        return frames
+
+    def _answer_frame(self, waiting: Waiting, result: Any) -> bytes:
+        from ...tensors import pack
+
+        try:
+            if isinstance(result, RequestError):
+                raise result
+            arrays = self.worker.tensors(waiting.model, result, waiting.request)
+            body, header_length = pack(arrays)
+            return frame({"id": waiting.id, "status": 200, "header_length": header_length}, body)
+        except Exception as e:  # noqa: BLE001 - this request fails, the others do not
+            error = e if isinstance(e, RequestError) else internal_error("building the answer")
+            head = {"id": waiting.id, "status": error.status, "error": error.message}
+            return frame({**head, "kind": error.kind} if error.kind else head)
+
+    def _send(self, batch: list[Waiting], frames: list[bytes], number: int) -> None:
+        self.started.pop(number, None)
+        for waiting, data in zip(batch, frames, strict=False):
+            waiting.connection.send(data)
+        for data in frames[len(batch) :]:  # the metrics
+            batch[0].connection.send(data)
+        self.wake.set()
+
+
+def _request(task: Task, head: dict[str, Any], body: bytes) -> TaskRequest:
+    """A request frame as the task's request: texts (or pairs), or an image task's
+    images (the body, cut at the sizes the head gives), and the parameters."""
+    from ...tasks.base import TaskRequest, truncation_parameters
+
+    params = head.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise RequestError('"parameters" must be an object')
+    if task.images:
+        sizes = head.get("images")
+        if not isinstance(sizes, list) or not sizes or sum(sizes) != len(body):
+            raise RequestError("an image request's sizes do not match its body")
+        images: list[str | tuple[str, str] | bytes] = []
+        at = 0
+        for n in sizes:
+            images.append(body[at : at + n])
+            at += n
+        return TaskRequest(texts=images, single=False, parameters=task.own_parameters(params))
+    truncate, direction = truncation_parameters(params)
+    return TaskRequest(
+        texts=_texts(task, head.get("texts")),
+        single=False,
+        parameters=task.own_parameters(params),
+        truncate=truncate,
+        truncation_direction=direction,
+    )
+
+
+def _texts(task: Task, texts: Any) -> list[Any]:
+    """A request's texts, single or pairs as its task takes them."""
+    if not isinstance(texts, list) or not texts:
+        raise RequestError("send at least one text")
+    items: list[Any] = []
+    for i, t in enumerate(texts):
+        if isinstance(t, str):
+            if task.pairs_required:
+                raise RequestError(f"task {task.name} needs a pair of texts, got one at {i}")
+            items.append(t)
+        elif isinstance(t, list) and len(t) == 2 and all(isinstance(x, str) for x in t):
+            if not task.accepts_pairs:
+                raise RequestError(f"task {task.name} takes single texts, not pairs")
+            items.append((t[0], t[1]))
+        else:
+            raise RequestError(f"texts[{i}] must be a text or a pair of texts")
+    return items
+
+
+def depth(settings: WorkerSettings) -> int:
+    """Batches a worker holds at once: on a NeuronCore those the settings give (the
+    device runs one while the host prepares the next), on the CPU one (the same cores
+    run the model)."""
+    return settings.batches_in_flight if settings.core_kind == "neuron" else 1
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print(f"usage: python -m {__name__} MODEL_DIR SOCKET INDEX", file=sys.stderr)
+        return 2
+    model_dir, socket_path, index = Path(argv[0]), Path(argv[1]), int(argv[2])
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s native worker {index} (pid %(process)d) %(message)s",
+    )
+    from ...worker import FAILURE_MARKER, start_worker
+    from .store import read_deployment
+
+    settings, _, policy = read_deployment(model_dir)
+    try:
+        worker = start_worker(settings, model_dir, owner=f"native worker {index}", prefer=index)
+    except Exception as e:  # noqa: BLE001 - said once, in the log the supervisor reads
+        print(f"{FAILURE_MARKER} {e}", file=sys.stderr, flush=True)
+        return 3
+    log.info("%s", worker.describe())
+    try:
+        asyncio.run(Served(worker, depth(settings), policy).serve(socket_path))
+    finally:
+        worker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,375 @@
+"""The native engine's wire and its worker's socket server, in this process: frames
+round-trip and every malformed one is refused; the worker's queue (one batch of all that
+wait, max_queued, queue_timeout_ms, max_batch_delay_ms) over a real unix socket, with a
+fake Worker in place of the model (the real workers: tests/servers/test_native.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+
+from neuronserve import metrics, tensors
+from neuronserve.engines.client import WorkerDied
+from neuronserve.engines.native.client import RETRY_S, Link, _Series
+from neuronserve.engines.native.store import QueuePolicy
+from neuronserve.engines.native.wire import FrameError, frame, read_frame
+from neuronserve.engines.native.worker import Served
+from neuronserve.tasks import RequestError, get_task
+
+
+def _reader(data: bytes) -> asyncio.StreamReader:
+    """A stream holding `data`, then its end (made inside the running loop)."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    reader.feed_eof()
+    return reader
+
+
+def _read_one(data: bytes, most: int = 1 << 20) -> Any:
+    async def read():
+        return await read_frame(_reader(data), most)
+
+    return asyncio.run(read())
+
+
+heads = st.dictionaries(
+    st.text(max_size=8), st.one_of(st.integers(-(2**53), 2**53), st.text(max_size=20)), max_size=5
+)
+
+
+@given(heads=st.lists(heads, min_size=1, max_size=4), bodies=st.lists(st.binary(max_size=300)))
+def test_frames_round_trip_one_after_another(heads, bodies):
+    bodies = (bodies + [b""] * len(heads))[: len(heads)]
+
+    async def read_all():
+        reader = _reader(b"".join(frame(h, b) for h, b in zip(heads, bodies, strict=True)))
+        got = []
+        while (one := await read_frame(reader, 1 << 20)) is not None:
+            got.append(one)
+        return got
+
+    assert asyncio.run(read_all()) == list(zip(heads, bodies, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (struct.pack("<II", 1 << 21, 2) + b"{}", "over the bound"),
+        (struct.pack("<II", 2, 5) + b"{}", "head is longer"),
+        (struct.pack("<II", 3, 3) + b"{x}", "not JSON"),
+        (struct.pack("<II", 2, 2) + b"[]", "not an object"),
+        (struct.pack("<II", 10, 2) + b"{}", "ended inside"),
+        (b"\x01\x02", "ended inside"),
+    ],
+)
+def test_a_malformed_frame_is_refused_saying_why(data, why):
+    with pytest.raises(FrameError, match=why):
+        _read_one(data)
+
+
+def test_the_end_of_the_stream_between_frames_is_no_error():
+    assert _read_one(b"", 100) is None
+
+
+class FakeWorker:
+    """What Served uses of neuronserve.worker.Worker: a feature-extraction model whose
+    result for a text is [len(text), rows in its batch]; `hold` keeps a batch from
+    finishing until it is set."""
+
+    def __init__(self, max_batch: int = 8):
+        grid = SimpleNamespace(max_batch=max_batch)
+        runner = SimpleNamespace(
+            task=get_task("feature-extraction"), manifest=SimpleNamespace(grid=grid)
+        )
+        self.runners = {"m": runner}
+        self.hold = threading.Event()
+        self.hold.set()
+        self.batches: list[int] = []
+
+    def runner(self, name: str | None) -> Any:
+        if name not in (None, "m"):
+            raise RequestError(f"no model {name!r} here; served: m", status=404)
+        return self.runners["m"]
+
+    def start(self, requests, report, respond) -> Future:
+        rows = sum(len(r.texts) for _, r in requests if not isinstance(r, RequestError))
+        self.batches.append(len(requests))
+        done: Future = Future()
+
+        def finish():
+            self.hold.wait(10)
+            done.set_result(
+                [
+                    r if isinstance(r, RequestError) else [[len(t), rows] for t in r.texts]
+                    for _, r in requests
+                ]
+            )
+
+        threading.Thread(target=finish, daemon=True).start()
+        return done
+
+    def tensors(self, model, result, request) -> dict[str, np.ndarray]:
+        return {"EMBEDDING": np.asarray(result, dtype=np.float32)}
+
+
+POLICY = QueuePolicy(max_queued=100, queue_timeout_s=None, batch_delay_s=0.0, hang_s=60)
+
+
+class Peer:
+    """One connection to the worker's socket, as the front's client speaks it."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader, self.writer = reader, writer
+
+    @classmethod
+    async def to(cls, path: Path) -> Peer:
+        return cls(*await asyncio.open_unix_connection(str(path)))
+
+    def send(self, rid: int, texts: Any, model: str | None = "m") -> None:
+        self.writer.write(frame({"op": "infer", "id": rid, "model": model, "texts": texts}))
+
+    async def answers(self, n: int) -> dict[int, tuple[dict[str, Any], Any]]:
+        out = {}
+        while len(out) < n:
+            head, body = await asyncio.wait_for(read_frame(self.reader, 1 << 24), 10)
+            if head.get("op") == "metrics":
+                continue
+            value = None
+            if head["status"] == 200:
+                value = tensors.unpack_all(body, head["header_length"])["EMBEDDING"].tolist()
+            out[head["id"]] = (head, value)
+        return out
+
+
+def _serving(tmp_path: Path, worker: FakeWorker, policy: QueuePolicy = POLICY, depth: int = 1):
+    """Run `Served` on a socket in tmp_path; `await started` then talk to it."""
+    path = tmp_path / "w.sock"
+    served = Served(worker, depth, policy)  # type: ignore[arg-type]
+
+    async def run(body):
+        task = asyncio.create_task(served.serve(path))
+        for _ in range(200):
+            if path.exists():
+                break
+            await asyncio.sleep(0.01)
+        try:
+            return await body(path)
+        finally:
+            task.cancel()
+            served.compute.shutdown(wait=False)
+
+    return served, run
+
+
+def test_requests_waiting_together_run_as_one_batch_each_answered_its_own(tmp_path):
+    worker = FakeWorker()
+    _, run = _serving(tmp_path, worker)
+
+    async def body(path):
+        a, b = await Peer.to(path), await Peer.to(path)
+        worker.hold.clear()
+        a.send(1, ["first"])  # runs alone, held
+        await asyncio.sleep(0.1)
+        for i in range(2, 6):  # wait meanwhile, from two connections
+            (a if i % 2 else b).send(i, ["x" * i, "y"])
+        await asyncio.sleep(0.1)
+        worker.hold.set()
+        return await a.answers(3), await b.answers(2)
+
+    got_a, got_b = asyncio.run(run(body))
+    assert worker.batches == [1, 4]
+    assert got_a[1][1] == [[5, 1]]
+    for rid, (head, value) in {**got_a, **got_b}.items():
+        if rid > 1:
+            assert head["status"] == 200 and value == [[rid, 8], [1, 8]]
+    assert {1, 3, 5} == set(got_a) and {2, 4} == set(got_b)
+
+
+def test_a_bad_request_is_answered_alone_and_its_batch_neighbours_are_served(tmp_path):
+    worker = FakeWorker()
+    _, run = _serving(tmp_path, worker)
+
+    async def body(path):
+        peer = await Peer.to(path)
+        worker.hold.clear()
+        peer.send(1, ["held"])
+        await asyncio.sleep(0.1)
+        peer.send(2, ["fine"])
+        peer.send(3, [["a", "pair"]])  # feature-extraction takes single texts
+        peer.send(4, ["also fine"], model="other")
+        peer.send(5, [])
+        peer.send(6, ["fine too"])
+        await asyncio.sleep(0.1)
+        worker.hold.set()
+        return await peer.answers(6)
+
+    got = asyncio.run(run(body))
+    assert [got[i][0]["status"] for i in range(1, 7)] == [200, 200, 400, 404, 400, 200]
+    assert "single texts" in got[3][0]["error"] and "served: m" in got[4][0]["error"]
+    assert got[2][1] == [[4, 2]] and got[6][1] == [[8, 2]]
+
+
+def test_a_malformed_frame_closes_its_connection_alone(tmp_path):
+    worker = FakeWorker()
+    _, run = _serving(tmp_path, worker)
+
+    async def body(path):
+        good, bad = await Peer.to(path), await Peer.to(path)
+        bad.writer.write(struct.pack("<II", 5, 5) + b"nope!")
+        closed = await asyncio.wait_for(bad.reader.read(), 5)
+        no_id, no_id_w = await asyncio.open_unix_connection(str(path))
+        no_id_w.write(frame({"op": "infer", "texts": ["x"]}))
+        closed_too = await asyncio.wait_for(no_id.read(), 5)
+        good.send(7, ["still served"])
+        return closed, closed_too, await good.answers(1)
+
+    closed, closed_too, got = asyncio.run(run(body))
+    assert closed == b"" and closed_too == b""
+    assert got[7] == (
+        {"id": 7, "status": 200, "header_length": got[7][0]["header_length"]},
+        [[12, 1]],
+    )
+
+
+def test_beyond_max_queued_a_request_gets_503_at_once(tmp_path):
+    worker = FakeWorker()
+    policy = QueuePolicy(max_queued=2, queue_timeout_s=None, batch_delay_s=0.0, hang_s=60)
+    _, run = _serving(tmp_path, worker, policy)
+
+    async def body(path):
+        peer = await Peer.to(path)
+        worker.hold.clear()
+        peer.send(1, ["running"])
+        await asyncio.sleep(0.1)
+        for i in (2, 3, 4):
+            peer.send(i, ["waits"])
+        refused = await peer.answers(1)  # before the held batch ends
+        worker.hold.set()
+        return refused, await peer.answers(3)
+
+    refused, rest = asyncio.run(run(body))
+    assert list(refused) == [4] and refused[4][0]["status"] == 503
+    assert "max_queued" in refused[4][0]["error"]
+    assert [rest[i][0]["status"] for i in (1, 2, 3)] == [200, 200, 200]
+
+
+def test_a_request_that_waited_past_the_queue_timeout_gets_503(tmp_path):
+    worker = FakeWorker()
+    policy = QueuePolicy(max_queued=10, queue_timeout_s=0.2, batch_delay_s=0.0, hang_s=60)
+    _, run = _serving(tmp_path, worker, policy)
+
+    async def body(path):
+        peer = await Peer.to(path)
+        worker.hold.clear()
+        peer.send(1, ["running"])
+        await asyncio.sleep(0.05)
+        peer.send(2, ["waits too long"])
+        await asyncio.sleep(0.4)
+        peer.send(3, ["just came"])
+        await asyncio.sleep(0.05)
+        worker.hold.set()
+        return await peer.answers(3)
+
+    got = asyncio.run(run(body))
+    assert [got[i][0]["status"] for i in (1, 2, 3)] == [200, 503, 200]
+    assert "queue_timeout_ms" in got[2][0]["error"]
+
+
+def test_the_batch_delay_holds_a_lone_request_for_others_to_join(tmp_path):
+    worker = FakeWorker(max_batch=3)
+    policy = QueuePolicy(max_queued=10, queue_timeout_s=None, batch_delay_s=0.3, hang_s=60)
+    _, run = _serving(tmp_path, worker, policy)
+
+    async def body(path):
+        peer = await Peer.to(path)
+        peer.send(1, ["first"])
+        await asyncio.sleep(0.1)
+        peer.send(2, ["joins"])
+        first = await peer.answers(2)
+        # a full batch goes at once: no wait for the delay
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        peer.send(3, ["a", "b", "c"])
+        full = await peer.answers(1)
+        return first, full, loop.time() - began
+
+    first, full, took = asyncio.run(run(body))
+    assert worker.batches == [2, 1]
+    assert first[1][1] == [[5, 2]] and first[2][1] == [[5, 2]]
+    assert full[3][0]["status"] == 200 and took < 0.25
+
+
+def test_a_ping_says_how_long_the_oldest_batch_runs(tmp_path):
+    worker = FakeWorker()
+    _, run = _serving(tmp_path, worker)
+
+    async def body(path):
+        peer = await Peer.to(path)
+        peer.writer.write(frame({"op": "ping", "id": 9}))
+        idle = await asyncio.wait_for(read_frame(peer.reader, 1 << 20), 5)
+        worker.hold.clear()
+        peer.send(1, ["held"])
+        await asyncio.sleep(0.3)
+        peer.writer.write(frame({"op": "ping", "id": 10}))
+        busy = await asyncio.wait_for(read_frame(peer.reader, 1 << 20), 5)
+        worker.hold.set()
+        return idle, busy
+
+    (idle, _), (busy, _) = asyncio.run(run(body))
+    assert idle["busy_s"] is None and idle["models"] == ["m"]
+    assert busy["id"] == 10 and busy["busy_s"] >= 0.25
+
+
+def test_a_worker_that_closes_its_connection_fails_its_requests_with_worker_died(tmp_path):
+    path = tmp_path / "dies.sock"
+
+    async def body():
+        async def swallow(reader, writer):
+            await reader.readexactly(8)  # half a frame, then gone
+            writer.close()
+
+        server = await asyncio.start_unix_server(swallow, path=str(path))
+        link = Link(0, path, lambda values: None)
+        assert await link.connect()
+        await asyncio.sleep(RETRY_S * 1.5)  # no throttle left from that connect
+        try:
+            with pytest.raises(WorkerDied, match="native worker 0"):
+                await asyncio.wait_for(link.ask(1, frame({"op": "infer", "id": 1})), 5)
+            # its socket still listens (a dying process closes its connections first):
+            # the request's second try must not be sent there at once
+            assert not await link.connect()
+        finally:
+            server.close()
+        return link
+
+    link = asyncio.run(body())
+    assert not link.up and not link.waiting
+
+
+def test_the_engine_series_sum_counters_and_keep_the_last_gauge():
+    series = _Series()
+    series.add([["requests", 3, {"model": "m"}], ["batch_requests", 3, {"model": "m"}]])
+    series.add([["requests", 2, {"model": "m"}], ["batch_requests", 2, {"model": "m"}]])
+    series.add(
+        [
+            ["not_ours", 1, {}],
+            ["bucket_runs", 1, {"model": "m", "bucket": "b1_s16", "batch_size": "1"}],
+        ]
+    )
+    text = generate_latest(series.registry).decode()
+    assert 'neuronserve_requests_total{model="m"} 5.0' in text
+    assert 'neuronserve_batch_requests{model="m"} 2.0' in text
+    assert 'neuronserve_bucket_runs_total{batch_size="1",bucket="b1_s16",model="m"} 1.0' in text
+    assert "not_ours" not in text
+    assert {m.name for m in metrics.METRICS} >= {"requests", "batch_requests", "bucket_runs"}
