@@ -258,7 +258,15 @@ class Runner:
         parts = Countdown(finished)
         rows = self.grid.max_batch if behind else self.group_rows
         try:
-            for group in self._groups(requests, rows):
+            groups = self._groups(requests, rows)
+            if not behind and len(groups) == 1:
+                # alone on the device: its thread finishes the one group too, one thread
+                # hand-off fewer on a lone request's way (nothing waits for the device)
+                prepared = self._prepare(requests, groups[0], results, report)
+                parts.add()
+                flight.device.submit(self._run_alone, parts, requests, results, prepared, report)
+                return done
+            for group in groups:
                 prepared = self._prepare(requests, group, results, report)
                 running = flight.device.submit(self._call, prepared)
                 parts.add()
@@ -283,6 +291,19 @@ class Runner:
     ) -> None:
         try:
             self._complete(prepared, requests, results, running.result(), report)
+        finally:
+            parts.settle()
+
+    def _run_alone(  # noqa: PLR0913 - one group of one batch
+        self,
+        parts: Countdown,
+        requests: Sequence[TaskRequest | RequestError],
+        results: list[Outputs | None],
+        prepared: _Prepared,
+        report: RunReport,
+    ) -> None:
+        try:
+            self._complete(prepared, requests, results, self._call(prepared), report)
         finally:
             parts.settle()
 

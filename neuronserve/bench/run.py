@@ -257,7 +257,6 @@ def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Sess
             native_endpoint(r, f"{label} {r.protocol} direct", {})
             for r in running.instance.native_routes(server.name)
         ]
-        direct[0].baseline = True
         routes = [HttpJsonEndpoint(f"{label} /invocations", "front", f"{server.url}/invocations")]
         if embeds:
             routes += [
@@ -266,6 +265,9 @@ def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Sess
                     f"{label} /v1/embeddings", "front", f"{server.url}/v1/embeddings", field="input"
                 ),
             ]
+        # the baseline: the engine asked directly, or the front's first route where the
+        # engine has no API of its own
+        (direct or routes)[0].baseline = True
         return [*direct, *routes]
 
     count = len(engine_class(engine).protocols) + (3 if embeds else 1)

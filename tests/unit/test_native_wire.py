@@ -196,6 +196,48 @@ def test_requests_waiting_together_run_as_one_batch_each_answered_its_own(tmp_pa
     assert {1, 3, 5} == set(got_a) and {2, 4} == set(got_b)
 
 
+class StepWorker(FakeWorker):
+    """A FakeWorker whose batches each finish when their own event is set."""
+
+    def __init__(self, max_batch: int):
+        super().__init__(max_batch)
+        self.holds: list[threading.Event] = []
+
+    def start(self, requests, report, respond) -> Future:
+        hold = threading.Event()
+        self.holds.append(hold)
+        self.hold = hold
+        return super().start(requests, report, respond)
+
+
+def test_while_a_batch_runs_the_next_takes_at_most_one_full_call_of_texts(tmp_path):
+    worker = StepWorker(max_batch=3)
+    _, run = _serving(tmp_path, worker, depth=2)
+
+    async def body(path):
+        peer = await Peer.to(path)
+        peer.send(1, ["a"])
+        await asyncio.sleep(0.1)
+        peer.send(2, ["b", "c", "d"])  # the second batch in flight: the device is full
+        await asyncio.sleep(0.1)
+        peer.send(3, ["e", "f"])
+        peer.send(4, ["g", "h"])
+        peer.send(5, ["i"])
+        await asyncio.sleep(0.1)
+        worker.holds[0].set()  # a slot: 3 and 4 would be 4 texts, over the call of 3
+        await asyncio.sleep(0.1)
+        worker.holds[1].set()  # another: 4 and 5 are one call of 3
+        await asyncio.sleep(0.1)
+        for hold in worker.holds:
+            hold.set()
+        return await peer.answers(5)
+
+    got = asyncio.run(run(body))
+    assert worker.batches == [1, 1, 1, 2]
+    assert [got[i][0]["status"] for i in range(1, 6)] == [200] * 5
+    assert got[4][1] == [[1, 3], [1, 3]] and got[5][1] == [[1, 3]]
+
+
 def test_a_bad_request_is_answered_alone_and_its_batch_neighbours_are_served(tmp_path):
     worker = FakeWorker()
     _, run = _serving(tmp_path, worker)

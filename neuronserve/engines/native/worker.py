@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import signal
@@ -159,31 +158,48 @@ class Served:
         self.wake.set()
 
     async def batching(self) -> None:
-        """Take every waiting request as one batch whenever fewer than `depth` run
-        (after holding a lone request up to the batch delay, for others to join it)."""
+        """Take the waiting requests as one batch whenever fewer than `depth` run (after
+        holding a lone request up to the batch delay, for others to join it)."""
         while True:
             await self.wake.wait()
             self.wake.clear()
             while self.queue and len(self.started) < self.depth:
                 await self._fill()
-                batch, self.queue = self._expired(self.queue), []
+                batch = self._expired(self._take())
                 if not batch:
                     continue
                 self.batches += 1
                 number = self.batches
                 self.started[number] = time.monotonic()
-                metrics: list[Any] = []
-                begun = self.loop.run_in_executor(self.compute, self._begin, batch, metrics)
-                begun.add_done_callback(
-                    functools.partial(self._begun, b=batch, n=number, m=metrics)
-                )
+                self.compute.submit(self._begin, batch, number)
+
+    def _most_rows(self) -> int:
+        """The largest batch a model here was compiled for."""
+        return max((r.manifest.grid.max_batch for r in self.worker.runners.values()), default=1)
+
+    def _take(self) -> list[Waiting]:
+        """The next batch: every waiting request when none runs (the Runner groups them
+        for the device); while another batch runs, whole requests up to the largest
+        compiled batch of texts (at least one), the rest left for the batch after it,
+        which the requests still arriving fill: a batch that must wait for the device
+        anyway is one full call, not a full call and a small one."""
+        if not self.started:
+            batch, self.queue = self.queue, []
+            return batch
+        most, rows, cut = self._most_rows(), 0, 0
+        for w in self.queue:
+            if cut and rows + w.rows > most:
+                break
+            rows, cut = rows + w.rows, cut + 1
+        batch, self.queue = self.queue[:cut], self.queue[cut:]
+        return batch
 
     async def _fill(self) -> None:
         """Until the batch delay since the oldest waiting request has passed, or the
         waiting requests fill the largest batch a model was compiled for."""
         if self.policy.batch_delay_s <= 0:
             return
-        most = max((r.manifest.grid.max_batch for r in self.worker.runners.values()), default=1)
+        most = self._most_rows()
         deadline = self.queue[0].arrived + self.policy.batch_delay_s
         while sum(w.rows for w in self.queue) < most:
             left = deadline - time.monotonic()
@@ -212,23 +228,23 @@ class Served:
                 kept.append(w)
         return kept
 
-    def _begin(self, batch: list[Waiting], metrics: list[Any]) -> Future[list[Any]]:
+    def _begin(self, batch: list[Waiting], number: int) -> None:
+        """Begin a batch (on the batch thread): its answers are made on the thread that
+        finishes it and handed to the event loop once, with the batch's metrics."""
         from ...metrics import batch_values
+
+        metrics: list[Any] = []
 
         def report(model: str, run: Any) -> None:  # each model's part, before the answers
             metrics.extend([m.name, v, labels] for m, v, labels in batch_values(run, model))
 
-        return self.worker.start([(w.model, w.request) for w in batch], report, False)
-
-    def _begun(self, begun: asyncio.Future[Any], b: list[Waiting], n: int, m: list[Any]) -> None:
-        batch, number, metrics = b, n, m
         try:
-            started: Future[list[Any]] = begun.result()
+            started = self.worker.start([(w.model, w.request) for w in batch], report, False)
         except Exception:
             log.exception("beginning a batch")
-            failed = [internal_error("serving the batch")] * len(batch)
-            self._send(batch, self._frames(batch, failed, []), number)
-            return
+            failed: Future[list[Any]] = Future()
+            failed.set_result([internal_error("serving the batch")] * len(batch))
+            started = failed
         started.add_done_callback(lambda f: self._done(f, batch, number, metrics))
 
     def _done(
