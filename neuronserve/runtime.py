@@ -294,7 +294,7 @@ class Runner:
         finally:
             parts.settle()
 
-    def _run_alone(  # noqa: PLR0913 - one group of one batch
+    def _run_alone(
         self,
         parts: Countdown,
         requests: Sequence[TaskRequest | RequestError],

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from in_process_front import InProcessEngine, front
 
 from neuronserve.tasks import RequestError
-from in_process_front import InProcessEngine, front
 
 
 class Recording(InProcessEngine):
