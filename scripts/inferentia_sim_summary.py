@@ -57,7 +57,11 @@ def row(endpoint: str, label: str, found: list[dict[str, Any]]) -> str | None:
     busy = [b["neuroncore_busy"] * 100 for b in best if "neuroncore_busy" in b]
     cpu = [sum(b.get(f"cpu_ms_per_req_{k}") or 0.0 for k in CPU) for b in best]
     front = [(b.get("cpu_ms_per_req_front") or 0.0) for b in best]
-    workers = [(b.get("cpu_ms_per_req_workers") or 0.0) for b in best]
+    # the engine's side: its workers and its server process (tritonserver, TorchServe's
+    # Java frontend; the native engine has none), so the engines compare like for like
+    engine = [
+        sum(b.get(f"cpu_ms_per_req_{k}") or 0.0 for k in ("workers", "frontend")) for b in best
+    ]
     lone = [e["lone"] for e in here if e["lone"] is not None]
     return (
         f"| {endpoint} | {label} | {spread([b['req_per_s'] for b in best], 0)} "
@@ -65,14 +69,14 @@ def row(endpoint: str, label: str, found: list[dict[str, Any]]) -> str | None:
         f"{spread([b['req_per_s'] / CHIP_PER_CORE for b in best], 2)} | "
         f"{spread(lone, 1) if lone else ''} | "
         f"{spread(busy, 0) + '%' if busy else ''} | {spread(cpu, 2)} | "
-        f"{spread(front, 2)} | {spread(workers, 2)} | "
+        f"{spread(front, 2)} | {spread(engine, 2)} | "
         f"{sum(e['errors'] for e in here)} |"
     )
 
 
 HEADER = [
     "| endpoint | revision | best req/s | of the chip | lone p50 ms | NeuronCore busy "
-    "| CPU ms/req | front | workers | errors |",
+    "| CPU ms/req | front | engine | errors |",
     "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
 ]
 
@@ -87,7 +91,8 @@ def engines(out: Path, revision: str, first: str, other: str) -> str:
         f"Best req/s over the concurrencies measured (in brackets), its share of the chip's "
         f"batched limit ({CHIP_PER_CORE:.0f}/s per NeuronCore), the lone request's p50 (the "
         f"device's own time: {DEVICE_MS:.2f} ms), the NeuronCore's utilization, the CPU ms "
-        "per request of every process, of the front and of the workers at the best point, "
+        "per request of every process, of the front and of the engine (its workers and "
+        "server process) at the best point, "
         "and errors (non-2xx) over all points; median (min-max) over "
         f"{len(found)} rounds.",
         "",

@@ -239,6 +239,48 @@ def _check_text(value: Any, where: str) -> str:
 
 COMMON_PARAMETERS = frozenset({"truncate", "truncation_direction"})
 
+# The Hugging Face inference toolkit (its SageMaker containers) hands a body's parameters
+# to a transformers pipeline, so its users send the tokenizer's names: the same requests
+# mean the same here. Padding never changes an answer (each batch is padded to its
+# compiled shape and the attention mask keeps the padding out), so it is taken and left.
+_TRUNCATING = {True: True, False: False, "longest_first": True, "only_first": True,
+               "only_second": True, "do_not_truncate": False}  # fmt: skip
+_PADDING = (True, False, "longest", "max_length", "do_not_pad")
+
+
+def toolkit_parameters(parameters: dict[str, Any], own: frozenset[str]) -> dict[str, Any]:
+    """`parameters` with the Hugging Face toolkit's names as this project's: `truncation`
+    as `truncate`, `padding` taken, `return_all_scores` as `top_k` (for a task that has
+    it: true is every label, false the best)."""
+    if not {"truncation", "padding", "return_all_scores"} & set(parameters):
+        return parameters
+    out = dict(parameters)
+    if "truncation" in out:
+        value = out.pop("truncation")
+        if not isinstance(value, (bool, str)) or value not in _TRUNCATING:
+            raise RequestError(
+                f'"truncation" must be true, false, "longest_first", "only_first", '
+                f'"only_second" or "do_not_truncate", got {value!r}'
+            )
+        if "truncate" in out and out["truncate"] != _TRUNCATING[value]:
+            raise RequestError('"truncation" and "truncate" disagree: send one of them')
+        out["truncate"] = _TRUNCATING[value]
+    if "padding" in out:
+        value = out.pop("padding")
+        if not isinstance(value, (bool, str)) or value not in _PADDING:
+            raise RequestError(
+                f'"padding" must be true, false, "longest", "max_length" or "do_not_pad", '
+                f"got {value!r}"
+            )
+    if "return_all_scores" in out and "top_k" in own:
+        value = out.pop("return_all_scores")
+        if not isinstance(value, bool):
+            raise RequestError(f'"return_all_scores" must be true or false, got {value!r}')
+        if "top_k" in out:
+            raise RequestError('send "top_k" or "return_all_scores", not both')
+        out["top_k"] = None if value else 1
+    return out
+
 
 class Task:
     """Base class of the per-task adapters (feature_extraction, text_classification,
@@ -267,8 +309,10 @@ class Task:
         self, body: Any, content_type: str | None, max_depth: int = 32
     ) -> tuple[Any, dict[str, Any]]:
         """(inputs, parameters) of a request body (decode_payload with this task's fields;
-        image tasks take image bodies)."""
-        return decode_payload(body, content_type, max_depth, self.body_fields)
+        image tasks take image bodies); the Hugging Face toolkit's parameter names read as
+        this project's."""
+        inputs, parameters = decode_payload(body, content_type, max_depth, self.body_fields)
+        return inputs, toolkit_parameters(parameters, self.parameters)
 
     def parse(self, inputs: Any, parameters: dict[str, Any]) -> TaskRequest:
         own = self.own_parameters(parameters)

@@ -109,6 +109,31 @@ def test_the_containers_entrypoint_serves_hf_model_id(offline_hub, tmp_path, mon
         sagemaker.sagemaker_deployment(sagemaker.sagemaker_spec(tmp_path / "w2"), tmp_path / "w2")
 
 
+def test_the_containers_entrypoint_compiles_model_data_that_is_a_model_folder(
+    tmp_path, monkeypatch, tiny_embedder_dir
+):
+    """The Hugging Face toolkit's model.tar.gz holds a model folder at its root: compiled
+    when the container starts, to the Neuron container's HF_OPTIMUM_* shape as its
+    largest bucket."""
+    import shutil
+
+    from neuronserve.platforms.sagemaker import entrypoint as sagemaker
+
+    for var in ("HF_MODEL_ID", "SAGEMAKER_MULTI_MODEL", "HF_TASK"):
+        monkeypatch.delenv(var, raising=False)
+    data = tmp_path / "opt-ml-model"
+    shutil.copytree(tiny_embedder_dir, data)
+    monkeypatch.setenv("NEURONSERVE_MODEL_DIR", str(data))
+    monkeypatch.setenv("HF_OPTIMUM_BATCH_SIZE", "2")
+    monkeypatch.setenv("HF_OPTIMUM_SEQUENCE_LENGTH", "24")
+    monkeypatch.setenv("NEURONSERVE_CACHE", str(tmp_path / "cache"))
+    spec = sagemaker.sagemaker_spec(tmp_path / "work")
+    deployment = sagemaker.sagemaker_deployment(spec, tmp_path / "work")
+    [(manifest, _)] = deployment.manifests.values()
+    assert manifest.task == "feature-extraction"
+    assert manifest.grid.batch_sizes == (1, 2) and manifest.grid.sequence_lengths == (16, 24)
+
+
 def test_packaging_a_spec_that_names_models_by_hub_id(offline_hub, tmp_path):
     """The spec's `models` by Hub id: `package` compiles them (for the package's target)
     into the cache first; a second package compiles nothing."""

@@ -1,5 +1,6 @@
-"""SageMaker's multi-model contract through the front against real engines: TorchServe
-and Triton on CPU, and TorchServe on a fake 4-NeuronCore host with the stand-in SDK
+"""SageMaker's multi-model contract through the front against real engines: TorchServe,
+Triton and the native engine on CPU, and TorchServe and the native engine on a fake
+4-NeuronCore host with the stand-in SDK
 (there a model can only be loaded by the worker process that holds the cores). A budget
 of two models, three registered: requests cycling through all three answer right while
 the least recently used is evicted and loaded again on demand; 409, delete then 404,
@@ -73,28 +74,37 @@ def close(got, want, tol: float = 1e-4) -> bool:
     return got == want
 
 
-@pytest.fixture(scope="module", params=["torchserve", "triton", "neuron"])
+# (engine, host): the CPU, or a fake 4-NeuronCore host with the stand-in SDK
+KINDS = [
+    ("torchserve", "cpu"),
+    ("triton", "cpu"),
+    ("native", "cpu"),
+    ("torchserve", "neuron"),
+    ("native", "neuron"),
+]
+
+
+@pytest.fixture(scope="module", params=KINDS, ids=[f"{e}-{h}" for e, h in KINDS])
 def endpoint(request, tmp_path_factory, tiny_artifact, classifier_artifact, neuronx_artifact):
-    kind = request.param
-    work = tmp_path_factory.mktemp(f"multi-{kind}")
+    engine, host = request.param
+    neuron = host == "neuron"
+    work = tmp_path_factory.mktemp(f"multi-{engine}-{host}")
     models = work / "models"
-    embedder = neuronx_artifact if kind == "neuron" else tiny_artifact
+    embedder = neuronx_artifact if neuron else tiny_artifact
     for name in ("a", "b", "c"):
         shutil.copytree(embedder, models / name)
-    if kind != "neuron":
+    if not neuron:
         shutil.copytree(classifier_artifact, models / "cls")
     manifest = read_manifest(models / "a")
-    cost = placement.model_memory(
-        "a", manifest, models / "a", "neuron" if kind == "neuron" else "cpu"
-    )
+    cost = placement.model_memory("a", manifest, models / "a", "neuron" if neuron else "cpu")
     env = {k: v for k, v in os.environ.items() if k != "NEURONSERVE_ADMIN_KEY"}
-    if kind == "neuron":
+    if neuron:
         env.update(standin_env(4, log=work / "standin.jsonl", devices=work / "devices"))
         env["NEURONSERVE_LEASE_DIR"] = str(work / "leases")
     port = free_port()
     write_spec(
         work,
-        engine="triton" if kind == "triton" else "torchserve",
+        engine=engine,
         front_port=port,
         front_run_dir="front",
         multi_model=True,

@@ -1,17 +1,21 @@
 """The native engine as only it behaves, started for real behind `serve front` (what every
 engine shares is test_front_contract.py): each worker holds its own cores and a socket
-only its user may open; a worker killed under load is replaced alone while the front
-sends its requests once more to the other; a frozen worker is taken for hung and
-replaced; a malformed frame closes its own connection and nothing else; a second
-deployment on the same cores is refused naming this one, leaving nothing running."""
+only its user may open, which another local user cannot connect to; a worker killed
+under load is replaced alone while the front sends its requests once more to the other;
+a frozen worker is taken for hung and replaced; a malformed frame closes its own
+connection and nothing else; a second deployment on the same cores is refused naming
+this one, leaving nothing running."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import stat
 import struct
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -86,6 +90,36 @@ def test_each_worker_holds_its_own_core_and_a_socket_of_its_users(front):
         st = path.lstat()
         assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
         assert st.st_uid == os.getuid()
+
+
+# run as `nobody`: connect to each socket given, say what happened to each
+_CONNECT = r"""
+import socket, sys
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+        print("connected")
+    except OSError as e:
+        print(type(e).__name__)
+"""
+
+
+@pytest.mark.skipif(
+    os.getuid() != 0 or shutil.which("runuser") is None,
+    reason="trying as another local user needs root and runuser",
+)
+def test_another_local_user_cannot_reach_a_worker(front):
+    """A worker answers whoever connects (the front's keys and limits are checked before
+    it): another local user must not be able to connect at all."""
+    paths = sorted(str(p) for p in (front.engine().run_dir / "sockets").iterdir())
+    assert len(paths) == 2
+    said = subprocess.run(
+        ["runuser", "-u", "nobody", "--", sys.executable, "-c", _CONNECT, *paths],
+        capture_output=True, text=True, timeout=60, check=True,
+    ).stdout.split()  # fmt: skip
+    assert said == ["PermissionError", "PermissionError"], said
+    assert front.embed("still served").status_code == 200
 
 
 def test_answers_equal_the_model_computed_another_way(front, tiny_embedder_dir):

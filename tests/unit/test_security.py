@@ -13,6 +13,7 @@ import pytest
 
 from neuronserve import cores
 from neuronserve.artifact import ArtifactError, read_manifest
+from neuronserve.engines.native.package import package_native
 from neuronserve.engines.torchserve.package import package_torchserve
 from neuronserve.engines.triton.package import package_triton
 from neuronserve.spec import SpecError, load_spec
@@ -40,7 +41,7 @@ def _with_manifest_name(artifact: Path, dst: Path, name: str) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("engine", ["torchserve", "triton"])
+@pytest.mark.parametrize("engine", ["torchserve", "triton", "native"])
 def test_packaging_never_removes_outside_the_store(tmp_path, tiny_artifact, engine):
     """A manifest naming `../victim` used to make packaging rmtree <store>/../victim."""
     victim = tmp_path / "victim"
@@ -51,10 +52,18 @@ def test_packaging_never_removes_outside_the_store(tmp_path, tiny_artifact, engi
         read_manifest(art)
     store = tmp_path / "store"
     spec = load_spec(
-        None, {"model_store": store, "triton_repository": store, "workers": 1, "artifact": art}
+        None,
+        {
+            "model_store": store,
+            "triton_repository": store,
+            "native": {"store_dir": store},
+            "workers": 1,
+            "artifact": art,
+        },
     )
+    package = {"torchserve": package_torchserve, "triton": package_triton}
     with pytest.raises(ArtifactError, match="not a plain name"):
-        (package_torchserve if engine == "torchserve" else package_triton)(spec)
+        package.get(engine, package_native)(spec)
     assert (victim / "precious.txt").read_text() == "keep me"
 
 
@@ -474,7 +483,7 @@ def test_the_wrapper_refuses_triton_without_a_dev_shm_of_its_own(monkeypatch, tm
     assert said is not None and "hidepid=2" in said
 
 
-@pytest.mark.parametrize("engine", ["triton", "torchserve"])
+@pytest.mark.parametrize("engine", ["triton", "torchserve", "native"])
 def test_an_image_uses_the_containers_dev_shm_for_triton_only(engine, tmp_path, monkeypatch):
     """The images' entrypoint runs in a container of its own (its /dev/shm is its own,
     every process in it the image's one user): there Triton may use that /dev/shm where it

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from ... import placement
-from ...artifact import read_manifest
+from ...artifact import MANIFEST, read_manifest
 from ...compile.cache import resolved
 from ...processes import private_dir
 from ...registry import section_class
@@ -39,7 +39,7 @@ from ...serve.model_source import (
     find_models,
     model_source,
 )
-from ...spec import DeploySpec, load_spec
+from ...spec import CompileSection, DeploySpec, load_spec
 
 log = logging.getLogger("neuronserve.sagemaker")
 
@@ -114,6 +114,10 @@ def sagemaker_spec(work: Path) -> DeploySpec:
         if os.environ.get(var, "").strip():
             sections[section][field] = int(os.environ[var])
     hub = [m.strip() for m in os.environ.get(HUB_MODELS, "").split(",") if m.strip()]
+    if not hub and not sections["multi_model"]["enabled"]:
+        # model data whose root is a Hugging Face model folder (the toolkit's model.tar.gz)
+        folder = hugging_face_folder()
+        hub = [str(folder)] if folder is not None else []
     if hub:
         # as Hugging Face's own SageMaker containers take a model: HF_MODEL_ID (here one
         # or several, comma-separated), HF_MODEL_REVISION for the one, HF_TASK
@@ -122,7 +126,50 @@ def sagemaker_spec(work: Path) -> DeploySpec:
         sections["models"] = [  # type: ignore[assignment]
             {"model": m, "revision": revision if len(hub) == 1 else None, "task": task} for m in hub
         ]
+        sections["compile"] = dict(compile_shape())
     return load_spec(None, sections)
+
+
+def hugging_face_folder() -> Path | None:
+    """The model data when its root is a Hugging Face model folder (config.json, no
+    neuronserve artifact): compiled when the container starts, as an HF_MODEL_ID is."""
+    try:
+        source = model_source()
+    except ModelSourceError:
+        return None
+    if (source / "config.json").is_file() and not (source / MANIFEST).is_file():
+        return source
+    return None
+
+
+def compile_shape() -> dict[str, list[int]]:
+    """The compile grid a model named by the environment gets: HF_OPTIMUM_BATCH_SIZE and
+    HF_OPTIMUM_SEQUENCE_LENGTH (the Hugging Face Neuron container's one static shape) are
+    its largest batch and length here, with the default buckets below them (a short
+    request runs at its own length instead of padded to the largest)."""
+    grid: dict[str, list[int]] = {}
+    for var, field in (
+        ("HF_OPTIMUM_BATCH_SIZE", "batch_sizes"),
+        ("HF_OPTIMUM_SEQUENCE_LENGTH", "sequence_lengths"),
+    ):
+        given = os.environ.get(var, "").strip()
+        if not given:
+            continue
+        if not given.isdigit() or int(given) < 1:
+            raise PlatformError(f"{var}={given!r}: a positive whole number")
+        largest = int(given)
+        factory = CompileSection.model_fields[field].default_factory
+        defaults: list[int] = factory() if factory is not None else []  # type: ignore[call-arg]
+        grid[field] = sorted({n for n in defaults if n < largest} | {largest})
+    return grid
+
+
+def hub_token() -> None:
+    """HF_API_TOKEN, the Hugging Face toolkit's older name of HF_TOKEN, where HF_TOKEN is
+    not set (huggingface_hub reads HF_TOKEN)."""
+    old = os.environ.get("HF_API_TOKEN", "").strip()
+    if old and not os.environ.get("HF_TOKEN", "").strip():
+        os.environ["HF_TOKEN"] = old
 
 
 def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
@@ -185,6 +232,7 @@ def main() -> int:
             on_sagemaker = platform() == "sagemaker"
             # NEURONSERVE_WORK_DIR holds the catalog and the engine's store: this user's
             private_dir(work)
+            hub_token()
             spec = sagemaker_spec(work)
             config = FrontConfig.from_spec(spec, sagemaker=on_sagemaker)
         except Exception as e:  # noqa: BLE001 - a bad setting must end the container, said why
