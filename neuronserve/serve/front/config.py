@@ -43,6 +43,10 @@ class FrontConfig:
     multi_model: bool = False
     # what the root answers for when a request names no model and several could
     default_model: str | None = None
+    # where traces go over OTLP (None: no traces), how, and under which service name
+    otlp_endpoint: str | None = None
+    otlp_protocol: str = "grpc"
+    otlp_service_name: str = "neuronserve"
 
     @classmethod
     def from_spec(cls, spec: DeploySpec, sagemaker: bool = False) -> FrontConfig:
@@ -70,6 +74,9 @@ class FrontConfig:
             idle_unload_s=spec.multi_model.idle_unload_s,
             multi_model=spec.multi_model.enabled,
             default_model=spec.front.default_model,
+            otlp_endpoint=spec.front.otlp_endpoint,
+            otlp_protocol=spec.front.otlp_protocol,
+            otlp_service_name=spec.front.otlp_service_name,
         )
 
     @property

@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.routing import Match
 from starlette.routing import Route as StarletteRoute
 
+from ...tracing import TRACING
 from .config import LOAD_TIMEOUT_S, FrontConfig
 from .errors import Family, error_body, family_of
 from .observe import FrontMetrics
@@ -132,7 +133,10 @@ class Guard:
         started = time.perf_counter()
         call = _Call(scope, receive, send, self._route(scope))
         try:
-            await self._guarded(call)
+            if TRACING.on:
+                await self._traced(call)
+            else:
+                await self._guarded(call)
         except Exception:
             # one request's failure must not reach the server: logged whole, answered short
             log.exception("request %s to %s failed", scope[REQUEST_ID], scope["path"])
@@ -150,6 +154,24 @@ class Guard:
             release = scope.pop(RELEASE, None)
             if release is not None:
                 release(scope)
+
+    async def _traced(self, call: _Call) -> None:
+        """`_guarded`, in the request's span (OpenTelemetry's HTTP server conventions)."""
+        scope = call.scope
+        route = call.endpoint.path if call.endpoint is not None else "unmatched"
+        attributes = {
+            "http.request.method": scope["method"],
+            "http.route": route,
+            "url.path": scope["path"],
+            "neuronserve.request_id": scope[REQUEST_ID],
+        }
+        with TRACING.request(f"{scope['method']} {route}", call.headers, attributes) as span:
+            try:
+                await self._guarded(call)
+            finally:
+                span.set_attribute("http.response.status_code", call.status)
+                if scope.get(MODEL):
+                    span.set_attribute("neuronserve.model", scope[MODEL])
 
     def _route(self, scope: Scope) -> Route | None:
         found = self.routes.get(scope["path"])
@@ -239,7 +261,8 @@ class Guard:
 
         timer = asyncio.get_running_loop().call_later(deadline, expire)
         try:
-            body = await _read_body(call.receive, limit)
+            with TRACING.span("read"):
+                body = await _read_body(call.receive, limit)
             await self._dispatch(call.scope, _replay(body, call.receive), call.send)
         except _TooLarge:
             await call.reply(413, too_large)

@@ -30,6 +30,7 @@ import uvicorn
 
 from ...processes import ServeError, port_taken, private_dir
 from ...spec import DeploySpec, load_spec
+from ...tracing import TRACING, TracingUnavailable
 from ..deployment import Deployment, model_entries
 from ..model_source import find_models
 from .app import build_app
@@ -67,6 +68,13 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
     taken = port_taken(config.address, config.port)
     if taken:
         raise ServeError(f"the front cannot listen: {taken}")
+    try:
+        TRACING.start(config.otlp_endpoint, config.otlp_service_name, config.otlp_protocol)
+    except TracingUnavailable as e:
+        raise ServeError(str(e)) from None
+    if TRACING.on:
+        log.info("traces of every request go to %s (OTLP, %s)", config.otlp_endpoint,
+                 config.otlp_protocol)  # fmt: skip
     serving = Serving(config)
     server: dict[str, uvicorn.Server] = {}
     deployments: list[Deployment] = []
@@ -90,6 +98,7 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
             for deployment in deployments:
                 log.info("stopping %s", deployment.engine_name)
                 await asyncio.to_thread(_holding, engine_lock, deployment.stop)
+            await asyncio.to_thread(TRACING.stop)  # what is left goes out before the exit
 
     _room_for_connections(config.max_connections)
     uv = uvicorn.Server(_uvicorn_config(config, build_app(serving, lifespan)))

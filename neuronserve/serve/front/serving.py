@@ -17,6 +17,7 @@ from ...engines.client import EngineAnswer, EngineClient, WorkerCounts
 from ...served import ServedModel
 from ...tasks import RequestError, TaskRequest
 from ...tasks.base import Text
+from ...tracing import TRACING
 from .coalescing import Coalescer
 from .config import FrontConfig
 from .observe import FrontMetrics
@@ -208,18 +209,22 @@ class Serving:
         max_client_batch refused, or split when the spec allows), the engine's results
         answered by the task here."""
         task = model.handler
-        request = task.parse(inputs, parameters)
-        refused = model.limits.check(request)
+        with TRACING.span("parse", model=model.name):
+            request = task.parse(inputs, parameters)
+            refused = model.limits.check(request)
         if refused is not None:
             raise refused
         started = time.perf_counter()
-        results = await self.results(model, request)
+        with TRACING.span("engine", model=model.name, texts=len(request.texts)):
+            results = await self.results(model, request)
         self.metrics.te_inference.observe(time.perf_counter() - started)
         # each engine call bounded its own answer (max_answer_bytes); what no one foretold
         # (a SPLADE model's terms) is bounded once the calls are joined, when written
         joined = len(request.texts) > model.max_batch
+        with TRACING.span("answer"):
+            value = task.respond(results, request, model.task_info)
         return EngineAnswer(
-            value=task.respond(results, request, model.task_info),
+            value=value,
             limits=self.config.answer_limits if joined else None,
             tokens=request.tokens,
         )

@@ -1,0 +1,154 @@
+"""OpenTelemetry traces of the requests the front serves, exported over OTLP (as
+text-embeddings-inference's `--otlp-endpoint` does): one trace per request, continuing
+the client's own (W3C `traceparent`), with a span for each stage a slow request can be
+explained by: the front's guard and body read, parsing, the wait for the engine (joined
+with others or alone), the engine call, and on the native engine the worker's own
+stages (its queue, tokenizing and padding, each device call with its bucket, the
+answer), which the worker times and sends back with its answer; the front makes them
+spans of the call, so only the front's process exports anything.
+
+Off unless `front.otlp_endpoint` is set: then nothing imports OpenTelemetry and each
+stage costs one attribute lookup. A worker records its stages on every batch (a few
+clock reads) and sends them only for a request that asks.
+
+A stage is `(name, start_ns, end_ns, attributes)` in the host's wall clock
+(time.time_ns): the front and its workers share the host, so their times line up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+# (name, start_ns, end_ns, attributes): a stage timed where it ran
+Stage = tuple[str, int, int, dict[str, Any]]
+
+_NAMESPACE = "neuronserve."
+PROTOCOLS = ("grpc", "http/protobuf")
+
+
+class TracingUnavailable(RuntimeError):
+    pass
+
+
+class Tracing:
+    """The front's tracer: `span` and `stages` make spans when tracing is on, nothing
+    otherwise (the default `OFF`)."""
+
+    def __init__(self) -> None:
+        self._tracer: Any = None
+        self._provider: Any = None
+
+    @property
+    def on(self) -> bool:
+        return self._tracer is not None
+
+    def start(
+        self,
+        endpoint: str | None,
+        service_name: str = "neuronserve",
+        protocol: str = "grpc",
+        exporter: SpanExporter | None = None,
+    ) -> None:
+        """Export spans to `endpoint` over OTLP (`protocol`: grpc, or http/protobuf whose
+        endpoint is the collector's /v1/traces URL), or to `exporter` (tests)."""
+        if endpoint is None and exporter is None:
+            return
+        try:
+            from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+            from opentelemetry.sdk.trace import TracerProvider
+            from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+        except ImportError:
+            raise TracingUnavailable(
+                "traces need OpenTelemetry: pip install 'neuronserve[otel]'"
+            ) from None
+        provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service_name}))
+        if exporter is not None:
+            provider.add_span_processor(SimpleSpanProcessor(exporter))
+        else:
+            # spans leave in batches, off the event loop, on the SDK's own thread
+            provider.add_span_processor(BatchSpanProcessor(_otlp(endpoint or "", protocol)))
+        self._provider = provider
+        self._tracer = provider.get_tracer("neuronserve")
+
+    def stop(self) -> None:
+        """Send what is left and stop exporting."""
+        if self._provider is not None:
+            self._provider.shutdown()
+        self._provider = self._tracer = None
+
+    @contextlib.contextmanager
+    def request(
+        self, name: str, headers: Mapping[bytes, bytes], attributes: dict[str, Any]
+    ) -> Iterator[Any]:
+        """The span of one request (a server span), the child of the client's trace when
+        its headers carry one; yields the span (None when tracing is off)."""
+        if self._tracer is None:
+            yield None
+            return
+        from opentelemetry.propagate import extract
+        from opentelemetry.trace import SpanKind
+
+        carrier = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers.items()}
+        with self._tracer.start_as_current_span(
+            name, context=extract(carrier), kind=SpanKind.SERVER, attributes=attributes
+        ) as span:
+            yield span
+
+    @contextlib.contextmanager
+    def span(self, name: str, **attributes: Any) -> Iterator[Any]:
+        """A stage of the current request, timed around the block."""
+        if self._tracer is None:
+            yield None
+            return
+        with self._tracer.start_as_current_span(
+            _NAMESPACE + name, attributes=_attributes(attributes)
+        ) as span:
+            yield span
+
+    def recording(self) -> bool:
+        """Whether the current request is traced (a worker is then asked for its stages)."""
+        if self._tracer is None:
+            return False
+        from opentelemetry import trace
+
+        return bool(trace.get_current_span().is_recording())
+
+    def stages(self, stages: list[Stage]) -> None:
+        """Stages timed elsewhere (a worker's), as children of the current span."""
+        if self._tracer is None or not stages:
+            return
+        for name, start, end, attributes in stages:
+            span = self._tracer.start_span(
+                _NAMESPACE + name, start_time=start, attributes=_attributes(attributes)
+            )
+            span.end(end_time=end)
+
+
+def _otlp(endpoint: str, protocol: str) -> SpanExporter:
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"))
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpExporter,
+    )
+
+    return HttpExporter(endpoint=endpoint)
+
+
+def _attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    return {_NAMESPACE + k: v for k, v in attributes.items() if v is not None}
+
+
+def now_ns() -> int:
+    return time.time_ns()
+
+
+# the front's one tracer (started by the front's process when its spec asks)
+TRACING = Tracing()

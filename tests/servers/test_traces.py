@@ -1,0 +1,112 @@
+"""Traces over OTLP, as an operator collects them: `serve front` on the native engine with
+`front.otlp_endpoint` pointed at an OTLP/gRPC receiver (OpenTelemetry's own protocol
+definitions, served by grpcio in this test, standing where a collector would). A request
+carrying a client's `traceparent` arrives as one trace continuing it: the front's
+stages, the engine call, and the worker's queue, tokenizing, padding and device call
+with its bucket, each inside the call that holds it."""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+import requests
+from helpers import free_port, run_cli, write_spec
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+pytestmark = pytest.mark.server
+
+TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
+PARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.got: list[trace_service_pb2.ExportTraceServiceRequest] = []
+        self.lock = threading.Lock()
+
+    def Export(self, request, context):
+        with self.lock:
+            self.got.append(request)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+    def spans(self) -> list:
+        with self.lock:
+            return [
+                (resource.resource, span)
+                for req in self.got
+                for resource in req.resource_spans
+                for scope in resource.scope_spans
+                for span in scope.spans
+            ]
+
+
+@pytest.fixture
+def receiver():
+    port = free_port()
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    found = Receiver()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(found, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    yield found, f"http://127.0.0.1:{port}"
+    server.stop(0)
+
+
+def _attributes(span) -> dict:
+    out = {}
+    for kv in span.attributes:
+        v = kv.value
+        out[kv.key] = v.string_value or v.int_value or v.bool_value or v.double_value
+    return out
+
+
+def test_a_request_on_the_native_engine_is_one_trace_down_to_the_device(
+    tmp_path, tiny_artifact, receiver
+):
+    found, endpoint = receiver
+    port = free_port()
+    write_spec(
+        tmp_path,
+        engine="native",
+        front_port=port,
+        front_run_dir="front",
+        workers=1,
+        front={"otlp_endpoint": endpoint, "otlp_service_name": "embeddings-test"},
+    )
+    run_cli("serve", "front", tiny_artifact, "--spec", "deploy.yaml", cwd=tmp_path)
+    try:
+        log = (tmp_path / "front" / "front.log").read_text()
+        assert f"traces of every request go to {endpoint} (OTLP, grpc)" in log
+        r = requests.post(
+            f"http://127.0.0.1:{port}/embed",
+            json={"inputs": ["one text", "and another"]},
+            headers={"traceparent": PARENT},
+            timeout=60,
+        )
+        assert r.status_code == 200
+    finally:
+        # the front sends what is left when it stops
+        run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=tmp_path)
+    spans = [(res, s) for res, s in found.spans() if s.trace_id.hex() == TRACE_ID]
+    assert spans, f"no span of the request's trace among {len(found.spans())}"
+    services = {kv.value.string_value for res, _ in spans for kv in res.attributes
+                if kv.key == "service.name"}  # fmt: skip
+    assert services == {"embeddings-test"}
+    by_name = {s.name: s for _, s in spans}
+    root = by_name["POST /embed"]
+    assert root.parent_span_id.hex() == "b7ad6b7169203331"  # the client's own span
+    assert _attributes(root)["http.response.status_code"] == 200
+    call = by_name["neuronserve.engine.call"]
+    assert _attributes(call)["neuronserve.engine"] == "native"
+    for stage in ("worker.queue", "tokenize", "pad", "device", "batch"):
+        span = by_name[f"neuronserve.{stage}"]
+        assert span.parent_span_id == call.span_id, stage
+        # the worker's clock is the host's: its stages lie inside the call
+        assert call.start_time_unix_nano <= span.start_time_unix_nano
+        assert span.end_time_unix_nano <= call.end_time_unix_nano, stage
+    device = _attributes(by_name["neuronserve.device"])
+    assert device["neuronserve.rows"] == 2 and "x" in device["neuronserve.bucket"]
+    assert _attributes(by_name["neuronserve.tokenize"])["neuronserve.texts"] == 2
