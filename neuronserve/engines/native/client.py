@@ -93,7 +93,8 @@ class Link:
                     break
                 head, body = got
                 if head.get("op") == "metrics":
-                    self._keep(head.get("values") or [])
+                    # after the answers it follows: their requests go on first
+                    asyncio.get_running_loop().call_soon(self._keep, head.get("values") or [])
                     continue
                 rid = head.get("id")
                 answer = self.waiting.pop(rid, None) if isinstance(rid, int) else None
