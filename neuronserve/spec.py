@@ -518,12 +518,20 @@ class FrontSection(Section):
         "collector (as text-embeddings-inference's --otlp-endpoint; e.g. "
         "http://localhost:4317, or the collector's /v1/traces URL with otlp_protocol "
         "http/protobuf): the front's stages, the engine call and, on the native engine, "
-        "the worker's queue, tokenizing and each device call. Needs neuronserve[otel]",
+        "the worker's queue, tokenizing and each device call. Default: "
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else no "
+        "traces. Needs neuronserve[otel]",
     )
-    otlp_protocol: Literal["grpc", "http/protobuf"] = Field(
-        "grpc", description="OTLP's transport to otlp_endpoint: grpc | http/protobuf"
+    otlp_protocol: Literal["grpc", "http/protobuf"] | None = Field(
+        None,
+        description="OTLP's transport to otlp_endpoint: grpc | http/protobuf (default: "
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL or OTEL_EXPORTER_OTLP_PROTOCOL, else grpc)",
     )
-    otlp_service_name: str = Field("neuronserve", description="the service.name the traces carry")
+    otlp_service_name: str | None = Field(
+        None,
+        description="the service.name the traces carry (default: OTEL_SERVICE_NAME, else "
+        "neuronserve)",
+    )
 
     @field_validator("engine")
     @classmethod

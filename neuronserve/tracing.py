@@ -18,6 +18,7 @@ A stage is `(name, start_ns, end_ns, attributes)` in the host's wall clock
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -51,12 +52,15 @@ class Tracing:
     def start(
         self,
         endpoint: str | None,
-        service_name: str = "neuronserve",
-        protocol: str = "grpc",
+        service_name: str | None = None,
+        protocol: str | None = None,
         exporter: SpanExporter | None = None,
     ) -> None:
         """Export spans to `endpoint` over OTLP (`protocol`: grpc, or http/protobuf whose
-        endpoint is the collector's /v1/traces URL), or to `exporter` (tests)."""
+        endpoint is the collector's /v1/traces URL), or to `exporter` (tests). What is
+        not given is read from OpenTelemetry's own variables, as its SDK defines them
+        (`settings`); with no endpoint anywhere, nothing is traced."""
+        endpoint, protocol, service_name = settings(endpoint, protocol, service_name)
         if endpoint is None and exporter is None:
             return
         try:
@@ -101,15 +105,30 @@ class Tracing:
             yield span
 
     @contextlib.contextmanager
-    def span(self, name: str, **attributes: Any) -> Iterator[Any]:
-        """A stage of the current request, timed around the block."""
+    def span(self, name: str, links: list[Any] | None = None, **attributes: Any) -> Iterator[Any]:
+        """A stage of the current request, timed around the block; `links`: the span
+        contexts (`here`) of other requests' traces it also serves."""
         if self._tracer is None:
             yield None
             return
+        from opentelemetry.trace import Link
+
         with self._tracer.start_as_current_span(
-            _NAMESPACE + name, attributes=_attributes(attributes)
+            _NAMESPACE + name,
+            attributes=_attributes(attributes),
+            links=[Link(c) for c in links or () if c is not None],
         ) as span:
             yield span
+
+    def here(self) -> Any:
+        """The current span's context, to link to from a span of another trace (None when
+        nothing is traced)."""
+        if self._tracer is None:
+            return None
+        from opentelemetry import trace
+
+        context = trace.get_current_span().get_span_context()
+        return context if context.is_valid else None
 
     def recording(self) -> bool:
         """Whether the current request is traced (a worker is then asked for its stages)."""
@@ -128,6 +147,30 @@ class Tracing:
                 _NAMESPACE + name, start_time=start, attributes=_attributes(attributes)
             )
             span.end(end_time=end)
+
+
+def settings(
+    endpoint: str | None, protocol: str | None, service_name: str | None
+) -> tuple[str | None, str, str]:
+    """(endpoint, protocol, service name): each as given, else from OpenTelemetry's
+    variables (the traces' own before the general one), else the defaults (no endpoint,
+    grpc, neuronserve). An endpoint from the general OTEL_EXPORTER_OTLP_ENDPOINT is a
+    base URL: over http/protobuf the SDK's /v1/traces is added to it, as the SDK does."""
+    env = os.environ
+    protocol = (
+        protocol
+        or env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "grpc"
+    )
+    if protocol not in PROTOCOLS:
+        raise TracingUnavailable(f"OTLP protocol {protocol!r}: use {' or '.join(PROTOCOLS)}")
+    if endpoint is None:
+        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or None
+        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if endpoint is None and base:
+            endpoint = base.rstrip("/") + ("/v1/traces" if protocol != "grpc" else "")
+    return endpoint, protocol, service_name or env.get("OTEL_SERVICE_NAME") or "neuronserve"
 
 
 def _otlp(endpoint: str, protocol: str) -> SpanExporter:

@@ -1,12 +1,15 @@
 """Traces over OTLP, as an operator collects them: `serve front` on the native engine with
-`front.otlp_endpoint` pointed at an OTLP/gRPC receiver (OpenTelemetry's own protocol
-definitions, served by grpcio in this test, standing where a collector would). A request
+`front.otlp_endpoint` pointed at an OTLP/gRPC receiver, or OpenTelemetry's own variables
+at an OTLP/HTTP one (OpenTelemetry's protocol definitions, served by grpcio or
+http.server in this test, standing where a collector would). A request
 carrying a client's `traceparent` arrives as one trace continuing it: the front's
 stages, the engine call, and the worker's queue, tokenizing, padding and device call
 with its bucket, each inside the call that holds it."""
 
 from __future__ import annotations
 
+import http.server
+import os
 import threading
 from concurrent import futures
 
@@ -43,16 +46,46 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
             ]
 
 
-@pytest.fixture
-def receiver():
-    port = free_port()
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    found = Receiver()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(found, server)
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    yield found, f"http://127.0.0.1:{port}"
-    server.stop(0)
+def _http_receiver(found: Receiver, port: int) -> http.server.ThreadingHTTPServer:
+    """OTLP over HTTP: protobuf bodies POSTed to /v1/traces."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            ok = self.path == "/v1/traces"
+            if ok:
+                found.Export(trace_service_pb2.ExportTraceServiceRequest.FromString(body), None)
+            answer = trace_service_pb2.ExportTraceServiceResponse().SerializeToString()
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture(params=["grpc", "http/protobuf"])
+def receiver(request):
+    """A receiver of the protocol; gRPC is named in the spec, HTTP by OpenTelemetry's own
+    variables (the general endpoint, a base URL, and the protocol)."""
+    port, found = free_port(), Receiver()
+    if request.param == "grpc":
+        server = grpc.server(futures.ThreadPoolExecutor(2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(found, server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        server.start()
+        yield found, request.param, f"http://127.0.0.1:{port}"
+        server.stop(0)
+    else:
+        web = _http_receiver(found, port)
+        yield found, request.param, f"http://127.0.0.1:{port}"
+        web.shutdown()
 
 
 def _attributes(span) -> dict:
@@ -66,20 +99,30 @@ def _attributes(span) -> dict:
 def test_a_request_on_the_native_engine_is_one_trace_down_to_the_device(
     tmp_path, tiny_artifact, receiver
 ):
-    found, endpoint = receiver
+    found, protocol, endpoint = receiver
     port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    front = {"otlp_endpoint": endpoint, "otlp_service_name": "embeddings-test"}
+    if protocol != "grpc":
+        env.update(
+            OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+            OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+            OTEL_SERVICE_NAME="embeddings-test",
+        )
+        front, endpoint = {}, f"{endpoint}/v1/traces"
     write_spec(
         tmp_path,
         engine="native",
         front_port=port,
         front_run_dir="front",
         workers=1,
-        front={"otlp_endpoint": endpoint, "otlp_service_name": "embeddings-test"},
+        front=front,
     )
-    run_cli("serve", "front", tiny_artifact, "--spec", "deploy.yaml", cwd=tmp_path)
+    run_cli("serve", "front", tiny_artifact, "--spec", "deploy.yaml", cwd=tmp_path, env=env)
     try:
         log = (tmp_path / "front" / "front.log").read_text()
-        assert f"traces of every request go to {endpoint} (OTLP, grpc)" in log
+        said = f"traces of every request go to {endpoint} (OTLP, {protocol}) as embeddings-test"
+        assert said in log
         r = requests.post(
             f"http://127.0.0.1:{port}/embed",
             json={"inputs": ["one text", "and another"]},
@@ -89,7 +132,7 @@ def test_a_request_on_the_native_engine_is_one_trace_down_to_the_device(
         assert r.status_code == 200
     finally:
         # the front sends what is left when it stops
-        run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=tmp_path)
+        run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=tmp_path, env=env)
     spans = [(res, s) for res, s in found.spans() if s.trace_id.hex() == TRACE_ID]
     assert spans, f"no span of the request's trace among {len(found.spans())}"
     services = {kv.value.string_value for res, _ in spans for kv in res.attributes

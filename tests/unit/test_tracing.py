@@ -20,7 +20,7 @@ from test_native_wire import POLICY, FakeWorker, Peer, _serving
 from neuronserve.engines.native.client import worker_stages
 from neuronserve.engines.native.wire import frame
 from neuronserve.execution import RunReport
-from neuronserve.tracing import TRACING, Tracing, TracingUnavailable
+from neuronserve.tracing import TRACING, Tracing, TracingUnavailable, settings
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -110,6 +110,12 @@ def test_requests_joined_in_one_engine_call_each_have_their_trace(tmp_path, tiny
     # as one call, in the trace of the first of them, and each of them waited for it
     assert sorted(s.attributes["neuronserve.requests"] for s in calls) == [1, 3]
     assert len(joined) == 3
+    # the joined call links the traces of the requests it carries, each at its wait
+    [shared] = [s for s in calls if s.attributes["neuronserve.requests"] == 3]
+    linked = {(link.context.trace_id, link.context.span_id) for link in shared.links}
+    assert linked == {(s.context.trace_id, s.context.span_id) for s in joined}
+    # and lies in the trace of the request that opened the group, one of them
+    assert shared.context.trace_id in {s.context.trace_id for s in joined}
     for trace in traces.values():
         names = {s.name for s in trace}
         assert "neuronserve.engine" in names and "neuronserve.answer" in names
@@ -170,3 +176,36 @@ def test_an_endpoint_without_opentelemetry_says_what_to_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_otel)
     with pytest.raises(TracingUnavailable, match=r"neuronserve\[otel\]"):
         Tracing().start("http://localhost:4317")
+
+
+def test_opentelemetrys_own_variables_fill_what_the_spec_leaves(monkeypatch):
+    for var in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+        "OTEL_SERVICE_NAME",
+    ):
+        monkeypatch.delenv(var, raising=False)
+    assert settings(None, None, None) == (None, "grpc", "neuronserve")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "embedder")
+    # the general endpoint is a base URL: the traces' path is added over HTTP
+    assert settings(None, None, None) == (
+        "http://collector:4318/v1/traces",
+        "http/protobuf",
+        "embedder",
+    )
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:4318/x")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")
+    assert settings(None, None, None)[:2] == ("http://traces:4318/x", "grpc")
+    # what the spec says wins
+    assert settings("http://mine:4317", "http/protobuf", "mine") == (
+        "http://mine:4317",
+        "http/protobuf",
+        "mine",
+    )
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
+    with pytest.raises(TracingUnavailable, match="http/json"):
+        settings(None, None, None)

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 class _Waiting:
     request: TaskRequest
     results: asyncio.Future[Any]
+    # its trace's span, which the joined call it goes in links to (None: not traced)
+    traced: Any = None
 
 
 @dataclass
@@ -89,10 +91,11 @@ class Coalescer:
             group = _Group(key, client, model, request)
             self._open[key] = group
             loop.call_soon(self._send, key)
-        waiting = _Waiting(request, loop.create_future())
-        group.waiting.append(waiting)
-        # its engine call is in the trace of the request that opened the group
+        # its engine call is in the trace of the request that opened the group, linked
+        # to this request's
         with TRACING.span("joined"):
+            waiting = _Waiting(request, loop.create_future(), TRACING.here())
+            group.waiting.append(waiting)
             return await waiting.results
 
     async def _at_once(
@@ -132,7 +135,8 @@ class Coalescer:
         texts = [t for w in part for t in w.request.texts]
         joined_request = dataclasses.replace(group.first, texts=texts, single=False)
         try:
-            joined = await self._alone(group.client, group.model, joined_request, len(part))
+            links = [w.traced for w in part]
+            joined = await self._alone(group.client, group.model, joined_request, len(part), links)
             answers = _split(joined, [len(w.request.texts) for w in part])
         except (RequestError, _Unsplittable) as e:
             if isinstance(e, RequestError) and e.status >= 500:
@@ -165,12 +169,18 @@ class Coalescer:
         _settle(waiting, results=answer)
 
     async def _alone(
-        self, client: EngineClient, model: ServedModel, request: TaskRequest, requests: int = 1
+        self,
+        client: EngineClient,
+        model: ServedModel,
+        request: TaskRequest,
+        requests: int = 1,
+        links: list[Any] | None = None,
     ) -> Any:
         if self._on_call is not None:
             self._on_call(model.name, requests)
-        # a joined call is a span of the trace of the request whose turn sent it
-        with TRACING.span("engine.call", engine=client.kind, requests=requests,
+        # a joined call is a span of the trace of the request whose turn sent it, linked
+        # to the traces of the requests it carries
+        with TRACING.span("engine.call", links, engine=client.kind, requests=requests,
                           texts=len(request.texts)):  # fmt: skip
             return await client.run(model, request)
 

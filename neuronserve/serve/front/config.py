@@ -45,8 +45,8 @@ class FrontConfig:
     default_model: str | None = None
     # where traces go over OTLP (None: no traces), how, and under which service name
     otlp_endpoint: str | None = None
-    otlp_protocol: str = "grpc"
-    otlp_service_name: str = "neuronserve"
+    otlp_protocol: str | None = None
+    otlp_service_name: str | None = None
 
     @classmethod
     def from_spec(cls, spec: DeploySpec, sagemaker: bool = False) -> FrontConfig:

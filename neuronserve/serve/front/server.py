@@ -30,7 +30,7 @@ import uvicorn
 
 from ...processes import ServeError, port_taken, private_dir
 from ...spec import DeploySpec, load_spec
-from ...tracing import TRACING, TracingUnavailable
+from ...tracing import TRACING, TracingUnavailable, settings
 from ..deployment import Deployment, model_entries
 from ..model_source import find_models
 from .app import build_app
@@ -73,8 +73,10 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
     except TracingUnavailable as e:
         raise ServeError(str(e)) from None
     if TRACING.on:
-        log.info("traces of every request go to %s (OTLP, %s)", config.otlp_endpoint,
-                 config.otlp_protocol)  # fmt: skip
+        endpoint, protocol, service = settings(
+            config.otlp_endpoint, config.otlp_protocol, config.otlp_service_name
+        )
+        log.info("traces of every request go to %s (OTLP, %s) as %s", endpoint, protocol, service)
     serving = Serving(config)
     server: dict[str, uvicorn.Server] = {}
     deployments: list[Deployment] = []
