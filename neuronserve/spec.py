@@ -198,6 +198,15 @@ class CompileSection(Section):
         "without Neuron devices (neuronx-cc --target)",
     )
 
+    @classmethod
+    def up_to(cls, field: str, largest: int) -> list[int]:
+        """A grid axis (`batch_sizes` or `sequence_lengths`) whose largest is `largest`:
+        the default buckets below it, then it. Where another server compiles one static
+        shape, a short request here still runs at its own size."""
+        factory = cls.model_fields[field].default_factory
+        defaults: list[int] = factory() if factory is not None else []  # type: ignore[call-arg]
+        return sorted({n for n in defaults if n < largest} | {largest})
+
     @field_validator("batch_sizes", "sequence_lengths", mode="before")
     @classmethod
     def _from_text(cls, v: Any) -> Any:

@@ -124,6 +124,34 @@ def cache_key(job: CompileJob, model: ModelFolder) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:32]
 
 
+def _static_shape(job: CompileJob, folder: Path, log: Callable[[str], None]) -> CompileJob:
+    """A model whose config.json has a `neuron` section (the Hugging Face toolkit's and
+    optimum-neuron's export settings) names the one shape those compile it to: here it is
+    the grid's largest, unless the job names its own grid."""
+    from ..spec import CompileSection
+
+    try:
+        neuron = json.loads((folder / "config.json").read_text()).get("neuron")
+    except (OSError, ValueError):
+        return job
+    if not isinstance(neuron, dict):
+        return job
+    update: dict[str, Any] = {}
+    for key, field in (
+        ("static_batch_size", "batch_sizes"),
+        ("static_sequence_length", "sequence_lengths"),
+    ):
+        value = neuron.get(key)
+        if field in job.compile.model_fields_set or not isinstance(value, int) or value < 1:
+            continue
+        update[field] = CompileSection.up_to(field, value)
+        log(
+            f"config.json's neuron section: {key} {value}, compiled as the largest of "
+            f"{field.replace('_', ' ')} {','.join(map(str, update[field]))}"
+        )
+    return replace(job, compile=job.compile.model_copy(update=update)) if update else job
+
+
 def compiled(job: CompileJob, log: Callable[[str], None] = print, progress: bool = True) -> Path:
     """The artifact of `job.compile.model` (a Hub id or a folder) from the cache, compiled
     into it first when it is not there. The task is the model config's when the job
@@ -138,6 +166,7 @@ def compiled(job: CompileJob, log: Callable[[str], None] = print, progress: bool
         job = replace(
             job, compile=job.compile.model_copy(update={"task": config_task(model.folder)})
         )
+    job = _static_shape(job, model.folder, log)
     name = job.name or _default_name(model)
     job = replace(job, name=name)
     key = cache_key(job, model)

@@ -134,6 +134,35 @@ def test_the_containers_entrypoint_compiles_model_data_that_is_a_model_folder(
     assert manifest.grid.batch_sizes == (1, 2) and manifest.grid.sequence_lengths == (16, 24)
 
 
+def test_a_neuron_section_in_a_models_config_is_its_largest_bucket(
+    tmp_path, monkeypatch, tiny_embedder_dir
+):
+    """The Hugging Face toolkit (and optimum-neuron) compile the one shape a plain model's
+    config.json names in its `neuron` section: here the grid's largest, said in the
+    log; a grid the user names wins."""
+    import json
+    import shutil
+
+    from neuronserve.artifact import read_manifest
+    from neuronserve.compile.cache import resolved
+    from neuronserve.spec import load_spec
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_embedder_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["neuron"] = {"static_batch_size": 2, "static_sequence_length": 24}
+    (folder / "config.json").write_text(json.dumps(config))
+    monkeypatch.setenv("NEURONSERVE_CACHE", str(tmp_path / "cache"))
+    said: list[str] = []
+    spec = resolved(load_spec(None, {"models": [{"model": str(folder)}]}), said.append, False)
+    manifest = read_manifest(spec.artifact)
+    assert manifest.grid.batch_sizes == (1, 2) and manifest.grid.sequence_lengths == (16, 24)
+    assert any("static_sequence_length 24" in line for line in said), said
+    mine = {"models": [{"model": str(folder)}], "compile": {"sequence_lengths": [16]}}
+    manifest = read_manifest(resolved(load_spec(None, mine), said.append, False).artifact)
+    assert manifest.grid.batch_sizes == (1, 2) and manifest.grid.sequence_lengths == (16,)
+
+
 def test_packaging_a_spec_that_names_models_by_hub_id(offline_hub, tmp_path):
     """The spec's `models` by Hub id: `package` compiles them (for the package's target)
     into the cache first; a second package compiles nothing."""

@@ -122,3 +122,32 @@ def test_a_request_error_names_the_toolkit_parameter():
     with pytest.raises(RequestError, match="return_all_scores"):
         toolkit_parameters({"return_all_scores": "yes"}, frozenset({"top_k"}))
     assert toolkit_parameters({"top_k": 2}, frozenset({"top_k"})) == {"top_k": 2}
+
+
+def test_what_the_toolkit_would_run_as_code_is_refused_saying_why(
+    tmp_path, monkeypatch, tiny_embedder_dir
+):
+    for var in ("HF_MODEL_ID", "SAGEMAKER_MULTI_MODEL", "HF_TRUST_REMOTE_CODE"):
+        monkeypatch.delenv(var, raising=False)
+    data = tmp_path / "model"
+    shutil.copytree(tiny_embedder_dir, data)
+    (data / "code").mkdir()
+    (data / "code" / "inference.py").write_text("def model_fn(model_dir): ...\n")
+    monkeypatch.setenv("NEURONSERVE_MODEL_DIR", str(data))
+    with pytest.raises(sagemaker.PlatformError, match=r"code/inference.py.*never run"):
+        sagemaker.sagemaker_spec(tmp_path / "work")
+    monkeypatch.setenv("HF_MODEL_ID", "org/model")
+    monkeypatch.setenv("HF_TRUST_REMOTE_CODE", "true")
+    with pytest.raises(sagemaker.PlatformError, match="never runs a model repository's own"):
+        sagemaker.sagemaker_spec(tmp_path / "work")
+
+
+def test_the_pipelines_task_aliases_are_their_tasks(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TRUST_REMOTE_CODE", raising=False)
+    monkeypatch.setenv("HF_MODEL_ID", "org/model")
+    for alias, task in (("sentiment-analysis", "text-classification"),
+                        ("ner", "token-classification"),
+                        ("fill-mask", "fill-mask")):  # fmt: skip
+        monkeypatch.setenv("HF_TASK", alias)
+        [source] = sagemaker.sagemaker_spec(tmp_path / "work").model_sources()
+        assert source.task == task

@@ -121,8 +121,10 @@ def sagemaker_spec(work: Path) -> DeploySpec:
     if hub:
         # as Hugging Face's own SageMaker containers take a model: HF_MODEL_ID (here one
         # or several, comma-separated), HF_MODEL_REVISION for the one, HF_TASK
+        refuse_remote_code()
         revision = os.environ.get("HF_MODEL_REVISION") or None
         task = os.environ.get("HF_TASK") or None
+        task = TOOLKIT_TASKS.get(task, task) if task else None
         sections["models"] = [  # type: ignore[assignment]
             {"model": m, "revision": revision if len(hub) == 1 else None, "task": task} for m in hub
         ]
@@ -130,16 +132,38 @@ def sagemaker_spec(work: Path) -> DeploySpec:
     return load_spec(None, sections)
 
 
+# the pipelines' other names for tasks here (transformers' task aliases)
+TOOLKIT_TASKS = {"sentiment-analysis": "text-classification", "ner": "token-classification"}
+
+
+def refuse_remote_code() -> None:
+    """HF_TRUST_REMOTE_CODE asks to run a model repository's own Python: never here."""
+    if os.environ.get("HF_TRUST_REMOTE_CODE", "").strip().lower() in ("1", "true", "yes"):
+        raise PlatformError(
+            "HF_TRUST_REMOTE_CODE is set: neuronserve never runs a model repository's own "
+            "code (it serves the architectures transformers ships); unset it"
+        )
+
+
 def hugging_face_folder() -> Path | None:
     """The model data when its root is a Hugging Face model folder (config.json, no
-    neuronserve artifact): compiled when the container starts, as an HF_MODEL_ID is."""
+    neuronserve artifact): compiled when the container starts, as an HF_MODEL_ID is. One
+    with the toolkit's custom code (code/inference.py) is refused: its answers would be
+    that code's, which is never run here."""
     try:
         source = model_source()
     except ModelSourceError:
         return None
-    if (source / "config.json").is_file() and not (source / MANIFEST).is_file():
-        return source
-    return None
+    if not (source / "config.json").is_file() or (source / MANIFEST).is_file():
+        return None
+    if (source / "code" / "inference.py").is_file():
+        raise PlatformError(
+            f"{source}/code/inference.py: the Hugging Face toolkit's custom handler is "
+            "never run here (neuronserve answers with the task's own pre- and "
+            "post-processing); remove code/ from the model data, or serve it with the "
+            "toolkit's container"
+        )
+    return source
 
 
 def compile_shape() -> dict[str, list[int]]:
@@ -157,10 +181,11 @@ def compile_shape() -> dict[str, list[int]]:
             continue
         if not given.isdigit() or int(given) < 1:
             raise PlatformError(f"{var}={given!r}: a positive whole number")
-        largest = int(given)
-        factory = CompileSection.model_fields[field].default_factory
-        defaults: list[int] = factory() if factory is not None else []  # type: ignore[call-arg]
-        grid[field] = sorted({n for n in defaults if n < largest} | {largest})
+        grid[field] = CompileSection.up_to(field, int(given))
+        log.info(
+            "%s=%s: compiled %s %s, the largest the one shape the Neuron container compiles",
+            var, given, field.replace("_", " "), ",".join(map(str, grid[field])),
+        )  # fmt: skip
     return grid
 
 
