@@ -209,3 +209,21 @@ def test_opentelemetrys_own_variables_fill_what_the_spec_leaves(monkeypatch):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/json")
     with pytest.raises(TracingUnavailable, match="http/json"):
         settings(None, None, None)
+
+
+def test_a_sampler_from_opentelemetrys_variables_decides_what_is_traced(
+    tmp_path, tiny_runner, monkeypatch
+):
+    """Tracing every request costs the host (BENCHMARKS); OTEL_TRACES_SAMPLER takes a
+    share, as the SDK defines it. A request left out asks no worker for its stages."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "always_off")
+    exporter = InMemorySpanExporter()
+    TRACING.start(None, "sampled", exporter=exporter)
+    try:
+        client, _, _ = front(tmp_path, {"tiny": tiny_runner})
+        with TRACING.request("probe", {}, {}):
+            assert not TRACING.recording()
+        assert client.post("/embed", json={"inputs": "not traced"}).status_code == 200
+        assert exporter.get_finished_spans() == ()
+    finally:
+        TRACING.stop()
