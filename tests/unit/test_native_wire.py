@@ -23,7 +23,7 @@ from neuronserve import metrics, tensors
 from neuronserve.engines.client import WorkerDied
 from neuronserve.engines.native.client import RETRY_S, Link, _Series
 from neuronserve.engines.native.store import QueuePolicy
-from neuronserve.engines.native.wire import FrameError, frame, read_frame
+from neuronserve.engines.native.wire import FrameError, ask, frame, read_frame
 from neuronserve.engines.native.worker import Served
 from neuronserve.tasks import RequestError, get_task
 
@@ -152,9 +152,16 @@ class Peer:
         return out
 
 
-def _serving(tmp_path: Path, worker: FakeWorker, policy: QueuePolicy = POLICY, depth: int = 1):
-    """Run `Served` on a socket in tmp_path; `await started` then talk to it."""
-    path = tmp_path / "w.sock"
+def _serving(
+    tmp_path: Path,
+    worker: FakeWorker,
+    policy: QueuePolicy = POLICY,
+    depth: int = 1,
+    path: Path | None = None,
+):
+    """Run `Served` on a socket in tmp_path (or at `path`); `await started` then talk
+    to it."""
+    path = path or tmp_path / "w.sock"
     served = Served(worker, depth, policy)  # type: ignore[arg-type]
 
     async def run(body):
@@ -415,3 +422,27 @@ def test_the_engine_series_sum_counters_and_keep_the_last_gauge():
     assert 'neuronserve_bucket_runs_total{batch_size="1",bucket="b1_s16",model="m"} 1.0' in text
     assert "not_ours" not in text
     assert {m.name for m in metrics.METRICS} >= {"requests", "batch_requests", "bucket_runs"}
+
+
+def test_a_socket_in_a_folder_too_deep_for_its_address_is_served_and_reached(tmp_path):
+    """A unix socket's address holds at most 107 bytes of path: a deep run folder's
+    socket is bound and reached through its folder's descriptor, by the front's client
+    and by the supervisor's ping alike."""
+    deep = tmp_path / ("d" * 60) / ("e" * 60) / "sockets"
+    deep.mkdir(parents=True)
+    path = deep / "worker0.sock"
+    assert len(str(path)) > 107
+    worker = FakeWorker()
+    _, run = _serving(tmp_path, worker, path=path)
+
+    async def body(path):
+        link = Link(0, path, lambda values: None)
+        assert await link.connect()
+        answer, _ = await link.ask(1, frame({"op": "infer", "id": 1, "model": "m",
+                                              "texts": ["deep"]}))  # fmt: skip
+        pinged = await asyncio.to_thread(ask, str(path), {"id": 0, "op": "ping"}, 5)
+        return answer, pinged
+
+    answer, pinged = asyncio.run(run(body))
+    assert answer["status"] == 200 and pinged["status"] == 200
+    assert path.is_socket()

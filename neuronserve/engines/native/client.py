@@ -23,7 +23,7 @@ from ...worker import MODEL_PARAMETER
 from ..client import EngineClient, EngineUnavailable, WorkerCounts, WorkerDied, once_more
 from .process import ready, states
 from .supervisor import socket_path
-from .wire import MAX_ANSWER_BYTES, FrameError, frame, read_frame
+from .wire import MAX_ANSWER_BYTES, FrameError, frame, reachable, read_frame
 
 if TYPE_CHECKING:
     from ...served import ServedModel
@@ -59,7 +59,8 @@ class Link:
         self.tried = time.monotonic()
         self._connecting = asyncio.get_running_loop().create_future()
         try:
-            reader, self.writer = await asyncio.open_unix_connection(str(self.path))
+            with reachable(self.path) as address:
+                reader, self.writer = await asyncio.open_unix_connection(address)
         except OSError:
             self.writer = None
         else:

@@ -18,7 +18,11 @@ nothing else: the worker's other connections and its batches go on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import struct
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -69,14 +73,36 @@ async def read_frame(
     return head, data[head_size:]
 
 
+# a unix socket's address holds at most 107 bytes of path (sun_path)
+_SUN_PATH = 107
+
+
+@contextlib.contextmanager
+def reachable(path: Path | str) -> Iterator[str]:
+    """The address to bind or connect to for the socket at `path`: the path itself, or,
+    when it is too long for a unix socket's address (a deep run folder), the same file
+    reached through a descriptor of its folder (/proc/self/fd/N/NAME: the kernel resolves
+    it to that folder, whose permissions hold as they do for the path), open while the
+    block runs."""
+    text = str(path)
+    if len(os.fsencode(text)) < _SUN_PATH:
+        yield text
+        return
+    folder = os.open(Path(text).parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{folder}/{Path(text).name}"
+    finally:
+        os.close(folder)
+
+
 def ask(path: str, head: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     """One question to a worker on its socket, and its answer's head, blocking (the
     supervisor's ping); OSError (or FrameError) when it does not answer in time."""
     import socket
 
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s, reachable(path) as address:
         s.settimeout(timeout_s)
-        s.connect(path)
+        s.connect(address)
         s.sendall(frame(head))
         sizes = _read(s, _SIZES.size)
         size, head_size = _SIZES.unpack(sizes)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import RequestError, internal_error
-from .wire import MAX_REQUEST_BYTES, FrameError, frame, read_frame
+from .wire import MAX_REQUEST_BYTES, FrameError, frame, reachable, read_frame
 
 if TYPE_CHECKING:
     from ...tasks.base import Task, TaskRequest
@@ -90,7 +90,8 @@ class Served:
         # them to the Runner, whose own threads finish them
         self.compute = ThreadPoolExecutor(1, thread_name_prefix="neuronserve-batch")
         path.unlink(missing_ok=True)
-        server = await asyncio.start_unix_server(self.connection, path=str(path))
+        with reachable(path) as address:
+            server = await asyncio.start_unix_server(self.connection, path=address)
         os.chmod(path, 0o600)
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

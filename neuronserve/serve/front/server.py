@@ -60,14 +60,8 @@ def configure_logging() -> None:
     root.propagate = False
 
 
-def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
-    """Serve until told to stop; the exit status (1 if the model failed to load). A run
-    folder another local user owns or can write is refused first (ServeError): the
-    engine's store and the catalog the workers follow live in it."""
-    private_dir(config.run_dir)
-    taken = port_taken(config.address, config.port)
-    if taken:
-        raise ServeError(f"the front cannot listen: {taken}")
+def _start_tracing(config: FrontConfig) -> None:
+    """Traces go where the spec or OpenTelemetry's variables say, if anywhere (said)."""
     try:
         TRACING.start(config.otlp_endpoint, config.otlp_service_name, config.otlp_protocol)
     except TracingUnavailable as e:
@@ -77,6 +71,17 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
             config.otlp_endpoint, config.otlp_protocol, config.otlp_service_name
         )
         log.info("traces of every request go to %s (OTLP, %s) as %s", endpoint, protocol, service)
+
+
+def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
+    """Serve until told to stop; the exit status (1 if the model failed to load). A run
+    folder another local user owns or can write is refused first (ServeError): the
+    engine's store and the catalog the workers follow live in it."""
+    private_dir(config.run_dir)
+    taken = port_taken(config.address, config.port)
+    if taken:
+        raise ServeError(f"the front cannot listen: {taken}")
+    _start_tracing(config)
     serving = Serving(config)
     server: dict[str, uvicorn.Server] = {}
     deployments: list[Deployment] = []
