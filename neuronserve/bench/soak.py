@@ -351,6 +351,8 @@ class _Run:
         replacing = killed is not None and (t0 < killed or r.recovered_s is None)
         if replacing and (status == 0 or status >= 500):
             r.lost_at_kill += 1
+            # what was lost and how (a dropped connection says which error closed it)
+            self._sample(f"lost while the killed worker was replaced: {status} {data[:200]!r}")
             return
         if malformed:
             r.malformed += 1
