@@ -18,12 +18,8 @@
 # simulation". CONC, RUNS, OUT override.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-SIM=${WORK:-$ROOT/.bench}/inferentia-sim
-STANDIN=$ROOT/tests/neuron_standin
-export PATH=$STANDIN/bin:$PATH PYTHONPATH=$STANDIN
-export NEURON_STANDIN_CORES=1 NEURON_STANDIN_CORES_PER_DEVICE=1
-export NEURON_STANDIN_DEVICE_DIR=$SIM/devices NEURON_STANDIN_DEVICE_TIME=inf2-bert-base
+# shellcheck source=scripts/inferentia_sim_env.sh
+. scripts/inferentia_sim_env.sh
 [ -x .venv/bin/neuronserve ] || scripts/install.sh
 [ -f "$SIM/bert-base/config.json" ] || .venv/bin/python -m neuronserve.bench.models \
   bert-base "$SIM/bert-base" --task feature-extraction

@@ -8,12 +8,8 @@
 # scripts/benchmark_inferentia_sim.sh BASE NEW with ENDPOINTS="native=front-native".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-SIM=${WORK:-$ROOT/.bench}/inferentia-sim
-STANDIN=$ROOT/tests/neuron_standin
-export PATH=$STANDIN/bin:$PATH PYTHONPATH=$STANDIN
-export NEURON_STANDIN_CORES=1 NEURON_STANDIN_CORES_PER_DEVICE=1
-export NEURON_STANDIN_DEVICE_DIR=$SIM/devices NEURON_STANDIN_DEVICE_TIME=inf2-bert-base
+# shellcheck source=scripts/inferentia_sim_env.sh
+. scripts/inferentia_sim_env.sh
 [ -f "$SIM/bert-neuronx/manifest.json" ] || { echo "run scripts/benchmark_inferentia_sim.sh first (it compiles $SIM/bert-neuronx)" >&2; exit 2; }
 OUT=$(realpath -m "${OUT:-benchmarks/inferentia-sim-tracing}")
 rm -rf "$OUT" && mkdir -p "$OUT"
