@@ -7,6 +7,8 @@ management API, worker by worker."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,7 +37,11 @@ if TYPE_CHECKING:
 # How TorchServe says the worker that held a request died with it: "Worker died." (500,
 # or 507 when the worker was SIGKILLed: WorkerThread sends its exit code 137 as
 # INSUFFICIENT_STORAGE). It never hands a dead worker another job.
+log = logging.getLogger("neuronserve.front")
+
 _DIED = (b"Worker died",)
+# how long a request may wait unanswered after a worker died before it is sent again
+HEDGE_AFTER_DEATH_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,8 @@ class TorchServeClient(EngineClient):
         self._predict_url, self._model_url = urls.predict, urls.model
         self._metrics_url = f"{urls.metrics}/metrics"
         self._workers, self._counts = workers, counts
+        # when a worker was last seen to die (a request it held answered "Worker died")
+        self._died_at = float("-inf")
         self._inference_auth, self._management_auth = urls.inference_auth, urls.management_auth
 
     async def run(self, model: ServedModel, request: TaskRequest) -> Any:
@@ -90,7 +98,7 @@ class TorchServeClient(EngineClient):
             ANSWER_HEADER: ANSWER_TENSORS,
         }
         what = f"a request to {model.worker_name}"
-        status, data, head = await once_more(lambda: self._post(body, headers), what)
+        status, data, head = await self._send(body, headers, what)
         if status != 200:
             raise engine_error(status, data)
         codec = tensors.of(task.name)
@@ -102,6 +110,35 @@ class TorchServeClient(EngineClient):
         request.tokens = tensors.token_counts(found.get(tensors.TOKENS))
         return codec.decode(found[name], model.task_info)
 
+    async def _send(
+        self, body: bytes, headers: dict[str, str], what: str
+    ) -> tuple[int, bytes, str | None]:
+        """The answer to one request, sent once more if its worker died (once_more); and
+        once more still, the first answer taken, if a worker died after it was sent and
+        it is unanswered HEDGE_AFTER_DEATH_S later: TorchServe may keep a job it had
+        given a worker as that worker died, unanswered until its response timeout."""
+        sent = time.monotonic()
+        first = asyncio.ensure_future(once_more(lambda: self._post(body, headers), what))
+        tasks = [first]
+        try:
+            while True:
+                done, _ = await asyncio.wait({first}, timeout=HEDGE_AFTER_DEATH_S)
+                if done:
+                    return first.result()
+                if self._died_at > sent:
+                    break
+            log.warning("%s: unanswered since a worker died; sent again", what)
+            second = asyncio.ensure_future(self._post(body, headers))
+            tasks.append(second)
+            done, _ = await asyncio.wait({first, second}, return_when=asyncio.FIRST_COMPLETED)
+            if second in done and second.exception() is None:
+                return second.result()
+            return await first
+        finally:
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+
     async def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, str | None]:
         try:
             async with self._session.post(self._predict_url, data=body, headers=headers) as r:
@@ -110,6 +147,7 @@ class TorchServeClient(EngineClient):
         except (aiohttp.ClientError, OSError) as e:
             raise EngineUnavailable(f"TorchServe did not answer: {e}") from None
         if status in (500, 507) and any(m in data for m in _DIED):
+            self._died_at = time.monotonic()
             raise WorkerDied(f"TorchServe's worker died: {data[:200]!r}")
         return status, data, head
 
