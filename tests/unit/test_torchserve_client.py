@@ -50,7 +50,8 @@ def test_a_request_unanswered_after_a_worker_died_is_sent_again(monkeypatch):
 
     async def scenario():
         sending = asyncio.ensure_future(client._send(b"{}", {}, "a request"))
-        await asyncio.sleep(0.02)
+        while posts.calls == 0:  # until the request is at TorchServe
+            await asyncio.sleep(0)
         client._died_at = ts.time.monotonic()  # another request answered "Worker died"
         return await asyncio.wait_for(sending, 5)
 
