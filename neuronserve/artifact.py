@@ -57,6 +57,15 @@ class ImageSettings(BaseModel):
     shape: tuple[int, int, int]
 
 
+class ExportSettings(BaseModel):
+    """How a module compiled elsewhere (an optimum-neuron export, imported as it is)
+    answers: a tuple whose first tensor is served, pooled on the host over the attention
+    mask when `pooling` names how (its hidden states), as it is otherwise (logits)."""
+
+    by: str
+    pooling: Literal["cls", "mean"] | None = None
+
+
 class BucketValidation(BaseModel):
     batch: int
     seq: int
@@ -117,8 +126,10 @@ class Manifest(BaseModel):
     # passed: every bucket and the accuracy were checked against reference.npz here;
     # pending: the modules cannot run on the compile host (`neuronserve validate` on the
     # serving host checks them); failed: that check refused them (validation_note says why)
-    validation_status: Literal["passed", "pending", "failed"] = "passed"
+    # imported: compiled and checked elsewhere (`exported`), served as it is
+    validation_status: Literal["passed", "pending", "failed", "imported"] = "passed"
     validation_note: str | None = None
+    exported: ExportSettings | None = None
     # against fp32 eager on compile's accuracy texts (cosine or argmax agreement per task)
     accuracy: dict[str, float] = Field(default_factory=dict)
     accuracy_floor: dict[str, float] = Field(default_factory=dict)

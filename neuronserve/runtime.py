@@ -22,6 +22,7 @@ from .artifact import ArtifactError, Manifest, read_manifest, read_verified
 from .buckets import Bucket, engine_batch_sizes
 from .errors import internal_error
 from .execution import Executor, InputLayout, Module, Planned, Row, RunReport
+from .exports import served
 from .images import ImagePreprocessor
 from .inflight import IN_FLIGHT, Countdown, InFlight
 from .targets import get_target, pipeline_depth
@@ -66,21 +67,8 @@ class Runner:
         self.truncation = m.truncation if truncation is None else truncation
         self.limits = limits or RequestLimits()
         self.tokenizer, self.preprocessor = self._inputs()
-        per_module = int(m.compiler.get("cores_per_module", 1))
-        copies = self.target.replicas(cores, per_module)
-        # one load per file and copy: a dynamic-shape target's buckets share one module;
-        # copy k goes to core k (of the cores this process sees) when there are several
-        files = {f: read_verified(self.artifact_dir, m, f) for f in sorted(set(m.modules.values()))}
-        self._loaded = [
-            {
-                f: self.target.load(
-                    self.artifact_dir / f, k * per_module if copies > 1 else None, data
-                )
-                for f, data in files.items()
-            }
-            for k in range(copies)
-        ]
-        del files
+        copies = self.target.replicas(cores, int(m.compiler.get("cores_per_module", 1)))
+        self._loaded = self._load_modules(copies)
         self.executor = Executor(
             self._module_of(0),
             self.grid,
@@ -96,6 +84,28 @@ class Runner:
         self._flight = InFlight(in_flight)
         if warmup:
             self.warmup()
+
+    def _load_modules(self, copies: int) -> list[dict[str, Module]]:
+        """One load per module file and copy: a dynamic-shape target's buckets share one
+        module; copy k goes to core k (of the cores this process sees) when there are
+        several. Every file is checked against its sha256 before it is loaded."""
+        m = self.manifest
+        per_module = int(m.compiler.get("cores_per_module", 1))
+        files = {f: read_verified(self.artifact_dir, m, f) for f in sorted(set(m.modules.values()))}
+        names = [i.name for i in m.inputs]
+        return [
+            {
+                f: served(
+                    self.target.load(
+                        self.artifact_dir / f, k * per_module if copies > 1 else None, data
+                    ),
+                    m.exported,
+                    names,
+                )
+                for f, data in files.items()
+            }
+            for k in range(copies)
+        ]
 
     def _inputs(self) -> tuple[TextTokenizer | None, ImagePreprocessor | None]:
         """The tokenizer (or image processor): files are read once, checked against the

@@ -112,6 +112,13 @@ class CompileSection(Section):
         "pickles can run code, so only for models you trust",
         json_schema_extra=flags("--allow-pickle-weights/--safetensors-only"),
     )
+    recompile: bool = Field(
+        False,
+        description="a model optimum-neuron already compiled (model.neuron beside a config "
+        "whose neuron section says how) is served as it is; with this, its source model "
+        "(the config's _name_or_path) is compiled over the grid instead",
+        json_schema_extra=flags("--recompile/--as-exported"),
+    )
     target: Target = Field(
         "cpu",
         description="cpu | neuronx (Inf2/Trn1) | neuron (Inf1); serving a model by Hub id or "

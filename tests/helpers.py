@@ -416,6 +416,7 @@ def standin_process(
         "torch_neuronx.experimental",
         "torch_neuron",
         "torch_neuron.experimental",
+        "neuronxcc",
         "_standin_trace",
     ):
         sys.modules.pop(name, None)
@@ -431,6 +432,7 @@ def standin_process(
             "torch_neuronx.experimental",
             "torch_neuron",
             "torch_neuron.experimental",
+            "neuronxcc",
         ):
             sys.modules.pop(name, None)
         _standin_runtime.reset()

@@ -127,8 +127,14 @@ def cache_key(job: CompileJob, model: ModelFolder) -> str:
 def _static_shape(job: CompileJob, folder: Path, log: Callable[[str], None]) -> CompileJob:
     """A model whose config.json has a `neuron` section (the Hugging Face toolkit's and
     optimum-neuron's export settings) names the one shape those compile it to: here it is
-    the grid's largest, unless the job names its own grid."""
+    the grid's largest, unless the job names its own grid. An export of optimum-neuron
+    (its compiled module beside the config) is served in its own shape, unless the job
+    recompiles its source model."""
     from ..spec import CompileSection
+    from .optimum_export import NEURON_FILE
+
+    if (folder / NEURON_FILE).is_file() and not job.compile.recompile:
+        return job
 
     try:
         neuron = json.loads((folder / "config.json").read_text()).get("neuron")
@@ -157,6 +163,7 @@ def compiled(job: CompileJob, log: Callable[[str], None] = print, progress: bool
     into it first when it is not there. The task is the model config's when the job
     gives none; the name the Hub name's last part (or the folder's) when it gives none."""
     from .driver import compile_job
+    from .optimum_export import read_export
 
     if job.compile.model is None:
         raise CompileError("no model: pass --model (a Hugging Face Hub id or a folder)")
@@ -183,10 +190,14 @@ def compiled(job: CompileJob, log: Callable[[str], None] = print, progress: bool
         if found:
             log(f"{job.compile.model}: compiled before, from the cache ({out})")
             return out
-        log(
-            f"{job.compile.model}: compiling for {job.compile.task} on {job.compile.target} "
-            f"(kept in {root} for the next start)"
+        export = read_export(model.folder)
+        doing = (
+            f"compiling for {job.compile.task} on {job.compile.target}"
+            if export is None or job.compile.recompile
+            else f"{export.said}: served as it is, not compiled (--recompile compiles its "
+            "source model)"
         )
+        log(f"{job.compile.model}: {doing} (kept in {root} for the next start)")
         (root / key).mkdir(mode=0o700, exist_ok=True)
         return compile_job(
             replace(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import platform
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -19,7 +18,6 @@ from typing import Any
 
 import torch
 
-from .. import __version__
 from ..artifact import (
     MANIFEST,
     ImageSettings,
@@ -41,6 +39,7 @@ from .examples import Examples, ImageExamples, TextExamples
 from .job import CompileJob
 from .precision import Choice, PrecisionSearch
 from .reference import REFERENCE_FILE
+from .saved import save_tokenizer, versions
 
 INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")
 CANDIDATES = ".candidates"
@@ -58,6 +57,7 @@ def compile_job(
     """Compile `job.compile.model` for its target over its bucket grid into `job.out`;
     `log` hears which model that is (a Hub snapshot or a folder)."""
     from .hub import model_folder
+    from .optimum_export import import_export, read_export, recompile_source
 
     if job.compile.model is None:
         raise CompileError(
@@ -70,16 +70,31 @@ def compile_job(
     model = model_folder(job.compile.model, c.revision, c.allow_pickle_weights)
     if log is not None:
         log(f"model {job.compile.model}: {model.said}")
+    export = read_export(model.folder)
+    if export is not None and c.recompile:
+        source = recompile_source(export)
+        model = model_folder(source, None, c.allow_pickle_weights)
+        if log is not None:
+            log(f"{export.said}: compiling its source model {source} ({model.said}) instead")
+    elif export is not None:
+        if log is not None:
+            log(f"{export.said}: served as it is (--recompile compiles its source model)")
+        return _staged(job.out, lambda staging: import_export(job, export, staging))
     model_dir = model.folder
-    out = job.out
     _check_model_dir(model_dir)
+    return _staged(job.out, lambda staging: _compile_into(job, model_dir, staging, progress))
+
+
+def _staged(out: Path, build: Callable[[Path], Manifest]) -> Path:
+    """The artifact `build` writes into a staging folder (returning its manifest),
+    renamed to `out` only once whole."""
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise CompileError(f"{out} exists and is not an artifact; choose an empty directory")
     staging = out.with_name(out.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        write_manifest(staging, _compile_into(job, model_dir, staging, progress))
+        write_manifest(staging, build(staging))
         shutil.rmtree(out, ignore_errors=True)
         staging.rename(out)
     finally:
@@ -101,37 +116,6 @@ def _check_model_dir(model_dir: Path) -> None:
             f"{model_dir} has no weights (*.safetensors, or pytorch_model*.bin with "
             "--allow-pickle-weights)"
         )
-
-
-def _save_tokenizer(model_dir: Path, out: Path) -> dict[str, Any]:
-    """Write the fast tokenizer as tokenizer.json with padding and truncation off
-    (the grid decides both at serve time); return what the manifest's tokenizer settings
-    record of it (pad, mask and unknown token ids, how transformers cleans decoded text)."""
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(model_dir)
-    except Exception as e:  # any loader failure means the same to the user
-        raise CompileError(f"cannot load a tokenizer from {model_dir}: {e}") from e
-    if not getattr(tok, "is_fast", False):
-        raise CompileError(
-            f"{model_dir} has no fast (Rust) tokenizer; neuronserve tokenizes whole batches "
-            "with `tokenizers`. Save one with tokenizer.save_pretrained() from a fast tokenizer."
-        )
-    backend = tok.backend_tokenizer
-    backend.no_padding()
-    backend.no_truncation()
-    backend.save(str(out / "tokenizer.json"))
-    # transformers' decode skips its clean-up for BPE models unless told otherwise
-    bpe = type(backend.model).__name__ == "BPE" and not getattr(
-        tok, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False
-    )
-    return {
-        "pad_token_id": int(tok.pad_token_id if tok.pad_token_id is not None else 0),
-        "mask_token_id": tok.mask_token_id,
-        "unk_token_id": tok.unk_token_id,
-        "clean_up_spaces": bool(getattr(tok, "clean_up_tokenization_spaces", False)) and not bpe,
-    }
 
 
 def _input_names(model: torch.nn.Module) -> tuple[str, ...]:
@@ -191,7 +175,7 @@ class Inputs:
 
 def _text_inputs(job: CompileJob, model_dir: Path, out: Path) -> Inputs:
     grid = BucketGrid(tuple(job.compile.batch_sizes), tuple(job.compile.sequence_lengths))
-    facts = _save_tokenizer(model_dir, out)
+    facts = save_tokenizer(model_dir, out)
     return Inputs(
         grid=grid,
         examples=TextExamples(TextTokenizer(out / "tokenizer.json", grid.max_seq)),
@@ -293,9 +277,6 @@ def _manifest(
     out: Path,
     inputs: Inputs,
 ) -> Manifest:
-    import tokenizers
-    import transformers
-
     job, grid, kept = ctx.job, ctx.grid, choice.kept
     model: Any = wrapped.module.model
     config = model.config
@@ -317,13 +298,7 @@ def _manifest(
         modules=kept.build.modules,
         tokenizer=inputs.tokenizer,
         image=inputs.image,
-        versions={
-            "neuronserve": __version__,
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "tokenizers": tokenizers.__version__,
-            "python": platform.python_version(),
-        },
+        versions=versions(),
         compiler={
             **ctx.target.versions(),
             **kept.described,
@@ -350,6 +325,8 @@ def describe(path: Path) -> str:
         f"precision {data.get('precision', 'fp32')}"
     ]
     lines += _embedding_lines(data)
+    if data.get("validation_status") == "imported":
+        lines.append(f"  {data.get('validation_note')}")
     kept = (data.get("precision"), data.get("compiler", {}).get("module_format"))
     for t in data.get("precision_trials", []):
         acc = ", ".join(f"{k} {v:.5g}" for k, v in t["accuracy"].items() if k != "texts")

@@ -11,6 +11,15 @@ from typing import Any
 import torch
 
 
+def pool(hidden: torch.Tensor, attention_mask: torch.Tensor, cls: bool) -> torch.Tensor:
+    """sentence-transformers' Pooling of token states: the first token's (cls), or the
+    mean over the tokens the attention mask keeps (mean)."""
+    if cls:
+        return hidden[:, 0]
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+
+
 class EncoderModule(torch.nn.Module):
     """Base of the per-task modules that get compiled: plain int64 tensors in, the
     Hugging Face model called with the inputs it takes, and the task's `head` turning its
@@ -61,12 +70,7 @@ class PooledEncoder(EncoderModule):
 
     def head(self, out: Any, attention_mask: torch.Tensor) -> torch.Tensor:
         hidden = out.last_hidden_state
-        if self.cls_pooling:
-            pooled = hidden[:, 0]
-        else:
-            mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
-            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        pooled = self.dense(pooled)
+        pooled = self.dense(pool(hidden, attention_mask, self.cls_pooling))
         if self.normalize:
             pooled = torch.nn.functional.normalize(pooled, p=2.0, dim=-1)
         if self.tokens:

@@ -327,8 +327,15 @@ def load(blob: torch.Tensor, name: str) -> int:
     return runtime().load(blob, name, getattr(placement, "core", None))
 
 
-@torch.library.custom_op("neuron_standin::execute", mutates_args=())
-def execute(handle: int, inputs: list[torch.Tensor], host_weight_bytes: int) -> torch.Tensor:
+def _outputs(graph: torch.jit.ScriptModule, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The graph's answer as a list: one tensor, or each of a tuple's (a model traced
+    with several outputs, as optimum-neuron's exports are)."""
+    with torch.no_grad():
+        out = graph(*inputs)
+    return [t.clone() for t in (out if isinstance(out, (tuple, list)) else (out,))]
+
+
+def _execute(handle: int, inputs: list[torch.Tensor], host_weight_bytes: int) -> list[torch.Tensor]:
     if handle not in _models:
         raise NeuronRuntimeError(
             "this Neuron model is not loaded on a NeuronCore (traced "
@@ -349,8 +356,7 @@ def execute(handle: int, inputs: list[torch.Tensor], host_weight_bytes: int) -> 
         record("weight_copy", handle=handle, core=core, bytes=host_weight_bytes)
     table = os.environ.get("NEURON_STANDIN_DEVICE_TIME")
     if not table:
-        with torch.no_grad():
-            return graph(*inputs).clone()
+        return _outputs(graph, inputs)
     with _cores_lock:
         if core not in _cores:
             _cores[core] = _Core(core)
@@ -358,8 +364,8 @@ def execute(handle: int, inputs: list[torch.Tensor], host_weight_bytes: int) -> 
     key = (handle, shape, hash(b"".join(t.numpy().tobytes() for t in inputs)))
     kept = _kept.get(key)
     if kept is None:  # computed on the CPU, the core held meanwhile
-        with timed.lock, torch.no_grad():
-            out = graph(*inputs).clone()
+        with timed.lock:
+            out = _outputs(graph, inputs)
         if len(_kept) < KEPT_MAX:
             _kept[key] = out
         return out
@@ -367,7 +373,19 @@ def execute(handle: int, inputs: list[torch.Tensor], host_weight_bytes: int) -> 
     batch = shape[0][0]
     seq = shape[0][1] if len(shape[0]) == 2 else table_of(table)["seq"]
     timed.hold(device_ms(table, batch, seq) / 1e3, called)
-    return kept.clone()
+    return [t.clone() for t in kept]
+
+
+@torch.library.custom_op("neuron_standin::execute", mutates_args=())
+def execute(handle: int, inputs: list[torch.Tensor], host_weight_bytes: int) -> torch.Tensor:
+    return _execute(handle, inputs, host_weight_bytes)[0]
+
+
+@torch.library.custom_op("neuron_standin::execute_outputs", mutates_args=())
+def execute_outputs(
+    handle: int, inputs: list[torch.Tensor], host_weight_bytes: int
+) -> list[torch.Tensor]:
+    return _execute(handle, inputs, host_weight_bytes)
 
 
 def serialize(graph: torch.jit.ScriptModule) -> torch.Tensor:
@@ -415,10 +433,28 @@ class NeuronModel(torch.nn.Module):
         self.handle = torch.ops.neuron_standin.load(self.blob, self.name)
 
 
+class NeuronModelOutputs(NeuronModel):
+    """A compiled graph that answers several tensors (a model traced returning a tuple, as
+    optimum-neuron's exports are: last_hidden_state and pooler_output, or
+    token_embeddings and sentence_embedding): called, it answers all of them in order
+    (the SDK answers a tuple; a TorchScript list here)."""
+
+    def forward(
+        self, a: torch.Tensor, b: torch.Tensor | None = None, c: torch.Tensor | None = None
+    ) -> list[torch.Tensor]:
+        inputs = [a]
+        if b is not None:
+            inputs.append(b)
+        if c is not None:
+            inputs.append(c)
+        return torch.ops.neuron_standin.execute_outputs(self.handle, inputs, self.host_weight_bytes)
+
+
 def compiled_module(
-    graph: torch.jit.ScriptModule, name: str, host_weight_bytes: int
+    graph: torch.jit.ScriptModule, name: str, host_weight_bytes: int, outputs: int = 1
 ) -> torch.jit.ScriptModule:
-    """The scripted NeuronModel for `graph`. As with the real SDK, the model is loaded
-    once it exists, which needs a device; on a build host trace(cpu_backend=True) returns
-    it unloaded (see trace)."""
-    return torch.jit.script(NeuronModel(serialize(graph), name, host_weight_bytes))
+    """The scripted NeuronModel for `graph` (answering `outputs` tensors). As with the real
+    SDK, the model is loaded once it exists, which needs a device; on a build host
+    trace(cpu_backend=True) returns it unloaded (see trace)."""
+    kind = NeuronModel if outputs == 1 else NeuronModelOutputs
+    return torch.jit.script(kind(serialize(graph), name, host_weight_bytes))

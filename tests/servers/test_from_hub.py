@@ -6,6 +6,8 @@ second front on the same port fails, naming the port and the deployment holding 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import requests
@@ -14,11 +16,16 @@ from helpers import (
     SENTENCES,
     eager_classifier_scores,
     free_port,
+    hub_cache,
     label_scores,
     reference_embeddings,
     run_cli,
+    standin_env,
+    standin_events,
+    standin_process,
     write_spec,
 )
+from optimum_exports import optimum_export
 
 pytestmark = pytest.mark.server
 
@@ -79,3 +86,58 @@ def test_a_hub_id_and_a_folder_served_in_one_command(
         np.testing.assert_allclose(np.asarray(got).reshape(1, -1), want, atol=1e-4)
     finally:
         run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=work)
+
+
+EXPORT_ID = "neuronserve-tests/tiny-embedder-neuronx"
+
+
+@pytest.mark.parametrize("engine", ["native", "triton"])
+def test_an_optimum_neuron_export_served_as_it_is(tmp_path, tiny_embedder_dir, monkeypatch, engine):
+    """A sentence-transformers model optimum-neuron exported (a Hub id, offline): served
+    on the host's NeuronCores without a compile, each call the export's one shape, its
+    answers the eager model's mean pooling, normalised unless the request says not."""
+    log, port = tmp_path / "standin.jsonl", free_port()
+    with standin_process(4, log=log):
+        export = optimum_export(
+            tmp_path / "export", tiny_embedder_dir, kind="sentence-transformers", batch=4
+        )
+    cache = hub_cache(tmp_path / "hf" / "hub", EXPORT_ID, export)
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "NEURONSERVE_ADMIN_KEY"},
+        **standin_env(4, log=log, devices=tmp_path / "devices"),
+        "NEURONSERVE_LEASE_DIR": str(tmp_path / "leases"),
+        # the cores a container is given: how the host says it serves neuronx (host_target)
+        "NEURON_RT_VISIBLE_CORES": "0-3",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HUB_CACHE": str(cache),
+        "NEURONSERVE_CACHE": str(tmp_path / "ns-cache"),
+    }
+    write_spec(tmp_path, engine=engine, front_port=port, front_run_dir="front", workers=2)
+    out = run_cli(
+        "serve", "front", "--model", EXPORT_ID, "--spec", "deploy.yaml", cwd=tmp_path, env=env
+    )
+    try:
+        assert "an optimum-neuron export compiled by neuronx-cc" in out.stdout, out.stdout
+        assert "served as it is" in out.stdout
+        url, texts = f"http://127.0.0.1:{port}", SENTENCES[:6]
+        raw = reference_embeddings(tiny_embedder_dir, texts, normalize=False)
+        got = requests.post(f"{url}/embed", json={"inputs": texts}, timeout=60)
+        assert got.status_code == 200, got.text
+        want = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+        np.testing.assert_allclose(np.array(got.json()), want, atol=1e-4)
+        got = requests.post(f"{url}/embed", json={"inputs": texts, "normalize": False}, timeout=60)
+        np.testing.assert_allclose(np.array(got.json()), raw, atol=1e-4)
+        openai = requests.post(
+            f"{url}/v1/embeddings", json={"input": texts[0], "model": "tiny-embedder-neuronx"},
+            timeout=60,
+        )  # fmt: skip
+        assert openai.status_code == 200, openai.text
+        np.testing.assert_allclose(openai.json()["data"][0]["embedding"], want[0], atol=1e-4)
+    finally:
+        run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=tmp_path, env=env)
+    # nothing traced after the export was made; every call the export's one shape
+    events = standin_events(log)
+    made = max(i for i, e in enumerate(events) if e["event"] == "trace")
+    assert not [e for e in events[made + 1 :] if e["event"] == "trace"]
+    shapes = {tuple(e["shapes"][0]) for e in events[made + 1 :] if e["event"] == "execute"}
+    assert shapes == {(4, 32)}

@@ -52,7 +52,10 @@ def _trace(
         if inline_weights_to_neff
         else sum(p.numel() * p.element_size() for p in func.parameters())
     )
-    module = compiled_module(graph, f"trace-{shapes(example)}", host_bytes)
+    with torch.no_grad():
+        answer = graph(*example)
+    outputs = len(answer) if isinstance(answer, (tuple, list)) else 1
+    module = compiled_module(graph, f"trace-{shapes(example)}", host_bytes, outputs)
     if not cpu_backend:
         # "When the underlying neuron::Model is initialized after tracing ... it is loaded
         # to a Neuron device": a trace without cpu_backend needs one
