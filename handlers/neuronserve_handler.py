@@ -67,6 +67,7 @@ class NeuronServeHandler(BaseHandler):
 
     def handle(self, data, context):
         """TorchServe's entry point: the batch's answers, in its order."""
+        from neuronserve.tracing import BatchStages
         from neuronserve.worker import batch_values, handler_values
 
         # Timed around everything, decoding and JSON encoding included; `neuronserve
@@ -74,14 +75,17 @@ class NeuronServeHandler(BaseHandler):
         # response has left (DeferredMetrics says why).
         t0 = time.perf_counter()
         served = {}
+        stages = BatchStages(len(data))
 
         def report(model, run):
             served[model] = run.requests
             self.metrics.add(batch_values(run, model))
+            stages.add(model, run.stages)
 
         requests, tensors = self._parse(data, context)
         results = self.worker.serve(requests, report, respond=False)
         out = self._answer(results, requests, tensors, context)
+        self._traced(context, len(data), stages)
         self.metrics.add(handler_values((time.perf_counter() - t0) * 1e3, served))
         return out
 
@@ -136,6 +140,15 @@ class NeuronServeHandler(BaseHandler):
             context.set_response_content_type(idx, content_type)
             out.append(result)
         return out
+
+    def _traced(self, context, requests, stages):
+        """The batch's stages, in a response header of each request the front traces
+        (the header it asks with)."""
+        from neuronserve.tracing import STAGES_HEADER, TRACE_HEADER
+
+        for idx in range(requests):
+            if _header(context, idx, TRACE_HEADER) == "1":
+                context.set_response_header(idx, STAGES_HEADER, orjson.dumps(stages.of()).decode())
 
     def _too_large(self, size):
         limits = self.worker.limits

@@ -4,8 +4,9 @@ the client's own (W3C `traceparent`), with a span for each stage a slow request 
 explained by: the front's guard and body read, parsing, the wait for the engine (joined
 with others or alone), the engine call, and on the native engine the worker's own
 stages (its queue, tokenizing and padding, each device call with its bucket, the
-answer), which the worker times and sends back with its answer; the front makes them
-spans of the call, so only the front's process exports anything.
+answer) on every engine, which the worker times and sends back with its answer (the
+native engine's answer frame, Triton's STAGES output, TorchServe's response header);
+the front makes them spans of the call, so only the front's process exports anything.
 
 Off unless `front.otlp_endpoint` is set: then nothing imports OpenTelemetry and each
 stage costs one attribute lookup. A worker records its stages on every batch (a few
@@ -28,6 +29,13 @@ if TYPE_CHECKING:
 
 # (name, start_ns, end_ns, attributes): a stage timed where it ran
 Stage = tuple[str, int, int, dict[str, Any]]
+# how the front asks an engine's worker for its stages: a Triton request parameter, a
+# TorchServe request header; the stages come back as Triton's STAGES output (one JSON
+# element) or TorchServe's response header
+TRACE_ASK = "neuronserve_trace"
+STAGES = "STAGES"
+TRACE_HEADER = "neuronserve-trace"
+STAGES_HEADER = "neuronserve-stages"
 
 _NAMESPACE = "neuronserve."
 PROTOCOLS = ("grpc", "http/protobuf")
@@ -154,6 +162,41 @@ class Tracing:
                 _NAMESPACE + name, start_time=start, attributes=_attributes(attributes)
             )
             span.end(end_time=end)
+
+
+class BatchStages:
+    """A worker's stages of one batch, for the requests of it that are traced: the batch
+    from its start until its answers are made, and each model's stages (RunReport's)."""
+
+    def __init__(self, requests: int) -> None:
+        self.start = time.time_ns()
+        self.requests = requests
+        self.runs: list[Stage] = []
+
+    def add(self, model: str, stages: list[Stage]) -> None:
+        self.runs.extend((n, a, b, {**attrs, "model": model}) for n, a, b, attrs in stages)
+
+    def of(self, arrived_ns: int | None = None) -> list[Stage]:
+        """One request's stages, ending now: its wait in the worker's own queue (where
+        the worker keeps one: `arrived_ns`), the batch's runs, the batch whole last."""
+        queue: list[Stage] = [("worker.queue", arrived_ns, self.start, {})] if arrived_ns else []
+        whole = ("batch", self.start, time.time_ns(), {"requests": self.requests})
+        return [*queue, *self.runs, whole]
+
+
+def parse_stages(given: Any, **attributes: Any) -> list[Stage]:
+    """A worker's stages as its answer carries them, `[name, start_ns, end_ns, attrs]`
+    each (JSON), with `attributes` added; what is not of that shape is left out (a trace
+    is never worth a request)."""
+    out: list[Stage] = []
+    for s in given if isinstance(given, list) else ():
+        if not isinstance(s, (list, tuple)) or len(s) != 4:
+            continue
+        name, start, end, attrs = s
+        typed = isinstance(start, int) and isinstance(end, int) and isinstance(attrs, dict)
+        if isinstance(name, str) and typed:
+            out.append((name, start, end, {**attrs, **attributes}))
+    return out
 
 
 def settings(

@@ -30,6 +30,7 @@ import os
 import sys
 import time
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import triton_python_backend_utils as pb_utils
 
@@ -85,6 +86,18 @@ def restore_pythonpath() -> None:
             sys.path.insert(0, path)
 
 
+@dataclass
+class _Batch:
+    """A batch `execute` took: each request's (model, TaskRequest or its error), whether
+    the front traces it, the batch's stages, when it began, and requests served per model."""
+
+    parsed: list
+    traced: list
+    stages: object
+    t0: float
+    served: dict
+
+
 class TritonPythonModel:
     def initialize(self, args):
         restore_pythonpath()
@@ -120,14 +133,18 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"neuronserve: {self.instance_name} {self.worker.describe()}")
 
     def execute(self, requests):
+        from neuronserve.tracing import TRACE_ASK, BatchStages
         from neuronserve.worker import RequestError
 
         t0 = time.perf_counter()
-        parsed = []
+        parsed, traced = [], []
         for request in requests:
             model = None
+            traced.append(False)
             try:
                 params = _parameters(request)
+                # the front traces this request: the batch's stages go back as STAGES
+                traced[-1] = params.pop(TRACE_ASK, False) is True
                 model = params.pop(self.model_parameter, None)
                 if model is not None and not isinstance(model, str):
                     raise RequestError(f'"{self.model_parameter}" must be a model name')
@@ -135,10 +152,12 @@ class TritonPythonModel:
             except RequestError as e:
                 parsed.append((None, e))
         served = {}
+        stages = BatchStages(len(requests))
 
         def report(model, run):
             served[model] = run.requests
             self._metrics.record(model, run)
+            stages.add(model, run.stages)
 
         if self.wait:
             started = Future()
@@ -148,28 +167,34 @@ class TritonPythonModel:
                 started.set_exception(e)
         else:
             started = self.worker.start(parsed, report, respond=False)
+        batch = _Batch(parsed, traced, stages, t0, served)
         if started.done():  # served on this thread (CPU, or one batch at a time)
-            return self._responses(parsed, started, t0, served)
+            return self._responses(batch, started)
         # a pipelined target: the batch runs on, and this instance takes the next one
         senders = [r.get_response_sender() for r in requests]
-        started.add_done_callback(lambda f: self._send(senders, parsed, f, t0, served))
+        started.add_done_callback(lambda f: self._send(senders, batch, f))
         return None
 
-    def _responses(self, parsed, started, t0, served):
-        """One response per request: its tensors, or its error."""
+    def _responses(self, batch, started):
+        """One response per request: its tensors (and, when the front traces it, the
+        batch's stages as STAGES), or its error."""
+        from neuronserve.tracing import STAGES
         from neuronserve.worker import RequestError, internal_error
 
         try:
             results = started.result()
         except Exception:  # noqa: BLE001 - every request of the batch gets its 500
             pb_utils.Logger.log_error(f"neuronserve: {self.instance_name} failed a batch")
-            results = [internal_error("serving the batch")] * len(parsed)
+            results = [internal_error("serving the batch")] * len(batch.parsed)
         responses = []
-        for (model, request), result in zip(parsed, results, strict=True):
+        zipped = zip(batch.parsed, results, batch.traced, strict=True)
+        for (model, request), result, trace in zipped:
             try:
                 if isinstance(result, RequestError):
                     raise result
                 tensors = self.worker.tensors(model, result, request)
+                if trace:
+                    tensors[STAGES] = _stages_tensor(batch.stages.of(), len(request.texts))
                 outputs = [pb_utils.Tensor(name, arr) for name, arr in tensors.items()]
                 responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
             except Exception as e:  # noqa: BLE001 - this request fails, the others do not
@@ -177,10 +202,10 @@ class TritonPythonModel:
                 responses.append(
                     pb_utils.InferenceResponse(output_tensors=[], error=triton_error(error))
                 )
-        self._metrics.handled((time.perf_counter() - t0) * 1e3, served)
+        self._metrics.handled((time.perf_counter() - batch.t0) * 1e3, batch.served)
         return responses
 
-    def _send(self, senders, parsed, started, t0, served):
+    def _send(self, senders, batch, started):
         """A batch answered after `execute` returned: each request's one response and
         the final flag, through its response sender (a non-decoupled model may answer
         so; Triton releases the request when `execute` returns and keeps its response
@@ -189,7 +214,7 @@ class TritonPythonModel:
 
         final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         try:
-            responses = self._responses(parsed, started, t0, served)
+            responses = self._responses(batch, started)
         except Exception:  # noqa: BLE001 - no request may be left without its answer
             error = triton_error(internal_error("answering the batch"))
             responses = [pb_utils.InferenceResponse(output_tensors=[], error=error)] * len(senders)
@@ -266,6 +291,15 @@ def _parameters(request) -> dict:
         raise RequestError("request parameters are not valid JSON") from None
     params = params if isinstance(params, dict) else {}
     return {k: v for k, v in params.items() if k not in TRITON_RESERVED}
+
+
+def _stages_tensor(stages, rows: int):
+    """The stages as STAGES: one JSON element in the first row (the output has a row
+    per text, as every output of a batched model)."""
+    import numpy as np
+
+    column = [json.dumps(stages).encode()] + [b""] * (rows - 1)
+    return np.array([[v] for v in column], dtype=object)
 
 
 def _images(tensor) -> list[bytes]:

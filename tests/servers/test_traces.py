@@ -1,4 +1,4 @@
-"""Traces over OTLP, as an operator collects them: `serve front` on the native engine with
+"""Traces over OTLP, as an operator collects them: `serve front` on each engine with
 `front.otlp_endpoint` pointed at an OTLP/gRPC receiver, or OpenTelemetry's own variables
 at an OTLP/HTTP one (OpenTelemetry's protocol definitions, served by grpcio or
 http.server in this test, standing where a collector would). A request
@@ -70,21 +70,27 @@ def _http_receiver(found: Receiver, port: int) -> http.server.ThreadingHTTPServe
     return server
 
 
-@pytest.fixture(params=["grpc", "http/protobuf"])
+# the engine, and the protocol its traces travel over (each protocol once is enough)
+CASES = [("native", "grpc"), ("native", "http/protobuf"), ("triton", "grpc"),
+         ("torchserve", "http/protobuf")]  # fmt: skip
+
+
+@pytest.fixture(params=CASES, ids=[f"{e}-{p}" for e, p in CASES])
 def receiver(request):
-    """A receiver of the protocol; gRPC is named in the spec, HTTP by OpenTelemetry's own
-    variables (the general endpoint, a base URL, and the protocol)."""
+    """The engine, and a receiver of the protocol; gRPC is named in the spec, HTTP by
+    OpenTelemetry's own variables (the general endpoint, a base URL, and the protocol)."""
+    engine, protocol = request.param
     port, found = free_port(), Receiver()
-    if request.param == "grpc":
+    if protocol == "grpc":
         server = grpc.server(futures.ThreadPoolExecutor(2))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(found, server)
         server.add_insecure_port(f"127.0.0.1:{port}")
         server.start()
-        yield found, request.param, f"http://127.0.0.1:{port}"
+        yield engine, found, protocol, f"http://127.0.0.1:{port}"
         server.stop(0)
     else:
         web = _http_receiver(found, port)
-        yield found, request.param, f"http://127.0.0.1:{port}"
+        yield engine, found, protocol, f"http://127.0.0.1:{port}"
         web.shutdown()
 
 
@@ -96,10 +102,10 @@ def _attributes(span) -> dict:
     return out
 
 
-def test_a_request_on_the_native_engine_is_one_trace_down_to_the_device(
+def test_a_request_is_one_trace_down_to_the_device_on_every_engine(
     tmp_path, tiny_artifact, receiver
 ):
-    found, protocol, endpoint = receiver
+    engine, found, protocol, endpoint = receiver
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     front = {"otlp_endpoint": endpoint, "otlp_service_name": "embeddings-test"}
@@ -112,7 +118,7 @@ def test_a_request_on_the_native_engine_is_one_trace_down_to_the_device(
         front, endpoint = {}, f"{endpoint}/v1/traces"
     write_spec(
         tmp_path,
-        engine="native",
+        engine=engine,
         front_port=port,
         front_run_dir="front",
         workers=1,
@@ -143,8 +149,10 @@ def test_a_request_on_the_native_engine_is_one_trace_down_to_the_device(
     assert root.parent_span_id.hex() == "b7ad6b7169203331"  # the client's own span
     assert _attributes(root)["http.response.status_code"] == 200
     call = by_name["neuronserve.engine.call"]
-    assert _attributes(call)["neuronserve.engine"] == "native"
-    for stage in ("worker.queue", "tokenize", "pad", "device", "batch"):
+    assert _attributes(call)["neuronserve.engine"] == engine
+    # the worker's queue is the native engine's own; Triton and TorchServe queue in theirs
+    queue = ("worker.queue",) if engine == "native" else ()
+    for stage in (*queue, "tokenize", "pad", "device", "batch"):
         span = by_name[f"neuronserve.{stage}"]
         assert span.parent_span_id == call.span_id, stage
         # the worker's clock is the host's: its stages lie inside the call

@@ -17,10 +17,9 @@ from opentelemetry.trace import SpanKind
 from test_front_coalescing import Recording
 from test_native_wire import POLICY, FakeWorker, Peer, _serving
 
-from neuronserve.engines.native.client import worker_stages
 from neuronserve.engines.native.wire import frame
 from neuronserve.execution import RunReport
-from neuronserve.tracing import TRACING, Tracing, TracingUnavailable, settings
+from neuronserve.tracing import TRACING, Tracing, TracingUnavailable, parse_stages, settings
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
@@ -147,7 +146,7 @@ def test_a_native_worker_sends_its_stages_with_a_traced_answer_only(tmp_path):
 
     traced, plain = asyncio.run(run(body))
     assert "stages" not in plain
-    stages = worker_stages(traced["stages"], 3)
+    stages = parse_stages(traced["stages"], worker=3)
     names = [s[0] for s in stages]
     assert names == ["worker.queue", "tokenize", "device", "batch"]
     queue, batch = stages[0], stages[-1]
@@ -159,8 +158,8 @@ def test_a_native_worker_sends_its_stages_with_a_traced_answer_only(tmp_path):
 def test_what_is_not_a_stage_is_left_out():
     good = ["tokenize", 1, 2, {}]
     given = [good, ["x", "1", 2, {}], ["y", 1, 2], "z", [3, 1, 2, {}], ["w", 1, 2, []]]
-    assert worker_stages(given, 0) == [("tokenize", 1, 2, {"worker": 0})]
-    assert worker_stages({"not": "a list"}, 0) == []
+    assert parse_stages(given, worker=0) == [("tokenize", 1, 2, {"worker": 0})]
+    assert parse_stages({"not": "a list"}, worker=0) == []
 
 
 def test_an_endpoint_without_opentelemetry_says_what_to_install(monkeypatch):

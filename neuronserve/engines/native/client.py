@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from ... import metrics, tensors
 from ...tasks import RequestError
-from ...tracing import TRACING, Stage
+from ...tracing import TRACING, parse_stages
 from ...worker import MODEL_PARAMETER
 from ..client import EngineClient, EngineUnavailable, WorkerCounts, WorkerDied, once_more
 from .process import ready, states
@@ -159,7 +159,7 @@ class NativeClient(EngineClient):
             rid = next(self._ids)
             answer, raw = await link.ask(rid, frame({**head, "id": rid}, body))
             if "stages" in answer:
-                TRACING.stages(worker_stages(answer["stages"], link.index))
+                TRACING.stages(parse_stages(answer["stages"], worker=link.index))
             if answer.get("status") != 200:
                 raise RequestError(
                     str(answer.get("error", "")), int(answer.get("status", 500)), answer.get("kind")
@@ -196,20 +196,6 @@ class NativeClient(EngineClient):
         for link in self._links:
             if link.writer is not None:
                 link.writer.close()
-
-
-def worker_stages(given: Any, index: int) -> list[Stage]:
-    """A worker's stages as its answer carries them, `[name, start_ns, end_ns, attrs]`
-    each; what is not of that shape is left out (a trace is never worth a request)."""
-    out: list[Stage] = []
-    for s in given if isinstance(given, list) else ():
-        if not isinstance(s, list) or len(s) != 4:
-            continue
-        name, start, end, attributes = s
-        typed = isinstance(start, int) and isinstance(end, int) and isinstance(attributes, dict)
-        if isinstance(name, str) and typed:
-            out.append((name, start, end, {**attributes, "worker": index}))
-    return out
 
 
 class _Series:

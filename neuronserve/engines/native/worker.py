@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import RequestError, internal_error
+from ...tracing import BatchStages
 from .wire import MAX_REQUEST_BYTES, FrameError, frame, reachable, read_frame
 
 if TYPE_CHECKING:
@@ -239,11 +240,11 @@ class Served:
         from ...metrics import batch_values
 
         metrics: list[Any] = []
-        stages: list[Stage] = [("batch", time.time_ns(), 0, {"requests": len(batch)})]
+        stages = BatchStages(len(batch))
 
         def report(model: str, run: Any) -> None:  # each model's part, before the answers
             metrics.extend([m.name, v, labels] for m, v, labels in batch_values(run, model))
-            stages.extend((n, a, b, {**attrs, "model": model}) for n, a, b, attrs in run.stages)
+            stages.add(model, run.stages)
 
         try:
             started = self.worker.start([(w.model, w.request) for w in batch], report, False)
@@ -260,7 +261,7 @@ class Served:
         batch: list[Waiting],
         number: int,
         metrics: list[Any],
-        stages: list[Stage],
+        stages: BatchStages,
     ) -> None:
         """A batch's results (on the thread that finished it): each request's answer
         frame, made here, sent by the event loop."""
@@ -278,7 +279,7 @@ class Served:
         results: list[Any],
         metrics: list[Any],
         began: float | None = None,
-        stages: list[Stage] | None = None,
+        stages: BatchStages | None = None,
     ) -> list[bytes]:
         """Each request's answer frame, then the batch's metrics (neuronserve.metrics) for
         the front, which keeps the engine's series, on the first request's connection:
@@ -288,11 +289,8 @@ class Served:
         the batch's (tokenizing, padding, each device call), the batch whole last."""
         from ...metrics import MODEL_LABEL, REQUESTS, handler_values
 
-        if stages and any(w.traced for w in batch):
-            name, start, _, attrs = stages[0]
-            stages[0] = (name, start, time.time_ns(), attrs)  # the batch, until now
         frames = [
-            self._answer_frame(w, r, _stages_of(w, stages) if w.traced else None)
+            self._answer_frame(w, r, stages.of(w.arrived_ns) if stages and w.traced else None)
             for w, r in zip(batch, results, strict=True)
         ]
         if began is not None:
@@ -332,13 +330,6 @@ class Served:
         for data in frames[len(batch) :]:  # the metrics
             batch[0].connection.send(data)
         self.wake.set()
-
-
-def _stages_of(waiting: Waiting, stages: list[Stage] | None) -> list[Stage]:
-    """A traced request's stages: its wait in the worker's queue, then its batch's."""
-    if not stages:
-        return []
-    return [("worker.queue", waiting.arrived_ns, stages[0][1], {}), *stages[1:], stages[0]]
 
 
 def _request(task: Task, head: dict[str, Any], body: bytes) -> TaskRequest:

@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 
 from ... import tensors
+from ...tracing import STAGES_HEADER, TRACE_HEADER, TRACING, Stage, parse_stages
 from ...worker import ANSWER_HEADER, ANSWER_TENSORS, MODEL_HEADER
 from ..client import (
     PLAIN,
@@ -40,6 +41,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("neuronserve.front")
 
 _DIED = (b"Worker died",)
+# the response headers an answer is read with: its tensors' header length, and a traced
+# request's worker stages
+_KEPT_HEADERS = (tensors.HEADER_LENGTH, STAGES_HEADER)
+# (status, body, the kept response headers)
+Answer = tuple[int, bytes, dict[str, str] | None]
 # how long a request may wait unanswered after a worker died before it is sent again
 HEDGE_AFTER_DEATH_S = 5.0
 
@@ -97,10 +103,16 @@ class TorchServeClient(EngineClient):
             MODEL_HEADER: model.worker_name,
             ANSWER_HEADER: ANSWER_TENSORS,
         }
+        if TRACING.recording():  # the worker's stages come back in a response header
+            headers[TRACE_HEADER] = "1"
         what = f"a request to {model.worker_name}"
-        status, data, head = await self._send(body, headers, what)
+        status, data, kept = await self._send(body, headers, what)
         if status != 200:
             raise engine_error(status, data)
+        kept = kept or {}
+        if STAGES_HEADER in kept:
+            TRACING.stages(_stages(kept[STAGES_HEADER]))
+        head = kept.get(tensors.HEADER_LENGTH)
         codec = tensors.of(task.name)
         m = model.manifest
         name = codec.output_for(params) or tensors.first_output(task.name, m.output_dim, m.labels)
@@ -110,9 +122,7 @@ class TorchServeClient(EngineClient):
         request.tokens = tensors.token_counts(found.get(tensors.TOKENS))
         return codec.decode(found[name], model.task_info)
 
-    async def _send(
-        self, body: bytes, headers: dict[str, str], what: str
-    ) -> tuple[int, bytes, str | None]:
+    async def _send(self, body: bytes, headers: dict[str, str], what: str) -> Answer:
         """The answer to one request, sent once more if its worker died (once_more); and
         once more still, the first answer taken, if a worker died after it was sent and
         it is unanswered HEDGE_AFTER_DEATH_S later: TorchServe may keep a job it had
@@ -139,17 +149,17 @@ class TorchServeClient(EngineClient):
                 if not task.done():
                     task.cancel()
 
-    async def _post(self, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, str | None]:
+    async def _post(self, body: bytes, headers: dict[str, str]) -> Answer:
         try:
             async with self._session.post(self._predict_url, data=body, headers=headers) as r:
                 status, data = r.status, await r.read()
-                head = r.headers.get(tensors.HEADER_LENGTH)
+                kept = {k: r.headers[k] for k in _KEPT_HEADERS if k in r.headers}
         except (aiohttp.ClientError, OSError) as e:
             raise EngineUnavailable(f"TorchServe did not answer: {e}") from None
         if status in (500, 507) and any(m in data for m in _DIED):
             self._died_at = time.monotonic()
             raise WorkerDied(f"TorchServe's worker died: {data[:200]!r}")
-        return status, data, head
+        return status, data, kept
 
     async def health(self) -> WorkerCounts:
         try:
@@ -166,3 +176,11 @@ class TorchServeClient(EngineClient):
 
     async def close(self) -> None:
         await self._session.close()
+
+
+def _stages(header: str) -> list[Stage]:
+    """The worker's stages from its response header (JSON)."""
+    try:
+        return parse_stages(orjson.loads(header), engine="torchserve")
+    except orjson.JSONDecodeError:
+        return []

@@ -7,6 +7,7 @@ dead stub is still handed batches)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +18,8 @@ import numpy as np
 
 from ... import tensors
 from ...tasks import RequestError
+from ...tensors import TOKENS
+from ...tracing import STAGES, TRACE_ASK, TRACING, Stage, parse_stages
 from ...worker import MODEL_PARAMETER
 from ..client import (
     PLAIN,
@@ -118,8 +121,12 @@ class TritonClient(EngineClient):
             task.name, m.output_dim, m.labels
         )
         outputs = [output]
-        if codec.counts_tokens and model.tokenizer is not None and await self._declares_tokens():
-            outputs.append(tensors.TOKENS)
+        if codec.counts_tokens and model.tokenizer is not None and await self._declares(TOKENS):
+            outputs.append(TOKENS)
+        if TRACING.recording() and await self._declares(STAGES):
+            # the instance's stages (tokenizing, padding, each device call) come back
+            outputs.append(STAGES)
+            params[TRACE_ASK] = True
         calls = [
             self._infer(task.name, [texts[i] for i in piece], params, outputs) for piece in pieces
         ]
@@ -134,9 +141,11 @@ class TritonClient(EngineClient):
         for piece, part in zip(pieces, parts, strict=True):
             if isinstance(part, BaseException):
                 raise part
+            if STAGES in part:
+                TRACING.stages(_stages(part[STAGES]))
             for i, result in zip(piece, codec.decode(part[output], model.task_info), strict=True):
                 results[i] = result
-            counts = tensors.token_counts(part.get(tensors.TOKENS))
+            counts = tensors.token_counts(part.get(TOKENS))
             if counts is None or tokens is None:
                 tokens = None
             else:
@@ -147,9 +156,10 @@ class TritonClient(EngineClient):
         rows = isinstance(results[0], np.ndarray) and results[0].ndim == 1
         return np.stack(results) if rows else results
 
-    async def _declares_tokens(self) -> bool:
-        """Whether the Triton model answers TOKENS (a repository packaged before it did
-        does not: the front counts the tokens itself), asked once."""
+    async def _declares(self, output: str) -> bool:
+        """Whether the Triton model declares `output` (a repository packaged before it
+        did does not: the front counts the tokens itself, and traces no instance), its
+        metadata asked once."""
         if self._outputs is None:
             try:
                 async with self._aux.get(self._model_url, headers=self._headers) as resp:
@@ -159,7 +169,7 @@ class TritonClient(EngineClient):
             except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
                 return False
             self._outputs = {o.get("name") for o in meta.get("outputs", [])}
-        return tensors.TOKENS in self._outputs
+        return output in self._outputs
 
     async def _infer(
         self, task: str, texts: list, params: dict[str, Any], outputs: list[str]
@@ -235,3 +245,11 @@ class TritonClient(EngineClient):
     async def close(self) -> None:
         await self._infer_session.close()
         await self._aux.close()
+
+
+def _stages(tensor: np.ndarray) -> list[Stage]:
+    """An instance's stages from its STAGES output (JSON in its first element)."""
+    try:
+        return parse_stages(json.loads(tensor.reshape(-1)[0]), engine="triton")
+    except (ValueError, IndexError, TypeError):
+        return []
