@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Short requests: all-MiniLM-L6-v2 compiled with the defaults (precision auto), served by
-# TorchServe and by Triton, each asked directly and through the front, next to a peer
+# TorchServe and by Triton, each asked directly and through the front, and through the
+# front on the native engine (which has no API of its own), next to a peer
 # (infinity-emb's optimum engine, ONNX Runtime) and the offline reference (the artifact's
 # own OpenVINO model in process, batches of 32). Batch-1 requests of exactly 8, 16 and
 # 128 tokens; every HTTP point driven by wrk (one thread; its CPU share reported), Triton's
@@ -67,8 +68,9 @@ fi
 
 for i in $(seq 1 "$RUNS"); do
   rm -rf "$OUT/run$i"
-  $NS bench --title "Short requests: TorchServe and Triton, directly and through the front, run $i" \
-    -e "torchserve=front:$ART" -e "triton=front-triton:$ART" "${PEERS[@]}" \
+  $NS bench --title "Short requests: TorchServe and Triton, directly and through the front; the front on native, run $i" \
+    -e "torchserve=front:$ART" -e "triton=front-triton:$ART" -e "native=front-native:$ART" \
+    "${PEERS[@]}" \
     --generator wrk --sequence-lengths 8,16,128 --concurrency 1,32 \
     --warmup 2 --duration 4 --server-warmup 20 --out "$OUT/run$i"
   .venv/bin/python scripts/offline_reference.py "$ART" --sequence-lengths 8,16,128 \

@@ -25,6 +25,8 @@ ENDPOINTS = {
     "Triton gRPC": "triton/throughput triton-grpc direct",
     "front on Triton, /embed": "triton/throughput /embed",
     "front on Triton, /v1/embeddings": "triton/throughput /v1/embeddings",
+    "front on native, /embed": "native/throughput /embed",
+    "front on native, /v1/embeddings": "native/throughput /v1/embeddings",
     "infinity-emb 0.0.78, optimum (ONNX Runtime)": "infinity-optimum",
 }
 ENGINES = ("TorchServe", "Triton HTTP", "Triton gRPC")
@@ -105,6 +107,18 @@ def ratio_table(data: Runs, seqs: list[int]) -> list[str]:
 
     cells = column(data, seqs, over_offline)
     rows["best engine / offline reference"] = cells
+    # the native engine has no API of its own: its front is set against Triton's front
+    # and against the offline reference
+    native = "front on native, /embed"
+    rows[f"{native} / front on Triton, /embed"] = ratio_cells(
+        data, seqs, native, "front on Triton, /embed"
+    )
+
+    def native_over_offline(points: list[dict[str, Any]], offline: dict[str, Any], s: int):
+        b = best(points, ENDPOINTS[native], s)
+        return b["req_per_s"] / offline[str(s)]["texts_per_s"] if b and str(s) in offline else None
+
+    rows[f"{native} / offline reference"] = column(data, seqs, native_over_offline)
     return [*out, *(f"| {k} | " + " | ".join(v) + " |" for k, v in rows.items()), ""]
 
 

@@ -17,8 +17,9 @@ on the host as its Pooling module says, so `normalize: false` is answered as for
 compiled artifact) or `logits`.
 
 optimum-neuron refuses a module compiled by a newer compiler than the one installed
-(`check_compiler_compatibility`): so does this. A module for another target or a newer
-compiler can be compiled again from its source model (`--recompile`).
+(`check_compiler_compatibility`): so does this, and one of another major version. A
+module for another target or compiler can be compiled again from its source model
+(`--recompile`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +41,9 @@ from ..tasks.sentence_transformers import read_modules
 from .errors import CompileError
 from .job import CompileJob
 from .saved import save_tokenizer, versions
+
+if TYPE_CHECKING:
+    from packaging.version import Version
 
 NEURON_FILE = "model.neuron"
 # optimum-neuron's compiler_type -> the target that runs what it compiled
@@ -164,20 +168,27 @@ def check_runs_here(export: OptimumExport, target: str) -> None:
             f"it on an {HOSTS[export.target]} host, or {recompile}"
         )
     installed = _installed_compiler(target)
-    if installed and _newer(export.compiler_version, installed):
+    if installed is None:
+        return
+    made, here = _version(export.compiler_version), _version(installed)
+    if made is None or here is None:
+        return
+    if made.major != here.major or made > here:
+        which = "another major version than" if made.major != here.major else "newer than"
         raise CompileError(
             f"{export.folder} was compiled by {export.compiler} {export.compiler_version}, "
-            f"newer than this host's {installed}: upgrade the Neuron SDK, or {recompile}"
+            f"{which} this host's {installed}: install the Neuron SDK it was compiled "
+            f"with, or {recompile}"
         )
 
 
-def _newer(version: str, than: str) -> bool:
+def _version(text: str) -> Version | None:
     from packaging.version import InvalidVersion, Version
 
     try:
-        return Version(version.split("+")[0]) > Version(than.split("+")[0])
+        return Version(text.split("+")[0])
     except InvalidVersion:
-        return False
+        return None
 
 
 class _Headless(torch.nn.Module):

@@ -6,6 +6,7 @@ NeuronCore, which needs the device), and answering what the eager model answers.
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -127,8 +128,13 @@ def test_an_export_for_another_target_or_a_newer_compiler_says_what_to_do(
         assert "serve it on an Inf2/Trn1 host" in said and "--recompile" in said
         assert HUB_TEST_ID in said
         monkeypatch.setenv("NEURON_STANDIN_NEURONXCC", "2.17.5.0")
-        with pytest.raises(CompileError, match=r"newer than this host's 2\.17\.5\.0: upgrade"):
+        with pytest.raises(CompileError, match=r"newer than this host's 2\.17\.5\.0: install"):
             imported(tmp_path, export)
+        monkeypatch.setenv("NEURON_STANDIN_NEURONXCC", "3.0.1.0")
+        monkeypatch.delitem(sys.modules, "neuronxcc")  # a host with another SDK
+        with pytest.raises(CompileError, match=r"another major version than this host's 3\.0"):
+            imported(tmp_path, export)
+        monkeypatch.setenv("NEURON_STANDIN_NEURONXCC", "2.19.0.0")
         inf1 = optimum_export(tmp_path / "inf1", tiny_embedder_dir, compiler="neuron-cc")
         with pytest.raises(CompileError, match=r"for Inf1 .* serve it on an Inf1 host"):
             imported(tmp_path, inf1)
