@@ -67,8 +67,7 @@ class NeuronServeHandler(BaseHandler):
 
     def handle(self, data, context):
         """TorchServe's entry point: the batch's answers, in its order."""
-        from neuronserve.tracing import BatchStages
-        from neuronserve.worker import batch_values, handler_values
+        from neuronserve.worker import BatchStages, batch_values, handler_values
 
         # Timed around everything, decoding and JSON encoding included; `neuronserve
         # bench` divides it by the request count. The metrics are written after the
@@ -144,7 +143,7 @@ class NeuronServeHandler(BaseHandler):
     def _traced(self, context, requests, stages):
         """The batch's stages, in a response header of each request the front traces
         (the header it asks with)."""
-        from neuronserve.tracing import STAGES_HEADER, TRACE_HEADER
+        from neuronserve.worker import STAGES_HEADER, TRACE_HEADER
 
         for idx in range(requests):
             if _header(context, idx, TRACE_HEADER) == "1":

@@ -438,6 +438,11 @@ _FOR_ADAPTERS = {
     "handler_values": "neuronserve.metrics",
     "HEADER_LENGTH": "neuronserve.tensors",
     "pack": "neuronserve.tensors",
+    "BatchStages": "neuronserve.tracing",
+    "STAGES": "neuronserve.tracing",
+    "STAGES_HEADER": "neuronserve.tracing",
+    "TRACE_ASK": "neuronserve.tracing",
+    "TRACE_HEADER": "neuronserve.tracing",
 }
 
 

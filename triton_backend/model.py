@@ -30,7 +30,6 @@ import os
 import sys
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import triton_python_backend_utils as pb_utils
 
@@ -86,16 +85,15 @@ def restore_pythonpath() -> None:
             sys.path.insert(0, path)
 
 
-@dataclass
 class _Batch:
     """A batch `execute` took: each request's (model, TaskRequest or its error), whether
-    the front traces it, the batch's stages, when it began, and requests served per model."""
+    the front traces it, the batch's stages, when it began, and requests served per model.
+    (A plain class: Triton's stub loads this file under a name of its own, which a
+    dataclass's annotations cannot be resolved in.)"""
 
-    parsed: list
-    traced: list
-    stages: object
-    t0: float
-    served: dict
+    def __init__(self, parsed, traced, stages, t0, served):
+        self.parsed, self.traced, self.stages = parsed, traced, stages
+        self.t0, self.served = t0, served
 
 
 class TritonPythonModel:
@@ -133,8 +131,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"neuronserve: {self.instance_name} {self.worker.describe()}")
 
     def execute(self, requests):
-        from neuronserve.tracing import TRACE_ASK, BatchStages
-        from neuronserve.worker import RequestError
+        from neuronserve.worker import TRACE_ASK, BatchStages, RequestError
 
         t0 = time.perf_counter()
         parsed, traced = [], []
@@ -178,8 +175,7 @@ class TritonPythonModel:
     def _responses(self, batch, started):
         """One response per request: its tensors (and, when the front traces it, the
         batch's stages as STAGES), or its error."""
-        from neuronserve.tracing import STAGES
-        from neuronserve.worker import RequestError, internal_error
+        from neuronserve.worker import STAGES, RequestError, internal_error
 
         try:
             results = started.result()

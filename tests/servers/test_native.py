@@ -76,6 +76,10 @@ def front(tmp_path_factory, tiny_artifact):
     ], "a process of the deployment outlived its stop"
 
 
+def _pid(front: NativeFront, index: int) -> int | None:
+    return {w["index"]: w["pid"] for w in front.states()}.get(index)
+
+
 def _ready(front: NativeFront) -> bool:
     states = front.states()
     return len(states) == 2 and all(w["state"] == "ready" for w in states)
@@ -150,7 +154,8 @@ def test_a_worker_killed_under_load_is_replaced_alone_and_no_request_fails(front
         os.kill(before[0], signal.SIGKILL)
         wait_for(lambda: front.health()["workers_ready"] == 1, 10, 0.05, "the front to see it")
         assert front.health()["status"] == "degraded"
-        wait_for(lambda: _ready(front), 60, what="the replacement ready")
+        # the supervisor's own word: a new process at index 0, ready
+        wait_for(lambda: _ready(front) and _pid(front, 0) != before[0], 60, what="a replacement")
         replaced = {w["index"]: w for w in front.states()}
         n = len(statuses)
         wait_for(lambda: len(statuses) > n + 20, 30, what="load on the replacement")

@@ -158,6 +158,8 @@ def test_a_request_is_one_trace_down_to_the_device_on_every_engine(
         # the worker's clock is the host's: its stages lie inside the call
         assert call.start_time_unix_nano <= span.start_time_unix_nano
         assert span.end_time_unix_nano <= call.end_time_unix_nano, stage
-    device = _attributes(by_name["neuronserve.device"])
-    assert device["neuronserve.rows"] == 2 and "x" in device["neuronserve.bucket"]
+    # the two rows in one device call or two, as the artifact's bucket times make cheapest
+    devices = [_attributes(s) for _, s in spans if s.name == "neuronserve.device"]
+    assert sum(d["neuronserve.rows"] for d in devices) == 2
+    assert all("x" in d["neuronserve.bucket"] for d in devices)
     assert _attributes(by_name["neuronserve.tokenize"])["neuronserve.texts"] == 2

@@ -95,8 +95,9 @@ def test_two_embedders_of_other_widths_share_a_variable_output(tmp_path, tiny_ar
         o.name: list(o.dims)
         for o in model_config(spec(tmp_path, tiny_artifact, wider), packaged).output
     }
-    # (every token's vector travels as bytes, one element per text, whatever the width)
-    assert outputs == {"EMBEDDING": [-1], "TOKEN_EMBEDDINGS": [1], "TOKENS": [1]}
+    # (every token's vector travels as bytes, one element per text, whatever the width;
+    # STAGES: a traced request's worker stages, every model's)
+    assert outputs == {"EMBEDDING": [-1], "TOKEN_EMBEDDINGS": [1], "TOKENS": [1], "STAGES": [1]}
 
 
 def test_two_models_of_one_name_and_two_targets_are_refused(

@@ -120,13 +120,7 @@ class TritonClient(EngineClient):
         output = codec.output_for(request.parameters) or tensors.first_output(
             task.name, m.output_dim, m.labels
         )
-        outputs = [output]
-        if codec.counts_tokens and model.tokenizer is not None and await self._declares(TOKENS):
-            outputs.append(TOKENS)
-        if TRACING.recording() and await self._declares(STAGES):
-            # the instance's stages (tokenizing, padding, each device call) come back
-            outputs.append(STAGES)
-            params[TRACE_ASK] = True
+        outputs = [output, *await self._extra_outputs(model, codec, params)]
         calls = [
             self._infer(task.name, [texts[i] for i in piece], params, outputs) for piece in pieces
         ]
@@ -155,6 +149,20 @@ class TritonClient(EngineClient):
         # rows (a vector per text) stack; per-token results (a matrix per text) cannot
         rows = isinstance(results[0], np.ndarray) and results[0].ndim == 1
         return np.stack(results) if rows else results
+
+    async def _extra_outputs(
+        self, model: ServedModel, codec: tensors.TaskTensors, params: dict[str, Any]
+    ) -> list[str]:
+        """What a request asks for beside its results, where the model declares it: each
+        text's token count (OpenAI's usage), and a traced request's instance stages
+        (tokenizing, padding, each device call), asked for with a parameter."""
+        extra = []
+        if codec.counts_tokens and model.tokenizer is not None and await self._declares(TOKENS):
+            extra.append(TOKENS)
+        if TRACING.recording() and await self._declares(STAGES):
+            extra.append(STAGES)
+            params[TRACE_ASK] = True
+        return extra
 
     async def _declares(self, output: str) -> bool:
         """Whether the Triton model declares `output` (a repository packaged before it
