@@ -125,7 +125,7 @@ def ratio_table(data: Runs, seqs: list[int]) -> list[str]:
 def lone_table(data: Runs, seqs: list[int]) -> list[str]:
     out = ["### A lone request (one client): p50 ms; beyond the model's own time", ""]
     out += header(seqs)
-    for engine in ENGINES:
+    for engine in (*ENGINES, "front on native, /embed"):
         cells = []
         for s in seqs:
             rows = [r for points, _ in data if (r := lone(points, ENDPOINTS[engine], s))]
