@@ -409,6 +409,13 @@ class NeuronModel(torch.nn.Module):
     def forward(
         self, a: torch.Tensor, b: torch.Tensor | None = None, c: torch.Tensor | None = None
     ) -> torch.Tensor:
+        return torch.ops.neuron_standin.execute(
+            self.handle, self._inputs(a, b, c), self.host_weight_bytes
+        )
+
+    def _inputs(
+        self, a: torch.Tensor, b: torch.Tensor | None, c: torch.Tensor | None
+    ) -> list[torch.Tensor]:
         # a traced model is called with the example inputs' tensors it was traced with
         # (torch_neuronx.trace's `example_inputs`: "a tuple of tensors"; api-torch-neuronx-
         # trace.html above): one for an image model's pixels, up to three for token ids,
@@ -418,7 +425,7 @@ class NeuronModel(torch.nn.Module):
             inputs.append(b)
         if c is not None:
             inputs.append(c)
-        return torch.ops.neuron_standin.execute(self.handle, inputs, self.host_weight_bytes)
+        return inputs
 
     @torch.jit.export
     def __getstate__(self) -> tuple[torch.Tensor, str, int, bool]:
@@ -442,12 +449,9 @@ class NeuronModelOutputs(NeuronModel):
     def forward(
         self, a: torch.Tensor, b: torch.Tensor | None = None, c: torch.Tensor | None = None
     ) -> list[torch.Tensor]:
-        inputs = [a]
-        if b is not None:
-            inputs.append(b)
-        if c is not None:
-            inputs.append(c)
-        return torch.ops.neuron_standin.execute_outputs(self.handle, inputs, self.host_weight_bytes)
+        return torch.ops.neuron_standin.execute_outputs(
+            self.handle, self._inputs(a, b, c), self.host_weight_bytes
+        )
 
 
 def compiled_module(
