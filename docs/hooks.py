@@ -101,8 +101,9 @@ def _spec_table() -> str:
             flags = extra.get("flags") or (
                 [f"--{name.replace('_', '-')}"] if name in options else []
             )
-            flat = extra.get("flat")
+            flat, env = extra.get("flat"), extra.get("env")
             text = (f.description or "") + (f" (flat layout: `{', '.join(flat)}`)" if flat else "")
+            text += f" (the container's `{env}`)" if env else ""
             rows = f"| `{name}` | {_cell(_type_name(f.annotation))} | `{_cell(default)}` | "
             rows += f"{_cell(', '.join(f'`{x}`' for x in flags))} | {_cell(text)} |"
             out.append(rows)

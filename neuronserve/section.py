@@ -12,16 +12,26 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 def flags(
-    *decls: str, flat: str | tuple[str, ...] | None = None, cli: bool = True
+    *decls: str,
+    flat: str | tuple[str, ...] | None = None,
+    cli: bool = True,
+    env: str | None = None,
+    env_reads: str | None = None,
 ) -> dict[str, Any]:
     """A field's command-line option (`decls`: typer's declarations, default --<name>;
-    `cli` off: set in specs only), and the field name(s) it had in the flat layout, when
-    it was named otherwise there."""
+    `cli` off: set in specs only), the field name(s) it had in the flat layout, when it
+    was named otherwise there, and the environment variable that sets it in the serving
+    container (`env`, as TEI's `#[clap(long, env)]`; `env_reads`: how its value is read
+    when not as the field's own, spec.from_environment)."""
     extra: dict[str, Any] = {"cli": cli}
     if decls:
         extra["flags"] = list(decls)
     if flat is not None:
         extra["flat"] = [flat] if isinstance(flat, str) else list(flat)
+    if env is not None:
+        extra["env"] = env
+    if env_reads is not None:
+        extra["env_reads"] = env_reads
     return extra
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args
 
@@ -125,11 +126,15 @@ class CompileSection(Section):
         "folder compiles for this host's (neuronx or neuron where it has NeuronCores)",
     )
     batch_sizes: list[int] = Field(
-        default_factory=lambda: [1, 4, 8], description="compiled batch sizes, e.g. 1,4,8"
+        default_factory=lambda: [1, 4, 8],
+        description="compiled batch sizes, e.g. 1,4,8",
+        # the Hugging Face Neuron container's one static shape: the largest here
+        json_schema_extra=flags(env="HF_OPTIMUM_BATCH_SIZE", env_reads="largest"),
     )
     sequence_lengths: list[int] = Field(
         default_factory=lambda: [16, 32, 64, 128],
         description="compiled sequence lengths in tokens, e.g. 16,32,64,128",
+        json_schema_extra=flags(env="HF_OPTIMUM_SEQUENCE_LENGTH", env_reads="largest"),
     )
     pooling: Pooling = Field(
         "auto",
@@ -336,13 +341,15 @@ class WorkerSection(Section):
         None,
         ge=1,
         description="workers (TorchServe) or model instances (Triton); default: one per core group",
-        json_schema_extra=flags("--workers", "--instances"),
+        json_schema_extra=flags("--workers", "--instances", env="SAGEMAKER_MODEL_SERVER_WORKERS"),
     )
     cores_per_worker: int = Field(
         1,
         ge=1,
         description="cores leased by each worker or instance",
-        json_schema_extra=flags("--cores-per-worker", "--cores-per-instance"),
+        json_schema_extra=flags(
+            "--cores-per-worker", "--cores-per-instance", env="NEURONSERVE_CORES_PER_WORKER"
+        ),
     )
     neuron_cores: int | None = Field(
         None,
@@ -361,6 +368,7 @@ class WorkerSection(Section):
         120,
         ge=1,
         description="seconds a request may take before the engine gives up on it",
+        json_schema_extra=flags(env="SAGEMAKER_MODEL_SERVER_TIMEOUT"),
     )
     max_queued: int = Field(
         100,
@@ -369,6 +377,7 @@ class WorkerSection(Section):
         "dynamic-batching queue); beyond it the engine refuses at once (503) instead of "
         "letting latency grow without bound. Behind the front they are the front's calls: "
         "a request over the model's largest batch is several",
+        json_schema_extra=flags(env="NEURONSERVE_MAX_QUEUED"),
     )
     queue_timeout_ms: int | None = Field(
         None,
@@ -446,19 +455,20 @@ class FrontSection(Section):
         description="the engine the front starts behind it (one of those installed: see "
         "`neuronserve serve --help`); unless told, the first of triton, torchserve that "
         "can start on this machine",
+        json_schema_extra=flags(env="NEURONSERVE_ENGINE"),
     )
     address: str = Field(
         "127.0.0.1",
         description="address the front listens on; any other than loopback turns API keys on "
         "(auth: auto)",
-        json_schema_extra=flags(flat="front_address"),
+        json_schema_extra=flags(flat="front_address", env="NEURONSERVE_BIND"),
     )
     port: int = Field(
         3000,
         gt=0,
         lt=65536,
         description="port of the front (text-embeddings-inference's)",
-        json_schema_extra=flags(flat="front_port"),
+        json_schema_extra=flags(flat="front_port", env="SAGEMAKER_BIND_TO_PORT"),
     )
     run_dir: Path = Field(
         Path(".neuronserve/front"),
@@ -487,6 +497,7 @@ class FrontSection(Section):
         True,
         description="whether GET /metrics needs an API key when keys are on (off lets "
         "Prometheus scrape by annotation)",
+        json_schema_extra=flags(env="NEURONSERVE_METRICS_AUTH"),
     )
     tls_cert: Path | None = Field(None, description="TLS certificate (PEM) for the front")
     tls_key: Path | None = Field(None, description="TLS private key (PEM) for the front")
@@ -502,9 +513,13 @@ class FrontSection(Section):
         ge=1,
         description="requests the front works on at once; beyond it, 429 with Retry-After "
         "instead of an unbounded queue",
+        json_schema_extra=flags(env="NEURONSERVE_MAX_IN_FLIGHT"),
     )
     deadline_s: float = Field(
-        60, gt=0, description="longest a request may take through the front (504 beyond)"
+        60,
+        gt=0,
+        description="longest a request may take through the front (504 beyond)",
+        json_schema_extra=flags(env="SAGEMAKER_MODEL_SERVER_TIMEOUT"),
     )
     header_timeout_s: float = Field(
         10,
@@ -576,22 +591,22 @@ class MultiModelSection(Section):
         description="serve SageMaker's multi-model contract: models are loaded, listed, "
         "swapped and unloaded at run time through /models (behind the admin key outside "
         "SageMaker), loaded on first use and the least recently used idle one evicted "
-        "when a worker's memory budget is spent (SAGEMAKER_MULTI_MODEL=true in the "
-        "container)",
-        json_schema_extra=flags("--multi-model/--fixed-models", flat="multi_model"),
+        "when a worker's memory budget is spent",
+        json_schema_extra=flags(
+            "--multi-model/--fixed-models", flat="multi_model", env="SAGEMAKER_MULTI_MODEL"
+        ),
     )
     target: Target = Field(
         "cpu",
-        description="the target the endpoint's models are compiled for, when it starts "
-        "with none (NEURONSERVE_TARGET in the container)",
-        json_schema_extra=flags("--multi-model-target", flat="target"),
+        description="the target the endpoint's models are compiled for, when it starts with none",
+        json_schema_extra=flags("--multi-model-target", flat="target", env="NEURONSERVE_TARGET"),
     )
     memory_budget_mb: float | None = Field(
         None,
         gt=0,
         description="memory each worker may fill with models, in MiB (device "
-        "memory per NeuronCore, host memory per worker on CPU); unset: what the host has "
-        "(NEURONSERVE_MEMORY_BUDGET_MB in the container)",
+        "memory per NeuronCore, host memory per worker on CPU); unset: what the host has",
+        json_schema_extra=flags(env="NEURONSERVE_MEMORY_BUDGET_MB"),
     )
     idle_unload_s: float | None = Field(
         None,
@@ -861,18 +876,66 @@ class DeploySpec(BaseModel):
 TOP_FIELDS = ("name", "artifact", "models", "deployment_name", "truncation")
 
 
-def flat_names() -> dict[str, list[tuple[str, str]]]:
-    """Each flat-layout field -> the (section, field) pairs it now is."""
-    out: dict[str, list[tuple[str, str]]] = {}
+def _declared() -> Iterator[tuple[str, type[Section], str, dict[str, Any]]]:
+    """Every section's fields: (its key, its model, the field, what `flags` declared)."""
     parts: list[tuple[str, type[Section]]] = [(s.key, s) for s in SECTIONS]
     parts += list(engine_sections().items())
     for key, section in parts:
         for field, info in section.model_fields.items():
             extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            names = extra.get("flat")
-            names = names if isinstance(names, list) else [field]
-            for name in names:
-                out.setdefault(str(name), []).append((key, field))
+            yield key, section, field, extra
+
+
+def flat_names() -> dict[str, list[tuple[str, str]]]:
+    """Each flat-layout field -> the (section, field) pairs it now is."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for key, _, field, extra in _declared():
+        names = extra.get("flat")
+        names = names if isinstance(names, list) else [field]
+        for name in names:
+            out.setdefault(str(name), []).append((key, field))
+    return out
+
+
+def environment_variables() -> dict[str, list[tuple[str, str]]]:
+    """Each environment variable the serving container reads into the spec -> the
+    (section, field) pairs it sets (declared on the fields: `flags(env=...)`)."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    for key, _, field, extra in _declared():
+        if extra.get("env"):
+            out.setdefault(str(extra["env"]), []).append((key, field))
+    return out
+
+
+def env_of(key: str, field: str) -> str:
+    """The environment variable that sets section `key`'s `field` in the container."""
+    for var, fields in environment_variables().items():
+        if (key, field) in fields:
+            return var
+    raise KeyError(f"{key}.{field} is set by no environment variable")
+
+
+def from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """The section fields `environ` sets (its variables declared on the fields; an empty
+    one is unset), each value checked as its field reads it: one it refuses is a
+    SpecError naming the variable. A `largest` variable (a grid axis) gives the default
+    buckets below it, then it (`CompileSection.up_to`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, section, field, extra in _declared():
+        var = extra.get("env")
+        given = environ.get(var, "").strip() if var else ""
+        if not given:
+            continue
+        value: Any = given
+        if extra.get("env_reads") == "largest":
+            if not given.isdigit() or int(given) < 1:
+                raise SpecError(f"{var}={given!r}: a positive whole number")
+            value = CompileSection.up_to(field, int(given))
+        try:
+            checked = section.model_validate({field: value})
+        except ValidationError as e:
+            raise SpecError(f"{var}={given!r}: {e.errors()[0]['msg']}") from None
+        out.setdefault(key, {})[field] = getattr(checked, field)
     return out
 
 

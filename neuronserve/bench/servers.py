@@ -24,7 +24,7 @@ from ..cores import LEASE_DIR_ENV
 from ..processes import free_ports, stop_tree
 from ..registry import ENGINES, section_class
 from ..serve.deployment import Deployment, running_engine
-from ..spec import DeploySpec, ModelEntry, load_spec
+from ..spec import DeploySpec, ModelEntry, env_of, load_spec
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
@@ -231,12 +231,12 @@ class SageMakerServer:
             **os.environ,
             "NEURONSERVE_PLATFORM": "sagemaker",
             "NEURONSERVE_MODEL_DIR": str(self.artifact.resolve()),
-            "NEURONSERVE_ENGINE": self.engine,
-            "NEURONSERVE_BIND": "127.0.0.1",
-            "SAGEMAKER_BIND_TO_PORT": str(self.port),
+            env_of("front", "engine"): self.engine,
+            env_of("front", "address"): "127.0.0.1",
+            env_of("front", "port"): str(self.port),
             "NEURONSERVE_WORK_DIR": str(work),
-            "SAGEMAKER_MODEL_SERVER_WORKERS": str(self.workers),
-            "NEURONSERVE_CORES_PER_WORKER": str(self.cores_per_worker),
+            env_of("worker", "workers"): str(self.workers),
+            env_of("worker", "cores_per_worker"): str(self.cores_per_worker),
             "NEURONSERVE_LEASE_DIR": str(work / "leases"),
         }
         self.log = open(work / "sagemaker.log", "w")  # noqa: SIM115 - closed in stop()

@@ -90,9 +90,15 @@ def _flag_decls(name: str, info: FieldInfo, kind: Any) -> list[str]:
     return [f"{flag}/--no-{name.replace('_', '-')}"] if kind is bool else [flag]
 
 
+def field_help(info: FieldInfo) -> str:
+    """A field's option's help: its description, and the container's variable for it."""
+    env = _extra(info).get("env")
+    return f"{info.description} (the container's {env})" if env else str(info.description)
+
+
 def _parameter(part: str, name: str, info: FieldInfo) -> inspect.Parameter:
     kind = _option_type(info.annotation)
-    option = typer.Option(*_flag_decls(name, info, kind), help=info.description, show_default=False)
+    option = typer.Option(*_flag_decls(name, info, kind), help=field_help(info), show_default=False)
     return inspect.Parameter(
         f"{part or 'spec'}{SEP}{name}",
         inspect.Parameter.KEYWORD_ONLY,

@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from ..spec import DeploySpec
+from ..spec import DeploySpec, env_of
 from .sagemaker.context import ContextError, check_runs, package_sagemaker
 
 # The Kubernetes release the manifests are written for and validated against (tests).
@@ -118,10 +118,10 @@ class Pod:
     def env(self, model_dir: str | None) -> list[dict[str, Any]]:
         env: list[dict[str, Any]] = [
             {"name": "NEURONSERVE_PLATFORM", "value": "kubernetes"},
-            {"name": "NEURONSERVE_ENGINE", "value": self.engine},
-            {"name": "NEURONSERVE_CORES_PER_WORKER", "value": str(self.cores_per_worker)},
+            {"name": env_of("front", "engine"), "value": self.engine},
+            {"name": env_of("worker", "cores_per_worker"), "value": str(self.cores_per_worker)},
             # Prometheus scrapes by annotation, without a key; the other routes need one
-            {"name": "NEURONSERVE_METRICS_AUTH", "value": "off"},
+            {"name": env_of("front", "metrics_auth"), "value": "off"},
             {
                 "name": "NEURONSERVE_API_KEY",
                 "valueFrom": {"secretKeyRef": {"name": self.secret, "key": API_KEY_ITEM}},

@@ -85,13 +85,14 @@ def model_source() -> Path:
 
 
 def engine_name() -> str:
-    """NEURONSERVE_ENGINE, else the engine the build context was made for, else the
-    first installed (`engines.default_engine`)."""
-    engine = os.environ.get("NEURONSERVE_ENGINE")
+    """The engine the build context was made for, else the first installed
+    (`engines.default_engine`): the container's engine unless NEURONSERVE_ENGINE (the
+    front's `engine` field) says another."""
+    engine = None
     config = Path(os.environ.get("NEURONSERVE_CONFIG", CONFIG_FILE))
-    if not engine and config.is_file():
+    if config.is_file():
         engine = json.loads(config.read_text()).get("engine")
     engine = engine or default_engine()
     if engine not in ENGINES:
-        raise ModelSourceError(f"NEURONSERVE_ENGINE={engine!r}: use {' or '.join(ENGINES)}")
+        raise ModelSourceError(f"{config} names engine {engine!r}: use {' or '.join(ENGINES)}")
     return engine

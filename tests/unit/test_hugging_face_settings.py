@@ -6,7 +6,9 @@ sets what it sets there. Compiling such model data at start: tests/compile."""
 
 from __future__ import annotations
 
+import re
 import shutil
+from pathlib import Path
 
 import pytest
 from in_process_front import front
@@ -66,21 +68,71 @@ def test_return_all_scores_is_top_k_for_a_classifier(two):
     assert r.status_code == 400 and "return_all_scores" in r.text
 
 
-def test_the_neuron_containers_shape_is_the_largest_bucket(monkeypatch):
-    monkeypatch.setenv("HF_OPTIMUM_BATCH_SIZE", "6")
-    monkeypatch.setenv("HF_OPTIMUM_SEQUENCE_LENGTH", "384")
-    assert sagemaker.compile_shape() == {
+def test_the_neuron_containers_shape_is_the_largest_bucket():
+    from neuronserve.spec import SpecError, from_environment
+
+    env = {"HF_OPTIMUM_BATCH_SIZE": "6", "HF_OPTIMUM_SEQUENCE_LENGTH": "384"}
+    assert from_environment(env)["compile"] == {
         "batch_sizes": [1, 4, 6],
         "sequence_lengths": [16, 32, 64, 128, 384],
     }
-    monkeypatch.setenv("HF_OPTIMUM_SEQUENCE_LENGTH", "8")
-    assert sagemaker.compile_shape()["sequence_lengths"] == [8]
-    monkeypatch.delenv("HF_OPTIMUM_BATCH_SIZE")
-    assert sagemaker.compile_shape() == {"sequence_lengths": [8]}
+    assert from_environment({"HF_OPTIMUM_SEQUENCE_LENGTH": "8"}) == {
+        "compile": {"sequence_lengths": [8]}
+    }
     for bad in ("0", "-1", "eight", "1.5"):
-        monkeypatch.setenv("HF_OPTIMUM_SEQUENCE_LENGTH", bad)
-        with pytest.raises(sagemaker.PlatformError, match="HF_OPTIMUM_SEQUENCE_LENGTH"):
-            sagemaker.compile_shape()
+        with pytest.raises(SpecError, match="HF_OPTIMUM_SEQUENCE_LENGTH"):
+            from_environment({"HF_OPTIMUM_SEQUENCE_LENGTH": bad})
+
+
+def test_every_container_variable_sets_the_field_that_declares_it(tmp_path, monkeypatch):
+    """The container's variables are read from the spec's fields (one declaration each):
+    SageMaker's defaults hold where none is set, each set one lands in its fields, a bad
+    value is refused naming the variable, and the SageMaker guide names every one."""
+    from neuronserve.spec import environment_variables
+
+    declared = environment_variables()
+    for var in declared:
+        monkeypatch.delenv(var, raising=False)
+    for var in ("HF_MODEL_ID", "HF_TRUST_REMOTE_CODE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NEURONSERVE_MODEL_DIR", str(tmp_path / "none"))
+    monkeypatch.setenv("SAGEMAKER_MULTI_MODEL", "true")  # starts with no model
+    spec = sagemaker.sagemaker_spec(tmp_path / "work")
+    assert (spec.front.address, spec.front.port, spec.front.deadline_s) == ("0.0.0.0", 8080, 60)
+    assert spec.worker.response_timeout_s == 60 and spec.front.metrics_auth
+    given = {
+        "SAGEMAKER_BIND_TO_PORT": ("9090", 9090),
+        "NEURONSERVE_BIND": ("127.0.0.1", "127.0.0.1"),
+        "SAGEMAKER_MODEL_SERVER_TIMEOUT": ("30", 30),
+        "SAGEMAKER_MODEL_SERVER_WORKERS": ("3", 3),
+        "NEURONSERVE_CORES_PER_WORKER": ("2", 2),
+        "NEURONSERVE_MAX_IN_FLIGHT": ("7", 7),
+        "NEURONSERVE_MAX_QUEUED": ("11", 11),
+        "NEURONSERVE_METRICS_AUTH": ("off", False),
+        "NEURONSERVE_MEMORY_BUDGET_MB": ("512", 512),
+        "NEURONSERVE_TARGET": ("neuronx", "neuronx"),
+        "NEURONSERVE_ENGINE": ("native", "native"),
+        "SAGEMAKER_MULTI_MODEL": ("TRUE", True),
+    }
+    for var, (text, _) in given.items():
+        monkeypatch.setenv(var, text)
+    spec = sagemaker.sagemaker_spec(tmp_path / "work")
+    for var, (_, want) in given.items():
+        for key, field in declared[var]:
+            assert getattr(getattr(spec, key), field) == want, (var, key, field)
+    monkeypatch.setenv("SAGEMAKER_BIND_TO_PORT", "80800")
+    with pytest.raises(sagemaker.PlatformError, match="SAGEMAKER_BIND_TO_PORT='80800'"):
+        sagemaker.sagemaker_spec(tmp_path / "work")
+    monkeypatch.setenv("SAGEMAKER_BIND_TO_PORT", "8080")
+    monkeypatch.setenv("NEURONSERVE_ENGINE", "tgi")
+    with pytest.raises(sagemaker.PlatformError, match=r"NEURONSERVE_ENGINE='tgi'.*choose"):
+        sagemaker.sagemaker_spec(tmp_path / "work")
+    # the guide's table: every variable, with the fields it sets, and no other
+    guide = (Path(__file__).parents[2] / "docs" / "guides" / "sagemaker.md").read_text()
+    rows = re.findall(r"^\| `([A-Z_]+)` \| ([^|]+) \|", guide, re.MULTILINE)
+    table = {var: sorted(tuple(f.split(".")) for f in re.findall(r"`([a-z_.]+)`", fields))
+             for var, fields in rows if "." in fields}  # fmt: skip
+    assert table == {var: sorted(fields) for var, fields in declared.items()}
 
 
 def test_hf_api_token_is_hf_token_unless_that_is_set(monkeypatch):

@@ -113,11 +113,11 @@ def test_every_option_is_a_field_declared_once_with_its_help():
     import typer
 
     from neuronserve.cli import app
-    from neuronserve.cli.spec_options import cli_fields
+    from neuronserve.cli.spec_options import cli_fields, field_help
     from neuronserve.spec import SECTIONS, engine_sections
 
     described = {
-        f.description
+        field_help(f)
         for part in ["", *(s.key for s in SECTIONS), *engine_sections()]
         for _, f in cli_fields(part)
     }

@@ -39,7 +39,7 @@ from ...serve.model_source import (
     find_models,
     model_source,
 )
-from ...spec import CompileSection, DeploySpec, load_spec
+from ...spec import DeploySpec, SpecError, from_environment, load_spec
 
 log = logging.getLogger("neuronserve.sagemaker")
 
@@ -76,45 +76,28 @@ def platform() -> str:
     return name
 
 
-# the queue bounds a container's environment may set: (section, field)
-_BOUNDS = {
-    "NEURONSERVE_MAX_IN_FLIGHT": ("front", "max_in_flight"),
-    "NEURONSERVE_MAX_QUEUED": ("worker", "max_queued"),
-}
-
-
 def sagemaker_spec(work: Path) -> DeploySpec:
-    """The deployment spec SageMaker's (or the Kubernetes pod's) environment describes."""
-    timeout_s = int(os.environ.get("SAGEMAKER_MODEL_SERVER_TIMEOUT", "60"))
-    metrics_auth = os.environ.get("NEURONSERVE_METRICS_AUTH", "on") != "off"
-    engine = engine_name()
+    """The deployment spec SageMaker's (or the Kubernetes pod's) environment describes:
+    the container's defaults (SageMaker's port and timeout, every address), then every
+    variable declared on a spec field (spec.environment_variables), then the models."""
+    try:
+        given = from_environment(os.environ)
+    except SpecError as e:
+        raise PlatformError(str(e)) from None
+    for key, fields in given.items():
+        for field, value in fields.items():
+            log.info("%s.%s = %s, from the environment", key, field, _shown(value))
     sections: dict[str, dict[str, object]] = {
-        "front": {
-            "engine": engine,
-            "metrics_auth": metrics_auth,
-            "address": os.environ.get("NEURONSERVE_BIND", "0.0.0.0"),
-            "port": int(os.environ.get("SAGEMAKER_BIND_TO_PORT", "8080")),
-            "run_dir": work,
-            "deadline_s": timeout_s,
-        },
-        "worker": {
-            "response_timeout_s": timeout_s,
-            "cores_per_worker": int(os.environ.get("NEURONSERVE_CORES_PER_WORKER", "1")),
-        },
-        "multi_model": {
-            # a multi-model endpoint: SageMaker loads models through /models at run time
-            "enabled": os.environ.get("SAGEMAKER_MULTI_MODEL", "").lower() == "true",
-            "memory_budget_mb": os.environ.get("NEURONSERVE_MEMORY_BUDGET_MB") or None,
-            "target": os.environ.get("NEURONSERVE_TARGET", "cpu"),
-        },
+        "front": {"address": "0.0.0.0", "port": 8080, "run_dir": work, "deadline_s": 60},
+        "worker": {"response_timeout_s": 60},
     }
+    for key, fields in given.items():
+        sections.setdefault(key, {}).update(fields)
+    engine = str(sections["front"].setdefault("engine", engine_name()))
     if section_class(engine).in_container:  # the image's container is the deployment's own
-        sections[engine] = dict(section_class(engine).in_container)
-    for var, (section, field) in _BOUNDS.items():
-        if os.environ.get(var, "").strip():
-            sections[section][field] = int(os.environ[var])
+        sections[engine] = {**section_class(engine).in_container, **sections.get(engine, {})}
     hub = [m.strip() for m in os.environ.get(HUB_MODELS, "").split(",") if m.strip()]
-    if not hub and not sections["multi_model"]["enabled"]:
+    if not hub and not sections.get("multi_model", {}).get("enabled"):
         # model data whose root is a Hugging Face model folder (the toolkit's model.tar.gz)
         folder = hugging_face_folder()
         hub = [str(folder)] if folder is not None else []
@@ -128,8 +111,11 @@ def sagemaker_spec(work: Path) -> DeploySpec:
         sections["models"] = [  # type: ignore[assignment]
             {"model": m, "revision": revision if len(hub) == 1 else None, "task": task} for m in hub
         ]
-        sections["compile"] = dict(compile_shape())
     return load_spec(None, sections)
+
+
+def _shown(value: object) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
 # the pipelines' other names for tasks here (transformers' task aliases)
@@ -166,29 +152,6 @@ def hugging_face_folder() -> Path | None:
     return source
 
 
-def compile_shape() -> dict[str, list[int]]:
-    """The compile grid a model named by the environment gets: HF_OPTIMUM_BATCH_SIZE and
-    HF_OPTIMUM_SEQUENCE_LENGTH (the Hugging Face Neuron container's one static shape) are
-    its largest batch and length here, with the default buckets below them (a short
-    request runs at its own length instead of padded to the largest)."""
-    grid: dict[str, list[int]] = {}
-    for var, field in (
-        ("HF_OPTIMUM_BATCH_SIZE", "batch_sizes"),
-        ("HF_OPTIMUM_SEQUENCE_LENGTH", "sequence_lengths"),
-    ):
-        given = os.environ.get(var, "").strip()
-        if not given:
-            continue
-        if not given.isdigit() or int(given) < 1:
-            raise PlatformError(f"{var}={given!r}: a positive whole number")
-        grid[field] = CompileSection.up_to(field, int(given))
-        log.info(
-            "%s=%s: compiled %s %s, the largest the one shape the Neuron container compiles",
-            var, given, field.replace("_", " "), ",".join(map(str, grid[field])),
-        )  # fmt: skip
-    return grid
-
-
 def hub_token() -> None:
     """HF_API_TOKEN, the Hugging Face toolkit's older name of HF_TOKEN, where HF_TOKEN is
     not set (huggingface_hub reads HF_TOKEN)."""
@@ -217,11 +180,11 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
             source = None  # a multi-model endpoint starts empty
         found = find_models(source, work) if source is not None else []
     manifests = [read_manifest(f.artifact) for f in found]
-    requested = os.environ.get("SAGEMAKER_MODEL_SERVER_WORKERS")
+    requested = spec.worker.workers
     plan = placement.plan(
         placement.PlanRequest(
             manifests[0].target if manifests else spec.multi_model.target,
-            workers=int(requested) if requested else None,
+            workers=requested,
             cores_per_worker=spec.worker.cores_per_worker,
             cores_per_module=max(
                 (int(m.compiler.get("cores_per_module", 1)) for m in manifests), default=1
@@ -229,7 +192,7 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
         ),
         serving_host=True,
     )
-    if requested and int(requested) > plan.workers:
+    if requested and requested > plan.workers:
         log.warning(
             "SAGEMAKER_MODEL_SERVER_WORKERS=%s capped to %d: this host has %d %s core "
             "group(s) of %d core(s)",
