@@ -17,13 +17,13 @@ import json
 import os
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .pids import alive
 from .private_folders import NotPrivate, private_folder
+from .waiting import until
 
 LEASE_DIR_ENV = "NEURONSERVE_LEASE_DIR"
 # the deployment a worker serves (its engine's run directory), set by `serve` for the
@@ -415,28 +415,28 @@ def acquire(
     if prefer is not None and groups:
         k = prefer % len(groups)
         order = order[k:] + order[:k]
+
     # A worker replacing one that was killed can start before the dead one's lease is
     # free: the lock goes with the last descriptor, which a child of the dead worker may
     # still hold while it exits (on Neuron, the runtime's teardown). A failed start here
     # would cost TorchServe's growing retry backoff (1, 1, 2, 3, 5, 8 s ...), so while a
     # group's recorded holder is dead, wait for its lock instead of failing.
-    deadline = time.monotonic() + RELEASE_WAIT_S
-    while True:
-        lease = _lease_one(order, kind, directory)
-        if lease is not None:
-            lease.note(
-                pid=os.getpid(),
-                owner=owner,
-                group=lease.group.index,
-                cores=list(lease.group.cores),
-                deployment=deployment,
-            )
-            return lease
-        releasing = any(not _holder_alive(_lock_path(directory, kind, g.cores[0])) for g in groups)
-        if not releasing or time.monotonic() >= deadline:
-            break
-        time.sleep(0.1)
-    raise NoFreeCoreGroup(_none_free(groups, kind, owner, directory, deployment))
+    def leased() -> CoreLease | bool:  # a lease, or True: none is on its way to free
+        return _lease_one(order, kind, directory) or not any(
+            not _holder_alive(_lock_path(directory, kind, g.cores[0])) for g in groups
+        )
+
+    lease = until(leased, RELEASE_WAIT_S, 0.1)
+    if not isinstance(lease, CoreLease):
+        raise NoFreeCoreGroup(_none_free(groups, kind, owner, directory, deployment))
+    lease.note(
+        pid=os.getpid(),
+        owner=owner,
+        group=lease.group.index,
+        cores=list(lease.group.cores),
+        deployment=deployment,
+    )
+    return lease
 
 
 def _none_free(

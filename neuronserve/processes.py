@@ -13,7 +13,6 @@ import signal
 import socket
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 import psutil
 
 from .private_folders import NotPrivate, private_folder, shared_entry
+from .waiting import until
 
 
 class ServeError(RuntimeError):
@@ -98,11 +98,8 @@ def record_pid(pid_file: Path, pid: int | None = None) -> None:
     proc = psutil.Process(pid)
     # just after exec /proc/<pid>/cmdline can read empty for a moment (seen with
     # tritonserver under load): wait for the command line the process will keep
-    cmdline, deadline = proc.cmdline(), time.monotonic() + 5
-    while not cmdline and time.monotonic() < deadline and proc.is_running():
-        time.sleep(0.01)
-        cmdline = proc.cmdline()
-    if not cmdline:
+    cmdline = until(lambda: proc.cmdline() or not proc.is_running(), 5, 0.01)
+    if not isinstance(cmdline, list):
         raise ServeError(f"process {pid} shows no command line: cannot record who it is")
     with private_file(_identity_file(pid_file)) as f:
         f.write(json.dumps({"pid": pid, "started": _started(proc), "cmdline": cmdline}))

@@ -42,6 +42,7 @@ from ..load.endpoints import Endpoint, HttpJsonEndpoint, RunnerEndpoint, Vanilla
 from ..load.generator import LoadResult, Window, run_load
 from ..load.work import Work, mask_token
 from ..registry import ENGINES
+from ..waiting import until
 from .floor import encoder_gflop, peak_gops
 from .servers import FrontServer, ManagedServer, SageMakerServer, cpu_by_role, scrape
 from .stats import summarize
@@ -542,14 +543,15 @@ def settled_scrape(metrics_url: str, model: str, timeout_s: float = 5.0) -> dict
     would miss its last requests."""
     from ..metrics import DeferredMetrics
 
-    last, deadline = scrape(metrics_url, model), time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        time.sleep(DeferredMetrics.INTERVAL_S + 0.1)
-        now = scrape(metrics_url, model)
-        if now == last:
-            break
-        last = now
-    return last
+    seen = [scrape(metrics_url, model)]
+
+    def settled() -> bool:
+        time.sleep(DeferredMetrics.INTERVAL_S + 0.1)  # one interval between two scrapes
+        seen.append(scrape(metrics_url, model))
+        return seen[-1] == seen[-2]
+
+    until(settled, timeout_s, 0)
+    return seen[-1]
 
 
 def _arithmetic(server: Any, seq: int, texts: int) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from ..processes import free_ports, stop_tree
 from ..registry import ENGINES, section_class
 from ..serve.deployment import Deployment, running_engine
 from ..spec import DeploySpec, ModelEntry, env_of, load_spec
+from ..waiting import until
 
 if TYPE_CHECKING:
     from ..engines.base import Engine
@@ -246,20 +246,21 @@ class SageMakerServer:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        proc = self.proc
+
+        def pinged() -> bool:
+            if proc.poll() is not None:
                 raise RuntimeError(
                     f"the SageMaker entrypoint exited: "
                     f"{(work / 'sagemaker.log').read_text()[-2000:]}"
                 )
             try:
-                if requests.get(f"http://127.0.0.1:{self.port}/ping", timeout=2).status_code == 200:
-                    return
+                return requests.get(f"http://127.0.0.1:{self.port}/ping", timeout=2).ok
             except requests.RequestException:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError(f"the SageMaker entrypoint was not ready after {timeout_s:.0f}s")
+                return False
+
+        if not until(pinged, timeout_s, 0.5):
+            raise RuntimeError(f"the SageMaker entrypoint was not ready after {timeout_s:.0f}s")
 
     @property
     def front_pid(self) -> int | None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 from ...cores import DEPLOYMENT_ENV
 from ...pids import alive
 from ...processes import Background, ServeError, private_dir, private_file, reap, terminate
+from ...waiting import until
 from ..base import NativeRoute
 from .store import models_in, read_deployment
 from .supervisor import ENGINE_FILE, SOCKETS, STATUS_FILE, log_path
@@ -130,8 +130,10 @@ def _env(run_dir: Path) -> dict[str, str]:
 def _wait_ready(instance: NativeInstance, timeout_s: float, log: Callable[[str], object]) -> None:
     """Until every worker is ready; a worker that could not start (it said why) or the
     supervisor gone fail the start at once, with what they said."""
-    deadline, said = time.monotonic() + timeout_s, ""
-    while True:
+    said = ""
+
+    def all_ready() -> bool:
+        nonlocal said
         found = instance.states()
         if instance.pid is None:
             tail = (
@@ -150,11 +152,10 @@ def _wait_ready(instance: NativeInstance, timeout_s: float, log: Callable[[str],
         if summary != said:
             log(summary)
             said = summary
-        if found and count == instance.workers:
-            return
-        if time.monotonic() > deadline:
-            raise ServeError(f"the native workers were not ready after {timeout_s:.0f}s")
-        time.sleep(0.05)
+        return bool(found) and count == instance.workers
+
+    if not until(all_ready, timeout_s):
+        raise ServeError(f"the native workers were not ready after {timeout_s:.0f}s")
 
 
 def running(run_dir: Path) -> NativeInstance | None:

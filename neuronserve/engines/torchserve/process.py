@@ -33,6 +33,7 @@ from ...processes import (
     trusted_store,
 )
 from ...resources import package_file, tool
+from ...waiting import until
 from ...worker import FAILURE_MARKER
 from ..base import NativeRoute
 from .package import CONFIG_FILE, read_properties, write_properties
@@ -283,9 +284,10 @@ def wait_ready(
 ) -> None:
     """Poll the management API until every worker of every model is READY."""
     started = time.monotonic()
-    deadline = started + timeout_s
     last = None
-    while True:
+
+    def ready() -> bool:
+        nonlocal last
         # The pid file appears a moment after `torchserve --start` returns.
         if not server_pid(instance.run_dir) and time.monotonic() - started > 10:
             raise ServeError(f"TorchServe exited during start; see {instance.log_dir}")
@@ -317,13 +319,14 @@ def wait_ready(
                 log(f"  {summary}")
                 last = summary
             if all(ready >= want for ready, want, _ in state.values()):
-                return
+                return True
         failures = worker_failures(instance.log_dir)
         if failures:
             raise ServeError("a worker failed to start:\n  " + "\n  ".join(sorted(set(failures))))
-        if time.monotonic() > deadline:
-            raise ServeError(f"workers not READY after {timeout_s:.0f}s; see {instance.log_dir}")
-        time.sleep(poll_s)
+        return False
+
+    if not until(ready, timeout_s, poll_s):
+        raise ServeError(f"workers not READY after {timeout_s:.0f}s; see {instance.log_dir}")
 
 
 def running(run_dir: Path) -> TorchServeInstance | None:

@@ -53,6 +53,7 @@ import psutil
 import requests
 
 from ...pids import alive
+from ...waiting import until
 from . import process as triton
 from .process import HEALER_STATUS_FILE as STATUS_FILE
 from .stubs import (
@@ -288,9 +289,8 @@ class Healer:
     def _drain(self, model: str) -> None:
         """Wait until the unloaded model's stubs are gone (their leases released);
         kill what is left after DRAIN_S."""
-        deadline = time.monotonic() + DRAIN_S
-        while (left := live_stubs(self.server_pid).get(model, [])) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        until(lambda: not live_stubs(self.server_pid).get(model), DRAIN_S)
+        left = live_stubs(self.server_pid).get(model, [])
         for p in left:
             log.warning("stub %d of %s did not exit after unload: killed", p.pid, model)
             with contextlib.suppress(psutil.Error):

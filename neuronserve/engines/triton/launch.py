@@ -42,6 +42,8 @@ import sys
 import time
 from pathlib import Path
 
+from ...waiting import until
+
 # <sched.h>, <sys/mount.h>, <sys/ptrace.h>
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
@@ -144,13 +146,11 @@ def hand_over(proc: subprocess.Popen, shown: list[str], timeout_s: float = 60) -
     pid, deadline = proc.pid, time.monotonic() + timeout_s
     libc = _libc()
     while True:
-        waited, status = os.waitpid(pid, os.WNOHANG)
-        if waited == 0:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise HandOverFailed(f"{shown[0]} was not executed within {timeout_s:.0f}s")
-            time.sleep(0.002)
-            continue
+        changed = until(lambda: _changed(pid), max(0.0, deadline - time.monotonic()), 0.002)
+        if changed is None:
+            proc.kill()
+            raise HandOverFailed(f"{shown[0]} was not executed within {timeout_s:.0f}s")
+        status = changed[0]
         if not os.WIFSTOPPED(status):  # the wrapper ended: its status is proc's
             proc.returncode = os.waitstatus_to_exitcode(status)
             raise HandOverFailed(f"exited before {shown[0]} ran", proc.returncode)
@@ -164,6 +164,12 @@ def hand_over(proc: subprocess.Popen, shown: list[str], timeout_s: float = 60) -
     finally:  # whatever happened: run, and exit on the placeholder if not handed over
         if libc.ptrace(PTRACE_DETACH, pid, None, None) != 0:
             proc.kill()
+
+
+def _changed(pid: int) -> tuple[int] | None:
+    """The status of `pid` once it has stopped or ended (a tuple: an exit status may be 0)."""
+    waited, status = os.waitpid(pid, os.WNOHANG)
+    return (status,) if waited else None
 
 
 def _cmdline(pid: int) -> list[str]:

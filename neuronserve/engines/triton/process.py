@@ -43,6 +43,7 @@ from ...processes import (
     thread_states,
     trusted_store,
 )
+from ...waiting import until
 from ...worker import STACKS_SIGNAL
 from ..base import NativeRoute
 from . import launch
@@ -511,12 +512,15 @@ def _launch(
 def _wait_exec(proc: subprocess.Popen, binary: str, timeout_s: float = 30) -> None:
     """Wait until process `proc` runs `binary` (the wrapper has executed it), or has
     exited."""
-    deadline = time.monotonic() + timeout_s
-    while proc.poll() is None and time.monotonic() < deadline:
+
+    def executed() -> bool:
+        if proc.poll() is not None:
+            return True
         with contextlib.suppress(psutil.Error):
-            if psutil.Process(proc.pid).cmdline()[:1] == [binary]:
-                return
-        time.sleep(0.005)
+            return psutil.Process(proc.pid).cmdline()[:1] == [binary]
+        return False
+
+    until(executed, timeout_s, 0.005)
 
 
 def compile_model_files(repository: Path) -> None:
@@ -546,14 +550,13 @@ def _start_healer(run_dir: Path, server_pid: int, timeout_s: float = 30) -> None
     cmd = [sys.executable, "-m", "neuronserve.engines.triton.healer", str(run_dir), str(server_pid)]
     proc = healer.spawn(cmd, run_dir / HEALER_LOG)
     healer.record(proc.pid)
-    deadline = time.monotonic() + timeout_s
-    while not (run_dir / HEALER_STATUS_FILE).exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise ServeError(
-                f"the healer {'exited' if proc.poll() is not None else 'did not start'} "
-                f"before it watched tritonserver: see {run_dir / HEALER_LOG}"
-            )
-        time.sleep(0.05)
+    status = run_dir / HEALER_STATUS_FILE
+    until(lambda: status.exists() or proc.poll() is not None, timeout_s)
+    if not status.exists():
+        raise ServeError(
+            f"the healer {'exited' if proc.poll() is not None else 'did not start'} "
+            f"before it watched tritonserver: see {run_dir / HEALER_LOG}"
+        )
     reap(proc)
 
 
@@ -604,10 +607,12 @@ def wait_ready(  # noqa: PLR0913 - the server, what to wait for, and how
 ) -> None:
     """Return once every model is READY; `gone` says how a server that disappeared
     ended (its exit status or signal), which is kept beside its whole log."""
-    deadline = time.monotonic() + timeout_s
     last = None
     stalled_since: float | None = None
-    while True:
+    states: dict[str, str] = {}
+
+    def ready() -> bool:
+        nonlocal last, stalled_since, states
         if inst.pid is None:
             how = gone() if gone is not None else "gone"
             raise TritonExited(
@@ -628,17 +633,18 @@ def wait_ready(  # noqa: PLR0913 - the server, what to wait for, and how
             log(f"  {summary}")
             last = summary
         if not any(states.values()):
-            return
+            return True
         stalled_since = _stalled(inst, states, stalled_since)
         if stalled_since is not None and time.monotonic() - stalled_since > STALL_S:
             raise StartStalled(_report_stall(inst))
-        if time.monotonic() > deadline:
-            waiting = "; ".join(f"{m}: {why}" for m, why in states.items() if why)
-            raise ServeError(
-                f"models not READY after {timeout_s:.0f}s ({waiting}); the end of {inst.log}:"
-                "\n  " + _log_errors(inst.log, errors_only=False)
-            )
-        time.sleep(poll_s)
+        return False
+
+    if not until(ready, timeout_s, poll_s):
+        waiting = "; ".join(f"{m}: {why}" for m, why in states.items() if why)
+        raise ServeError(
+            f"models not READY after {timeout_s:.0f}s ({waiting}); the end of {inst.log}:"
+            "\n  " + _log_errors(inst.log, errors_only=False)
+        )
 
 
 # Seconds tritonserver may go on not answering once every instance has said it is ready.

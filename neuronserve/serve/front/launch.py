@@ -12,7 +12,6 @@ import json
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from ...processes import (
     terminate,
 )
 from ...spec import DeploySpec
+from ...waiting import until
 from .config import FrontConfig
 
 SETTINGS_FILE = "front.json"
@@ -100,10 +100,11 @@ def _wait_healthy(
 ) -> None:
     """Poll /health, echoing the front's log as it grows (the engine's progress)."""
     shown = 0
-    deadline = time.monotonic() + timeout_s
     # the front's own certificate may be self-signed: this check only asks our process
     context = ssl._create_unverified_context() if config.tls_cert else None
-    while True:
+
+    def healthy() -> bool:
+        nonlocal shown
         lines = log_path.read_text(errors="replace").splitlines()
         for line in lines[shown:]:
             log(f"  {line}")
@@ -117,13 +118,12 @@ def _wait_healthy(
             )
         try:
             with urllib.request.urlopen(f"{config.url}/health", timeout=5, context=context) as r:
-                if r.status == 200 and _listening(proc.pid, config.port):
-                    return
+                return r.status == 200 and _listening(proc.pid, config.port)
         except (urllib.error.URLError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise ServeError(f"the front was not ready after {timeout_s:.0f}s; see {log_path}")
-        time.sleep(0.5)
+            return False
+
+    if not until(healthy, timeout_s, 0.5):
+        raise ServeError(f"the front was not ready after {timeout_s:.0f}s; see {log_path}")
 
 
 def _listening(pid: int, port: int) -> bool:

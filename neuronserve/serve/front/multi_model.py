@@ -28,6 +28,7 @@ from ...names import safe_name
 from ...processes import private_dir
 from ...sources import ModelSourceError, unpack_tar
 from ...tasks import RequestError
+from ...waiting import until_async
 from ..model_source import find_models
 from .config import LOAD_TIMEOUT_S
 from .schemas import model_name
@@ -362,28 +363,34 @@ class ModelCatalog:
         worker's state passes `done` (a failure to load is the caller's error, with the
         worker's reason)."""
         await asyncio.to_thread(catalog.write_wanted, self.folder, self._wanted())
-        deadline = time.monotonic() + LOAD_TIMEOUT_S
-        while True:
+        alive = 0
+
+        async def passed() -> bool:
+            nonlocal alive
             states = await asyncio.to_thread(catalog.worker_states, self.folder)
+            alive = len(states)
             if loading is not None:
-                for s in states:
-                    why = s["models"].get(loading.key, "")
-                    if why.startswith(catalog.FAILED):
-                        why = why[len(catalog.FAILED) :]
-                        raise RequestError(
-                            f"{loading.name} failed to load on worker {s['group']}: "
-                            f"{self._public(why, loading.work, loading.url)}",
-                            status=500,
-                        )
-            if len(states) >= self.workers and all(done(s["models"]) for s in states):
-                return
-            if time.monotonic() > deadline:
+                self._failed_load(loading, states)
+            return alive >= self.workers and all(done(s["models"]) for s in states)
+
+        if not await until_async(passed, LOAD_TIMEOUT_S, 0.02):
+            raise RequestError(
+                f"the workers did not finish within {LOAD_TIMEOUT_S:.0f}s "
+                f"({alive} of {self.workers} alive)",
+                status=500,
+            )
+
+    def _failed_load(self, loading: Version, states: list[dict[str, Any]]) -> None:
+        """A worker that could not load `loading`: the caller's error, with its reason."""
+        for s in states:
+            why = s["models"].get(loading.key, "")
+            if why.startswith(catalog.FAILED):
+                why = why[len(catalog.FAILED) :]
                 raise RequestError(
-                    f"the workers did not finish within {LOAD_TIMEOUT_S:.0f}s "
-                    f"({len(states)} of {self.workers} alive)",
+                    f"{loading.name} failed to load on worker {s['group']}: "
+                    f"{self._public(why, loading.work, loading.url)}",
                     status=500,
                 )
-            await asyncio.sleep(0.02)
 
     def _count(self) -> None:
         self.serving.metrics.models_loaded.set(sum(v.state == READY for v in self.table))
