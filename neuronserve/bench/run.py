@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
@@ -47,6 +47,9 @@ from .floor import encoder_gflop, peak_gops
 from .servers import FrontServer, ManagedServer, SageMakerServer, cpu_by_role, scrape
 from .stats import summarize
 from .texts import text_with_tokens
+
+if TYPE_CHECKING:
+    from ..spec import DeploySpec
 
 # the engine behind the front, by endpoint type: `front-<engine>`, and `front` for
 # TorchServe's (the name the commands in BENCHMARKS were published with)
@@ -90,8 +93,8 @@ class BenchConfig:
     # load on each started server before its first point, so a JIT-compiled frontend
     # (TorchServe's JVM) is measured warm, as it runs after its first minute
     server_warmup_s: float = 0.0
-    max_batch_delay_ms: int | None = None
-    batch_requests: int | None = None
+    # the workers and batching of the servers bench starts (the command's spec)
+    spec: DeploySpec | None = None
     headers: dict[str, str] = field(default_factory=dict)
     tokenizer: Path | None = None  # tokenizer.json that counts tokens (default: an artifact's)
     task: str | None = None
@@ -248,7 +251,7 @@ def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Sess
     """The engine asked directly (the baseline), then the front's routes, one server."""
     label, artifact = f"{spec.label}/{layout}", Path(spec.where)
     engine = FRONT_ENGINES[spec.type]
-    server = FrontServer(artifact, layout, engine, config.max_batch_delay_ms, config.batch_requests)
+    server = FrontServer(artifact, layout, engine, config.spec)
     embeds = _task(config) == "feature-extraction"
 
     def make() -> list[Endpoint]:
@@ -284,9 +287,7 @@ def _managed_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Se
         return Session(
             label, layout, front, lambda: [HttpJsonEndpoint(label, "sagemaker", front.url, headers)]
         )
-    server = ManagedServer(
-        spec.type, artifact, layout, config.max_batch_delay_ms, config.batch_requests
-    )
+    server = ManagedServer(spec.type, artifact, layout, config.spec)
     protocols = type(server.engine).protocols
 
     def make() -> list[Endpoint]:
@@ -678,6 +679,8 @@ def _config_dict(config: BenchConfig) -> dict[str, Any]:
     d["endpoints"] = [f"{e.label}={e.type}:{e.where}" for e in config.endpoints]
     d["tokenizer"] = str(config.tokenizer) if config.tokenizer else None
     d["headers"] = sorted(config.headers)  # names only: values may be secrets
+    # what the command's spec set for the servers bench starts
+    d["spec"] = config.spec.model_dump(mode="json", exclude_unset=True) if config.spec else None
     return d
 
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import requests
 
@@ -21,7 +21,7 @@ from .. import placement
 from ..artifact import read_manifest
 from ..cores import LEASE_DIR_ENV
 from ..processes import free_ports, stop_tree
-from ..registry import ENGINES, section_class
+from ..registry import ENGINES
 from ..serve.deployment import Deployment, running_engine
 from ..spec import DeploySpec, ModelEntry, env_of, load_spec
 from ..waiting import until
@@ -48,22 +48,13 @@ class _OwnLeases:
             os.environ[LEASE_DIR_ENV] = self._before
 
 
-def bench_spec(
-    engine: str, layout: str, max_batch_delay_ms: int | None, batch_requests: int | None
-) -> DeploySpec:
-    """The spec of a server bench starts: `engine` behind, the layout and batching asked
-    for (`batch_requests` where the engine has such a setting), and room for slow points."""
-    sections: dict[str, Any] = {
-        "front": {"engine": engine},
-        "worker": {
-            "layout": layout,
-            "max_batch_delay_ms": max_batch_delay_ms,
-            "response_timeout_s": 300,
-        },
-    }
-    if "batch_requests" in section_class(engine).model_fields:
-        sections[engine] = {"batch_requests": batch_requests}
-    return load_spec(None, sections)
+def bench_spec(engine: str, layout: str, given: DeploySpec | None = None) -> DeploySpec:
+    """The spec of a server bench starts: the workers and batching `given` (the bench
+    command's spec), `engine` behind, `layout`, and room for slow points."""
+    spec = given if given is not None else load_spec(None, {})
+    return spec.with_section("front", engine=engine).with_section(
+        "worker", layout=layout, response_timeout_s=300
+    )
 
 
 class ManagedServer:
@@ -74,11 +65,10 @@ class ManagedServer:
         engine: str,
         artifact: Path,
         layout: str,
-        max_batch_delay_ms: int | None,
-        batch_requests: int | None = None,
+        given: DeploySpec | None = None,
     ):
         self.tmp = tempfile.TemporaryDirectory(prefix=f"ns-bench-{engine}-")
-        spec = bench_spec(engine, layout, max_batch_delay_ms, batch_requests)
+        spec = bench_spec(engine, layout, given)
         self.deployment = Deployment(
             spec, [ModelEntry(artifact=Path(artifact))], Path(self.tmp.name)
         )
@@ -121,13 +111,9 @@ class ManagedServer:
         return self._leases.folder
 
 
-def layout_plan(artifact: Path, layout: str) -> placement.WorkerPlan:
-    """The worker plan `neuronserve package` makes for a layout on this host."""
-    return placement.plan(
-        placement.PlanRequest.of(
-            load_spec(None, {"layout": layout}), [read_manifest(artifact, verify=False)]
-        )
-    )
+def layout_plan(artifact: Path, spec: DeploySpec) -> placement.WorkerPlan:
+    """The worker plan `neuronserve package` makes for `spec` on this host."""
+    return placement.plan(placement.PlanRequest.of(spec, [read_manifest(artifact, verify=False)]))
 
 
 class FrontServer:
@@ -140,19 +126,19 @@ class FrontServer:
         artifact: Path,
         layout: str,
         engine: str,
-        max_batch_delay_ms: int | None,
-        batch_requests: int | None = None,
+        given: DeploySpec | None = None,
     ):
         from ..serve.front.server import ENGINE_DIR
 
         self.artifact, self.layout, self.engine = Path(artifact), layout, engine
-        plan = layout_plan(self.artifact, layout)
+        spec = bench_spec(engine, layout, given)
+        plan = layout_plan(self.artifact, spec)
         self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
         self.name = read_manifest(self.artifact, verify=False).name
         self.tmp = tempfile.TemporaryDirectory(prefix=f"ns-bench-front-{engine}-")
         self.run_dir = Path(self.tmp.name) / "front"
         self.engine_work = self.run_dir / ENGINE_DIR
-        self.spec = bench_spec(engine, layout, max_batch_delay_ms, batch_requests).with_section(
+        self.spec = spec.with_section(
             "front",
             port=free_ports(1)[0],
             run_dir=self.run_dir,
@@ -215,7 +201,7 @@ class SageMakerServer:
     def __init__(self, artifact: Path, layout: str, engine: str | None = None):
         self.artifact, self.layout = Path(artifact), layout
         self.engine = engine or self.engine
-        plan = layout_plan(self.artifact, layout)
+        plan = layout_plan(self.artifact, load_spec(None, {"worker": {"layout": layout}}))
         self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
         self.tmp = tempfile.TemporaryDirectory(prefix="ns-bench-sagemaker-")
         self.port = free_ports(1)[0]

@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
@@ -49,6 +49,9 @@ import psutil
 from ..engines.bench import engine_bench
 from ..load.protocols import NATIVE, SoakProtocol
 from ..pids import alive
+
+if TYPE_CHECKING:
+    from ..spec import DeploySpec
 
 __all__ = ["NATIVE", "SoakProtocol", "SoakTarget", "soak_protocols"]
 
@@ -86,7 +89,6 @@ class SoakOptions:
     kill_at: float | None = 0.4
     seed: int = 0
     timeout_s: float = 120.0
-    layout: str = "throughput"
 
 
 @dataclass
@@ -586,24 +588,26 @@ VIAS = ("engine", "front", "sagemaker")
 
 
 def start_target(
-    artifact: Path, engine: str, via: str, layout: str = "throughput"
+    artifact: Path, engine: str, via: str, spec: DeploySpec | None = None
 ) -> tuple[Any, SoakTarget]:
     """Start `engine` serving `artifact`, asked directly (`via` engine), through the front
-    (`serve front`) or through the SageMaker entrypoint; return the server and its SoakTarget."""
+    (`serve front`) or through the SageMaker entrypoint, its workers as `spec` says;
+    return the server and its SoakTarget."""
     from ..artifact import read_manifest
     from ..engines.base import engine_class
     from .servers import FrontServer, ManagedServer, SageMakerServer
 
     manifest = read_manifest(artifact, verify=False)
+    layout = spec.worker.layout if spec is not None else "throughput"
     server: Any
     if via == "engine" and not engine_class(engine).protocols:
         server_name = engine_class(engine).server
         raise ValueError(f"{server_name} has no API of its own: soak it --via front")
     if via == "engine":
-        server = ManagedServer(engine, artifact, layout, None)
+        server = ManagedServer(engine, artifact, layout, spec)
         work = Path(server.tmp.name)
     elif via == "front":
-        server = FrontServer(artifact, layout, engine, None)
+        server = FrontServer(artifact, layout, engine, spec)
         work = server.engine_work
     elif via == "sagemaker":
         server = SageMakerServer(artifact, layout, engine)
@@ -667,16 +671,18 @@ def _own_temp_folder() -> Iterator[Path]:
 
 def soak_started(
     artifact: Path,
-    engine: str,
+    spec: DeploySpec,
     via: str,
     options: SoakOptions,
     log: Callable[[str], object] = print,
 ) -> SoakReport:
-    """Start `engine` for `artifact` (`via` engine, front or sagemaker), soak it, stop it
-    and report what the stop left behind: processes of the run, leases, temporary files."""
+    """Start the spec's engine for `artifact` (`via` engine, front or sagemaker), soak it,
+    stop it and report what the stop left behind: processes of the run, leases,
+    temporary files."""
+    engine = spec.front.engine
     with _own_temp_folder() as temp_dir:
         log(f"starting {engine} via {via} for {artifact} ...")
-        server, target = start_target(artifact, engine, via, options.layout)
+        server, target = start_target(artifact, engine, via, spec)
         pids: set[int] = set()
         shm: set[str] = set()
 

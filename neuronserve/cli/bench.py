@@ -8,10 +8,16 @@ from typing import Annotated
 
 import typer
 
+from ..spec import DeploySpec
 from .options import fail, ints
+from .spec_options import spec_command
 
 
+# the workers and batching of the servers bench starts come from the spec, as for `serve`
+# (their response timeout is bench's own: room for slow points; the layouts are swept)
+@spec_command("worker", "torchserve.batch_requests", skip=("layout", "response_timeout_s"))
 def bench_cmd(
+    spec: DeploySpec,
     endpoint: Annotated[
         list[str],
         typer.Option(
@@ -35,8 +41,12 @@ def bench_cmd(
     texts_per_request: Annotated[str, typer.Option(help="texts in each request")] = "1",
     concurrency: Annotated[str, typer.Option(help="concurrent clients (closed loop)")] = "1,4",
     layouts: Annotated[
-        str, typer.Option(help="worker layouts for the servers bench starts: throughput, latency")
-    ] = "throughput",
+        str | None,
+        typer.Option(
+            help="worker layouts for the servers bench starts, one after the other: "
+            "throughput, latency (default: the spec's layout)"
+        ),
+    ] = None,
     warmup: Annotated[float, typer.Option(help="seconds of warm-up before each point")] = 2.0,
     server_warmup: Annotated[
         float,
@@ -51,18 +61,6 @@ def bench_cmd(
     max_duration: Annotated[
         float, typer.Option(help="stop a point after this many seconds even below --min-requests")
     ] = 60.0,
-    max_batch_delay_ms: Annotated[
-        int | None,
-        typer.Option(
-            help="batching delay for the servers bench starts (default: the spec default)"
-        ),
-    ] = None,
-    batch_requests: Annotated[
-        int | None,
-        typer.Option(
-            help="TorchServe batchSize for the servers bench starts (default: the spec default)"
-        ),
-    ] = None,
     task: Annotated[
         str | None,
         typer.Option(
@@ -114,6 +112,7 @@ def bench_cmd(
         if not sep:
             fail(f"--header {h!r}: expected 'Name: value'")
         headers[name.strip()] = value.strip()
+    layouts = layouts or spec.worker.layout
     bad = [x for x in layouts.split(",") if x not in ("throughput", "latency")]
     if bad:
         fail(f"--layouts: unknown {bad}; use throughput and/or latency")
@@ -131,8 +130,7 @@ def bench_cmd(
                 max_duration_s=max_duration,
             ),
             server_warmup_s=server_warmup,
-            max_batch_delay_ms=max_batch_delay_ms,
-            batch_requests=batch_requests,
+            spec=spec,
             headers=headers,
             tokenizer=tokenizer,
             task=task,

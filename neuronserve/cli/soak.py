@@ -8,21 +8,19 @@ from typing import Annotated
 
 import typer
 
-from ..registry import ENGINES, default_engine
+from ..spec import DeploySpec
 from .options import fail
+from .spec_options import spec_command
 
 
+# the engine and its workers come from the spec, as for `serve` (their response timeout
+# is the soak's own)
+@spec_command("front.engine", "worker", skip=("response_timeout_s",))
 def soak_cmd(  # long: typer declares one parameter per command-line option
+    spec: DeploySpec,
     artifact: Annotated[
         Path, typer.Argument(help="artifact directory (answers are checked against its Runner)")
     ],
-    engine: Annotated[
-        str | None,
-        typer.Option(
-            help=f"the engine: {' or '.join(ENGINES)} [default: the first installed]",
-            show_default=False,
-        ),
-    ] = None,
     via: Annotated[
         str,
         typer.Option(
@@ -56,9 +54,6 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
             min=0.0, max=1.0, help="SIGKILL one worker after this share of the requests; 0: none"
         ),
     ] = 0.4,
-    layout: Annotated[str, typer.Option(help="worker layout: throughput or latency")] = (
-        "throughput"
-    ),
     seed: Annotated[int, typer.Option(help="seed of the request mix")] = 0,
     out: Annotated[Path | None, typer.Option(help="write the report as JSON here")] = None,
 ) -> None:
@@ -82,9 +77,6 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
     )
     from ..processes import ServeError
 
-    engine = engine or default_engine()
-    if engine not in ENGINES:
-        fail(f"--engine {engine!r}: {' or '.join(ENGINES)}")
     protocols = soak_protocols()
     if protocol not in protocols:
         fail(f"--protocol {protocol!r}: {' or '.join(protocols)}")
@@ -96,10 +88,8 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
             target = SoakTarget(label=url, url=url, protocol=protocols[protocol])
             report = run_soak(options, target, artifact)
         else:
-            options = SoakOptions(
-                requests, concurrency, malformed, kill_at or None, seed, layout=layout
-            )
-            report = soak_started(artifact, engine, via, options, log=typer.echo)
+            options = SoakOptions(requests, concurrency, malformed, kill_at or None, seed)
+            report = soak_started(artifact, spec, via, options, log=typer.echo)
     except (ServeError, ArtifactError, ValueError, OSError) as e:
         fail(str(e), 1)
     typer.echo(format_report(report))

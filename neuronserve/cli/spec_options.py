@@ -52,9 +52,12 @@ def _extra(info: FieldInfo) -> dict[str, Any]:
 
 
 def cli_fields(part: str) -> list[tuple[str, FieldInfo]]:
-    """The fields of `part` that have a command-line option."""
+    """The fields of `part` that have a command-line option (`section.field`: that one)."""
+    part, _, only = part.partition(".")
     model = section_model(part)
     own = [(n, f) for n, f in model.model_fields.items() if _extra(f).get("cli", True)]
+    if only:
+        own = [(n, f) for n, f in own if n == only]
     if part == TOP:  # the sections are fields of the spec, not options
         own = [(n, f) for n, f in own if n in TOP_OPTIONS]
     return own
@@ -109,8 +112,9 @@ def _parameter(part: str, name: str, info: FieldInfo) -> inspect.Parameter:
 
 def spec_command(*parts: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
     """Give the decorated command `--spec` and one option per field of `parts` (TOP for
-    the deployment's own fields, else section or engine keys), except `skip` (field
-    names); it is called with `spec`, the DeploySpec of the file and the flags given.
+    the deployment's own fields, else section or engine keys, or `key.field` for one
+    field), except `skip` (field names); it is called with `spec`, the DeploySpec of the
+    file and the flags given.
     A command that also takes `spec_file` gets the file's path (None: no file)."""
 
     def decorate(fn: F) -> F:
@@ -124,7 +128,7 @@ def spec_command(*parts: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
             if n not in ("spec", "spec_file")
         ]
         generated = [
-            _parameter(part, name, info)
+            _parameter(part.partition(".")[0], name, info)
             for part in parts
             for name, info in cli_fields(part)
             if name not in skip
