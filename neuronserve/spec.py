@@ -648,6 +648,11 @@ class ModelEntry(BaseModel):
     def _plain_name(cls, v: str | None) -> str | None:
         return None if v is None else safe_name(v)
 
+    def served_name(self, recorded: str) -> str:
+        """The name the model is served under: the one given here, else the one its
+        artifact recorded (`recorded`, its manifest's); the one place that decides it."""
+        return recorded if self.name is None else self.name
+
 
 class ModelSource(BaseModel):
     """A model of a deployment named by Hugging Face Hub id or folder: `serve front`

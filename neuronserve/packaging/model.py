@@ -86,7 +86,7 @@ def prepare(
     models = []
     for entry in entries:
         manifest = read_manifest(entry.artifact)
-        name = recorded_unless_given(entry.name, manifest.name)
+        name = entry.served_name(manifest.name)
         models.append(PackagedModel(manifest, name, Path(entry.artifact), f"{MODELS_DIR}/{name}"))
     _check_together(models)
     manifests = [m.manifest for m in models]

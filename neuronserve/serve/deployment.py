@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from .. import catalog, placement
 from ..artifact import read_manifest
 from ..engines.base import engine_class
-from ..packaging.model import recorded_unless_given, served_truncation
+from ..packaging.model import served_truncation
 from ..processes import free_ports, private_dir
 from ..spec import DeploySpec, ModelEntry
 
@@ -81,12 +81,14 @@ class Deployment:
         self.multi_model = spec.multi_model.enabled
         if not models and not self.multi_model:
             raise ValueError("a deployment needs at least one model")
-        # packaging verifies the artifacts' checksums when the engine starts
-        self.manifests = {
-            recorded_unless_given(m.name, mf.name): (mf, Path(m.artifact))
-            for m in models
-            for mf in [read_manifest(m.artifact, verify=False)]
-        }
+        # each model's served name, decided here once, and its manifest, read here once
+        # (packaging verifies the artifacts' checksums when the engine starts)
+        self.manifests: dict[str, tuple[Manifest, Path]] = {}
+        self._entries: dict[str, ModelEntry] = {}
+        for m in models:
+            manifest = read_manifest(m.artifact, verify=False)
+            served = m.served_name(manifest.name)
+            self.manifests[served], self._entries[served] = (manifest, Path(m.artifact)), m
         # multi-model: the workers start empty and the front loads these through the
         # catalog, like any model loaded later
         self.initial = list(models) if self.multi_model else []
@@ -171,13 +173,14 @@ class Deployment:
         return named or "no model yet (POST /models loads one)"
 
     def served_models(self) -> dict[str, ServedModel]:
-        """Each model as the front needs it, by name."""
-        out = {}
-        for entry in self.spec.model_entries():
-            manifest = read_manifest(entry.artifact, verify=False)
-            name = recorded_unless_given(entry.name, manifest.name)
-            out[name] = self.served_model(name, manifest, Path(entry.artifact), entry)
-        return out
+        """Each model it starts with as the front needs it, by name (none for a
+        multi-model deployment: the front loads those through the catalog)."""
+        if self.multi_model:
+            return {}
+        return {
+            name: self.served_model(name, manifest, artifact, self._entries[name])
+            for name, (manifest, artifact) in self.manifests.items()
+        }
 
     def served_model(
         self,

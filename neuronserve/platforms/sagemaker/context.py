@@ -21,7 +21,6 @@ from pathlib import Path
 
 from ...artifact import read_manifest
 from ...engines.base import engine_class
-from ...packaging.model import recorded_unless_given
 from ...registry import ENGINES
 from ...spec import DeploySpec
 
@@ -92,7 +91,7 @@ def check_runs(spec: DeploySpec, target: str, what: str = "image") -> list[str]:
                 f"{entry.artifact} was compiled for {manifest.target}; a {target} {what} "
                 f"runs artifacts compiled for {', '.join(sorted(RUNS[target]))}"
             )
-        names.append(recorded_unless_given(entry.name, manifest.name))
+        names.append(entry.served_name(manifest.name))
     return names
 
 
