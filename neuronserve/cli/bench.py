@@ -8,14 +8,20 @@ from typing import Annotated
 
 import typer
 
+from ..registry import ENGINES, section_class
 from ..spec import DeploySpec
 from .options import fail, ints
 from .spec_options import spec_command
 
+# an engine's own batch size (where it has one) beside the worker section's batching
+_BATCHES = [
+    f"{e}.batch_requests" for e in ENGINES if "batch_requests" in section_class(e).model_fields
+]
+
 
 # the workers and batching of the servers bench starts come from the spec, as for `serve`
 # (their response timeout is bench's own: room for slow points; the layouts are swept)
-@spec_command("worker", "torchserve.batch_requests", skip=("layout", "response_timeout_s"))
+@spec_command("worker", *_BATCHES, skip=("layout", "response_timeout_s"))
 def bench_cmd(
     spec: DeploySpec,
     endpoint: Annotated[
