@@ -239,10 +239,6 @@ def _attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
     return {_NAMESPACE + k: v for k, v in attributes.items() if v is not None}
 
 
-def now_ns() -> int:
-    return time.time_ns()
-
-
 _OFF = contextlib.nullcontext()
 
 # the front's one tracer (started by the front's process when its spec asks)

@@ -109,9 +109,6 @@ class ModelTable:
         """What every worker is to hold: the versions loaded or loading, by worker key."""
         return {k: v for k, v in self._all.items() if v.state in (LOADING, READY)}
 
-    def held_bytes(self, but: Version | None = None) -> int:
-        return sum(v.cost for v in self.wanted().values() if v is not but)
-
     # changes
 
     def pin(self, model: ServedModel) -> Version:
@@ -155,9 +152,6 @@ class ModelTable:
     def release(self, version: Version) -> None:
         version.holds -= 1
         version.last_used = time.monotonic()
-
-    def by_key(self, key: str) -> Version | None:
-        return self._all.get(key)
 
     async def drained(self, version: Version, poll_s: float = 0.01) -> None:
         """Once no request holds `version`."""
