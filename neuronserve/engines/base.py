@@ -2,18 +2,23 @@
 an engine. Triton (engines/triton/), TorchServe (engines/torchserve/) and neuronserve's
 own (engines/native/) are the three; the registry (registry.py) names them.
 
-Five methods make an engine:
+Five methods are what its users call:
 
     package(spec, plan)  write the spec's models into its store for this host's worker plan
     start(log, timeout)  start on its store, return once every worker is ready
     health(model)        (workers ready, workers planned) of a model
-    client(...)          the front's asynchronous client of it
+    client(...)          the front's asynchronous client of it (engines/client.py)
     stop(log)            stop it and wait until every process it started is gone
 
-An engine is made from its spec section (engines/<engine>/section.py: its store, ports
-and run folder) and runs from a run folder of its own (pid file, logs, keys). What a
-running engine offers others (its own API's routes, its main process, its metrics) is
-read from `running()`; what the CLI prints of it, from `ready_lines` and `packaged`.
+An engine's package implements them with: the abstract methods below (`package`,
+`health`, `client`, `_start`, `_stop`, `_running`, `models_in`, `packaged_models`,
+`ready_lines`) and the class attributes that say what it is; its spec section
+(section.py: its store, ports and run folder, `EngineSection`); its client
+(`EngineClient`: `run`, `health`, `metrics`, `close`); what bench and soak need of it
+(bench.py, `EngineBench`). It runs from a run folder of its own (pid file, logs, keys).
+What a running engine offers others (its own API's routes, its main process, its
+metrics) is read from `running()`; what the CLI prints of it, from `ready_lines` and
+`packaged`.
 """
 
 from __future__ import annotations
