@@ -84,15 +84,14 @@ def sagemaker_spec(work: Path) -> DeploySpec:
         given = from_environment(os.environ)
     except SpecError as e:
         raise PlatformError(str(e)) from None
-    for key, fields in given.items():
-        for field, value in fields.items():
-            log.info("%s.%s = %s, from the environment", key, field, _shown(value))
     sections: dict[str, dict[str, object]] = {
         "front": {"address": "0.0.0.0", "port": 8080, "run_dir": work, "deadline_s": 60},
         "worker": {"response_timeout_s": 60},
     }
     for key, fields in given.items():
         sections.setdefault(key, {}).update(fields)
+        for field, value in fields.items():
+            log.info("%s.%s = %s, from the environment", key, field, _shown(value))
     engine = str(sections["front"].setdefault("engine", engine_name()))
     if section_class(engine).in_container:  # the image's container is the deployment's own
         sections[engine] = {**section_class(engine).in_container, **sections.get(engine, {})}
