@@ -128,7 +128,7 @@ class FrontServer:
         engine: str,
         given: DeploySpec | None = None,
     ):
-        from ..serve.front.server import ENGINE_DIR
+        from ..serve.front.launch import ENGINE_DIR
 
         self.artifact, self.layout, self.engine = Path(artifact), layout, engine
         spec = bench_spec(engine, layout, given)

@@ -183,7 +183,8 @@ def _compiled(spec: DeploySpec) -> DeploySpec:
 
 def _foreground(spec: Any, sources: list[Path]) -> int:
     from ..serve.front.config import FrontConfig
-    from ..serve.front.server import ENGINE_DIR, configure_logging, deployment_for, run
+    from ..serve.front.launch import ENGINE_DIR
+    from ..serve.front.server import configure_logging, deployment_for, run
 
     configure_logging()
     config = FrontConfig.from_spec(spec)

@@ -38,7 +38,7 @@ from neuronserve.registry import ENGINES
 from neuronserve.runtime import Runner
 from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front import schemas
-from neuronserve.serve.front.server import ENGINE_DIR
+from neuronserve.serve.front.launch import ENGINE_DIR
 
 pytestmark = pytest.mark.server
 
@@ -102,9 +102,7 @@ def front(request, tmp_path_factory, minilm_artifact, classifier_artifact, task_
     out = run_cli("serve", "front", *models, "--spec", "deploy.yaml", cwd=work)
     front = Front(work, port, out.stdout, engine)
     yield front
-    root = psutil.Process(int((work / "front" / "front.pid").read_text()))
     run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=work)
-    assert not root.is_running() or root.status() == psutil.STATUS_ZOMBIE
     assert front.engine() is None, "the engine outlived the front"
 
 
@@ -521,3 +519,17 @@ def test_the_run_directory_serves_another_model_after_a_stop(
     assert front.post("/embed", {"inputs": "gone"}).status_code == 424
     store = front.work / "front" / ENGINE_DIR / "store"
     assert front.engine().models_in(store) == ["tiny-classifier"]
+
+
+def test_stop_stops_what_a_front_that_died_left_running(front):
+    """Last: a front killed outright (no drain, no stop of its engine) may leave its
+    engine serving (TorchServe's JVM is not its child); `--stop` stops that too."""
+    pid = int((front.work / "front" / "front.pid").read_text())
+    root = psutil.Process(pid)
+    root.kill()
+    wait_for(lambda: not root.is_running() or root.status() == psutil.STATUS_ZOMBIE, 30)
+    left = front.engine()
+    out = run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=front.work)
+    if left is not None:
+        assert f"the front left its {left.server} running" in out.stdout
+    assert front.engine() is None, "the engine outlived its front's stop"

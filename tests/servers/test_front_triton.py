@@ -31,7 +31,7 @@ from neuronserve.engines.triton.stubs import live_stubs
 from neuronserve.processes import live_pid
 from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front import schemas
-from neuronserve.serve.front.server import ENGINE_DIR
+from neuronserve.serve.front.launch import ENGINE_DIR
 
 pytestmark = pytest.mark.server
 

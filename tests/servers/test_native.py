@@ -27,7 +27,7 @@ import requests
 from helpers import free_port, reference_embeddings, run_cli, wait_for, write_spec
 
 from neuronserve.serve.deployment import running_engine
-from neuronserve.serve.front.server import ENGINE_DIR
+from neuronserve.serve.front.launch import ENGINE_DIR
 
 pytestmark = pytest.mark.server
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
+import psutil
 
 from ... import tensors
 from ...tracing import STAGES_HEADER, TRACE_HEADER, TRACING, Stage, parse_stages
@@ -126,8 +127,10 @@ class TorchServeClient(EngineClient):
         """The answer to one request, sent once more if its worker died (once_more); and
         once more still, the first answer taken, if a worker died after it was sent and
         it is unanswered HEDGE_AFTER_DEATH_S later: TorchServe may keep a job it had
-        given a worker as that worker died, unanswered until its response timeout."""
-        sent = time.monotonic()
+        given a worker as that worker died, unanswered until its response timeout. A
+        death is seen from an answer ("Worker died") or, when no request got one (the
+        dead worker held only this one), from the workers themselves."""
+        sent, since_boot = time.monotonic(), time.clock_gettime(time.CLOCK_BOOTTIME)
         first = asyncio.ensure_future(once_more(lambda: self._post(body, headers), what))
         tasks = [first]
         try:
@@ -135,7 +138,7 @@ class TorchServeClient(EngineClient):
                 done, _ = await asyncio.wait({first}, timeout=HEDGE_AFTER_DEATH_S)
                 if done:
                     return first.result()
-                if self._died_at > sent:
+                if self._died_at > sent or await self._worker_lost_since(since_boot):
                     break
             log.warning("%s: unanswered since a worker died; sent again", what)
             second = asyncio.ensure_future(self._post(body, headers))
@@ -161,15 +164,38 @@ class TorchServeClient(EngineClient):
             raise WorkerDied(f"TorchServe's worker died: {data[:200]!r}")
         return status, data, kept
 
-    async def health(self) -> WorkerCounts:
+    async def _worker_lost_since(self, since_boot: float) -> bool:
+        """Whether a worker died since `since_boot` (seconds since the host booted): one
+        is missing or not ready now, or one started after it (TorchServe replaced one
+        that died). The workers are processes of this host (the front started their
+        server); a process's start is counted from boot in clock ticks, so it is compared
+        there, not against the wall clock (the boot's wall time is whole seconds)."""
+        entries = await self._entries()
+        ready, _, _ = self._counts(entries)
+        if ready < self._workers:
+            return True
+        for entry in entries:
+            for worker in entry.get("workers", []):
+                try:
+                    started = psutil.Process(int(worker.get("pid", 0))).create_time()
+                    if started - psutil.boot_time() > since_boot:
+                        return True
+                except (ValueError, psutil.Error):
+                    return True
+        return False
+
+    async def _entries(self) -> list[dict]:
+        """The management API's answer about the model ([] when it gives none)."""
         try:
             async with self._session.get(
                 self._model_url, headers=self._management_auth, timeout=PROBE_TIMEOUT
             ) as r:
-                entries = await r.json() if r.status == 200 else []
+                return await r.json() if r.status == 200 else []
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError):
-            entries = []
-        return WorkerCounts(self._counts(entries)[0], self._workers)
+            return []
+
+    async def health(self) -> WorkerCounts:
+        return WorkerCounts(self._counts(await self._entries())[0], self._workers)
 
     async def metrics(self) -> str:
         return await metrics_text(self._session, self._metrics_url)

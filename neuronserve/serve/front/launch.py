@@ -27,10 +27,14 @@ from ...processes import (
     private_file,
     terminate,
 )
+from ...registry import ENGINES
 from ...spec import DeploySpec
 from ...waiting import until
+from ..deployment import running_engine
 from .config import FrontConfig
 
+# the engine's work folder in the run folder
+ENGINE_DIR = "engine"
 SETTINGS_FILE = "front.json"
 PID_FILE = "front.pid"
 LOG_FILE = "front.log"
@@ -135,9 +139,18 @@ def _listening(pid: int, port: int) -> bool:
 
 
 def stop(run_dir: Path, timeout_s: float = 180, log: Callable[[str], None] = print) -> bool:
-    """SIGTERM the front (it drains, then stops its engine) and wait until it is gone."""
+    """SIGTERM the front (it drains, then stops its engine) and wait until it is gone;
+    then stop its engine if it still runs: a front killed at the deadline, or one that
+    died, did not, and an engine's server may have left the front's process tree
+    (`torchserve --start` detaches its JVM)."""
     run_dir = Path(run_dir).resolve()
-    if _front(run_dir).stop(terminate, timeout_s, log) is None:
+    stopped = _front(run_dir).stop(terminate, timeout_s, log) is not None
+    for name in ENGINES:
+        left = running_engine(run_dir / ENGINE_DIR, name)
+        if left is not None:
+            log(f"the front left its {left.server} running")
+            stopped = left.stop(log) or stopped
+    if not stopped:
         log(f"no front is running from {run_dir}")
         return False
     log("front stopped")

@@ -35,6 +35,7 @@ from ..deployment import Deployment, model_entries
 from ..model_source import find_models
 from .app import build_app
 from .config import FrontConfig
+from .launch import ENGINE_DIR
 from .protocol import with_deadlines
 from .serving import Serving
 
@@ -43,8 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("neuronserve.front")
 
-# the engine work folder inside the front's run directory
-ENGINE_DIR = "engine"
 # how often the front asks its engine whether only a restart can make it whole again
 WHOLE_CHECK_S = 5.0
 
