@@ -135,6 +135,16 @@ def run_cli(
     return proc
 
 
+def package_for(engine: str, spec) -> Path:
+    """What `neuronserve package ENGINE` writes for `spec`, in this process: the
+    deployment prepared as every packager prepares it, then the engine's store."""
+    from neuronserve.engines.base import engine_class
+    from neuronserve.packaging.model import prepare
+
+    kind = engine_class(engine)
+    return kind.package(spec, prepare(spec, kind.worker_word))
+
+
 def cli(
     *args: object, cwd: Path | None = None, check: bool = True, env: dict | None = None
 ) -> subprocess.CompletedProcess:

@@ -43,11 +43,11 @@ def _package_command(name: str) -> None:
     @spec_command(TOP, "worker", "limits", name, skip=("artifact",))
     def package_engine(spec: DeploySpec, artifacts: ArtifactsArg = None) -> None:
         from ..artifact import ArtifactError
-        from ..packaging.model import PackagingError
+        from ..packaging.model import PackagingError, prepare
 
         s = require_artifacts(with_artifacts(spec, artifacts))
         try:
-            out = kind.package(s)
+            out = kind.package(s, prepare(s, kind.worker_word))
         except (ArtifactError, PackagingError, OSError) as e:
             fail(str(e), 1)
         lines = kind.packaged(out, s)

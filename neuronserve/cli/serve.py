@@ -43,9 +43,6 @@ def _serve_command(name: str) -> None:
         if stop:
             engine.stop()
             return
-        refused = engine.refusal()
-        if refused:
-            fail(refused)
         _found(kind.models_in(section.store), section.store)
         try:
             instance = engine.start(log=typer.echo, timeout_s=timeout)

@@ -4,7 +4,7 @@ own (engines/native/) are the three; the registry (registry.py) names them.
 
 Five methods are what its users call:
 
-    package(spec, plan)  write the spec's models into its store for this host's worker plan
+    package(spec, packaged)  write the prepared deployment into its store
     start(log, timeout)  start on its store, return once every worker is ready
     health(model)        (workers ready, workers planned) of a model
     client(...)          the front's asynchronous client of it (engines/client.py)
@@ -37,7 +37,7 @@ from ..sources import FoundModel, ModelSourceError
 from ..worker import WorkerSettings
 
 if TYPE_CHECKING:
-    from ..placement import WorkerPlan
+    from ..packaging.model import Packaged
     from ..spec import DeploySpec
     from .client import EngineClient
 
@@ -120,10 +120,11 @@ class Engine(ABC, Generic[Instance]):
 
     @classmethod
     @abstractmethod
-    def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
-        """Write the spec's models into the store its section names, for this host's
-        worker plan (`plan` when the caller made it already), as one engine model whose
-        workers each hold every model; the path written."""
+    def package(cls, spec: DeploySpec, packaged: Packaged) -> Path:
+        """Write `packaged` (the deployment as `packaging.model.prepare` resolved it: its
+        verified models and their names, the worker plan, the workers' settings) into the
+        store the spec's section names, as one engine model whose workers each hold every
+        model; the path written."""
 
     def start(self, log: Log = print, timeout_s: float = 600) -> Instance:
         """Start on the section's store, listening where it says, and return once every
@@ -204,10 +205,6 @@ class Engine(ABC, Generic[Instance]):
     def packaged(cls, path: Path, spec: DeploySpec) -> list[str]:
         """What `neuronserve package <engine>` prints once it wrote `path`."""
         return [f"wrote {path}"]
-
-    def refusal(self) -> str | None:
-        """Why `serve <engine>` must not start with this section (None: it may)."""
-        return None
 
     @abstractmethod
     def ready_lines(self, instance: Instance, stop_hint: str) -> list[str]:

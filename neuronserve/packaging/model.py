@@ -72,12 +72,16 @@ class Packaged:
 
 
 def prepare(
-    spec: DeploySpec, what: str = "workers", plan: placement.WorkerPlan | None = None
+    spec: DeploySpec,
+    what: str = "workers",
+    plan: placement.WorkerPlan | None = None,
+    serving_host: bool = False,
 ) -> Packaged:
     """Refuse a broken artifact, two models of one name, artifacts compiled for
     different targets and a plan whose workers cannot hold every model in memory; plan
     workers unless the caller has (`what` names them in the warning printed when this
-    host has fewer core groups than asked for); settle the settings."""
+    host has fewer core groups than asked for; `serving_host`: placement.plan's); settle
+    the settings."""
     entries = spec.model_entries()
     if spec.multi_model.enabled:
         return _prepare_multi_model(spec, what, plan)
@@ -92,7 +96,7 @@ def prepare(
     manifests = [m.manifest for m in models]
     if plan is None:
         try:
-            plan = placement.plan(placement.PlanRequest.of(spec, manifests))
+            plan = placement.plan(placement.PlanRequest.of(spec, manifests), serving_host)
         except placement.PlacementError as e:
             raise PackagingError(str(e)) from None
     for manifest in manifests:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from .. import catalog, placement
 from ..artifact import read_manifest
 from ..engines.base import engine_class
-from ..packaging.model import served_truncation
+from ..packaging.model import prepare, served_truncation
 from ..processes import free_ports, private_dir
 from ..spec import DeploySpec, ModelEntry
 
@@ -61,9 +61,11 @@ class Deployment:
     name and truncation, the worker, limits and multi-model sections and the engine's
     own; where the engine keeps its store and run folder, and the loopback ports it
     listens on, are chosen here, with the keys on that a front holds (the engine
-    section's `behind_front`). `plan`, when the caller planned the workers already (the
-    SageMaker entrypoint does, from SageMaker's settings), is used as it is instead of
-    planning again.
+    section's `behind_front`). It is resolved once, here (`packaged`: the models'
+    verified manifests and served names, the worker plan, the workers' settings), and
+    every start packages from that. `serving_host`: the host it plans for is the one it
+    serves on (the SageMaker entrypoint), so more workers than core groups are cut to the
+    groups.
     """
 
     def __init__(
@@ -71,7 +73,7 @@ class Deployment:
         spec: DeploySpec,
         models: list[ModelEntry],
         work: Path,
-        plan: placement.WorkerPlan | None = None,
+        serving_host: bool = False,
     ):
         # the engine's store, catalog and run folder: what its workers read as
         # instructions, so this user's alone
@@ -81,17 +83,14 @@ class Deployment:
         self.multi_model = spec.multi_model.enabled
         if not models and not self.multi_model:
             raise ValueError("a deployment needs at least one model")
-        # each model's served name, decided here once, and its manifest, read here once
-        # (packaging verifies the artifacts' checksums when the engine starts)
-        self.manifests: dict[str, tuple[Manifest, Path]] = {}
-        self._entries: dict[str, ModelEntry] = {}
-        for m in models:
-            manifest = read_manifest(m.artifact, verify=False)
-            served = m.served_name(manifest.name)
-            self.manifests[served], self._entries[served] = (manifest, Path(m.artifact)), m
-        # multi-model: the workers start empty and the front loads these through the
-        # catalog, like any model loaded later
-        self.initial = list(models) if self.multi_model else []
+        # multi-model: the workers start empty and the front loads the models given at
+        # start through the catalog, like any model loaded later (their manifests are read
+        # here for their names and target; the catalog verifies each as it loads it)
+        self.initial: dict[str, tuple[Manifest, Path]] = {}
+        if self.multi_model:
+            for m in models:
+                manifest = read_manifest(m.artifact, verify=False)
+                self.initial[m.served_name(manifest.name)] = (manifest, Path(m.artifact))
         section = kind.section_class
         data = spec.model_dump(exclude_unset=True, exclude={"front", "artifact", "name"})
         data["models"] = [] if self.multi_model else [m.model_dump() for m in models]
@@ -106,7 +105,7 @@ class Deployment:
             **dict(zip(section.port_fields, free_ports(len(section.port_fields)), strict=True)),
         }
         if self.multi_model:
-            first = next(iter(self.manifests.values()), None)
+            first = next(iter(self.initial.values()), None)
             data["multi_model"] = {
                 **data.get("multi_model", {}),
                 "catalog_dir": self.work / CATALOG_DIR,
@@ -115,17 +114,18 @@ class Deployment:
         data["front"] = {"engine": name}
         self.spec = DeploySpec.model_validate(data)
         self.engine = kind(self.spec.engine_named(name))
-        # the name the engine serves them under: the model's own when there is one
-        self.name = (
-            next(iter(self.manifests))
-            if len(self.manifests) == 1 and not self.multi_model
-            else self.spec.deployment_name
-        )
-        self.plan = plan or placement.plan(
-            placement.PlanRequest.of(self.spec, [m for m, _ in self.manifests.values()])
-            if self.manifests
-            else placement.PlanRequest.of_target(self.spec, self.spec.multi_model.target)
-        )
+        plan = None
+        if self.multi_model:  # on the target of the models it will load
+            plan = placement.plan(
+                placement.PlanRequest.of_target(self.spec, self.spec.multi_model.target),
+                serving_host,
+            )
+        # resolved once: the manifests read and verified, each model's served name, the
+        # name the engine serves them under, the worker plan and the workers' settings;
+        # every start packages from it
+        self.packaged = prepare(self.spec, kind.worker_word, plan, serving_host)
+        self.name = self.packaged.name
+        self.plan = self.packaged.plan
 
     @property
     def engine_name(self) -> str:
@@ -145,7 +145,7 @@ class Deployment:
         if self.multi_model:  # and nothing an earlier start loaded is wanted again
             shutil.rmtree(self.work / CATALOG_DIR, ignore_errors=True)
             catalog.write_wanted(self.work / CATALOG_DIR, {})
-        self.engine.package(self.spec, self.plan)
+        self.engine.package(self.spec, self.packaged)
         self.engine.start(log=log.info)
 
     def stop(self) -> None:
@@ -169,17 +169,20 @@ class Deployment:
     def tasks(self) -> str:
         """The models it starts with, as the log says them ("no model yet" for a
         multi-model deployment started empty)."""
-        named = ", ".join(f"{n} ({m.task})" for n, (m, _) in self.manifests.items())
-        return named or "no model yet (POST /models loads one)"
+        named = [(m.name, m.manifest.task) for m in self.packaged.models] or [
+            (n, m.task) for n, (m, _) in self.initial.items()
+        ]
+        return ", ".join(f"{n} ({task})" for n, task in named) or (
+            "no model yet (POST /models loads one)"
+        )
 
     def served_models(self) -> dict[str, ServedModel]:
         """Each model it starts with as the front needs it, by name (none for a
         multi-model deployment: the front loads those through the catalog)."""
-        if self.multi_model:
-            return {}
+        truncation = {m.name: m.truncation for m in self.packaged.settings.models}
         return {
-            name: self.served_model(name, manifest, artifact, self._entries[name])
-            for name, (manifest, artifact) in self.manifests.items()
+            m.name: self.served_model(m.name, m.manifest, m.artifact, truncation[m.name])
+            for m in self.packaged.models
         }
 
     def served_model(
@@ -187,19 +190,21 @@ class Deployment:
         name: str,
         manifest: Manifest,
         artifact: Path,
-        entry: ModelEntry | None = None,
+        truncation: bool | None = None,
         key: str = "",
     ) -> ServedModel:
-        """One model as the front needs it (a multi-model load passes its worker name)."""
+        """One model as the front needs it: `truncation` as packaged (None: a model the
+        catalog loads, as its artifact recorded unless the spec says); a multi-model load
+        passes its worker name as `key`."""
         from ..served import ServedModel
 
         return ServedModel(
             name=name,
             manifest=manifest,
             engine=self.engine.name,
-            truncation=served_truncation(
-                entry or ModelEntry(artifact=artifact), self.spec, manifest
-            ),
+            truncation=truncation
+            if truncation is not None
+            else served_truncation(ModelEntry(artifact=artifact), self.spec, manifest),
             max_text_chars=self.spec.limits.max_text_chars,
             tokenizer=ServedModel.tokenizer_of(manifest, artifact),
             key=key,

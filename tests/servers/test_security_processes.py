@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import ports_for, run_cli
+from helpers import package_for, ports_for, run_cli
 
 from neuronserve.engines.triton import launch
 from neuronserve.engines.triton.process import ADMIN_HEADER, ADMIN_KEY_FILE, PID_FILE
@@ -109,12 +109,11 @@ class AsNobody:
 @pytest.fixture
 def repository(tmp_path, tiny_artifact, monkeypatch) -> Path:
     """A one-instance Triton repository of the tiny embedder, with leases of its own."""
-    from neuronserve.engines.triton.package import package_triton
     from neuronserve.spec import load_spec
 
     spec = load_spec(None, {"artifact": tiny_artifact, "worker": {"workers": 1},
                             "triton": {"repository": tmp_path / "repo"}})  # fmt: skip
-    package_triton(spec)
+    package_for("triton", spec)
     monkeypatch.setenv("NEURONSERVE_LEASE_DIR", str(tmp_path / "leases"))
     return tmp_path / "repo"
 

@@ -33,6 +33,7 @@ from helpers import (
     QA_CONTEXT,
     REPO,
     SENTENCES,
+    package_for,
     ports_for,
     qa_reference,
     run_cli,
@@ -540,24 +541,6 @@ def test_bad_inputs_fail_alone_while_neighbours_succeed(server, minilm_runner):
     assert len(stub_pids(server)) == 2  # no instance died
 
 
-def test_sagemaker_listener_is_refused_for_the_front(server):
-    """Triton's SageMaker listener would bind 0.0.0.0 without a key; the command says to
-    use the front, and starts nothing."""
-    r = run_cli(
-        "serve",
-        "triton",
-        "--spec",
-        "deploy.yaml",
-        "--sagemaker",
-        "--run-dir",
-        "run2",
-        cwd=server.work,
-        check=False,
-    )
-    assert r.returncode == 2 and "serve front REPOSITORY --engine triton" in r.stderr
-    assert not (server.work / "run2").exists()
-
-
 def test_repository_and_config_apis_need_the_admin_key(server):
     """Model control is explicit (the healer replaces an instance whose stub died), so
     the repository API can load and unload: it and the config API need the key
@@ -615,13 +598,12 @@ def test_a_tritonserver_that_dies_during_its_start_is_started_again_with_the_cau
     """A start must not fail by chance: tritonserver killed while it loads (what a crash
     looks like) is started once more, its whole log kept and the way it ended said; a
     model that cannot load is refused at once with Triton's reason."""
-    from neuronserve.engines.triton.package import package_triton
     from neuronserve.engines.triton.process import EXITED_LOG, PID_FILE, Listen, start, stop
     from neuronserve.spec import load_spec
 
     spec = load_spec(None, {"artifact": tiny_artifact, "worker": {"workers": 1},
                             "triton": {"repository": tmp_path / "repo"}})  # fmt: skip
-    package_triton(spec)
+    package_for("triton", spec)
     # beside the module's server, which holds both of this host's core groups
     monkeypatch.setenv("NEURONSERVE_LEASE_DIR", str(tmp_path / "leases"))
     run_dir = tmp_path / "run"

@@ -10,7 +10,7 @@ import json
 import pytest
 import yaml
 from google.protobuf import json_format
-from helpers import cli
+from helpers import cli, package_for
 
 from neuronserve.engines.triton.package import read_config
 from neuronserve.serve.model_source import find_models
@@ -71,8 +71,6 @@ def triton_truncation(repo, name):
 
 @pytest.mark.parametrize("given", [None, True])
 def test_packaging_keeps_the_artifacts_truncation_unless_given(artifacts, tmp_path, given):
-    from neuronserve.engines.torchserve.package import package_torchserve
-    from neuronserve.engines.triton.package import package_triton
     from neuronserve.platforms.sagemaker.context import package_sagemaker
 
     strict, want = artifacts / "strict", False if given is None else given
@@ -87,9 +85,9 @@ def test_packaging_keeps_the_artifacts_truncation_unless_given(artifacts, tmp_pa
             "triton": {"repository": tmp_path / "repo"},
         },
     )
-    package_torchserve(spec)
+    package_for("torchserve", spec)
     assert torchserve_truncation(tmp_path / "store", "strict") is want
-    package_triton(spec)
+    package_for("triton", spec)
     assert triton_truncation(tmp_path / "repo", "strict") is want
     for engine in ("torchserve", "triton"):
         ctx = package_sagemaker(spec, engine, "cpu", tmp_path / f"sm-{engine}")
@@ -134,3 +132,14 @@ def test_help_says_the_flag_defaults_to_the_artifact():
         out = CliRunner().invoke(app, ["package", command, "--help"], env={"COLUMNS": "200"})
         assert out.exit_code == 0 and "--truncation" in out.output, out.output
         assert "package: default what the artifact recorded" in out.output, command
+
+
+def test_tritons_sagemaker_listener_is_refused_before_anything_starts(tmp_path):
+    """Triton's SageMaker listener would bind 0.0.0.0 without a key: the spec is refused
+    (in a file or as the flag), saying to use the front, and nothing is made."""
+    r = cli("serve", "triton", "--sagemaker", "--run-dir", "run2", cwd=tmp_path, check=False)
+    assert r.returncode == 2 and "serve front REPOSITORY --engine triton" in r.stderr
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "deploy.yaml").write_text("triton:\n  sagemaker: true\n")
+    with pytest.raises(ValueError, match="Triton's own SageMaker listener"):
+        load_spec(tmp_path / "deploy.yaml")

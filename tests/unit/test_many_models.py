@@ -9,6 +9,7 @@ import zipfile
 
 import pytest
 import yaml
+from helpers import package_for
 from typer.testing import CliRunner
 
 from neuronserve import placement
@@ -62,9 +63,8 @@ def test_torchserve_gets_one_archive_holding_every_model(
 def test_triton_gets_one_model_taking_what_every_model_takes(
     tmp_path, tiny_artifact, classifier_artifact
 ):
-    from neuronserve.engines.triton.package import package_triton
 
-    model_dir = package_triton(spec(tmp_path, tiny_artifact, classifier_artifact))
+    model_dir = package_for("triton", spec(tmp_path, tiny_artifact, classifier_artifact))
     assert model_dir.name == "models"  # the default deployment name
     config = read_config(model_dir / "config.pbtxt")
     inputs = {i.name: i.optional for i in config.input}

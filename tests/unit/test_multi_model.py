@@ -345,7 +345,7 @@ def test_the_container_runs_the_contract_when_sagemaker_asks(tmp_path, monkeypat
     spec = sagemaker_spec(tmp_path / "work")
     assert spec.multi_model.enabled and spec.multi_model.memory_budget_mb == 512
     deployment = sagemaker_deployment(spec, tmp_path / "work")
-    assert deployment.multi_model and deployment.manifests == {}
+    assert deployment.multi_model and deployment.initial == {} and deployment.packaged.models == []
     assert deployment.spec.multi_model.catalog_dir == tmp_path / "work" / "catalog"
     monkeypatch.setenv("SAGEMAKER_MULTI_MODEL", "false")
     with pytest.raises(Exception, match="no model in"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers import package_for
 
 from neuronserve import placement
 from neuronserve.cores import discover
@@ -55,7 +56,7 @@ def test_more_workers_than_groups_is_a_warning_or_capped():
 def test_packagers_write_the_plan(tmp_path, tiny_artifact):
     from neuronserve.buckets import engine_batch_sizes
     from neuronserve.engines.torchserve.package import model_config
-    from neuronserve.engines.triton.package import package_triton, read_config
+    from neuronserve.engines.triton.package import read_config
     from neuronserve.packaging.model import prepare
 
     n = len(discover("cpu"))
@@ -76,6 +77,6 @@ def test_packagers_write_the_plan(tmp_path, tiny_artifact):
         None,
         {"layout": "latency", "triton_repository": tmp_path / "repo", "artifact": tiny_artifact},
     )
-    config = read_config(package_triton(spec) / "config.pbtxt")
+    config = read_config(package_for("triton", spec) / "config.pbtxt")
     assert [(g.name, g.count) for g in config.instance_group] == [("cores0", 1)]
     assert config.parameters["neuronserve_cores_per_worker"].string_value == str(n)

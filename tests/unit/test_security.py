@@ -10,12 +10,10 @@ import stat
 from pathlib import Path
 
 import pytest
+from helpers import package_for
 
 from neuronserve import cores
 from neuronserve.artifact import ArtifactError, read_manifest
-from neuronserve.engines.native.package import package_native
-from neuronserve.engines.torchserve.package import package_torchserve
-from neuronserve.engines.triton.package import package_triton
 from neuronserve.spec import SpecError, load_spec
 
 HOSTILE = ["../..", "../victim", "/srv", "a/b", ".hidden", "", "x" * 200, "a\nb"]
@@ -61,9 +59,8 @@ def test_packaging_never_removes_outside_the_store(tmp_path, tiny_artifact, engi
             "artifact": art,
         },
     )
-    package = {"torchserve": package_torchserve, "triton": package_triton}
     with pytest.raises(ArtifactError, match="not a plain name"):
-        package.get(engine, package_native)(spec)
+        package_for(engine, spec)
     assert (victim / "precious.txt").read_text() == "keep me"
 
 
@@ -82,15 +79,15 @@ def test_packaging_replaces_in_place_and_leaves_nothing_behind(tmp_path, tiny_ar
         "name": "m",
         "artifact": tiny_artifact,
     }
-    package_torchserve(load_spec(None, base))
-    out = package_torchserve(load_spec(None, {**base, "archive_format": "no-archive"}))
+    package_for("torchserve", load_spec(None, base))
+    out = package_for("torchserve", load_spec(None, {**base, "archive_format": "no-archive"}))
     # the .mar of the first packaging is gone: the same model would load twice
     assert out == store.resolve() / "m" and out.is_dir()
     assert sorted(p.name for p in store.iterdir()) == sorted(
         ["m", "config.properties", "metrics.yaml"]
     ), list(store.iterdir())
-    package_triton(load_spec(None, base))
-    model = package_triton(load_spec(None, base))
+    package_for("triton", load_spec(None, base))
+    model = package_for("triton", load_spec(None, base))
     assert [p.name for p in repo.iterdir()] == ["m"] and (model / "config.pbtxt").is_file()
 
 

@@ -10,6 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
+from helpers import package_for
 
 from neuronserve import catalog
 from neuronserve.private_folders import NotPrivate, private_folder, shared_entry
@@ -130,12 +131,11 @@ def test_a_store_is_unpacked_into_a_folder_of_this_users_own(tmp_path, tiny_arti
     """Reading a TorchServe store back (`serve front model_store`) unpacks its archive
     into the engine's work folder: made 0700 (it was made 0755 with its parents, which
     the deployment then refused), and one open to others is refused, never chmodded."""
-    from neuronserve.engines.torchserve.package import package_torchserve
     from neuronserve.serve.model_source import find_models
     from neuronserve.spec import load_spec
 
     store = tmp_path / "model_store"
-    package_torchserve(load_spec(None, {"artifact": tiny_artifact, "model_store": store}))
+    package_for("torchserve", load_spec(None, {"artifact": tiny_artifact, "model_store": store}))
     run = tmp_path / "front"
     run.mkdir(mode=0o700)
     found = find_models(store, run / "engine")

@@ -14,7 +14,7 @@ from ..base import Engine, Log
 from .section import NativeSection
 
 if TYPE_CHECKING:
-    from ...placement import WorkerPlan
+    from ...packaging.model import Packaged
     from ...spec import DeploySpec
     from ..base import FoundModel
     from ..client import EngineClient
@@ -43,10 +43,10 @@ class Native(Engine["NativeInstance"]):
         return cast(NativeSection, self.section)
 
     @classmethod
-    def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
+    def package(cls, spec: DeploySpec, packaged: Packaged) -> Path:
         from .package import package_native
 
-        return package_native(spec, plan)
+        return package_native(spec, packaged)
 
     def _start(self, log: Log, timeout_s: float) -> NativeInstance:
         from .process import start
@@ -88,12 +88,6 @@ class Native(Engine["NativeInstance"]):
         from .package import packaged_models
 
         return packaged_models(folder)
-
-    def refusal(self) -> str | None:
-        return (
-            "the native engine has no API of its own: serve it behind the front, "
-            "`neuronserve serve front STORE --engine native`"
-        )
 
     def ready_lines(self, instance: NativeInstance, stop_hint: str) -> list[str]:
         from .supervisor import STATUS_FILE

@@ -10,8 +10,7 @@ import shutil
 from dataclasses import asdict
 from pathlib import Path
 
-from ... import placement
-from ...packaging.model import prepare, put_in_place, staged
+from ...packaging.model import Packaged, put_in_place, staged
 from ...sources import FoundModel
 from ...spec import DeploySpec
 from ..base import packaged
@@ -27,10 +26,10 @@ def packaged_models(source: Path) -> list[FoundModel] | None:
     return None
 
 
-def package_native(spec: DeploySpec, plan: placement.WorkerPlan | None = None) -> Path:
-    """Write the spec's models into its native store (for `plan`, or this host's); the
-    deployment's folder."""
-    done = prepare(spec, what="workers", plan=plan)
+def package_native(spec: DeploySpec, packaged: Packaged) -> Path:
+    """Write the prepared models into the spec's native store; the deployment's
+    folder."""
+    done = packaged
     store = spec.engine(NativeSection).store
     with staged(store) as stage:
         model_dir = stage / done.name

@@ -12,7 +12,7 @@ from ..base import Engine, Log
 from .section import TorchServeSection
 
 if TYPE_CHECKING:
-    from ...placement import WorkerPlan
+    from ...packaging.model import Packaged
     from ...spec import DeploySpec
     from ..base import FoundModel
     from ..client import EngineClient
@@ -37,10 +37,10 @@ class TorchServe(Engine["TorchServeInstance"]):
         return cast(TorchServeSection, self.section)
 
     @classmethod
-    def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
+    def package(cls, spec: DeploySpec, packaged: Packaged) -> Path:
         from .package import package_torchserve
 
-        return package_torchserve(spec, plan)
+        return package_torchserve(spec, packaged)
 
     def _start(self, log: Log, timeout_s: float) -> TorchServeInstance:
         from .process import listen_overrides, start

@@ -19,13 +19,12 @@ from pathlib import Path
 
 import yaml
 
-from ... import metrics, placement
+from ... import metrics
 from ...packaging.model import (
     MULTI_MODEL_MAX_BATCH,
     Packaged,
     PackagingError,
     engine_batches,
-    prepare,
     put_in_place,
     retire,
     staged,
@@ -188,10 +187,9 @@ def _metrics_yaml(store: Path) -> None:
     (store / METRICS_FILE).write_text(yaml.safe_dump(default, sort_keys=False))
 
 
-def package_torchserve(spec: DeploySpec, plan: placement.WorkerPlan | None = None) -> Path:
-    """Build the archive of the spec's models into its model store (for `plan`, or this
-    host's); return its path."""
-    packaged = prepare(spec, plan=plan)
+def package_torchserve(spec: DeploySpec, packaged: Packaged) -> Path:
+    """Build the archive of the prepared models into the spec's model store; return its
+    path."""
     name = packaged.name
     own = spec.engine(TorchServeSection)
     store = Path(own.model_store).resolve()

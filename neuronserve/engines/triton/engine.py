@@ -13,7 +13,7 @@ from ..base import Engine, Log
 from .section import TritonSection
 
 if TYPE_CHECKING:
-    from ...placement import WorkerPlan
+    from ...packaging.model import Packaged
     from ...spec import DeploySpec
     from ..base import FoundModel
     from ..client import EngineClient
@@ -39,10 +39,10 @@ class Triton(Engine["TritonInstance"]):
         return cast(TritonSection, self.section)
 
     @classmethod
-    def package(cls, spec: DeploySpec, plan: WorkerPlan | None = None) -> Path:
+    def package(cls, spec: DeploySpec, packaged: Packaged) -> Path:
         from .package import package_triton
 
-        return package_triton(spec, plan)
+        return package_triton(spec, packaged)
 
     def _start(self, log: Log, timeout_s: float) -> TritonInstance:
         from .process import Listen, start
@@ -120,16 +120,6 @@ class Triton(Engine["TritonInstance"]):
     @classmethod
     def packaged(cls, path: Path, spec: DeploySpec) -> list[str]:
         return [f"wrote {path}/config.pbtxt, {path}/1/model.py and {path}/1/models"]
-
-    def refusal(self) -> str | None:
-        if self.own.sagemaker:
-            return (
-                "Triton's own SageMaker listener binds 0.0.0.0 with no authentication "
-                "(tritonserver has no option to bind it elsewhere); serve /ping and "
-                "/invocations through neuronserve's front instead: `neuronserve serve front "
-                "REPOSITORY --engine triton`"
-            )
-        return None
 
     def ready_lines(self, instance: TritonInstance, stop_hint: str) -> list[str]:
         from .process import HEALER_LOG, HEALER_STATUS_FILE

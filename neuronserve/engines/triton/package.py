@@ -19,13 +19,12 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from ... import placement, tensors
+from ... import tensors
 from ...packaging.model import (
     MULTI_MODEL_MAX_BATCH,
     Packaged,
     PackagingError,
     engine_batches,
-    prepare,
     put_in_place,
     staged,
 )
@@ -179,10 +178,9 @@ def packaged_models(source: Path) -> list[FoundModel] | None:
     return None
 
 
-def package_triton(spec: DeploySpec, plan: placement.WorkerPlan | None = None) -> Path:
-    """Write the spec's models into its Triton repository as one Triton model (for
-    `plan`, or this host's); return the model directory."""
-    packaged = prepare(spec, what="instances", plan=plan)
+def package_triton(spec: DeploySpec, packaged: Packaged) -> Path:
+    """Write the prepared models into the spec's Triton repository as one Triton model;
+    return the model directory."""
     repository = spec.engine(TritonSection).repository
     with staged(repository) as stage:
         model_dir = stage / packaged.name

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ...section import EngineSection, flags
 
@@ -95,3 +95,15 @@ class TritonSection(EngineSection):
         description="refused: Triton's own SageMaker listener binds 0.0.0.0 without "
         "authentication; `serve front --engine triton` answers /ping and /invocations",
     )
+
+    @field_validator("sagemaker")
+    @classmethod
+    def _no_sagemaker_listener(cls, on: bool) -> bool:
+        if on:
+            raise ValueError(
+                "Triton's own SageMaker listener binds 0.0.0.0 with no authentication "
+                "(tritonserver has no option to bind it elsewhere); serve /ping and "
+                "/invocations through neuronserve's front instead: `neuronserve serve front "
+                "REPOSITORY --engine triton`"
+            )
+        return on

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from ...artifact import read_manifest
 from ...engines.base import engine_class
+from ...packaging.model import prepare
 from ...registry import ENGINES
 from ...spec import DeploySpec
 
@@ -135,7 +136,7 @@ def package_sagemaker(spec: DeploySpec, engine: str, target: str, out: Path) -> 
     model_spec = spec.with_section("worker", workers=spec.worker.workers or 1).with_section(
         engine, **{kind.section_class.store_field: out / "model"}
     )
-    kind.package(model_spec)
+    kind.package(model_spec, prepare(model_spec, kind.worker_word))
     (out / "neuronserve.json").write_text(
         json.dumps({"engine": engine, "target": target, "models": names}, indent=2) + "\n"
     )

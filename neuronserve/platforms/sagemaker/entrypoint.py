@@ -23,8 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ... import placement
-from ...artifact import MANIFEST, read_manifest
+from ...artifact import MANIFEST
 from ...compile.cache import resolved
 from ...processes import private_dir
 from ...registry import section_class
@@ -160,9 +159,9 @@ def hub_token() -> None:
 
 
 def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
-    """Find the model, plan workers for this host from SageMaker's settings (once: the
-    deployment packages and starts with this plan), and make the deployment the front
-    starts."""
+    """Find the model and make the deployment the front starts, its workers planned for
+    this host from SageMaker's settings (once: the deployment packages and starts with
+    this plan)."""
     if spec.model_sources():  # HF_MODEL_ID: compiled for this host, or from the cache
         spec = resolved(spec, log=log.info, progress=False)
         source: Path | None = None
@@ -178,19 +177,10 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
                 raise
             source = None  # a multi-model endpoint starts empty
         found = find_models(source, work) if source is not None else []
-    manifests = [read_manifest(f.artifact) for f in found]
     requested = spec.worker.workers
-    plan = placement.plan(
-        placement.PlanRequest(
-            manifests[0].target if manifests else spec.multi_model.target,
-            workers=requested,
-            cores_per_worker=spec.worker.cores_per_worker,
-            cores_per_module=max(
-                (int(m.compiler.get("cores_per_module", 1)) for m in manifests), default=1
-            ),
-        ),
-        serving_host=True,
-    )
+    # the plan is this host's: more workers than core groups are cut to the groups
+    deployment = Deployment(spec, model_entries(found, spec), work, serving_host=True)
+    plan = deployment.plan
     if requested and requested > plan.workers:
         log.warning(
             "SAGEMAKER_MODEL_SERVER_WORKERS=%s capped to %d: this host has %d %s core "
@@ -199,15 +189,13 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
             plan.workers,
             plan.groups,
             plan.kind,
-            spec.worker.cores_per_worker,
+            plan.cores_per_worker,
         )
-    spec = spec.with_section("worker", workers=plan.workers)
-    served = ", ".join(f"{f.name} ({m.task})" for f, m in zip(found, manifests, strict=True))
     if spec.multi_model.enabled:
-        log.info("a multi-model endpoint, starting with %s", served or "no model")
+        log.info("a multi-model endpoint, starting with %s", deployment.tasks)
     else:
-        log.info("serving %s from %s", served, source)
-    return Deployment(spec, model_entries(found, spec), work, plan)
+        log.info("serving %s from %s", deployment.tasks, source)
+    return deployment
 
 
 def main() -> int:

@@ -252,7 +252,7 @@ async def _start_catalog(serving: Serving, deployment: Deployment, client: Engin
     catalog = deployment.catalog(serving, config.memory_budget_mb, config.idle_unload_s)
     serving.catalog, serving.starting = catalog, True
     serving.attach({}, client)
-    for name, (_, artifact) in deployment.manifests.items():
+    for name, (_, artifact) in deployment.initial.items():
         await catalog.register(name, str(artifact))
     serving.starting = False
     catalog.start()
