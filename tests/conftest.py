@@ -35,6 +35,8 @@ settings.load_profile("quick")
 # wait for servers beside those that compile (which keep both cores busy), then by folder.
 _SLOWEST = (
     "test_docs.py",
+    "test_docs_guides.py",
+    "test_docs_guides_rest.py",
     "test_soak.py",
     "test_tasks.py",
     "test_front_triton.py",

@@ -47,10 +47,10 @@ def _package_command(name: str) -> None:
 
         s = require_artifacts(with_artifacts(spec, artifacts))
         try:
-            out = kind.package(s, prepare(s, kind.worker_word))
+            out = kind(s.engine_named(name)).package(prepare(s, kind.worker_word))
         except (ArtifactError, PackagingError, OSError) as e:
             fail(str(e), 1)
-        lines = kind.packaged(out, s)
+        lines = kind.packaged(out)
         lines[0] += _holding(s)
         for line in lines:
             typer.echo(line)

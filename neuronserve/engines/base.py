@@ -4,7 +4,7 @@ own (engines/native/) are the three; the registry (registry.py) names them.
 
 Five methods are what its users call:
 
-    package(spec, packaged)  write the prepared deployment into its store
+    package(packaged)    write the prepared deployment into its store
     start(log, timeout)  start on its store, return once every worker is ready
     health(model)        (workers ready, workers planned) of a model
     client(...)          the front's asynchronous client of it (engines/client.py)
@@ -38,7 +38,6 @@ from ..worker import WorkerSettings
 
 if TYPE_CHECKING:
     from ..packaging.model import Packaged
-    from ..spec import DeploySpec
     from .client import EngineClient
 
 Log = Callable[[str], object]
@@ -118,13 +117,12 @@ class Engine(ABC, Generic[Instance]):
 
     # the five
 
-    @classmethod
     @abstractmethod
-    def package(cls, spec: DeploySpec, packaged: Packaged) -> Path:
+    def package(self, packaged: Packaged) -> Path:
         """Write `packaged` (the deployment as `packaging.model.prepare` resolved it: its
-        verified models and their names, the worker plan, the workers' settings) into the
-        store the spec's section names, as one engine model whose workers each hold every
-        model; the path written."""
+        verified models and their names, the worker plan, the workers' settings, the worker
+        and limits sections) into the store its section names, as one engine model whose
+        workers each hold every model; the path written."""
 
     def start(self, log: Log = print, timeout_s: float = 600) -> Instance:
         """Start on the section's store, listening where it says, and return once every
@@ -202,7 +200,7 @@ class Engine(ABC, Generic[Instance]):
     # what the CLI says
 
     @classmethod
-    def packaged(cls, path: Path, spec: DeploySpec) -> list[str]:
+    def packaged(cls, path: Path) -> list[str]:
         """What `neuronserve package <engine>` prints once it wrote `path`."""
         return [f"wrote {path}"]
 

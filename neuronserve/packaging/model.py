@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 from .. import cores, placement
 from ..artifact import Manifest, read_manifest
 from ..buckets import engine_batch_sizes
-from ..spec import DeploySpec, ModelEntry
+from ..spec import DeploySpec, LimitsSection, ModelEntry, WorkerSection
 from ..targets import pipeline_depth
 from ..worker import MODELS_DIR, ModelSettings, WorkerSettings
 
@@ -56,15 +56,19 @@ class PackagedModel:
 
 @dataclass(frozen=True)
 class Packaged:
-    """What every packager writes: the models, the name the engine serves them under,
-    the worker plan (workers = core groups, each holding every model) and the settings
-    the adapters read back."""
+    """A deployment resolved (prepare): what every engine packages, from this alone: the
+    models, the name the engine serves them under, the worker plan (workers = core
+    groups, each holding every model), the settings the adapters read back, and the
+    worker and limits sections the engine's own queues and bounds are set from."""
 
     models: list[PackagedModel]
     name: str
     plan: placement.WorkerPlan
     settings: WorkerSettings
     memory: placement.MemoryPlan
+    # what the engine's own batching, queues and limits are set from
+    worker: WorkerSection
+    limits: LimitsSection
 
     @property
     def target(self) -> str:
@@ -129,7 +133,7 @@ def prepare(
         ],
     )
     name = models[0].name if len(models) == 1 else spec.deployment_name
-    return Packaged(models, name, plan, settings, memory)
+    return Packaged(models, name, plan, settings, memory, spec.worker, spec.limits)
 
 
 def _prepare_multi_model(
@@ -152,7 +156,7 @@ def _prepare_multi_model(
         spec, plan, spec.compile.target, catalog=str(Path(spec.multi_model.catalog_dir).resolve())
     )
     memory = placement.memory_plan([], plan, cores.instance_family())
-    return Packaged([], spec.deployment_name, plan, settings, memory)
+    return Packaged([], spec.deployment_name, plan, settings, memory, spec.worker, spec.limits)
 
 
 def _worker_settings(

@@ -145,7 +145,7 @@ class Deployment:
         if self.multi_model:  # and nothing an earlier start loaded is wanted again
             shutil.rmtree(self.work / CATALOG_DIR, ignore_errors=True)
             catalog.write_wanted(self.work / CATALOG_DIR, {})
-        self.engine.package(self.spec, self.packaged)
+        self.engine.package(self.packaged)
         self.engine.start(log=log.info)
 
     def stop(self) -> None:

@@ -324,7 +324,7 @@ def test_engines_form_batches_of_several_device_calls(neuronx_artifact):
     unit = max(efficient_batches(m.grid, m.bucket_ms).values() or m.grid.batch_sizes)
     depth = pipeline_depth(m.target)
     assert depth > 1
-    assert model_config(spec, packaged)["batchSize"] == depth * unit
-    config = triton_config(spec, packaged)
+    assert model_config(spec.engine_named("torchserve"), packaged)["batchSize"] == depth * unit
+    config = triton_config(packaged)
     assert max(config.dynamic_batching.preferred_batch_size) == depth * unit
     assert config.max_batch_size >= depth * unit

@@ -1,210 +1,30 @@
-"""The docs run: every bash and python block of README.md and docs/guides/*.md runs, page by
-page, in order, as a reader would paste them, against the real servers they start, with
-the status code of every curl checked (2xx, or the status its line states as a trailing
-`# 424 ...` comment). YAML blocks are loaded as specs. A block that cannot run on this
-host says why, on the line before it: `<!-- docs-test: not run, <why> -->` (Neuron
-hosts, Docker, Kubernetes, AWS), and the list of those reasons is checked too.
-
-What a reader has is what the pages get: the bundled all-MiniLM-L6-v2 under its Hub id
-in an offline Hugging Face cache (HF_HUB_OFFLINE=1), `./all-MiniLM-L6-v2` as a folder,
-and what `scripts/demo.sh` leaves in `.neuronserve/demo/artifacts` (minilm, a reranker,
-a classifier named topics). The Hub ids the tasks guide names for its other tasks are in
-that cache too, as the tests' tiny random models of those tasks: the page's commands and
-statuses are what is checked there, not those models' answers (tests/servers/test_tasks.py
-checks every task's answers against the transformers pipelines). Each page runs in a
-folder of its own, in one bash session; whatever it started is stopped after it."""
+"""The docs run over the README, and the check that every block not run says why; the
+guides run in test_docs_guides.py and test_docs_guides_rest.py, beside it. What the run
+does: tests/docs_pages.py."""
 
 from __future__ import annotations
 
-import os
-import re
-import shutil
-import subprocess
-import sys
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
-import yaml
-from helpers import REPO, compile_artifact, hub_cache
+from docs_pages import PAGES, REPO, blocks, make_reader, page_id, run_page
 
 pytestmark = pytest.mark.server
-
-PAGES = [REPO / "README.md", *sorted((REPO / "docs" / "guides").glob("*.md"))]
-# the Hub ids the tasks guide compiles, and the tests' tiny model of each task (conftest)
-TASK_HUB_IDS = {
-    "cross-encoder/ms-marco-MiniLM-L-6-v2": "rerank",
-    "dslim/bert-base-NER": "ner",
-    "deepset/minilm-uncased-squad2": "qa",
-    "google-bert/bert-base-uncased": "fill",
-    "google/vit-base-patch16-224": "labels",
-}
-FENCE = re.compile(r"^```(\w+)?\s*$")
-NOT_RUN = re.compile(r"<!--\s*docs-test:\s*not run,\s*(.+?)\s*-->")
-# a curl line's stated answer: a trailing comment that starts with a status code
-STATED = re.compile(r"#\s*(\d{3})\b[^'\"]*$")
-HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-@dataclass
-class Block:
-    page: Path
-    line: int
-    language: str
-    text: str
-    not_run: str | None
-
-
-def blocks(page: Path) -> list[Block]:
-    found: list[Block] = []
-    lines = page.read_text().splitlines()
-    i = 0
-    while i < len(lines):
-        opened = FENCE.match(lines[i])
-        if opened is None:
-            i += 1
-            continue
-        start = i
-        i += 1
-        while i < len(lines) and not lines[i].startswith("```"):
-            i += 1
-        before = lines[start - 1] if start else ""
-        said = NOT_RUN.search(before)
-        found.append(
-            Block(
-                page,
-                start + 1,
-                opened.group(1) or "",
-                "\n".join(lines[start + 1 : i]),
-                said.group(1) if said else None,
-            )
-        )
-        i += 1
-    return found
-
-
-def _logical_lines(text: str) -> list[str]:
-    out: list[str] = []
-    for line in text.splitlines():
-        if out and out[-1].endswith("\\"):
-            out[-1] = out[-1] + "\n" + line
-        else:
-            out.append(line)
-    return out
-
-
-def as_script(block: Block) -> str:
-    """A block as bash: curl commands with the status they must answer, python blocks
-    run by the environment's python."""
-    where = f"{block.page.relative_to(REPO)}:{block.line}"
-    if block.language == "python":
-        return f"echo '## {where}'\npython - <<'PYTHON'\n{block.text}\nPYTHON\n"
-    lines = []
-    for line in _logical_lines(block.text):
-        stated = STATED.search(line)
-        if line.lstrip().startswith("curl ") and stated:
-            line = f"EXPECT={stated.group(1)} {line}"
-        lines.append(line)
-    return f"echo '## {where}'\n" + "\n".join(lines) + "\n"
-
-
-PREAMBLE = r"""
-set -euo pipefail
-# every curl answers what the page says: 2xx, or the status its line states
-curl() {
-  local body status
-  body=$(mktemp)
-  status=$(command curl -sS -o "$body" -w '%{http_code}' "$@") || { cat "$body"; return 1; }
-  cat "$body"; echo
-  if [[ ! $status =~ ^${EXPECT:-2[0-9][0-9]}$ ]]; then
-    echo "docs-test: curl $* answered $status, the page says ${EXPECT:-2xx}" >&2
-    return 1
-  fi
-}
-stop_all() {
-  for d in $(find . -name front.pid -printf '%h\n' 2>/dev/null); do
-    neuronserve serve front --stop --run-dir "$d" >/dev/null 2>&1 || true
-  done
-  neuronserve serve torchserve --stop >/dev/null 2>&1 || true
-  neuronserve serve triton --stop >/dev/null 2>&1 || true
-}
-trap stop_all EXIT
-# offline for neuronserve's downloads (the bundled model is in the Hugging Face cache);
-# not for the pages' clients, which huggingface_hub's offline mode would stop at once
-neuronserve() { HF_HUB_OFFLINE=1 command neuronserve "$@"; }
-"""
 
 
 @pytest.fixture(scope="module")
 def reader(tmp_path_factory, minilm_dir, minilm_artifact, task_models, classifier_dir):
-    """What a reader of the docs has (see the module's doc), and their environment."""
-    root = tmp_path_factory.mktemp("docs")
-    cache = hub_cache(root / "hf" / "hub", HUB_ID, minilm_dir)
-    for hub_id, task_model in TASK_HUB_IDS.items():
-        hub_cache(cache, hub_id, task_models[task_model][0])
-    demo = root / "demo-artifacts"
-    shutil.copytree(minilm_artifact, demo / "minilm")
-    # the demo's reranker and classifier stand-ins: tiny models compiled under the names
-    # scripts/demo.sh gives its own (an artifact's name is recorded when it is compiled)
-    compile_artifact(demo / "reranker", task_models["rerank"][0], "rerank")
-    compile_artifact(demo / "topics", classifier_dir, "text-classification")
-    env = {
-        **os.environ,
-        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-        "HF_HUB_CACHE": str(cache),
-        "NEURONSERVE_CACHE": str(root / "neuronserve-cache"),
-    }
-    return root, demo, env
-
-
-def _page_id(page: Path) -> str:
-    return str(page.relative_to(REPO))
+    return make_reader(tmp_path_factory, minilm_dir, minilm_artifact, task_models, classifier_dir)
 
 
 def test_every_block_that_is_not_run_says_why():
     for page in PAGES:
         for b in blocks(page):
             if b.not_run is not None:
-                assert len(b.not_run) > 10, f"{_page_id(page)}:{b.line}: say why"
+                assert len(b.not_run) > 10, f"{page_id(page)}:{b.line}: say why"
             assert b.language in ("bash", "python", "yaml", "text", "json"), (
-                f"{_page_id(page)}:{b.line}: a block with no language is neither run nor "
+                f"{page_id(page)}:{b.line}: a block with no language is neither run nor "
                 "checked: name it (bash, python, yaml; text for output)"
             )
 
 
-@pytest.mark.parametrize("page", PAGES, ids=_page_id)
-def test_the_page_runs(page, reader):
-    root, demo, env = reader
-    found = blocks(page)
-    for b in found:
-        if b.language == "yaml" and b.not_run is None:
-            from neuronserve.spec import load_spec
-
-            assert isinstance(yaml.safe_load(b.text), dict)
-            spec_file = root / f"{page.stem}-{b.line}.yaml"
-            spec_file.write_text(b.text)
-            load_spec(spec_file)  # a spec the page shows is one neuronserve takes
-    runnable = [b for b in found if b.language in ("bash", "python") and b.not_run is None]
-    if page.name == "README.md":
-        runnable = runnable[1:]  # the set-up commands: the CI's own (scripts/test.sh, demo)
-    if not runnable:
-        pytest.skip("no block to run")
-    work = root / page.stem
-    work.mkdir()
-    # the page's own copies (hard links: cheap), so that a page writing over one changes
-    # nothing for the next
-    shutil.copytree(demo, work / ".neuronserve" / "demo" / "artifacts", copy_function=os.link)
-    if page.name != "README.md":  # the README compiles its own
-        shutil.copytree(demo / "minilm", work / "artifacts" / "minilm", copy_function=os.link)
-    shutil.copytree(env_model(env), work / "all-MiniLM-L6-v2", copy_function=os.link)
-    script = PREAMBLE + "\n".join(as_script(b) for b in runnable)
-    (work / "page.sh").write_text(script)
-    done = subprocess.run(
-        ["bash", "page.sh"], cwd=work, env=env, capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0, f"{_page_id(page)}:\n{done.stdout[-6000:]}\n{done.stderr[-4000:]}"
-
-
-def env_model(env: dict) -> Path:
-    cache = Path(env["HF_HUB_CACHE"])
-    return next((cache / f"models--{HUB_ID.replace('/', '--')}" / "snapshots").iterdir())
+def test_the_readme_runs(reader):
+    run_page(REPO / "README.md", reader)

@@ -180,7 +180,7 @@ def test_config_is_triton_protobuf_and_round_trips(server):
     from neuronserve.spec import load_spec
 
     spec = load_spec(server.work / "deploy.yaml")
-    assert parsed == model_config(spec, prepare(spec))
+    assert parsed == model_config(prepare(spec))
     assert parsed.backend == "python" and parsed.max_batch_size == 8
     # the batch sizes worth forming by the artifacts' bucket times (unit/test_buckets.py)
     preferred = list(parsed.dynamic_batching.preferred_batch_size)

@@ -91,10 +91,7 @@ def test_two_embedders_of_other_widths_share_a_variable_output(tmp_path, tiny_ar
     packaged = prepare(spec(tmp_path, tiny_artifact, wider))
     from neuronserve.engines.triton.package import model_config
 
-    outputs = {
-        o.name: list(o.dims)
-        for o in model_config(spec(tmp_path, tiny_artifact, wider), packaged).output
-    }
+    outputs = {o.name: list(o.dims) for o in model_config(packaged).output}
     # (every token's vector travels as bytes, one element per text, whatever the width;
     # STAGES: a traced request's worker stages, every model's)
     assert outputs == {"EMBEDDING": [-1], "TOKEN_EMBEDDINGS": [1], "TOKENS": [1], "STAGES": [1]}

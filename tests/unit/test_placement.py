@@ -61,12 +61,12 @@ def test_packagers_write_the_plan(tmp_path, tiny_artifact):
 
     n = len(discover("cpu"))
     latency = load_spec(None, {"layout": "latency", "batch_requests": 2, "artifact": tiny_artifact})
-    cfg = model_config(latency, prepare(latency))
+    cfg = model_config(latency.engine_named("torchserve"), prepare(latency))
     assert (cfg["minWorkers"], cfg["neuronserve"]["cores_per_worker"]) == (1, n)
     assert cfg["batchSize"] == 2
     throughput = load_spec(None, {"artifact": tiny_artifact})
     packaged = prepare(throughput)
-    cfg = model_config(throughput, packaged)
+    cfg = model_config(throughput.engine_named("torchserve"), packaged)
     assert (cfg["minWorkers"], cfg["neuronserve"]["cores_per_worker"]) == (n, 1)
     # the largest batch the artifact's bucket times say is worth forming
     m = packaged.models[0].manifest

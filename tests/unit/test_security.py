@@ -154,7 +154,9 @@ def test_torchserve_loads_from_its_store_only_and_holds_the_body_limit(tmp_path)
 
     store = tmp_path / "my-store.v1"
     spec = load_spec(None, {"max_body_bytes": 123456})
-    write_properties(tmp_path / "config.properties", store_properties(spec, store))
+    own = spec.engine_named("torchserve")
+    properties = store_properties(own, spec.worker, spec.limits, store)
+    write_properties(tmp_path / "config.properties", properties)
     props = read_properties(tmp_path / "config.properties")
     assert props["max_request_size"] == "123456"
     import re

@@ -27,10 +27,11 @@ def test_settings_round_trip_through_both_engines_formats(tmp_path, tiny_artifac
     )
     packaged = prepare(spec)
     # TorchServe: model-config.yaml as the frontend hands it to the handler
-    yaml_config = yaml.safe_load(yaml.safe_dump(model_config(spec, packaged)))
+    own = spec.engine_named("torchserve")
+    yaml_config = yaml.safe_load(yaml.safe_dump(model_config(own, packaged)))
     # Triton: config.pbtxt as the stub hands it to initialize(), JSON
     triton = json.loads(
-        json_format.MessageToJson(triton_config(spec, packaged), preserving_proto_field_name=True)
+        json_format.MessageToJson(triton_config(packaged), preserving_proto_field_name=True)
     )
     for settings in (
         WorkerSettings.from_section(yaml_config),
@@ -53,14 +54,16 @@ def test_both_engines_bound_their_queues_from_the_same_fields(tiny_artifact):
 
     spec = load_spec(None, {"max_queued": 7, "queue_timeout_ms": 250, "artifact": tiny_artifact})
     packaged = prepare(spec)
-    torchserve = model_config(spec, packaged)
+    own = spec.engine_named("torchserve")
+    torchserve = model_config(own, packaged)
     assert torchserve["jobQueueSize"] == 7 and torchserve["clientTimeoutInMills"] == 250
-    assert store_properties(spec, tiny_artifact)["job_queue_size"] == "7"
-    policy = triton_config(spec, packaged).dynamic_batching.default_queue_policy
+    properties = store_properties(own, spec.worker, spec.limits, tiny_artifact)
+    assert properties["job_queue_size"] == "7"
+    policy = triton_config(packaged).dynamic_batching.default_queue_policy
     assert policy.max_queue_size == 7 and policy.default_timeout_microseconds == 250_000
     assert policy.timeout_action == policy.REJECT
-    unbounded_wait = load_spec(None, {})
-    assert "clientTimeoutInMills" not in model_config(unbounded_wait, packaged)
+    unbounded_wait = prepare(load_spec(None, {"artifact": tiny_artifact}))
+    assert "clientTimeoutInMills" not in model_config(own, unbounded_wait)
 
 
 def test_start_worker_leases_pins_and_loads(tmp_path, tiny_artifact, monkeypatch):
@@ -204,13 +207,14 @@ def test_batch_delay_zero_means_no_wait_on_both_engines(tiny_artifact):
     default = load_spec(None, {"artifact": tiny_artifact})
     assert default.worker.max_batch_delay_ms == 0
     packaged = prepare(default)
+    own = default.engine_named("torchserve")
     # Triton forms a batch of what is queued when an instance is free
-    assert triton_config(default, packaged).dynamic_batching.max_queue_delay_microseconds == 0
+    assert triton_config(packaged).dynamic_batching.max_queue_delay_microseconds == 0
     # TorchServe reads 0 as its 100 ms default: its least delay that still batches is 1 ms
-    assert model_config(default, packaged)["maxBatchDelay"] == 1
-    waits = load_spec(None, {"worker": {"max_batch_delay_ms": 7}})
-    assert model_config(waits, packaged)["maxBatchDelay"] == 7
-    assert triton_config(waits, packaged).dynamic_batching.max_queue_delay_microseconds == 7000
+    assert model_config(own, packaged)["maxBatchDelay"] == 1
+    waits = prepare(load_spec(None, {"artifact": tiny_artifact, "max_batch_delay_ms": 7}))
+    assert model_config(own, waits)["maxBatchDelay"] == 7
+    assert triton_config(waits).dynamic_batching.max_queue_delay_microseconds == 7000
 
 
 def test_deferred_metrics_sum_counters_keep_the_last_gauge_and_flush_when_idle():

@@ -15,7 +15,6 @@ from .section import NativeSection
 
 if TYPE_CHECKING:
     from ...packaging.model import Packaged
-    from ...spec import DeploySpec
     from ..base import FoundModel
     from ..client import EngineClient
     from .process import NativeInstance
@@ -42,11 +41,10 @@ class Native(Engine["NativeInstance"]):
     def own(self) -> NativeSection:
         return cast(NativeSection, self.section)
 
-    @classmethod
-    def package(cls, spec: DeploySpec, packaged: Packaged) -> Path:
+    def package(self, packaged: Packaged) -> Path:
         from .package import package_native
 
-        return package_native(spec, packaged)
+        return package_native(self.own, packaged)
 
     def _start(self, log: Log, timeout_s: float) -> NativeInstance:
         from .process import start

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from ...packaging.model import Packaged, put_in_place, staged
 from ...sources import FoundModel
-from ...spec import DeploySpec
 from ..base import packaged
 from .section import NativeSection
 from .store import DEPLOYMENT_FILE, QueuePolicy, read_deployment
@@ -26,11 +25,11 @@ def packaged_models(source: Path) -> list[FoundModel] | None:
     return None
 
 
-def package_native(spec: DeploySpec, packaged: Packaged) -> Path:
-    """Write the prepared models into the spec's native store; the deployment's
+def package_native(own: NativeSection, packaged: Packaged) -> Path:
+    """Write the prepared models into the native store `own` names; the deployment's
     folder."""
     done = packaged
-    store = spec.engine(NativeSection).store
+    store = own.store
     with staged(store) as stage:
         model_dir = stage / done.name
         model_dir.mkdir()
@@ -39,7 +38,7 @@ def package_native(spec: DeploySpec, packaged: Packaged) -> Path:
         deployment = {
             "settings": done.settings.model_dump(),
             "workers": done.plan.workers,
-            "queue": asdict(QueuePolicy.of(spec)),
+            "queue": asdict(QueuePolicy.of(done.worker)),
         }
         (model_dir / DEPLOYMENT_FILE).write_text(json.dumps(deployment, indent=1))
         return put_in_place(model_dir, store)

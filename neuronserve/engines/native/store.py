@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ...worker import WorkerSettings
 
 if TYPE_CHECKING:
-    from ...spec import DeploySpec
+    from ...spec import WorkerSection
 
 DEPLOYMENT_FILE = "native.json"
 
@@ -30,8 +30,7 @@ class QueuePolicy:
     hang_s: float
 
     @classmethod
-    def of(cls, spec: DeploySpec) -> QueuePolicy:
-        w = spec.worker
+    def of(cls, w: WorkerSection) -> QueuePolicy:
         return cls(
             max_queued=w.max_queued,
             queue_timeout_s=w.queue_timeout_ms / 1000 if w.queue_timeout_ms else None,

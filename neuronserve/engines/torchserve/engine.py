@@ -13,7 +13,6 @@ from .section import TorchServeSection
 
 if TYPE_CHECKING:
     from ...packaging.model import Packaged
-    from ...spec import DeploySpec
     from ..base import FoundModel
     from ..client import EngineClient
     from .process import TorchServeInstance
@@ -36,11 +35,10 @@ class TorchServe(Engine["TorchServeInstance"]):
     def own(self) -> TorchServeSection:
         return cast(TorchServeSection, self.section)
 
-    @classmethod
-    def package(cls, spec: DeploySpec, packaged: Packaged) -> Path:
+    def package(self, packaged: Packaged) -> Path:
         from .package import package_torchserve
 
-        return package_torchserve(spec, packaged)
+        return package_torchserve(self.own, packaged)
 
     def _start(self, log: Log, timeout_s: float) -> TorchServeInstance:
         from .process import listen_overrides, start
@@ -97,7 +95,7 @@ class TorchServe(Engine["TorchServeInstance"]):
         return packaged_models(folder, work)
 
     @classmethod
-    def packaged(cls, path: Path, spec: DeploySpec) -> list[str]:
+    def packaged(cls, path: Path) -> list[str]:
         return [f"wrote {path}", f"wrote {path.parent / 'config.properties'}"]
 
     def ready_lines(self, instance: TorchServeInstance, stop_hint: str) -> list[str]:

@@ -31,7 +31,7 @@ from ...packaging.model import (
 )
 from ...resources import package_file, tool
 from ...sources import FoundModel, ModelSourceError, UnpackLimits
-from ...spec import DeploySpec
+from ...spec import LimitsSection, WorkerSection
 from ...worker import MODELS_DIR, WorkerSettings
 from ..base import packaged
 from .section import TorchServeSection
@@ -66,7 +66,7 @@ def _metric_declarations() -> dict[str, list[dict]]:
     return out
 
 
-def model_config(spec: DeploySpec, packaged: Packaged) -> dict:
+def model_config(own: TorchServeSection, packaged: Packaged) -> dict:
     """The archive's model-config.yaml: workers = the plan, batchSize = the largest batch
     worth forming by the artifacts' bucket times (never beyond a grid, so a batch of
     one-text requests fits one bucket run of the model that takes the most), and the
@@ -74,7 +74,7 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> dict:
     return {
         "minWorkers": packaged.plan.workers,
         "maxWorkers": packaged.plan.workers,
-        "batchSize": spec.engine(TorchServeSection).batch_requests
+        "batchSize": own.batch_requests
         or max(
             (max(engine_batches(m.manifest)) for m in packaged.models),
             default=MULTI_MODEL_MAX_BATCH,
@@ -82,14 +82,18 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> dict:
         # 0 in model-config.yaml is read as unset (100 ms), and 0 through config.properties
         # ends every batch at two requests (its aggregator stops once the delay is spent):
         # 1 ms is the least delay that still batches (Model.pollBatch, ModelManager)
-        "maxBatchDelay": max(1, spec.worker.max_batch_delay_ms),
-        "responseTimeout": spec.worker.response_timeout_s,
+        "maxBatchDelay": max(1, packaged.worker.max_batch_delay_ms),
+        "responseTimeout": packaged.worker.response_timeout_s,
         # A worker that cannot start (no free core group) makes /ping say Unhealthy after
         # this long, instead of TorchServe retrying behind a Healthy /ping forever.
-        "maxRetryTimeoutInSec": spec.engine(TorchServeSection).worker_retry_timeout_s,
+        "maxRetryTimeoutInSec": own.worker_retry_timeout_s,
         # bounded: a request beyond the queue is refused (503) at once
-        "jobQueueSize": spec.worker.max_queued,
-        **({"clientTimeoutInMills": timeout} if (timeout := spec.worker.queue_timeout_ms) else {}),
+        "jobQueueSize": packaged.worker.max_queued,
+        **(
+            {"clientTimeoutInMills": timeout}
+            if (timeout := packaged.worker.queue_timeout_ms)
+            else {}
+        ),
         **packaged.settings.as_section(),
     }
 
@@ -121,8 +125,9 @@ def _settings(path: Path) -> WorkerSettings:
     return WorkerSettings.from_section(yaml.safe_load(path.read_text()))
 
 
-def store_properties(spec: DeploySpec, store: Path) -> dict[str, str]:
-    own = spec.engine(TorchServeSection)
+def store_properties(
+    own: TorchServeSection, worker: WorkerSection, limits: LimitsSection, store: Path
+) -> dict[str, str]:
     host = own.bind_address
     return {
         "inference_address": f"http://{host}:{own.inference_port}",
@@ -140,14 +145,14 @@ def store_properties(spec: DeploySpec, store: Path) -> dict[str, str]:
         "metrics_config": str(store / METRICS_FILE),
         "disable_token_authorization": str(not own.token_auth).lower(),
         "token_expiration_min": str(own.token_expiration_min),
-        "default_response_timeout": str(spec.worker.response_timeout_s),
-        "job_queue_size": str(spec.worker.max_queued),
+        "default_response_timeout": str(worker.response_timeout_s),
+        "job_queue_size": str(worker.max_queued),
         "install_py_dep_per_model": "false",
         # the spec's body limit, the same as the front's; an answer TorchServe cannot take
         # kills the worker that sent it (its frame decoder refuses it), so this is above
         # the largest answer a worker lets out (max_answer_bytes, and the error in its place)
-        "max_request_size": str(spec.limits.max_body_bytes),
-        "max_response_size": str(max(6_553_500, spec.limits.max_answer_bytes + 2**20)),
+        "max_request_size": str(limits.max_body_bytes),
+        "max_response_size": str(max(6_553_500, limits.max_answer_bytes + 2**20)),
         # models and workflows load from this store only, never from a URL
         "allowed_urls": "file://" + re.escape(str(store)) + "/.*",
         "workflow_store": str(store),
@@ -187,11 +192,10 @@ def _metrics_yaml(store: Path) -> None:
     (store / METRICS_FILE).write_text(yaml.safe_dump(default, sort_keys=False))
 
 
-def package_torchserve(spec: DeploySpec, packaged: Packaged) -> Path:
-    """Build the archive of the prepared models into the spec's model store; return its
-    path."""
+def package_torchserve(own: TorchServeSection, packaged: Packaged) -> Path:
+    """Build the archive of the prepared models into the model store `own` names;
+    return its path."""
     name = packaged.name
-    own = spec.engine(TorchServeSection)
     store = Path(own.model_store).resolve()
     store.mkdir(parents=True, exist_ok=True)
 
@@ -205,7 +209,7 @@ def package_torchserve(spec: DeploySpec, packaged: Packaged) -> Path:
         for m in packaged.models:
             (extra / m.folder).symlink_to(m.artifact.resolve(), target_is_directory=True)
         config = tmp / MODEL_CONFIG
-        config.write_text(yaml.safe_dump(model_config(spec, packaged), sort_keys=False))
+        config.write_text(yaml.safe_dump(model_config(own, packaged), sort_keys=False))
         cmd = [
             *tool(
                 "torch-model-archiver", "model_archiver.model_packaging", "generate_model_archive"
@@ -239,5 +243,7 @@ def package_torchserve(spec: DeploySpec, packaged: Packaged) -> Path:
         out = put_in_place(stage / made, store)
 
     _metrics_yaml(store)
-    write_properties(store / CONFIG_FILE, store_properties(spec, store))
+    write_properties(
+        store / CONFIG_FILE, store_properties(own, packaged.worker, packaged.limits, store)
+    )
     return out

@@ -14,7 +14,6 @@ from .section import TritonSection
 
 if TYPE_CHECKING:
     from ...packaging.model import Packaged
-    from ...spec import DeploySpec
     from ..base import FoundModel
     from ..client import EngineClient
     from .process import TritonInstance
@@ -38,11 +37,10 @@ class Triton(Engine["TritonInstance"]):
     def own(self) -> TritonSection:
         return cast(TritonSection, self.section)
 
-    @classmethod
-    def package(cls, spec: DeploySpec, packaged: Packaged) -> Path:
+    def package(self, packaged: Packaged) -> Path:
         from .package import package_triton
 
-        return package_triton(spec, packaged)
+        return package_triton(self.own, packaged)
 
     def _start(self, log: Log, timeout_s: float) -> TritonInstance:
         from .process import Listen, start
@@ -118,7 +116,7 @@ class Triton(Engine["TritonInstance"]):
         return packaged_models(folder)
 
     @classmethod
-    def packaged(cls, path: Path, spec: DeploySpec) -> list[str]:
+    def packaged(cls, path: Path) -> list[str]:
         return [f"wrote {path}/config.pbtxt, {path}/1/model.py and {path}/1/models"]
 
     def ready_lines(self, instance: TritonInstance, stop_hint: str) -> list[str]:

@@ -29,7 +29,6 @@ from ...packaging.model import (
     staged,
 )
 from ...resources import package_file
-from ...spec import DeploySpec
 from ...tasks import TASKS, get_task
 from ...tracing import STAGES
 from ...worker import WorkerSettings
@@ -49,7 +48,7 @@ _DTYPES = {
 }
 
 
-def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
+def model_config(packaged: Packaged) -> Any:
     """The ModelConfig message of a deployment: one Triton model holding every model
     (named after its model when it holds one), whose inputs and outputs are those its
     models' tasks take and give."""
@@ -81,14 +80,14 @@ def model_config(spec: DeploySpec, packaged: Packaged) -> Any:
     # own); the batches Triton aims for are those the bucket times say are worth forming
     preferred = {size for m in packaged.models for size in engine_batches(m.manifest)}
     config.dynamic_batching.preferred_batch_size.extend(sorted(preferred))
-    config.dynamic_batching.max_queue_delay_microseconds = spec.worker.max_batch_delay_ms * 1000
+    config.dynamic_batching.max_queue_delay_microseconds = packaged.worker.max_batch_delay_ms * 1000
     # bounded: beyond max_queued (or after queue_timeout_ms waiting) Triton refuses the
     # request (UNAVAILABLE, HTTP 503) instead of letting latency grow without bound
     policy = config.dynamic_batching.default_queue_policy
-    policy.max_queue_size = spec.worker.max_queued
+    policy.max_queue_size = packaged.worker.max_queued
     policy.timeout_action = mc.ModelQueuePolicy.REJECT
-    if spec.worker.queue_timeout_ms:
-        policy.default_timeout_microseconds = spec.worker.queue_timeout_ms * 1000
+    if packaged.worker.queue_timeout_ms:
+        policy.default_timeout_microseconds = packaged.worker.queue_timeout_ms * 1000
     # one group per core group, so that one dead instance can be replaced alone
     for index in range(packaged.plan.workers):
         name, policy = core_group_config(index)
@@ -178,10 +177,10 @@ def packaged_models(source: Path) -> list[FoundModel] | None:
     return None
 
 
-def package_triton(spec: DeploySpec, packaged: Packaged) -> Path:
-    """Write the prepared models into the spec's Triton repository as one Triton model;
-    return the model directory."""
-    repository = spec.engine(TritonSection).repository
+def package_triton(own: TritonSection, packaged: Packaged) -> Path:
+    """Write the prepared models into the Triton repository `own` names as one Triton
+    model; return the model directory."""
+    repository = own.repository
     with staged(repository) as stage:
         model_dir = stage / packaged.name
         version = model_dir / "1"
@@ -189,5 +188,5 @@ def package_triton(spec: DeploySpec, packaged: Packaged) -> Path:
         shutil.copy2(package_file("neuronserve._triton_backend", MODEL_PY), version / MODEL_PY)
         for m in packaged.models:
             shutil.copytree(m.artifact, version / m.folder)
-        write_config(model_dir / CONFIG, model_config(spec, packaged))
+        write_config(model_dir / CONFIG, model_config(packaged))
         return put_in_place(model_dir, repository)

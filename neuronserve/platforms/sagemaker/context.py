@@ -136,7 +136,7 @@ def package_sagemaker(spec: DeploySpec, engine: str, target: str, out: Path) -> 
     model_spec = spec.with_section("worker", workers=spec.worker.workers or 1).with_section(
         engine, **{kind.section_class.store_field: out / "model"}
     )
-    kind.package(model_spec, prepare(model_spec, kind.worker_word))
+    kind(model_spec.engine_named(engine)).package(prepare(model_spec, kind.worker_word))
     (out / "neuronserve.json").write_text(
         json.dumps({"engine": engine, "target": target, "models": names}, indent=2) + "\n"
     )

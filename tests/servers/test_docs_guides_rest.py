@@ -1,0 +1,19 @@
+"""The docs run over every guide test_docs_guides.py does not run (tests/docs_pages.py:
+what it does)."""
+
+from __future__ import annotations
+
+import pytest
+from docs_pages import GUIDES_FIRST, PAGES, make_reader, page_id, run_page
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def reader(tmp_path_factory, minilm_dir, minilm_artifact, task_models, classifier_dir):
+    return make_reader(tmp_path_factory, minilm_dir, minilm_artifact, task_models, classifier_dir)
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES[1:] if p not in GUIDES_FIRST], ids=page_id)
+def test_the_page_runs(page, reader):
+    run_page(page, reader)
