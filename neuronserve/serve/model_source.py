@@ -1,28 +1,21 @@
-"""Where the SageMaker container (and `serve front`) finds its models and engine.
-
-The models come from /opt/ml/model (SageMaker's model_data) when it holds any, else
-from those baked into the image: a neuronserve artifact, several side by side, or a store
-an engine's `neuronserve package` wrote (each engine reads its own back). Each is reduced
-to its artifacts, so they can be packaged again for this host's core groups.
+"""The models a folder holds, as the front and the container find them: a neuronserve
+artifact, several side by side, or a store an engine's `neuronserve package` wrote (each
+engine reads its own back). Each is reduced to its artifacts, so they can be packaged
+again for this host's core groups. Where the container looks for that folder:
+platforms/sagemaker/container.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 
 from ..artifact import MANIFEST, read_manifest
 from ..engines.base import engine_class
 from ..processes import private_dir
-from ..registry import ENGINES, default_engine
+from ..registry import ENGINES
 from ..sources import FoundModel, ModelSourceError
 
 __all__ = ["FoundModel", "ModelSourceError", "find_models"]
-
-MODEL_DIR = "/opt/ml/model"
-BAKED_DIR = "/opt/neuronserve/model"
-CONFIG_FILE = "/opt/neuronserve/neuronserve.json"
 
 
 def find_models(source: Path, work: Path) -> list[FoundModel]:
@@ -68,31 +61,3 @@ def store_engine(sources: list[Path]) -> str | None:
 
 def _artifact(folder: Path) -> FoundModel:
     return FoundModel(folder, read_manifest(folder, verify=False).name)
-
-
-def model_source() -> Path:
-    """SageMaker's model_data if mounted (NEURONSERVE_MODEL_DIR overrides the path), else
-    the model baked into the image."""
-    mounted = Path(os.environ.get("NEURONSERVE_MODEL_DIR", MODEL_DIR))
-    if mounted.is_dir() and any(mounted.iterdir()):
-        return mounted
-    baked = Path(os.environ.get("NEURONSERVE_BAKED_MODEL", BAKED_DIR))
-    if baked.is_dir() and any(baked.iterdir()):
-        return baked
-    raise ModelSourceError(
-        f"no model in {mounted} (SageMaker model_data) nor baked into the image at {baked}"
-    )
-
-
-def engine_name() -> str:
-    """The engine the build context was made for, else the first installed
-    (`engines.default_engine`): the container's engine unless NEURONSERVE_ENGINE (the
-    front's `engine` field) says another."""
-    engine = None
-    config = Path(os.environ.get("NEURONSERVE_CONFIG", CONFIG_FILE))
-    if config.is_file():
-        engine = json.loads(config.read_text()).get("engine")
-    engine = engine or default_engine()
-    if engine not in ENGINES:
-        raise ModelSourceError(f"{config} names engine {engine!r}: use {' or '.join(ENGINES)}")
-    return engine

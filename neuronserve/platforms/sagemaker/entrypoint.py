@@ -31,14 +31,9 @@ from ...serve.deployment import Deployment, model_entries
 from ...serve.front.config import FrontConfig
 from ...serve.front.keys import ENV_KEY
 from ...serve.front.server import configure_logging, run
-from ...serve.model_source import (
-    FoundModel,
-    ModelSourceError,
-    engine_name,
-    find_models,
-    model_source,
-)
+from ...serve.model_source import FoundModel, ModelSourceError, find_models
 from ...spec import DeploySpec, SpecError, from_environment, load_spec
+from .container import engine_name, model_source
 
 log = logging.getLogger("neuronserve.sagemaker")
 
