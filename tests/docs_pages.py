@@ -143,7 +143,9 @@ neuronserve() { HF_HUB_OFFLINE=1 command neuronserve "$@"; }
 """
 
 
-def make_reader(tmp_path_factory, minilm_dir, minilm_artifact, task_models, classifier_dir):
+def make_reader(
+    tmp_path_factory, built_once, minilm_dir, minilm_artifact, task_models, classifier_dir
+):
     """What a reader of the docs has (see the module's doc), and their environment."""
     root = tmp_path_factory.mktemp("docs")
     cache = hub_cache(root / "hf" / "hub", HUB_ID, minilm_dir)
@@ -152,9 +154,20 @@ def make_reader(tmp_path_factory, minilm_dir, minilm_artifact, task_models, clas
     demo = root / "demo-artifacts"
     shutil.copytree(minilm_artifact, demo / "minilm")
     # the demo's reranker and classifier stand-ins: tiny models compiled under the names
-    # scripts/demo.sh gives its own (an artifact's name is recorded when it is compiled)
-    compile_artifact(demo / "reranker", task_models["rerank"][0], "rerank")
-    compile_artifact(demo / "topics", classifier_dir, "text-classification")
+    # scripts/demo.sh gives its own (an artifact's name is recorded when it is compiled),
+    # once for every docs file
+    stand_ins = {
+        "reranker": (task_models["rerank"][0], "rerank"),
+        "topics": (classifier_dir, "text-classification"),
+    }
+    for name, (model, task) in stand_ins.items():
+        built = built_once(
+            f"docs-{name}",
+            lambda out, name=name, model=model, task=task: compile_artifact(
+                out / name, model, task
+            ),
+        )
+        shutil.copytree(built, demo / name)
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",

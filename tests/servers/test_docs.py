@@ -11,8 +11,10 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def reader(tmp_path_factory, minilm_dir, minilm_artifact, task_models, classifier_dir):
-    return make_reader(tmp_path_factory, minilm_dir, minilm_artifact, task_models, classifier_dir)
+def reader(tmp_path_factory, built_once, minilm_dir, minilm_artifact, task_models, classifier_dir):
+    return make_reader(
+        tmp_path_factory, built_once, minilm_dir, minilm_artifact, task_models, classifier_dir
+    )
 
 
 def test_every_block_that_is_not_run_says_why():

@@ -10,8 +10,10 @@ pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
-def reader(tmp_path_factory, minilm_dir, minilm_artifact, task_models, classifier_dir):
-    return make_reader(tmp_path_factory, minilm_dir, minilm_artifact, task_models, classifier_dir)
+def reader(tmp_path_factory, built_once, minilm_dir, minilm_artifact, task_models, classifier_dir):
+    return make_reader(
+        tmp_path_factory, built_once, minilm_dir, minilm_artifact, task_models, classifier_dir
+    )
 
 
 @pytest.mark.parametrize("page", [p for p in PAGES[1:] if p not in GUIDES_FIRST], ids=page_id)
