@@ -172,7 +172,9 @@ def make_reader(
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
         "HF_HUB_CACHE": str(cache),
-        "NEURONSERVE_CACHE": str(root / "neuronserve-cache"),
+        # one artifact cache for every docs file: a page serving a Hub id another page
+        # compiled finds it there (each key's compile holds a lock; the second waits)
+        "NEURONSERVE_CACHE": str(built_once("docs-cache", lambda out: out / "cache")),
     }
     return root, demo, env
 
