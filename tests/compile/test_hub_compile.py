@@ -101,7 +101,7 @@ def test_the_containers_entrypoint_serves_hf_model_id(offline_hub, tmp_path, mon
     spec = sagemaker.sagemaker_spec(tmp_path / "work")
     assert [(s.model, s.task) for s in spec.model_sources()] == [(REPO_ID, "fill-mask")]
     deployment = sagemaker.sagemaker_deployment(spec, tmp_path / "work")
-    assert {name: m.task for name, (m, _) in deployment.manifests.items()} == {
+    assert {m.name: m.manifest.task for m in deployment.packaged.models} == {
         "tiny-embedder": "fill-mask"
     }
     monkeypatch.setenv("HF_MODEL_ID", "neuronserve-tests/absent")
@@ -129,7 +129,7 @@ def test_the_containers_entrypoint_compiles_model_data_that_is_a_model_folder(
     monkeypatch.setenv("NEURONSERVE_CACHE", str(tmp_path / "cache"))
     spec = sagemaker.sagemaker_spec(tmp_path / "work")
     deployment = sagemaker.sagemaker_deployment(spec, tmp_path / "work")
-    [(manifest, _)] = deployment.manifests.values()
+    [manifest] = [m.manifest for m in deployment.packaged.models]
     assert manifest.task == "feature-extraction"
     assert manifest.grid.batch_sizes == (1, 2) and manifest.grid.sequence_lengths == (16, 24)
 
