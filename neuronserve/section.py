@@ -6,7 +6,7 @@ flat layout, that name."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -44,6 +44,10 @@ class Section(BaseModel):
     key: ClassVar[str]
 
 
+# an engine section of a given class
+E = TypeVar("E", bound="EngineSection")
+
+
 class EngineSection(Section):
     """An engine's own section (engines/<engine>/section.py): where its store is, where
     it listens, where it keeps its run folder, and its own options."""
@@ -77,3 +81,27 @@ class EngineSection(Section):
     @property
     def store(self) -> Path:
         return Path(getattr(self, self.store_field))
+
+    def behind_a_front(self: E, store: Path, run_dir: Path, ports: list[int]) -> E:
+        """This section for an engine a front runs: on loopback, on `ports` (one per
+        `port_fields`), its store and run folder at these, and what a front turns on
+        (`behind_front`: keys, and the like)."""
+        return self.model_validate(
+            {
+                **self.model_dump(exclude_unset=True),
+                **self.behind_front,
+                "bind_address": "127.0.0.1",
+                self.store_field: store,
+                "run_dir": run_dir,
+                **dict(zip(self.port_fields, ports, strict=True)),
+            }
+        )
+
+    def on_ports(self: E, ports: list[int]) -> E:
+        """The same section listening on `ports` (one per `port_fields`)."""
+        return self.model_validate(
+            {
+                **self.model_dump(exclude_unset=True),
+                **dict(zip(self.port_fields, ports, strict=True)),
+            }
+        )

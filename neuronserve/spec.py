@@ -868,6 +868,10 @@ class DeploySpec(BaseModel):
         part = self.engines[section] if section in self.engines else getattr(self, section)
         return part.model_dump(exclude_unset=True)
 
+    def with_engine(self, section: EngineSection) -> DeploySpec:
+        """A copy with `section` as its engine's section."""
+        return self.model_copy(update={"engines": {**self.engines, section.key: section}})
+
     def with_section(self, section: str, **fields: Any) -> DeploySpec:
         """A copy with `fields` set in section `section` (an engine's name too)."""
         data = self.model_dump(exclude_unset=True)

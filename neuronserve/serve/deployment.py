@@ -20,7 +20,7 @@ from ..artifact import read_manifest
 from ..engines.base import engine_class
 from ..packaging.model import prepare, served_truncation
 from ..processes import free_ports, private_dir
-from ..spec import DeploySpec, ModelEntry
+from ..spec import DeploySpec, FrontSection, ModelEntry
 
 if TYPE_CHECKING:
     from ..artifact import Manifest
@@ -91,29 +91,31 @@ class Deployment:
             for m in models:
                 manifest = read_manifest(m.artifact, verify=False)
                 self.initial[m.served_name(manifest.name)] = (manifest, Path(m.artifact))
-        section = kind.section_class
-        data = spec.model_dump(exclude_unset=True, exclude={"front", "artifact", "name"})
-        data["models"] = [] if self.multi_model else [m.model_dump() for m in models]
         # loopback only, behind the front, and keys even so: another local user must not
         # reach the engine around the front's keys and limits
-        data[name] = {
-            **data.get(name, {}),
-            **section.behind_front,
-            "bind_address": "127.0.0.1",
-            section.store_field: self.work / STORE_DIR,
-            "run_dir": self.work / RUN_DIR,
-            **dict(zip(section.port_fields, free_ports(len(section.port_fields)), strict=True)),
-        }
+        given = spec.engine_named(name)
+        own = given.behind_a_front(
+            self.work / STORE_DIR, self.work / RUN_DIR, free_ports(len(given.port_fields))
+        )
+        multi_model = spec.multi_model
         if self.multi_model:
             first = next(iter(self.initial.values()), None)
-            data["multi_model"] = {
-                **data.get("multi_model", {}),
-                "catalog_dir": self.work / CATALOG_DIR,
-                **({"target": first[0].target} if first else {}),
+            multi_model = multi_model.model_copy(
+                update={
+                    "catalog_dir": self.work / CATALOG_DIR,
+                    **({"target": first[0].target} if first else {}),
+                }
+            )
+        self.spec = spec.with_engine(own).model_copy(
+            update={
+                "artifact": None,
+                "name": None,
+                "models": [] if self.multi_model else list(models),
+                "multi_model": multi_model,
+                "front": FrontSection(engine=name),
             }
-        data["front"] = {"engine": name}
-        self.spec = DeploySpec.model_validate(data)
-        self.engine = kind(self.spec.engine_named(name))
+        )
+        self.engine = kind(own)
         plan = None
         if self.multi_model:  # on the target of the models it will load
             plan = placement.plan(
@@ -157,12 +159,10 @@ class Deployment:
         which holds the engine's keys, would talk to them (the front takes a client of the
         new server)."""
         self.stop()
-        name, section = self.engine.name, type(self.engine.section)
-        ports = free_ports(len(section.port_fields))
-        self.spec = self.spec.with_section(
-            name, **dict(zip(section.port_fields, ports, strict=True))
-        )
-        self.engine = type(self.engine)(self.spec.engine_named(name))
+        own = self.engine.section
+        own = own.on_ports(free_ports(len(own.port_fields)))
+        self.spec = self.spec.with_engine(own)
+        self.engine = type(self.engine)(own)
         self.start()
 
     @property
