@@ -3,7 +3,8 @@ worker may stay unanswered until TorchServe's response timeout, so a request sti
 waiting a while after a worker died is sent once more and the first answer taken; with
 no death nothing is sent twice, however slow. A death is seen from another request's
 answer or from the workers' processes (the management API's pids, read here from real
-processes). TorchServe itself: tests/servers."""
+processes, so it is here and not in tests/unit). TorchServe itself: test_torchserve.py
+and the soak."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ import pytest
 from neuronserve.engines.client import WorkerDied
 from neuronserve.engines.torchserve import client as ts
 from neuronserve.engines.torchserve.process import worker_counts_of
+
+pytestmark = pytest.mark.server
 
 
 class Posts:
