@@ -28,17 +28,16 @@ def packaged_models(source: Path) -> list[FoundModel] | None:
 def package_native(own: NativeSection, packaged: Packaged) -> Path:
     """Write the prepared models into the native store `own` names; the deployment's
     folder."""
-    done = packaged
     store = own.store
     with staged(store) as stage:
-        model_dir = stage / done.name
+        model_dir = stage / packaged.name
         model_dir.mkdir()
-        for m in done.models:
+        for m in packaged.models:
             shutil.copytree(m.artifact, model_dir / m.folder)
         deployment = {
-            "settings": done.settings.model_dump(),
-            "workers": done.plan.workers,
-            "queue": asdict(QueuePolicy.of(done.worker)),
+            "settings": packaged.settings.model_dump(),
+            "workers": packaged.plan.workers,
+            "queue": asdict(QueuePolicy.of(packaged.worker)),
         }
         (model_dir / DEPLOYMENT_FILE).write_text(json.dumps(deployment, indent=1))
         return put_in_place(model_dir, store)
