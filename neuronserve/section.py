@@ -93,9 +93,8 @@ class EngineSection(Section):
                 "bind_address": "127.0.0.1",
                 self.store_field: store,
                 "run_dir": run_dir,
-                **dict(zip(self.port_fields, ports, strict=True)),
             }
-        )
+        ).on_ports(ports)
 
     def on_ports(self: E, ports: list[int]) -> E:
         """The same section listening on `ports` (one per `port_fields`)."""

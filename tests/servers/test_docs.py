@@ -5,16 +5,9 @@ does: tests/docs_pages.py."""
 from __future__ import annotations
 
 import pytest
-from docs_pages import PAGES, REPO, blocks, make_reader, page_id, run_page
+from docs_pages import PAGES, REPO, blocks, page_id, run_page
 
 pytestmark = pytest.mark.server
-
-
-@pytest.fixture(scope="module")
-def reader(tmp_path_factory, built_once, minilm_dir, minilm_artifact, task_models, classifier_dir):
-    return make_reader(
-        tmp_path_factory, built_once, minilm_dir, minilm_artifact, task_models, classifier_dir
-    )
 
 
 def test_every_block_that_is_not_run_says_why():
@@ -28,5 +21,5 @@ def test_every_block_that_is_not_run_says_why():
             )
 
 
-def test_the_readme_runs(reader):
-    run_page(REPO / "README.md", reader)
+def test_the_readme_runs(docs_reader):
+    run_page(REPO / "README.md", docs_reader)

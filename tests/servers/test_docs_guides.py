@@ -4,18 +4,11 @@ test_docs_guides_rest.py, the README in test_docs.py, each beside the others).""
 from __future__ import annotations
 
 import pytest
-from docs_pages import GUIDES_FIRST, make_reader, page_id, run_page
+from docs_pages import GUIDES_FIRST, page_id, run_page
 
 pytestmark = pytest.mark.server
 
 
-@pytest.fixture(scope="module")
-def reader(tmp_path_factory, built_once, minilm_dir, minilm_artifact, task_models, classifier_dir):
-    return make_reader(
-        tmp_path_factory, built_once, minilm_dir, minilm_artifact, task_models, classifier_dir
-    )
-
-
 @pytest.mark.parametrize("page", GUIDES_FIRST, ids=page_id)
-def test_the_page_runs(page, reader):
-    run_page(page, reader)
+def test_the_page_runs(page, docs_reader):
+    run_page(page, docs_reader)

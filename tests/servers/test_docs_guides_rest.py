@@ -4,18 +4,11 @@ what it does)."""
 from __future__ import annotations
 
 import pytest
-from docs_pages import GUIDES_FIRST, PAGES, make_reader, page_id, run_page
+from docs_pages import GUIDES_FIRST, PAGES, page_id, run_page
 
 pytestmark = pytest.mark.server
 
 
-@pytest.fixture(scope="module")
-def reader(tmp_path_factory, built_once, minilm_dir, minilm_artifact, task_models, classifier_dir):
-    return make_reader(
-        tmp_path_factory, built_once, minilm_dir, minilm_artifact, task_models, classifier_dir
-    )
-
-
 @pytest.mark.parametrize("page", [p for p in PAGES[1:] if p not in GUIDES_FIRST], ids=page_id)
-def test_the_page_runs(page, reader):
-    run_page(page, reader)
+def test_the_page_runs(page, docs_reader):
+    run_page(page, docs_reader)
