@@ -7,6 +7,7 @@ Padding is not done here: the bucket grid decides it.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,8 @@ class TextTokenizer:
         self._full.no_truncation()
         self._path = path
         self._truncating: dict[str, Tokenizer] = {}
+        self._to_length: Tokenizer | None = None
+        self._to_length_lock = threading.Lock()
 
     def _cutting(self, direction: str) -> Tokenizer:
         # made on first use: most deployments never cut from the left
@@ -182,11 +185,12 @@ class TextTokenizer:
         repeated = text
         while len(self._full.encode(repeated).ids) < length:
             repeated = repeated + " " + text
-        key = f"to-{length}"  # one tokenizer per length: compile asks for each bucket's
-        if key not in self._truncating:
-            tok = Tokenizer.from_str(self._json)
-            tok.no_padding()
-            tok.enable_truncation(length)
-            self._truncating[key] = tok
-        e = self._truncating[key].encode(repeated)
+        # one tokenizer cut to each length asked in turn: building one from the JSON costs
+        # far more than an encode, and compile asks for every bucket's lengths
+        with self._to_length_lock:
+            if self._to_length is None:
+                self._to_length = Tokenizer.from_str(self._json)
+                self._to_length.no_padding()
+            self._to_length.enable_truncation(length)
+            e = self._to_length.encode(repeated)
         return Encoded(e.ids, e.attention_mask, e.type_ids, len(e.ids))

@@ -24,19 +24,25 @@ import numpy as np
 PROBE_SHAPES = ((128, 384, 1536), (256, 768, 3072), (512, 1024, 1024))
 
 
-def peak_gops(threads: int, repeats: int = 10, budget_s: float = 2.0) -> dict[str, float]:
+def peak_gops(
+    threads: int,
+    repeats: int = 10,
+    budget_s: float = 2.0,
+    shapes: tuple[tuple[int, int, int], ...] = PROBE_SHAPES,
+) -> dict[str, float]:
     """Multiply-add throughput on `threads` threads, in GOP/s (a multiply-add counts two),
     best over the probe shapes of the best of `repeats` calls (fewer once a shape has
     taken `budget_s`: bf16 without AVX512-BF16 runs at a few GOP/s): fp32 and bf16 through
     torch.matmul (oneDNN), int8 through ONNX Runtime's MatMulInteger (uint8 x int8, the
-    kernel behind its quantised linear layers). torch's thread count is put back."""
+    kernel behind its quantised linear layers). torch's thread count is put back.
+    `shapes`: (tokens, in, out) of the multiplications tried."""
     import torch
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     out: dict[str, float] = {}
     try:
-        for m, k, n in PROBE_SHAPES:
+        for m, k, n in shapes:
             ops = 2.0 * m * k * n
             for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
                 a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
