@@ -34,7 +34,7 @@ from .compile.check import check_modules, load_modules, runnable_target
 from .compile.reference import REFERENCE_FILE, Reference, tensors
 from .execution import InputLayout, Module
 from .placement import core_kind
-from .spec import DeploySpec, load_spec
+from .spec import WorkerSection
 
 # host-to-device bandwidth assumed for the weight-copy estimate (PCIe Gen4 x16 order)
 HOST_TO_DEVICE_BYTES_PER_S = 16e9
@@ -63,12 +63,13 @@ def run_doctor(
     artifact: Path,
     probe_timeout_s: float = 300,
     others: Sequence[Path] = (),
-    spec: DeploySpec | None = None,
+    worker: WorkerSection | None = None,
 ) -> list[Finding]:
     """The memory plan of `artifact` with `others` served beside it (every worker holds
-    them all), then, for a Neuron artifact, the checks on this host's NeuronCores."""
+    them all, laid out as `worker` says), then, for a Neuron artifact, the checks on this
+    host's NeuronCores."""
     manifest = read_manifest(artifact)
-    findings = [memory(spec or load_spec(None, {}), [artifact, *others])]
+    findings = [memory(worker or WorkerSection(), [artifact, *others])]
     if core_kind(manifest.target) != "neuron":
         return [
             *findings,
@@ -87,11 +88,11 @@ def run_doctor(
     return findings
 
 
-def memory(spec: DeploySpec, artifacts: list[Path]) -> Finding:
+def memory(worker: WorkerSection, artifacts: list[Path]) -> Finding:
     """Each worker's memory with every model loaded, as packaging plans it."""
     manifests = [read_manifest(a, verify=False) for a in artifacts]
     try:
-        plan = placement.plan(placement.PlanRequest.of(spec, manifests))
+        plan = placement.plan(placement.PlanRequest.of(worker, manifests))
     except (placement.PlacementError, ValueError) as e:
         return Finding("memory plan", "SKIP", f"no worker plan on this host: {e}")
     found = placement.memory_plan(

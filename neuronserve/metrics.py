@@ -39,6 +39,16 @@ class Metric:
         """Its name in Prometheus's own style (Triton's metrics)."""
         return "neuronserve_" + self.name
 
+    def named(self, style: str) -> str:
+        """Its name in an engine's metrics of `style` (EngineFacts.metric_style): camel
+        (TorchServe's), snake (Triton's), or prometheus (prometheus_client's: a counter's
+        series ends in _total)."""
+        if style == "camel":
+            return self.camel_name
+        if style == "prometheus" and self.kind == "counter":
+            return self.snake_name + "_total"
+        return self.snake_name
+
 
 # the label every series of a model's work carries: which served model it concerns (a
 # worker holds several); named the same on both engines

@@ -21,7 +21,7 @@ from .cores import CoreGroup, CoreLease, NoFreeCoreGroup
 
 if TYPE_CHECKING:
     from .artifact import Manifest
-    from .spec import DeploySpec
+    from .spec import WorkerSection
 
 
 class PlacementError(RuntimeError):
@@ -68,7 +68,7 @@ class WorkerPlan:
 @dataclass(frozen=True)
 class PlanRequest:
     """What a deployment asks for: the artifact's target and how its workers should be
-    laid out (see DeploySpec: layout, workers, cores_per_worker, neuron_cores)."""
+    laid out (its worker section: layout, workers, cores_per_worker, neuron_cores)."""
 
     target: str
     layout: str = "throughput"
@@ -79,23 +79,25 @@ class PlanRequest:
     cores_per_module: int = 1
 
     @classmethod
-    def of_target(cls, spec: DeploySpec, target: str, cores_per_module: int = 1) -> PlanRequest:
+    def of_target(
+        cls, worker: WorkerSection, target: str, cores_per_module: int = 1
+    ) -> PlanRequest:
         """The request for workers on `target` before any model is known (multi-model)."""
         return cls(
             target=target,
-            layout=spec.worker.layout,
-            workers=spec.worker.workers,
-            cores_per_worker=spec.worker.cores_per_worker,
-            neuron_cores=spec.worker.neuron_cores,
+            layout=worker.layout,
+            workers=worker.workers,
+            cores_per_worker=worker.cores_per_worker,
+            neuron_cores=worker.neuron_cores,
             cores_per_module=cores_per_module,
         )
 
     @classmethod
-    def of(cls, spec: DeploySpec, manifests: Sequence[Manifest]) -> PlanRequest:
+    def of(cls, worker: WorkerSection, manifests: Sequence[Manifest]) -> PlanRequest:
         """The request for serving `manifests` (one target) together: each worker holds
         every model, so it needs the most cores any of them is compiled for."""
         return cls.of_target(
-            spec,
+            worker,
             manifests[0].target,
             max(int(m.compiler.get("cores_per_module", 1)) for m in manifests),
         )

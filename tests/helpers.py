@@ -142,7 +142,7 @@ def package_for(engine: str, spec) -> Path:
     from neuronserve.packaging.model import prepare
 
     kind = engine_class(engine)
-    return kind(spec.engine_named(engine)).package(prepare(spec, kind.worker_word))
+    return kind(spec.engine_named(engine)).package(prepare(spec, kind.facts.worker_word))
 
 
 def cli(

@@ -35,8 +35,8 @@ from tqdm import tqdm
 
 from .. import metrics
 from ..artifact import MANIFEST, read_manifest
-from ..engines.base import NativeRoute, engine_class
-from ..engines.bench import EngineBench, engine_bench, protocol_bench
+from ..engines.base import EngineFacts, NativeRoute, engine_class
+from ..engines.bench import protocol_bench
 from ..host_load import NeuronMonitor
 from ..load.endpoints import Endpoint, HttpJsonEndpoint, RunnerEndpoint, VanillaEndpoint
 from ..load.generator import LoadResult, Window, run_load
@@ -55,9 +55,9 @@ if TYPE_CHECKING:
 # TorchServe's (the name the commands in BENCHMARKS were published with)
 FRONT_ENGINES = {"front": SageMakerServer.engine, **{f"front-{e}": e for e in ENGINES}}
 # an engine with no API of its own (the native one) is benched behind the front only
-MANAGED = (*(e for e in ENGINES if engine_class(e).protocols), "sagemaker", *FRONT_ENGINES)
+MANAGED = (*(e for e in ENGINES if engine_class(e).facts.protocols), "sagemaker", *FRONT_ENGINES)
 # the protocols of the engines' own APIs: a running server named by one
-PROTOCOLS = tuple(dict.fromkeys(p for e in ENGINES for p in engine_class(e).protocols))
+PROTOCOLS = tuple(dict.fromkeys(p for e in ENGINES for p in engine_class(e).facts.protocols))
 # openai: any server's OpenAI-compatible embeddings URL (a peer such as infinity-emb or
 # text-embeddings-inference), driven with the same texts and load as ours
 TYPES = tuple(dict.fromkeys((*MANAGED, "runner", "vanilla", *PROTOCOLS, "openai")))
@@ -274,7 +274,7 @@ def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Sess
         (direct or routes)[0].baseline = True
         return [*direct, *routes]
 
-    count = len(engine_class(engine).protocols) + (3 if embeds else 1)
+    count = len(engine_class(engine).facts.protocols) + (3 if embeds else 1)
     return Session(label, layout, server, make, endpoints=count)
 
 
@@ -288,7 +288,7 @@ def _managed_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Se
             label, layout, front, lambda: [HttpJsonEndpoint(label, "sagemaker", front.url, headers)]
         )
     server = ManagedServer(spec.type, artifact, layout, config.spec)
-    protocols = type(server.engine).protocols
+    protocols = server.engine.facts.protocols
 
     def make() -> list[Endpoint]:
         routes = server.engine.instance.native_routes(server.name)
@@ -630,7 +630,7 @@ def time_split(
     for role, t in end["cpu"].items():
         out[f"cpu_ms_per_req_{role}"] = (t - start["cpu"].get(role, 0.0)) * 1e3 / requests
     d = {k: v - start["metrics"].get(k, 0.0) for k, v in end["metrics"].items()}
-    for count, queue_us, server_us in (b.counters for b in _engine_benches()):
+    for count, queue_us, server_us in (f.counters for f in _engine_facts()):
         served = d.get(count, 0.0)
         if served > 0:
             out["queue_ms"] = d.get(queue_us, 0.0) / served / 1e3
@@ -645,14 +645,14 @@ def time_split(
 def _scraped_name(metric: metrics.Metric, scraped: dict[str, float]) -> str:
     """A handler metric's name in whichever engine's naming the scrape uses (the one
     under which the handler's request counter appears)."""
-    for bench in _engine_benches():
-        if bench.metric_name(metrics.REQUESTS) in scraped:
-            return bench.metric_name(metric)
+    for facts in _engine_facts():
+        if metrics.REQUESTS.named(facts.metric_style) in scraped:
+            return metric.named(facts.metric_style)
     return metric.name
 
 
-def _engine_benches() -> list[EngineBench]:
-    return [engine_bench(name) for name in ENGINES]
+def _engine_facts() -> list[EngineFacts]:
+    return [engine_class(name).facts for name in ENGINES]
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:

@@ -20,6 +20,7 @@ import requests
 from .. import placement
 from ..artifact import read_manifest
 from ..cores import LEASE_DIR_ENV
+from ..engines.base import engine_class
 from ..processes import free_ports, stop_tree
 from ..registry import ENGINES
 from ..serve.deployment import Deployment, running_engine
@@ -113,7 +114,9 @@ class ManagedServer:
 
 def layout_plan(artifact: Path, spec: DeploySpec) -> placement.WorkerPlan:
     """The worker plan `neuronserve package` makes for `spec` on this host."""
-    return placement.plan(placement.PlanRequest.of(spec, [read_manifest(artifact, verify=False)]))
+    return placement.plan(
+        placement.PlanRequest.of(spec.worker, [read_manifest(artifact, verify=False)])
+    )
 
 
 class FrontServer:
@@ -281,9 +284,7 @@ class SageMakerServer:
 
 
 def _server_processes() -> tuple[str, ...]:
-    from ..engines.bench import engine_bench
-
-    return tuple(engine_bench(e).server_process for e in ENGINES)
+    return tuple(engine_class(e).facts.server_process for e in ENGINES)
 
 
 def cpu_by_role(roots: list[int], front: int | None = None) -> dict[str, float]:

@@ -46,6 +46,7 @@ import aiohttp
 import numpy as np
 import psutil
 
+from ..engines.base import engine_class
 from ..engines.bench import engine_bench
 from ..load.protocols import NATIVE, SoakProtocol
 from ..pids import alive
@@ -215,7 +216,7 @@ def _worker_marks() -> tuple[str, ...]:
     """What the command line of any engine's worker process holds."""
     from ..registry import ENGINES
 
-    return tuple(engine_bench(name).worker_process for name in ENGINES)
+    return tuple(engine_class(name).facts.worker_process for name in ENGINES)
 
 
 class Checker:
@@ -594,14 +595,13 @@ def start_target(
     (`serve front`) or through the SageMaker entrypoint, its workers as `spec` says;
     return the server and its SoakTarget."""
     from ..artifact import read_manifest
-    from ..engines.base import engine_class
     from .servers import FrontServer, ManagedServer, SageMakerServer
 
     manifest = read_manifest(artifact, verify=False)
     layout = spec.worker.layout if spec is not None else "throughput"
     server: Any
-    if via == "engine" and not engine_class(engine).protocols:
-        server_name = engine_class(engine).server
+    if via == "engine" and not engine_class(engine).facts.protocols:
+        server_name = engine_class(engine).facts.server
         raise ValueError(f"{server_name} has no API of its own: soak it --via front")
     if via == "engine":
         server = ManagedServer(engine, artifact, layout, spec)
@@ -647,7 +647,7 @@ def _target(server: Any, work: Path, engine: str, via: str, manifest: Any) -> So
         workers_ready=lambda: running.health(name),
         lost_allowed=2 * manifest.grid.max_batch if via == "engine" else 0,
         headers=headers,
-        worker_marks=(bench.worker_process,),
+        worker_marks=(engine_class(engine).facts.worker_process,),
     )
 
 

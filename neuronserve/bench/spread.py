@@ -60,16 +60,16 @@ def engine_ratios(runs: list[dict[str, Any]]) -> list[str]:
         theirs: dict[tuple, float] = defaultdict(float)
         for r in results["points"]:
             key = (r["seq"], r["texts"], r["concurrency"])
-            if r.get("req_per_s") and r["type"] in first.protocols:
+            if r.get("req_per_s") and r["type"] in first.facts.protocols:
                 mine[key] = max(mine.get(key, 0.0), r["req_per_s"])
-            elif r.get("req_per_s") and r["type"] in other.protocols:
+            elif r.get("req_per_s") and r["type"] in other.facts.protocols:
                 theirs[key] = max(theirs[key], r["req_per_s"])
         for key, value in mine.items():
             if theirs.get(key):
                 ratios[key].append(value / theirs[key])
     if not ratios:
         return []
-    a, b = first.server, other.server
+    a, b = first.facts.server, other.facts.server
     lines = [
         "",
         f"{a} over {b} (its faster protocol at that point), same run:",

@@ -68,7 +68,7 @@ def doctor_cmd(
         fail("name an artifact to check, or a running front with --url", 2)
         return
     try:
-        findings = run_doctor(artifacts[0], others=artifacts[1:], spec=spec)
+        findings = run_doctor(artifacts[0], others=artifacts[1:], worker=spec.worker)
     except (ArtifactError, OSError) as e:
         fail(str(e), 1)
     for f in findings:

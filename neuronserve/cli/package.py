@@ -47,7 +47,7 @@ def _package_command(name: str) -> None:
 
         s = require_artifacts(with_artifacts(spec, artifacts))
         try:
-            out = kind(s.engine_named(name)).package(prepare(s, kind.worker_word))
+            out = kind(s.engine_named(name)).package(prepare(s, kind.facts.worker_word))
         except (ArtifactError, PackagingError, OSError) as e:
             fail(str(e), 1)
         lines = kind.packaged(out)
@@ -56,8 +56,8 @@ def _package_command(name: str) -> None:
             typer.echo(line)
 
     package_engine.__doc__ = (
-        f"Write the artifacts into {kind.server}'s store as one model whose {kind.worker_word} "
-        f"(one per core group) each hold every model."
+        f"Write the artifacts into {kind.facts.server}'s store as one model whose "
+        f"{kind.facts.worker_word} (one per core group) each hold every model."
     )
     app.command(name)(package_engine)
 

@@ -56,8 +56,8 @@ def _serve_command(name: str) -> None:
             typer.echo(line)
 
     serve_engine.__doc__ = (
-        f"Start {kind.server} on its store and return once every one of its "
-        f"{kind.worker_word} is ready (each holding its core group, every model loaded and "
+        f"Start {kind.facts.server} on its store and return once every one of its "
+        f"{kind.facts.worker_word} is ready (each holding its core group, every model loaded and "
         "warmed up); `--stop` stops it and waits until its processes are gone."
     )
     app.command(name)(serve_engine)
@@ -65,7 +65,7 @@ def _serve_command(name: str) -> None:
 
 # an engine with no API of its own (the native one) is served behind the front only
 for _name in ENGINES:
-    if engine_class(_name).protocols:
+    if engine_class(_name).facts.protocols:
         _serve_command(_name)
 
 

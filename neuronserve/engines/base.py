@@ -10,15 +10,23 @@ Five methods are what its users call:
     client(...)          the front's asynchronous client of it (engines/client.py)
     stop(log)            stop it and wait until every process it started is gone
 
-An engine's package implements them with: the abstract methods below (`package`,
-`health`, `client`, `_start`, `_stop`, `_running`, `models_in`, `packaged_models`,
-`ready_lines`) and the class attributes that say what it is; its spec section
-(section.py: its store, ports and run folder, `EngineSection`); its client
-(`EngineClient`: `run`, `health`, `metrics`, `close`); what bench and soak need of it
-(bench.py, `EngineBench`). It runs from a run folder of its own (pid file, logs, keys).
-What a running engine offers others (its own API's routes, its main process, its
-metrics) is read from `running()`; what the CLI prints of it, from `ready_lines` and
-`packaged`.
+What an engine's package implements, all of it (30 members, each documented where it is
+declared):
+
+- `Engine` (here): `name`, `facts` (what it is: `EngineFacts`), `section_class`;
+  `package`, `_start`, `_stop`, `_running`, `health`, `client`; its store read back:
+  `models_in`, `packaged_models`; what `serve` prints: `ready_lines`. It may override
+  `stuck` (when the front must restart it) and `packaged` (what `package` prints).
+- what `start` returns (`Running`, here): `run_dir`, `metrics_url`, `pid`,
+  `native_routes`.
+- its spec section (section.py, `EngineSection`): `store_field`, `port_fields`,
+  `behind_front`, `in_container`, `missing`, beside its own fields.
+- its client (client.py, `EngineClient`): `kind`, `batches`, `run`, `health`, `metrics`,
+  `close`.
+- what bench and soak need of its own API (bench.py, `EngineBench`): `endpoint`,
+  `external`, `soak`.
+
+It runs from a run folder of its own (pid file, logs, keys).
 """
 
 from __future__ import annotations
@@ -83,31 +91,44 @@ class Running(Protocol):
 Instance = TypeVar("Instance", bound=Running)
 
 
-class Engine(ABC, Generic[Instance]):
-    """One engine, made from its spec section and run from `run_dir` (the section's
-    own, unless the caller gives one).
+@dataclass(frozen=True)
+class EngineFacts:
+    """What an engine is, as the rest of neuronserve reads it: the words the CLI and docs
+    use, what an image installs for it, what its processes are called, its own API."""
 
-    Class attributes say what it is: its name in the registry, the server's own name,
-    what its workers are called, how a dead one is replaced, its pip extra, the adapter
-    file it ships into its store, its API's protocols and its spec section's class.
-    """
-
-    name: ClassVar[str]
-    server: ClassVar[str]
-    # TorchServe's "workers", Triton's "instances"
-    worker_word: ClassVar[str]
+    # the server's own name ("tritonserver"; the native engine: "the native engine")
+    server: str
+    # what its workers are called: TorchServe's "workers", Triton's "instances"
+    worker_word: str
     # how a worker that died is replaced (shown by `serve` and in the docs)
-    replacement: ClassVar[str]
+    replacement: str
     # neuronserve's pip extra that installs it (an image for it gets that extra)
-    extra: ClassVar[str]
-    # the system (apt) packages it needs beyond Python's: an image for it installs them
-    system_packages: ClassVar[tuple[str, ...]] = ()
+    extra: str
+    # what its processes' command lines hold: its main process, each worker (bench and
+    # soak tell them apart by these)
+    server_process: str
+    worker_process: str
+    # how its metrics name neuronserve's (metrics.Metric.named), and its own counters of
+    # (requests served, their summed queue time, their summed time in the server), in
+    # microseconds (empty: it has none; the front's engine-call time stands for them)
+    metric_style: str = "snake"
+    counters: tuple[str, str, str] = ("", "", "")
+    # the protocols of its own API, one NativeRoute each (none: the front is its door)
+    protocols: tuple[str, ...] = ()
     # (package, file) of the adapter it ships into its store: what its workers run (None:
     # its workers run neuronserve's own modules)
-    adapter: ClassVar[tuple[str, str] | None]
-    # the protocols of its own API, one NativeRoute each
-    protocols: ClassVar[tuple[str, ...]]
-    # its spec section
+    adapter: tuple[str, str] | None = None
+    # the system (apt) packages it needs beyond Python's: an image for it installs them
+    system_packages: tuple[str, ...] = ()
+
+
+class Engine(ABC, Generic[Instance]):
+    """One engine, made from its spec section and run from `run_dir` (the section's
+    own, unless the caller gives one): its name in the registry, what it is (`facts`)
+    and its spec section's class."""
+
+    name: ClassVar[str]
+    facts: ClassVar[EngineFacts]
     section_class: ClassVar[type[EngineSection]]
 
     def __init__(self, section: EngineSection, run_dir: Path | None = None):
@@ -151,7 +172,7 @@ class Engine(ABC, Generic[Instance]):
         (None: it is whole, or mends itself), the front then restarting it: here, that
         its server is gone (a crash; its workers' own deaths each engine heals)."""
         if self.running() is None:
-            return f"{self.server} is no longer running"
+            return f"{self.facts.server} is no longer running"
         return None
 
     def stop(self, log: Log = print) -> bool:
@@ -171,7 +192,7 @@ class Engine(ABC, Generic[Instance]):
     def instance(self) -> Instance:
         found = self.running()
         if found is None:
-            raise ServeError(f"no {self.server} is running from {self.run_dir}")
+            raise ServeError(f"no {self.facts.server} is running from {self.run_dir}")
         return found
 
     @abstractmethod
@@ -211,7 +232,11 @@ class Engine(ABC, Generic[Instance]):
 
     def describe(self) -> dict[str, Any]:
         """What `serve` prints: the engine, its run directory and how workers heal."""
-        return {"engine": self.name, "run_dir": str(self.run_dir), "replacement": self.replacement}
+        return {
+            "engine": self.name,
+            "run_dir": str(self.run_dir),
+            "replacement": self.facts.replacement,
+        }
 
 
 def engine_class(name: str) -> type[Engine[Any]]:

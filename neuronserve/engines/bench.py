@@ -1,6 +1,7 @@
 """What bench and soak need of each engine, behind one interface (EngineBench) every
 engine's package implements in its bench.py: an endpoint for each protocol of its own
-API, its process names, and where its metrics put what it counts."""
+API, and where soak sends its requests there (what its processes and metrics are called
+is in its EngineFacts)."""
 
 from __future__ import annotations
 
@@ -14,20 +15,12 @@ from .base import engine_class
 if TYPE_CHECKING:
     from ..load.endpoints import Endpoint
     from ..load.protocols import SoakProtocol
-    from ..metrics import Metric
     from .base import NativeRoute
 
 
 class EngineBench(ABC):
     """What bench and soak need of an engine (its package's bench.py): an endpoint for
-    each protocol of its own API, and where its metrics put what it counts."""
-
-    # (requests served, their summed queue time, their summed time in the server), in
-    # microseconds, as the engine's own metrics name them
-    counters: tuple[str, str, str]
-    # what the processes of a running engine are called: its main process, its workers
-    server_process: str
-    worker_process: str
+    each protocol of its own API, and where soak sends its requests there."""
 
     @abstractmethod
     def endpoint(self, route: NativeRoute, label: str, headers: dict[str, str]) -> Endpoint:
@@ -37,10 +30,6 @@ class EngineBench(ABC):
         """The endpoint for an already running server of this engine, named on the
         command line as `protocol:WHERE`."""
         raise ValueError(f"{protocol} needs an artifact directory or an http:// URL")
-
-    @abstractmethod
-    def metric_name(self, metric: Metric) -> str:
-        """The name a handler metric has in this engine's metrics."""
 
     @abstractmethod
     def soak(self, route: NativeRoute, model: str) -> tuple[str, SoakProtocol]:
@@ -59,6 +48,6 @@ def engine_bench(name: str) -> EngineBench:
 def protocol_bench(protocol: str) -> EngineBench:
     """The bench support of the engine whose own API speaks `protocol`."""
     for name in ENGINES:
-        if protocol in engine_class(name).protocols:
+        if protocol in engine_class(name).facts.protocols:
             return engine_bench(name)
     raise ValueError(f"no engine speaks {protocol!r}")

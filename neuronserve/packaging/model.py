@@ -100,7 +100,7 @@ def prepare(
     manifests = [m.manifest for m in models]
     if plan is None:
         try:
-            plan = placement.plan(placement.PlanRequest.of(spec, manifests), serving_host)
+            plan = placement.plan(placement.PlanRequest.of(spec.worker, manifests), serving_host)
         except placement.PlacementError as e:
             raise PackagingError(str(e)) from None
     for manifest in manifests:
@@ -148,7 +148,7 @@ def _prepare_multi_model(
         )
     if plan is None:
         try:
-            plan = placement.plan(placement.PlanRequest.of_target(spec, spec.compile.target))
+            plan = placement.plan(placement.PlanRequest.of_target(spec.worker, spec.compile.target))
         except placement.PlacementError as e:
             raise PackagingError(str(e)) from None
     _warn(plan, what)

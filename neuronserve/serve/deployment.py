@@ -119,13 +119,13 @@ class Deployment:
         plan = None
         if self.multi_model:  # on the target of the models it will load
             plan = placement.plan(
-                placement.PlanRequest.of_target(self.spec, self.spec.multi_model.target),
+                placement.PlanRequest.of_target(self.spec.worker, self.spec.multi_model.target),
                 serving_host,
             )
         # resolved once: the manifests read and verified, each model's served name, the
         # name the engine serves them under, the worker plan and the workers' settings;
         # every start packages from it
-        self.packaged = prepare(self.spec, kind.worker_word, plan, serving_host)
+        self.packaged = prepare(self.spec, kind.facts.worker_word, plan, serving_host)
         self.name = self.packaged.name
         self.plan = self.packaged.plan
 

@@ -531,5 +531,5 @@ def test_stop_stops_what_a_front_that_died_left_running(front):
     left = front.engine()
     out = run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=front.work)
     if left is not None:
-        assert f"the front left its {left.server} running" in out.stdout
+        assert f"the front left its {left.facts.server} running" in out.stdout
     assert front.engine() is None, "the engine outlived its front's stop"

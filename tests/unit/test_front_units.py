@@ -40,28 +40,28 @@ def spec(tmp_path, **fields):
 
 
 def test_keys_are_off_on_loopback_and_generated_beyond_it(tmp_path, no_env_key):
-    assert resolve_keys(spec(tmp_path)) is None
-    assert resolve_keys(spec(tmp_path, front_address="::1")) is None
-    keys = resolve_keys(spec(tmp_path, front_address="0.0.0.0"))
+    assert resolve_keys(spec(tmp_path).front) is None
+    assert resolve_keys(spec(tmp_path, front_address="::1").front) is None
+    keys = resolve_keys(spec(tmp_path, front_address="0.0.0.0").front)
     path = tmp_path / "front" / GENERATED_KEY_FILE
     assert keys is not None and keys.where == str(path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert len(keys.values[0]) >= 40 and path.read_text().strip().encode() == keys.values[0]
-    again = resolve_keys(spec(tmp_path, front_address="10.0.0.5"))
+    again = resolve_keys(spec(tmp_path, front_address="10.0.0.5").front)
     assert again is not None and again.values == keys.values  # kept, not replaced
-    assert resolve_keys(spec(tmp_path, front_address="0.0.0.0", auth="off")) is None
-    assert resolve_keys(spec(tmp_path, front_address="0.0.0.0"), sagemaker=True) is None
+    assert resolve_keys(spec(tmp_path, front_address="0.0.0.0", auth="off").front) is None
+    assert resolve_keys(spec(tmp_path, front_address="0.0.0.0").front, sagemaker=True) is None
 
 
 def test_keys_given_are_used_even_on_loopback(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_KEY, "from-env")
-    keys = resolve_keys(spec(tmp_path))
+    keys = resolve_keys(spec(tmp_path).front)
     assert keys is not None and keys.values == (b"from-env",) and keys.where == f"${ENV_KEY}"
     monkeypatch.delenv(ENV_KEY)
     f = tmp_path / "keys"
     f.write_text("# comment\n\n k1 \nk2\n")
     f.chmod(0o600)
-    keys = resolve_keys(spec(tmp_path, api_key_file=f, auth="on"))
+    keys = resolve_keys(spec(tmp_path, api_key_file=f, auth="on").front)
     assert keys is not None and keys.values == (b"k1", b"k2")
 
 
@@ -70,13 +70,13 @@ def test_key_files_others_can_write_or_that_hold_nothing_are_refused(tmp_path, n
     f.write_text("k\n")
     f.chmod(0o622)
     with pytest.raises(KeyFileError, match="writable by other users"):
-        resolve_keys(spec(tmp_path, api_key_file=f))
+        resolve_keys(spec(tmp_path, api_key_file=f).front)
     f.chmod(0o600)
     f.write_text("# nothing\n")
     with pytest.raises(KeyFileError, match="holds no key"):
-        resolve_keys(spec(tmp_path, api_key_file=f))
+        resolve_keys(spec(tmp_path, api_key_file=f).front)
     with pytest.raises(KeyFileError, match="cannot be read"):
-        resolve_keys(spec(tmp_path, api_key_file=tmp_path / "missing"))
+        resolve_keys(spec(tmp_path, api_key_file=tmp_path / "missing").front)
 
 
 def test_a_generated_key_is_never_written_through_a_symlink(tmp_path, no_env_key):
@@ -85,7 +85,7 @@ def test_a_generated_key_is_never_written_through_a_symlink(tmp_path, no_env_key
     (tmp_path / "front").mkdir(mode=0o700)
     os.symlink(target, tmp_path / "front" / GENERATED_KEY_FILE)
     with pytest.raises(KeyFileError, match="a symlink"):
-        resolve_keys(spec(tmp_path, front_address="0.0.0.0"))
+        resolve_keys(spec(tmp_path, front_address="0.0.0.0").front)
     assert target.read_text() == "precious\n"
 
 

@@ -10,6 +10,8 @@ import yaml
 from helpers import as_sent
 
 from neuronserve import metrics
+from neuronserve.engines.base import engine_class
+from neuronserve.registry import ENGINES
 from neuronserve.worker import ModelSettings, WorkerSettings, start_worker
 
 
@@ -166,6 +168,17 @@ def test_metric_names_agree_between_engines():
     assert metrics.TOKENIZE_MS.camel_name == "NeuronServeTokenizeMs"
     assert metrics.TOKENIZE_MS.snake_name == "neuronserve_tokenize_ms"
     assert metrics.BUCKET_RUNS.camel_name == "NeuronServeBucketRuns"
+    # each engine's style, as its facts name it: prometheus_client ends a counter in _total
+    named = {s: metrics.REQUESTS.named(s) for s in ("camel", "snake", "prometheus")}
+    assert named == {
+        "camel": "NeuronServeRequests",
+        "snake": "neuronserve_requests",
+        "prometheus": "neuronserve_requests_total",
+    }
+    gauge = next(m for m in metrics.METRICS if m.kind == "gauge")
+    assert gauge.named("prometheus") == gauge.named("snake") == gauge.snake_name
+    styles = {engine_class(e).facts.metric_style for e in ENGINES}
+    assert styles <= set(named), styles
     # running sums are counters on both; last-batch values are gauges on both
     assert {m.name for m in metrics.METRICS if m.kind == "counter"} == {
         "requests",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from ..base import Engine, Log
+from ..base import Engine, EngineFacts, Log
 from .section import NativeSection
 
 if TYPE_CHECKING:
@@ -22,20 +22,25 @@ if TYPE_CHECKING:
 
 class Native(Engine["NativeInstance"]):
     name = "native"
-    server = "the native engine"
-    # nothing beyond neuronserve's own requirements
-    extra = ""
-    protocols = ()
-    worker_word = "workers"
-    # its workers run neuronserve itself: nothing is shipped into the store
-    adapter = None
-    section_class = NativeSection
-    replacement = (
-        "the supervisor starts a new worker when one dies or hangs (one batch past "
-        "response_timeout_s); it leases the "
-        "core group the dead one held, and the front sends the dead one's requests once more "
-        "to another"
+    # no API of its own, nothing beyond neuronserve's own requirements, and nothing shipped
+    # into its store: its workers run neuronserve itself
+    facts = EngineFacts(
+        server="the native engine",
+        worker_word="workers",
+        replacement=(
+            "the supervisor starts a new worker when one dies or hangs (one batch past "
+            "response_timeout_s); it leases the core group the dead one held, and the front "
+            "sends the dead one's requests once more to another"
+        ),
+        extra="",
+        server_process="neuronserve.engines.native.supervisor",
+        worker_process="neuronserve.engines.native.worker",
+        # the front's copy of what each batch reported, in prometheus_client's names; no
+        # queue or server-time counters: its queue is the worker's, and the time a request
+        # spends there is the front's engine-call time on /metrics
+        metric_style="prometheus",
     )
+    section_class = NativeSection
 
     @property
     def own(self) -> NativeSection:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from ..base import Engine, Log
+from ..base import Engine, EngineFacts, Log
 from .section import TorchServeSection
 
 if TYPE_CHECKING:
@@ -20,16 +20,28 @@ if TYPE_CHECKING:
 
 class TorchServe(Engine["TorchServeInstance"]):
     name = "torchserve"
-    server = "TorchServe"
-    extra = "torchserve"
-    system_packages = ("openjdk-17-jre-headless",)  # its frontend is Java
-    protocols = ("torchserve",)
-    worker_word = "workers"
-    adapter = ("neuronserve._handlers", "neuronserve_handler.py")
-    section_class = TorchServeSection
-    replacement = (
-        "TorchServe starts a new worker when one dies; it leases the core group the dead one held"
+    facts = EngineFacts(
+        server="TorchServe",
+        worker_word="workers",
+        replacement=(
+            "TorchServe starts a new worker when one dies; it leases the core group the dead "
+            "one held"
+        ),
+        extra="torchserve",
+        # its frontend is Java
+        server_process="java",
+        worker_process="model_service_worker",
+        metric_style="camel",
+        counters=(
+            "ts_inference_requests_total",
+            "ts_queue_latency_microseconds",
+            "ts_inference_latency_microseconds",
+        ),
+        protocols=("torchserve",),
+        adapter=("neuronserve._handlers", "neuronserve_handler.py"),
+        system_packages=("openjdk-17-jre-headless",),
     )
+    section_class = TorchServeSection
 
     @property
     def own(self) -> TorchServeSection:

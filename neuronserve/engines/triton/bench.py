@@ -1,7 +1,6 @@
 """What `neuronserve bench` and `soak` need of Triton: its own API is KServe v2 over HTTP
-and gRPC through tritonclient (binary tensors, as tritonclient sends them), its counters
-are the `nv_inference_*` series, the handler's metrics are Prometheus-style names, and
-soak speaks KServe v2 JSON to it."""
+and gRPC through tritonclient (binary tensors, as tritonclient sends them), and soak
+speaks KServe v2 JSON to it."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from ...load.endpoints import (
 from ...load.protocols import SoakProtocol
 from ...load.work import Batch
 from ...load.wrk import WrkRequest
-from ...metrics import Metric
 from ...tensors import first_output
 from ...tensors import of as tensors_of
 from ..base import NativeRoute
@@ -151,13 +149,6 @@ class KServeJson(SoakProtocol):
 
 
 class TritonBench(EngineBench):
-    counters = (
-        "nv_inference_request_success",
-        "nv_inference_queue_duration_us",
-        "nv_inference_request_duration_us",
-    )
-    server_process = "tritonserver"
-    worker_process = "triton_python_backend_stub"
     soak_protocols: ClassVar[dict[str, SoakProtocol]] = {KServeJson.name: KServeJson()}
 
     def endpoint(self, route: NativeRoute, label: str, headers: dict[str, str]) -> Endpoint:
@@ -169,9 +160,6 @@ class TritonBench(EngineBench):
         # a running Triton: HOST:PORT/MODEL
         address, _, model = where.rpartition("/")
         return TritonEndpoint(label, protocol.split("-", 1)[1], address, model)
-
-    def metric_name(self, metric: Metric) -> str:
-        return metric.snake_name
 
     def soak(self, route: NativeRoute, model: str) -> tuple[str, SoakProtocol]:
         return f"{route.url}/v2/models/{model}/infer", self.soak_protocols[KServeJson.name]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
-from ..base import Engine, Log
+from ..base import Engine, EngineFacts, Log
 from .section import TritonSection
 
 if TYPE_CHECKING:
@@ -21,17 +21,26 @@ if TYPE_CHECKING:
 
 class Triton(Engine["TritonInstance"]):
     name = "triton"
-    server = "tritonserver"
-    extra = "triton"
-    protocols = ("triton-http", "triton-grpc")
-    worker_word = "instances"
-    adapter = ("neuronserve._triton_backend", "model.py")
-    section_class = TritonSection
-    replacement = (
-        "Triton's Python backend never replaces a dead stub: the healer beside the server "
-        "replaces that instance alone (the others serve on); the new one leases the freed "
-        "core group"
+    facts = EngineFacts(
+        server="tritonserver",
+        worker_word="instances",
+        replacement=(
+            "Triton's Python backend never replaces a dead stub: the healer beside the server "
+            "replaces that instance alone (the others serve on); the new one leases the freed "
+            "core group"
+        ),
+        extra="triton",
+        server_process="tritonserver",
+        worker_process="triton_python_backend_stub",
+        counters=(
+            "nv_inference_request_success",
+            "nv_inference_queue_duration_us",
+            "nv_inference_request_duration_us",
+        ),
+        protocols=("triton-http", "triton-grpc"),
+        adapter=("neuronserve._triton_backend", "model.py"),
     )
+    section_class = TritonSection
 
     @property
     def own(self) -> TritonSection:

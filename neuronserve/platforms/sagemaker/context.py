@@ -50,7 +50,9 @@ def requirements(engine: str, target: str) -> list[str]:
     out = []
     for line in metadata.requires("neuronserve") or []:
         req = Requirement(line)
-        wanted = req.marker is None or req.marker.evaluate({"extra": engine_class(engine).extra})
+        wanted = req.marker is None or req.marker.evaluate(
+            {"extra": engine_class(engine).facts.extra}
+        )
         if "cpu" in RUNS[target] and req.name in RUNTIME_PACKAGES.values():
             wanted = wanted or bool(req.marker and req.marker.evaluate({"extra": "cpu"}))
         if wanted and req.name != "torch":
@@ -69,7 +71,7 @@ def _copy_package(dst: Path) -> None:
     src = Path(neuronserve.__file__).parent
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     # Editable installs map the engines' adapters from the repository: real copies here
-    for adapter in (engine_class(e).adapter for e in ENGINES):
+    for adapter in (engine_class(e).facts.adapter for e in ENGINES):
         if adapter is None:
             continue
         package, name = adapter
@@ -106,7 +108,7 @@ def dockerfile(target: str, engine: str) -> str:
     and nothing else (no Java runtime in a Triton image)."""
     text = (_files() / f"Dockerfile.{target}").read_text()
     assert ENGINE_PACKAGES in text, f"Dockerfile.{target} has no {ENGINE_PACKAGES}"
-    wanted = " ".join(engine_class(engine).system_packages)
+    wanted = " ".join(engine_class(engine).facts.system_packages)
     return text.replace(ENGINE_PACKAGES, f'ARG ENGINE_PACKAGES="{wanted}"')
 
 
@@ -136,7 +138,7 @@ def package_sagemaker(spec: DeploySpec, engine: str, target: str, out: Path) -> 
     model_spec = spec.with_section("worker", workers=spec.worker.workers or 1).with_section(
         engine, **{kind.section_class.store_field: out / "model"}
     )
-    kind(model_spec.engine_named(engine)).package(prepare(model_spec, kind.worker_word))
+    kind(model_spec.engine_named(engine)).package(prepare(model_spec, kind.facts.worker_word))
     (out / "neuronserve.json").write_text(
         json.dumps({"engine": engine, "target": target, "models": names}, indent=2) + "\n"
     )

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...processes import private_dir
-from ...spec import DeploySpec
+from ...spec import FrontSection, MultiModelSection
 
 log = logging.getLogger(__name__)
 
@@ -63,33 +63,35 @@ def is_loopback(address: str) -> bool:
         return False
 
 
-def resolve_keys(spec: DeploySpec, sagemaker: bool = False) -> Keys | None:
+def resolve_keys(front: FrontSection, sagemaker: bool = False) -> Keys | None:
     """The keys the front requires, or None when it takes requests without one.
 
     SageMaker's contract has no key (the endpoint is reached through AWS's own
     authenticated API), so its mode never asks for one."""
-    if sagemaker or spec.front.auth == "off":
+    if sagemaker or front.auth == "off":
         return None
-    given = _given_keys(ENV_KEY, spec.front.api_key_file)
+    given = _given_keys(ENV_KEY, front.api_key_file)
     if given is not None:
         return given
-    if spec.front.auth == "auto" and is_loopback(spec.front.address):
+    if front.auth == "auto" and is_loopback(front.address):
         return None
-    path = Path(spec.front.run_dir).resolve() / GENERATED_KEY_FILE
+    path = Path(front.run_dir).resolve() / GENERATED_KEY_FILE
     return Keys((generated_key(path),), str(path))
 
 
-def resolve_admin_keys(spec: DeploySpec, sagemaker: bool = False) -> Keys | None:
+def resolve_admin_keys(
+    front: FrontSection, multi_model: MultiModelSection, sagemaker: bool = False
+) -> Keys | None:
     """The keys of the model management routes (multi-model): none under SageMaker, whose
     own agent calls them; elsewhere always one (NEURONSERVE_ADMIN_KEY, admin_key_file, or
     one generated into <front_run_dir>/admin_key), even on loopback, since loading a model
     reads files of this host."""
-    if sagemaker or not spec.multi_model.enabled:
+    if sagemaker or not multi_model.enabled:
         return None
-    given = _given_keys(ENV_ADMIN_KEY, spec.multi_model.admin_key_file)
+    given = _given_keys(ENV_ADMIN_KEY, multi_model.admin_key_file)
     if given is not None:
         return given
-    path = Path(spec.front.run_dir).resolve() / GENERATED_ADMIN_KEY_FILE
+    path = Path(front.run_dir).resolve() / GENERATED_ADMIN_KEY_FILE
     return Keys((generated_key(path),), str(path))
 
 

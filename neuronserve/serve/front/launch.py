@@ -148,7 +148,7 @@ def stop(run_dir: Path, timeout_s: float = 180, log: Callable[[str], None] = pri
     for name in ENGINES:
         left = running_engine(run_dir / ENGINE_DIR, name)
         if left is not None:
-            log(f"the front left its {left.server} running")
+            log(f"the front left its {left.facts.server} running")
             stopped = left.stop(log) or stopped
     if not stopped:
         log(f"no front is running from {run_dir}")
