@@ -86,15 +86,23 @@ class EngineSection(Section):
         """This section for an engine a front runs: on loopback, on `ports` (one per
         `port_fields`), its store and run folder at these, and what a front turns on
         (`behind_front`: keys, and the like)."""
-        return self.model_validate(
-            {
-                **self.model_dump(exclude_unset=True),
-                **self.behind_front,
-                "bind_address": "127.0.0.1",
-                self.store_field: store,
-                "run_dir": run_dir,
-            }
-        ).on_ports(ports)
+        return (
+            self.model_validate(
+                {
+                    **self.model_dump(exclude_unset=True),
+                    **self.behind_front,
+                    "bind_address": "127.0.0.1",
+                    "run_dir": run_dir,
+                }
+            )
+            .in_store(store)
+            .on_ports(ports)
+        )
+
+    def in_store(self: E, store: Path) -> E:
+        """The same section with its store (what `package` writes, `serve` starts on) at
+        `store`."""
+        return self.model_validate({**self.model_dump(exclude_unset=True), self.store_field: store})
 
     def on_ports(self: E, ports: list[int]) -> E:
         """The same section listening on `ports` (one per `port_fields`)."""

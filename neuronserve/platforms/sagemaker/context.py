@@ -135,10 +135,9 @@ def package_sagemaker(spec: DeploySpec, engine: str, target: str, out: Path) -> 
     # `serve` re-plans workers for the host it runs on; one is enough to build with.
     kind = engine_class(engine)
     # (the store is read back and packaged again at start: only its models count)
-    model_spec = spec.with_section("worker", workers=spec.worker.workers or 1).with_section(
-        engine, **{kind.section_class.store_field: out / "model"}
-    )
-    kind(model_spec.engine_named(engine)).package(prepare(model_spec, kind.facts.worker_word))
+    model_spec = spec.with_section("worker", workers=spec.worker.workers or 1)
+    section = model_spec.engine_named(engine).in_store(out / "model")
+    kind(section).package(prepare(model_spec, kind.facts.worker_word))
     (out / "neuronserve.json").write_text(
         json.dumps({"engine": engine, "target": target, "models": names}, indent=2) + "\n"
     )
