@@ -380,7 +380,13 @@ def test_auto_precision_is_judged_by_the_tasks_measure(tmp_path_factory, minilm_
     assert manifest.accuracy_floor == {"min_argmax_agreement": 0.99}
     assert "token_argmax_agreement" in manifest.accuracy
     assert {t.precision for t in manifest.precision_trials} >= {"fp32", "int8"}
-    assert all("token_argmax_agreement" in t.accuracy for t in manifest.precision_trials)
-    for t in manifest.precision_trials:  # refused exactly when under the floor
+    # a build this CPU cannot run natively (OpenVINO's bf16 without AVX512-BF16 or AMX) is
+    # refused unmeasured, saying why; every other is measured by the task's own measure
+    measured = [t for t in manifest.precision_trials if t.accuracy]
+    assert all(t.passed is False and t.reason for t in manifest.precision_trials
+               if not t.accuracy)  # fmt: skip
+    assert {t.precision for t in measured} >= {"fp32", "int8"}
+    assert all("token_argmax_agreement" in t.accuracy for t in measured)
+    for t in measured:  # refused exactly when under the floor
         assert t.passed == (t.precision == "fp32" or t.accuracy["token_argmax_agreement"] >= 0.99)
     assert np.isfinite(manifest.accuracy["token_argmax_agreement"])
