@@ -5,6 +5,7 @@ transformers (for the unit tests that check the Runner), and small process helpe
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 import re
@@ -114,6 +115,29 @@ def wait_for(condition, timeout: float = 60, interval: float = 0.25, what: str =
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(pause)
         pause = min(pause * 2, interval)
+
+
+@functools.cache
+def as_nobody() -> list[str] | None:
+    """The command prefix that runs a standard-library Python script as `nobody` (another
+    local user, to try what they could), or None where this host cannot: not root, no
+    runuser, or no Python that `nobody` may execute (this interpreter may live in a home
+    only its owner can enter; the system's python3 then serves)."""
+    import shutil
+
+    if os.getuid() != 0 or shutil.which("runuser") is None:
+        return None
+    candidates = [os.path.realpath(sys.executable), shutil.which("python3", path="/usr/bin")]
+    for python in filter(None, candidates):
+        prefix = ["runuser", "-u", "nobody", "--", python]
+        tried = subprocess.run([*prefix, "-c", "import json, socket"], capture_output=True)
+        if tried.returncode == 0:
+            return prefix
+    return None
+
+
+# why a test run as another local user skips where as_nobody() is None
+NO_NOBODY = "trying as another local user needs root, runuser and a Python nobody may run"
 
 
 def run_cli(

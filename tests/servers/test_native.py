@@ -9,13 +9,11 @@ this one, leaving nothing running."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import stat
 import struct
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,7 +22,15 @@ import numpy as np
 import psutil
 import pytest
 import requests
-from helpers import free_port, reference_embeddings, run_cli, wait_for, write_spec
+from helpers import (
+    NO_NOBODY,
+    as_nobody,
+    free_port,
+    reference_embeddings,
+    run_cli,
+    wait_for,
+    write_spec,
+)
 
 from neuronserve.serve.deployment import running_engine
 from neuronserve.serve.front.launch import ENGINE_DIR
@@ -111,17 +117,14 @@ for path in sys.argv[1:]:
 """
 
 
-@pytest.mark.skipif(
-    os.getuid() != 0 or shutil.which("runuser") is None,
-    reason="trying as another local user needs root and runuser",
-)
+@pytest.mark.skipif(as_nobody() is None, reason=NO_NOBODY)
 def test_another_local_user_cannot_reach_a_worker(front):
     """A worker answers whoever connects (the front's keys and limits are checked before
     it): another local user must not be able to connect at all."""
     paths = sorted(str(p) for p in (front.engine().run_dir / "sockets").iterdir())
     assert len(paths) == 2
     said = subprocess.run(
-        ["runuser", "-u", "nobody", "--", sys.executable, "-c", _CONNECT, *paths],
+        [*as_nobody(), "-c", _CONNECT, *paths],
         capture_output=True, text=True, timeout=60, check=True,
     ).stdout.split()  # fmt: skip
     assert said == ["PermissionError", "PermissionError"], said

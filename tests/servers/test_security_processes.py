@@ -22,18 +22,14 @@ from pathlib import Path
 
 import pytest
 import requests
-from helpers import package_for, ports_for, run_cli
+from helpers import NO_NOBODY, as_nobody, package_for, ports_for, run_cli
 
 from neuronserve.engines.triton import launch
 from neuronserve.engines.triton.process import ADMIN_HEADER, ADMIN_KEY_FILE, PID_FILE
 
 pytestmark = pytest.mark.server
 
-AS_NOBODY = ["runuser", "-u", "nobody", "--"]
-ANOTHER_USER = pytest.mark.skipif(
-    os.getuid() != 0 or shutil.which("runuser") is None,
-    reason="trying as another local user needs root and runuser",
-)
+ANOTHER_USER = pytest.mark.skipif(as_nobody() is None, reason=NO_NOBODY)
 
 # Run as `nobody` until its stdin closes: what it could read of tritonserver's options
 # from /proc/*/cmdline (every restricted-API option it saw), how often it saw
@@ -92,7 +88,7 @@ class AsNobody:
 
     def __init__(self, script: str):
         self.proc = subprocess.Popen(
-            [*AS_NOBODY, sys.executable, "-c", script],
+            [*as_nobody(), "-c", script],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
