@@ -31,20 +31,24 @@ from http import HTTPStatus
 import orjson
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
-from ts.torch_handler.base_handler import BaseHandler
 
 from neuronserve.worker import ANSWER_HEADER, ANSWER_TENSORS, MODEL_HEADER
 
 logger = logging.getLogger(__name__)
 
 
-class NeuronServeHandler(BaseHandler):
+# Not TorchServe's BaseHandler (TorchServe takes any class with initialize and handle):
+# importing its module imports what these workers never use (torch.compile's OpenVINO
+# backend, torch_xla where installed), seconds of every worker's start and replacement
+# before it has leased its cores, and its initialize picks a device and loads model.pt
+# itself, where the Runner keeps inputs on the host and loads what the manifest describes.
+class NeuronServeHandler:
+    def __init__(self):
+        self.initialized = False
+
     def initialize(self, context):
         from neuronserve.worker import FAILURE_MARKER, WorkerSettings, start_worker
 
-        # BaseHandler.initialize is skipped on purpose: it picks a device (and on Neuron
-        # hosts the XLA device) and loads model.pt itself; the Runner keeps inputs on the
-        # host and loads the artifact the manifest describes.
         self.context = context
         self.manifest = context.manifest
         try:

@@ -515,10 +515,10 @@ def pin_neuron(cores: tuple[int, ...]) -> None:
     Must run before torch_neuronx / torch_neuron is imported: the runtime reads these
     variables once, when it initialises at the first model load ("Neuron Runtime
     configuration": https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/nrt-configurable-parameters.html).
-    TorchServe's BaseHandler imports torch_xla when it is installed; torch_xla creates its
-    runtime client only when a device is first used, which the handler never does (it
-    skips BaseHandler.initialize), so importing it before the pin is harmless; `neuronserve
-    doctor` checks on a Neuron host that the runtime uses only the leased cores.
+    Nothing a worker imports before the pin imports them (the TorchServe handler is not
+    TorchServe's BaseHandler, whose module imports torch_xla where installed), and this
+    refuses to pin when one was; `neuronserve doctor` checks on a Neuron host that the
+    runtime uses only the leased cores.
     NEURONCORE_GROUP_SIZES is not set: it is deprecated and no longer has an effect
     ("use NEURON_RT_VISIBLE_CORES or NEURON_RT_NUM_CORES instead").
     """
