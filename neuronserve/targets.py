@@ -31,8 +31,9 @@ class Target(Protocol):
     file_suffix: str
     # what `precision: auto` tries, in order (a target may also define `variants(precision)`:
     # the candidate builds a named precision may get, default just that precision; and
-    # `unavailable(candidate)`: why that build cannot be made on this host, which then
-    # counts as refused while the other candidates are still tried)
+    # `unavailable(candidate, named)`: why that build cannot be made, or is not worth making,
+    # on this host (`named`: the user named its precision), which then counts as refused
+    # while the other candidates are still tried)
     auto_precisions: tuple[str, ...]
     # True: auto keeps the fastest candidate that meets the accuracy floor (timed here);
     # False: the first that meets it (the order is fastest first on that hardware)

@@ -48,6 +48,11 @@ CANDIDATES = {
     "bf16-openvino": ("bf16", "openvino"),
     "int8-openvino": ("int8", "openvino"),
 }
+def native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware (AVX512-BF16, or AMX's tiles)."""
+    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+
+
 # a built module of each library
 Compiled = torch.nn.Module | OrtModule | OvModule
 # the package (of the cpu extra) that runs each module format besides torch: what an image
@@ -79,10 +84,20 @@ class CpuTarget:
         """Which library's module the candidate build `precision` is."""
         return CANDIDATES[precision][1]
 
-    def unavailable(self, precision: str) -> str | None:
-        """Why the candidate build `precision` cannot be made on this host, or None."""
+    def unavailable(self, precision: str, named: bool = False) -> str | None:
+        """Why the candidate build `precision` cannot be made on this host, or (when auto
+        chooses, `named` False) is not worth making: TorchScript bf16 on a CPU that only
+        emulates it runs slower than fp32, so auto would build, check and time it for
+        nothing. None: build it."""
         runs, module_format = CANDIDATES[precision]
-        return openvino.unavailable(runs) if module_format == "openvino" else None
+        if module_format == "openvino":
+            return openvino.unavailable(runs)
+        if runs == "bf16" and not named and not native_bf16():
+            return (
+                "this CPU has no native bf16 (AVX512-BF16 or AMX), so torch would emulate it, "
+                "slower than fp32 (--precision bf16 builds it anyway)"
+            )
+        return None
 
     def compile(
         self, module: torch.nn.Module, example: tuple[torch.Tensor, ...], options: dict[str, Any]

@@ -189,7 +189,7 @@ class PrecisionSearch:
         described = self._described(precision)
         effective = described["precision"]
         unavailable = getattr(ctx.target, "unavailable", None)
-        why = unavailable(precision) if unavailable else None
+        why = unavailable(precision, self.named) if unavailable else None
         if why:
             ctx.say(f"precision {effective} ({described.get('module_format')}): not built, {why}")
             trial = PrecisionTrial(

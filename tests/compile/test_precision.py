@@ -11,6 +11,7 @@ import pytest
 from helpers import SENTENCES, cosine, eager_classifier_scores, reference_embeddings
 
 from neuronserve.compile import CompileError, compile_model, openvino
+from neuronserve.compile.cpu import native_bf16
 from neuronserve.compile.driver import describe
 from neuronserve.compile.texts import accuracy_texts, calibration_texts
 from neuronserve.runtime import Runner
@@ -101,9 +102,14 @@ def test_auto_keeps_the_fastest_precision_that_passes(tmp_path, classifier_dir):
     }
     passed = {p: t for p, t in trials.items() if t["passed"]}
     assert {("fp32", "torchscript"), ("fp32", "onnx"), ("fp32", "openvino")} <= set(passed)
-    # OpenVINO's bf16 is built only where the CPU runs bf16 natively, and says so if not
-    bf16_ov = trials[("bf16", "openvino")]
+    # bf16 is built only where the CPU runs it natively (OpenVINO would run f32 under its
+    # name, torch would emulate it slower than fp32), and each says so if not
+    bf16_ov, bf16_torch = trials[("bf16", "openvino")], trials[("bf16", "torchscript")]
     assert bf16_ov["accuracy"] or "no native bf16" in bf16_ov["reason"]
+    if native_bf16():
+        assert bf16_torch["accuracy"], bf16_torch
+    else:
+        assert not bf16_torch["accuracy"] and "no native bf16" in bf16_torch["reason"]
     kept = (m["precision"], m["compiler"]["module_format"])
     assert kept == min(passed, key=lambda p: passed[p]["batch1_ms"])
     assert m["accuracy"] == trials[kept]["accuracy"]
