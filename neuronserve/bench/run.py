@@ -44,7 +44,14 @@ from ..load.work import Work, mask_token
 from ..registry import ENGINES
 from ..waiting import until
 from .floor import encoder_gflop, peak_gops
-from .servers import FrontServer, ManagedServer, SageMakerServer, cpu_by_role, scrape
+from .servers import (
+    FrontServer,
+    ManagedServer,
+    SageMakerServer,
+    cpu_by_role,
+    keep_logs,
+    scrape,
+)
 from .stats import summarize
 from .texts import text_with_tokens
 
@@ -105,6 +112,9 @@ class BenchConfig:
     # (wrk_seq, 1 text, largest concurrency)
     wrk: bool = True
     wrk_seq: int | None = None
+    # where a started server's logs are kept when a point measured on it had errors (its
+    # temporary folder goes with its stop): None keeps none
+    logs: Path | None = None
 
     def drives_with_wrk(self) -> bool:
         from ..load import wrk
@@ -366,6 +376,7 @@ class Sweep:
     def run_session(self, session: Session) -> None:
         """Start the session's server (if any), measure its endpoints, stop it."""
         server = session.server
+        measured: dict[int, list[dict[str, Any]]] = {}
         try:  # a start interrupted (Ctrl-C, SIGTERM) stops what it had started
             if server is not None:
                 self.bar.set_postfix_str(f"starting {session.label}")
@@ -378,7 +389,7 @@ class Sweep:
             endpoints = session.make()
             if server is not None and self.config.server_warmup_s > 0:
                 self.warm_up(endpoints)
-            measured: dict[int, list[dict[str, Any]]] = {id(e): [] for e in endpoints}
+            measured.update({id(e): [] for e in endpoints})
             # every endpoint at one point before the next point: a route through the front
             # and its engine asked directly are measured seconds apart, not minutes, so
             # drift of the machine shows in both
@@ -397,6 +408,11 @@ class Sweep:
                 endpoint.close()
         finally:
             if server is not None:
+                errors = any(row.get("errors") for rows in measured.values() for row in rows)
+                if errors and self.config.logs is not None:
+                    into = self.config.logs / session.label.replace("/", "-")
+                    if keep_logs(Path(server.tmp.name), into):
+                        self.bar.write(f"{session.label}: errors measured; its logs kept in {into}")
                 server.stop()
 
     def cross_check(

@@ -112,6 +112,23 @@ class ManagedServer:
         return self._leases.folder
 
 
+def keep_logs(tmp: Path, into: Path, most_bytes: int = 1 << 20) -> list[Path]:
+    """The log files under a started server's temporary folder `tmp` (its engine's and its
+    front's `*.log`), the last `most_bytes` of each, copied into `into` under the same
+    paths: what a bench session that measured errors leaves for a look afterwards."""
+    kept = []
+    for log in sorted(Path(tmp).rglob("*.log")):
+        if not log.is_file():
+            continue
+        dest = into / log.relative_to(tmp)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - most_bytes))
+            dest.write_bytes(f.read())
+        kept.append(dest)
+    return kept
+
+
 def layout_plan(artifact: Path, spec: DeploySpec) -> placement.WorkerPlan:
     """The worker plan `neuronserve package` makes for `spec` on this host."""
     return placement.plan(

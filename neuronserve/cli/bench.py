@@ -143,6 +143,7 @@ def bench_cmd(
             generator=generator,
             wrk=wrk,
             wrk_seq=wrk_seq,
+            logs=Path(out) / "logs",
         )
         results = run_bench(config)
     except (ValueError, RuntimeError, OSError) as e:

@@ -48,6 +48,8 @@ CANDIDATES = {
     "bf16-openvino": ("bf16", "openvino"),
     "int8-openvino": ("int8", "openvino"),
 }
+
+
 def native_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware (AVX512-BF16, or AMX's tiles)."""
     return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())

@@ -457,3 +457,18 @@ def test_soak_judges_memory_of_workers_loaded_before_a_short_run(monkeypatch):
     present[:], samples[:] = [me], []
     asyncio.run(sample())
     assert str(os.getppid()) in run.memory
+
+
+def test_a_session_with_errors_keeps_the_tail_of_each_log_and_nothing_else(tmp_path):
+    from neuronserve.bench.servers import keep_logs
+
+    server = tmp_path / "server"
+    (server / "engine" / "logs").mkdir(parents=True)
+    (server / "engine" / "logs" / "ts_log.log").write_bytes(b"0123456789the end")
+    (server / "front.log").write_text("front")  # shorter than the tail: whole
+    (server / "engine" / "model.bin").write_bytes(b"weights")
+    kept = keep_logs(server, tmp_path / "kept", most_bytes=7)
+    names = sorted(p.relative_to(tmp_path / "kept").as_posix() for p in kept)
+    assert names == ["engine/logs/ts_log.log", "front.log"]
+    assert (tmp_path / "kept" / "engine" / "logs" / "ts_log.log").read_bytes() == b"the end"
+    assert (tmp_path / "kept" / "front.log").read_text() == "front"
