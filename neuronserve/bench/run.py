@@ -694,6 +694,7 @@ def _config_dict(config: BenchConfig) -> dict[str, Any]:
     d = asdict(config)
     d["endpoints"] = [f"{e.label}={e.type}:{e.where}" for e in config.endpoints]
     d["tokenizer"] = str(config.tokenizer) if config.tokenizer else None
+    d["logs"] = str(config.logs) if config.logs else None
     d["headers"] = sorted(config.headers)  # names only: values may be secrets
     # what the command's spec set for the servers bench starts
     d["spec"] = config.spec.model_dump(mode="json", exclude_unset=True) if config.spec else None
