@@ -80,6 +80,30 @@ def test_a_repeated_call_holds_the_core_for_its_time_without_the_cpu(device_time
     assert torch.allclose(module(other, mask, torch.zeros_like(other)), expected)
 
 
+def test_rows_seen_in_another_batch_are_answered_at_the_devices_pace(device_time, neuronx_artifact):
+    """A server under load batches the same texts with padding rows in every count up to
+    the bucket's: each composition of rows computed before, in any order, is the device's
+    time and the answer computed afresh, not another CPU computation."""
+    from neuronserve.buckets import Bucket
+
+    _, module = _module(neuronx_artifact, Bucket(4, 16))
+    ids = torch.randint(1000, 2000, (4, 16))
+    ids[3] = 0  # a padding row: all padding, mask zero
+    mask = torch.ones_like(ids)
+    mask[3] = 0
+    module(ids, mask, torch.zeros_like(ids))  # computed on the CPU, each row kept
+    order = torch.tensor([3, 0, 3, 2])  # one text and three padding rows, another order
+    again = (ids[order], mask[order], torch.zeros_like(ids))
+    core = device_time._cores[device_time._models[module.handle][1]]
+    busy = core.busy_s
+    held = module(*again)
+    assert core.busy_s - busy == pytest.approx(0.100)  # the device's time, kept rows
+    os.environ.pop("NEURON_STANDIN_DEVICE_TIME")
+    expected = module(*again)
+    os.environ["NEURON_STANDIN_DEVICE_TIME"] = "test"
+    assert torch.allclose(held, expected, atol=1e-5)
+
+
 def test_a_core_runs_one_call_at_a_time_and_its_busy_time_is_counted(device_time, neuronx_artifact):
     from neuronserve.buckets import Bucket
 

@@ -36,15 +36,16 @@ call and the process's Neuron variables as one JSON line in $NEURONSERVE_STANDIN
   is recorded as a `weight_copy` event.
 
 Device time (NEURON_STANDIN_DEVICE_TIME=inf2-bert-base): for measuring a server's pace.
-A call whose inputs were computed before (on the CPU, the first time, their output
-kept) holds its NeuronCore for the time AWS publishes for that shape and returns the
-kept output without using the CPU: the core runs one call at a time (a process's calls on
-one core queue, as the runtime queues executions on a core), and its busy time is
-counted where the stand-in's neuron-monitor reads it (`device_ms` says where the figures
-come from). Answers stay right; only repeated inputs (a benchmark's, compile's bucket
-timing) run at the device's pace. What this cannot tell: the real device's time for
-another model or shape than the table's, DMA and host-runtime overheads beyond the
-published latency, and how the real runtime overlaps queued executions.
+A call whose input rows were all computed before (on the CPU, the first time, each row's
+output kept: an encoder's rows are independent) holds its NeuronCore for the time AWS
+publishes for that shape and returns the kept outputs without using the CPU: the core
+runs one call at a time (a process's calls on one core queue, as the runtime queues
+executions on a core), and its busy time is counted where the stand-in's neuron-monitor
+reads it (`device_ms` says where the figures come from). Answers stay right; only
+repeated rows (a benchmark's texts, compile's bucket timing) run at the device's pace.
+What this cannot tell: the real device's time for another model or shape than the
+table's, DMA and host-runtime overheads beyond the published latency, and how the real
+runtime overlaps queued executions.
 
 The fake host is described by environment variables the tests set:
     NEURON_STANDIN_CORES    NeuronCores of the host (unset or 0: no Neuron device)
@@ -290,11 +291,14 @@ _runtime: _Runtime | None = None
 # every model loaded in this process, by handle (kept across the tests' runtime resets)
 _models: dict[int, tuple[torch.jit.ScriptModule, int]] = {}
 _runtime_lock = threading.Lock()
-# device-time mode: each core's clock, and each module's output per input (a benchmark
-# sends one text per length, so its batches take a few distinct values per shape)
+# device-time mode: each core's clock, and each module's output per input row. By row,
+# not by whole batch: an encoder's rows never see each other, and a server under load
+# batches a benchmark's one text per length with padding rows in every count up to the
+# bucket's, each count a batch never computed before (BERT-base at 16 x 128: seconds of
+# this CPU per batch, a stall no device has, that filled TorchServe's job queue)
 _cores: dict[int, _Core] = {}
 _cores_lock = threading.Lock()
-_kept: dict[tuple, torch.Tensor] = {}
+_kept: dict[tuple, list[torch.Tensor]] = {}
 KEPT_MAX = 4096
 # set by torch_neuronx.experimental.neuron_cores_context: the core index models load to
 placement = threading.local()
@@ -361,19 +365,22 @@ def _execute(handle: int, inputs: list[torch.Tensor], host_weight_bytes: int) ->
         if core not in _cores:
             _cores[core] = _Core(core)
         timed = _cores[core]
-    key = (handle, shape, hash(b"".join(t.numpy().tobytes() for t in inputs)))
-    kept = _kept.get(key)
-    if kept is None:  # computed on the CPU, the core held meanwhile
+    batch = shape[0][0]
+    rows = [
+        (handle, shape[0][1:], hash(b"".join(t[i].numpy().tobytes() for t in inputs)))
+        for i in range(batch)
+    ]
+    kept = [_kept.get(row) for row in rows]
+    if any(k is None for k in kept):  # computed on the CPU, the core held meanwhile
         with timed.lock:
             out = _outputs(graph, inputs)
-        if len(_kept) < KEPT_MAX:
-            _kept[key] = out
+        if len(_kept) < KEPT_MAX and all(o.shape[:1] == (batch,) for o in out):
+            _kept.update((row, [o[i].clone() for o in out]) for i, row in enumerate(rows))
         return out
     # token inputs are (batch, length); an image's pixels are timed at the table's length
-    batch = shape[0][0]
     seq = shape[0][1] if len(shape[0]) == 2 else table_of(table)["seq"]
     timed.hold(device_ms(table, batch, seq) / 1e3, called)
-    return [t.clone() for t in kept]
+    return [torch.stack([k[j] for k in kept]) for j in range(len(kept[0]))]
 
 
 @torch.library.custom_op("neuron_standin::execute", mutates_args=())

@@ -388,13 +388,17 @@ def test_concurrent_requests_are_batched_and_answered_correctly(server, runners)
 
 def test_the_frontend_logs_each_line_once_and_no_debug(server):
     # TorchServe's own log4j2.xml writes every frontend line to ts_log.log twice, plus
-    # two debug lines per request; ours writes each once (see engines/torchserve/log4j2.xml)
+    # two debug lines per request, and each access and worker line there as well as in its
+    # own file; ours writes each once, where it belongs (see engines/torchserve/log4j2.xml)
     assert post(server, "minilm", {"inputs": "logged once"}).status_code == 200
-    log = server.run_dir / "logs" / "ts_log.log"
-    lines = wait_for(lambda: log.read_text().splitlines(), 10, 0.1, "ts_log.log")
+    logs = server.run_dir / "logs"
+    lines = wait_for(lambda: (logs / "ts_log.log").read_text().splitlines(), 10, 0.1, "ts_log")
     assert not [ln for ln in lines if "[DEBUG]" in ln]
     assert len(set(lines)) > 0.95 * len(lines), "lines written twice"
     assert any("Backend response time" in ln for ln in lines)  # info lines are still there
+    assert not [ln for ln in lines if "ACCESS_LOG" in ln or "MODEL_LOG" in ln]
+    assert "POST /predictions/" in (logs / "access_log.log").read_text()
+    assert "MODEL_LOG" in (logs / "model_log.log").read_text()
 
 
 def test_bad_requests_fail_alone_inside_a_batch_of_several_models(server, runners):

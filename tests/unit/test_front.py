@@ -391,3 +391,38 @@ def test_tei_series_are_served_beside_ours(two):
     assert "te_request_duration_count 2.0" in text
     assert "te_request_inference_duration_count 2.0" in text
     assert "te_queue_size 0.0" in text
+
+
+# what TorchServe 0.12 answers when its job queue is full (WorkLoadManager.addJob false:
+# ServiceUnavailableException, "Model ... has no worker to serve inference request")
+TORCHSERVE_FULL = orjson.dumps({
+    "code": 503,
+    "type": "ServiceUnavailableException",
+    "message": 'Model "tiny" has no worker to serve inference request. Please use scale '
+               "workers API to add workers.",
+})  # fmt: skip
+
+
+def test_an_engine_whose_queue_is_full_is_a_503_with_retry_after(two, monkeypatch):
+    """The engine refused at once (its queue full): on every route a 503 telling the
+    client when to come back, in that route's error shape, then served again."""
+    from neuronserve.engines.client import engine_error
+
+    client, engine = two
+    ran = engine.run
+
+    async def full(model, request):
+        raise engine_error(503, TORCHSERVE_FULL)
+
+    monkeypatch.setattr(engine, "run", full)
+    target = {"X-Amzn-SageMaker-Target-Model": "tiny"}
+    for path, body, headers in (
+        ("/embed", {"inputs": "x"}, {}),
+        ("/v1/embeddings", {"input": "x", "model": "tiny"}, {}),
+        ("/invocations", {"inputs": "x"}, target),
+    ):
+        r = client.post(path, json=body, headers=headers)
+        assert r.status_code == 503 and r.headers["retry-after"] == "5", (path, r.text)
+        assert "has no worker to serve" in r.text, path
+    monkeypatch.setattr(engine, "run", ran)
+    assert client.post("/embed", json={"inputs": "x"}).status_code == 200
