@@ -146,13 +146,15 @@ class CpuTarget:
         return torch.jit.load(source, map_location="cpu").eval()
 
     def versions(self) -> dict[str, str]:
-        from . import ort
+        # read from the installed distributions: importing either library to ask costs a
+        # compile a large part of a second
+        from importlib import metadata
 
-        return {
-            "compiler": f"torch.jit {torch.__version__}",
-            **ort.versions(),
-            **openvino.versions(),
-        }
+        found = {"compiler": f"torch.jit {torch.__version__}"}
+        for package in RUNTIME_PACKAGES.values():
+            with contextlib.suppress(metadata.PackageNotFoundError):
+                found[package] = metadata.version(package)
+        return found
 
     def describe(self, options: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
         precision = options.get("precision") or "fp32"

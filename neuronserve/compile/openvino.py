@@ -191,14 +191,3 @@ def _quantized(model: Any, names: list[str], batches: Sequence[tuple[torch.Tenso
             model_type=nncf.ModelType.TRANSFORMER,
             subset_size=len(feeds),
         )
-
-
-def versions() -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    try:
-        import openvino
-
-        out["openvino"] = openvino.__version__
-    except ImportError:
-        pass
-    return out

@@ -120,9 +120,3 @@ def _serialized(model: Any, input_order: list[str]) -> bytes:
     entry = model.metadata_props.add()
     entry.key, entry.value = INPUT_ORDER_KEY, ",".join(input_order)
     return model.SerializeToString()
-
-
-def versions() -> dict[str, Any]:
-    import onnxruntime
-
-    return {"onnxruntime": onnxruntime.__version__}

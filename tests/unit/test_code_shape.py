@@ -7,19 +7,25 @@ from __future__ import annotations
 
 import ast
 import functools
+from pathlib import Path
 
 from helpers import REPO
 
 LIMIT = 60
 
 
+@functools.cache
+def _nodes(path: Path) -> list[ast.AST]:
+    """Every node of a module's syntax tree (the tests here read the same files)."""
+    return list(ast.walk(ast.parse(path.read_text())))
+
+
 def test_functions_are_short_or_say_why():
     long = []
     for root in ("neuronserve", "handlers", "triton_backend", "scripts"):
         for path in (REPO / root).rglob("*.py"):
-            source = path.read_text()
-            lines = source.splitlines()
-            for node in ast.walk(ast.parse(source)):
+            lines = path.read_text().splitlines()
+            for node in _nodes(path):
                 if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                     continue
                 body = lines[node.lineno - 1 : node.end_lineno]
@@ -52,7 +58,7 @@ def _imports() -> dict[str, set[str]]:
     for module, path in names.items():
         package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
         found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in _nodes(path):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
@@ -103,13 +109,14 @@ def _engine_class(node: ast.AST) -> bool:
     )
 
 
-def engine_branches(source: str) -> list[str]:
+def engine_branches(source: str | Path) -> list[str]:
     """Every place `source` decides by which engine it is: a comparison or membership
     test against an engine's name (`engine == "triton"`, `protocol != "kserve"`,
     `engine not in ("torchserve", ...)`), a dict keyed by engine names, a match case on
     one, an isinstance of an engine's class."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    nodes = _nodes(source) if isinstance(source, Path) else ast.walk(ast.parse(source))
+    for node in nodes:
         if isinstance(node, ast.Compare) and (
             _names_engine(node.left) or any(_names_engine(c) for c in node.comparators)
         ):
@@ -152,7 +159,7 @@ def test_only_the_engines_ask_which_engine_it_is():
         f"{path.relative_to(REPO)}:{where}"
         for path in (REPO / "neuronserve").rglob("*.py")
         if path.relative_to(REPO / "neuronserve").parts[0] not in ("engines", "registry.py")
-        for where in engine_branches(path.read_text())
+        for where in engine_branches(path)
     ]
     assert not asking, asking
 
@@ -216,7 +223,7 @@ def test_the_compile_reads_its_sections_not_the_whole_spec():
     reading = [
         f"{path.relative_to(REPO)}:{node.lineno}"
         for path in (REPO / "neuronserve" / "compile").rglob("*.py")
-        for node in ast.walk(ast.parse(path.read_text()))
+        for node in _nodes(path)
         if isinstance(node, ast.Name) and node.id == "DeploySpec"
     ]
     allowed = {

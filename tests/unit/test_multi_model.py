@@ -129,6 +129,13 @@ def _cost(artifact: Path) -> int:
     return placement.model_memory("m", read_manifest(artifact), artifact, "cpu").total
 
 
+@pytest.fixture(autouse=True)
+def _followers_look_often(monkeypatch):
+    # a worker notices a change of the wanted models within POLL_S; these tests make
+    # dozens of changes one after another, and what they check does not depend on when
+    monkeypatch.setattr(catalog, "POLL_S", 0.005)
+
+
 @pytest.fixture
 def endpoint(tmp_path, tiny_artifact, classifier_artifact):
     """A multi-model front whose budget holds two copies of the tiny embedder, not three;

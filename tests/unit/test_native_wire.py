@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import threading
+import time
 from concurrent.futures import Future
 from pathlib import Path
 from types import SimpleNamespace
@@ -179,18 +180,26 @@ def _serving(
     return served, run
 
 
+async def until(check: Any, within_s: float = 5.0) -> None:
+    """Until the worker's loop got where `check()` says (at most `within_s`)."""
+    deadline = time.monotonic() + within_s
+    while not check():
+        assert time.monotonic() < deadline, "the worker never got there"
+        await asyncio.sleep(0.002)
+
+
 def test_requests_waiting_together_run_as_one_batch_each_answered_its_own(tmp_path):
     worker = FakeWorker()
-    _, run = _serving(tmp_path, worker)
+    served, run = _serving(tmp_path, worker)
 
     async def body(path):
         a, b = await Peer.to(path), await Peer.to(path)
         worker.hold.clear()
         a.send(1, ["first"])  # runs alone, held
-        await asyncio.sleep(0.1)
+        await until(lambda: worker.batches == [1])
         for i in range(2, 6):  # wait meanwhile, from two connections
             (a if i % 2 else b).send(i, ["x" * i, "y"])
-        await asyncio.sleep(0.1)
+        await until(lambda: len(served.queue) == 4)
         worker.hold.set()
         return await a.answers(3), await b.answers(2)
 
@@ -219,22 +228,22 @@ class StepWorker(FakeWorker):
 
 def test_while_a_batch_runs_the_next_takes_at_most_one_full_call_of_texts(tmp_path):
     worker = StepWorker(max_batch=3)
-    _, run = _serving(tmp_path, worker, depth=2)
+    served, run = _serving(tmp_path, worker, depth=2)
 
     async def body(path):
         peer = await Peer.to(path)
         peer.send(1, ["a"])
-        await asyncio.sleep(0.1)
+        await until(lambda: len(worker.batches) == 1)
         peer.send(2, ["b", "c", "d"])  # the second batch in flight: the device is full
-        await asyncio.sleep(0.1)
+        await until(lambda: len(worker.batches) == 2)
         peer.send(3, ["e", "f"])
         peer.send(4, ["g", "h"])
         peer.send(5, ["i"])
-        await asyncio.sleep(0.1)
+        await until(lambda: len(served.queue) == 3)
         worker.holds[0].set()  # a slot: 3 and 4 would be 4 texts, over the call of 3
-        await asyncio.sleep(0.1)
+        await until(lambda: len(worker.batches) == 3)
         worker.holds[1].set()  # another: 4 and 5 are one call of 3
-        await asyncio.sleep(0.1)
+        await until(lambda: len(worker.batches) == 4)
         for hold in worker.holds:
             hold.set()
         return await peer.answers(5)
@@ -247,19 +256,19 @@ def test_while_a_batch_runs_the_next_takes_at_most_one_full_call_of_texts(tmp_pa
 
 def test_a_bad_request_is_answered_alone_and_its_batch_neighbours_are_served(tmp_path):
     worker = FakeWorker()
-    _, run = _serving(tmp_path, worker)
+    served, run = _serving(tmp_path, worker)
 
     async def body(path):
         peer = await Peer.to(path)
         worker.hold.clear()
         peer.send(1, ["held"])
-        await asyncio.sleep(0.1)
+        await until(lambda: worker.batches == [1])
         peer.send(2, ["fine"])
         peer.send(3, [["a", "pair"]])  # feature-extraction takes single texts
         peer.send(4, ["also fine"], model="other")
         peer.send(5, [])
         peer.send(6, ["fine too"])
-        await asyncio.sleep(0.1)
+        await until(lambda: len(served.queue) == 5)
         worker.hold.set()
         return await peer.answers(6)
 
@@ -300,7 +309,7 @@ def test_beyond_max_queued_a_request_gets_503_at_once(tmp_path):
         peer = await Peer.to(path)
         worker.hold.clear()
         peer.send(1, ["running"])
-        await asyncio.sleep(0.1)
+        await until(lambda: worker.batches == [1])
         for i in (2, 3, 4):
             peer.send(i, ["waits"])
         refused = await peer.answers(1)  # before the held batch ends
@@ -315,18 +324,18 @@ def test_beyond_max_queued_a_request_gets_503_at_once(tmp_path):
 
 def test_a_request_that_waited_past_the_queue_timeout_gets_503(tmp_path):
     worker = FakeWorker()
-    policy = QueuePolicy(max_queued=10, queue_timeout_s=0.2, batch_delay_s=0.0, hang_s=60)
-    _, run = _serving(tmp_path, worker, policy)
+    policy = QueuePolicy(max_queued=10, queue_timeout_s=0.1, batch_delay_s=0.0, hang_s=60)
+    served, run = _serving(tmp_path, worker, policy)
 
     async def body(path):
         peer = await Peer.to(path)
         worker.hold.clear()
         peer.send(1, ["running"])
-        await asyncio.sleep(0.05)
+        await until(lambda: worker.batches == [1])
         peer.send(2, ["waits too long"])
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(0.2)
         peer.send(3, ["just came"])
-        await asyncio.sleep(0.05)
+        await until(lambda: len(served.queue) == 2)
         worker.hold.set()
         return await peer.answers(3)
 
@@ -369,7 +378,7 @@ def test_a_ping_says_how_long_the_oldest_batch_runs(tmp_path):
         idle = await asyncio.wait_for(read_frame(peer.reader, 1 << 20), 5)
         worker.hold.clear()
         peer.send(1, ["held"])
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0.1)
         peer.writer.write(frame({"op": "ping", "id": 10}))
         busy = await asyncio.wait_for(read_frame(peer.reader, 1 << 20), 5)
         worker.hold.set()
@@ -377,7 +386,7 @@ def test_a_ping_says_how_long_the_oldest_batch_runs(tmp_path):
 
     (idle, _), (busy, _) = asyncio.run(run(body))
     assert idle["busy_s"] is None and idle["models"] == ["m"]
-    assert busy["id"] == 10 and busy["busy_s"] >= 0.25
+    assert busy["id"] == 10 and busy["busy_s"] >= 0.09
 
 
 def test_a_worker_that_closes_its_connection_fails_its_requests_with_worker_died(tmp_path):

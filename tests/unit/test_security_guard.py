@@ -78,7 +78,7 @@ def test_every_route_is_held_to_its_deadline(tmp_path, runners, route, monkeypat
 
     monkeypatch.setattr(Api, route.handler.__name__, stalls)
     client, _, _ = front(tmp_path, runners)
-    r = client.request(route.method, _path(route), headers={"X-Request-Timeout": "0.05"})
+    r = client.request(route.method, _path(route), headers={"X-Request-Timeout": "0.01"})
     assert r.status_code == 504, (r.status_code, r.text[:200])
 
 
