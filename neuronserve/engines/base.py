@@ -10,10 +10,10 @@ Five methods are what its users call:
     client(...)          the front's asynchronous client of it (engines/client.py)
     stop(log)            stop it and wait until every process it started is gone
 
-What an engine's package implements, all of it (30 members, each documented where it is
+What an engine's package implements, all of it (28 members, each documented where it is
 declared):
 
-- `Engine` (here): `name`, `facts` (what it is: `EngineFacts`), `section_class`;
+- `Engine` (here): `facts` (what it is: `EngineFacts`; its name is its package's);
   `package`, `_start`, `_stop`, `_running`, `health`, `client`; its store read back:
   `models_in`, `packaged_models`; what `serve` prints: `ready_lines`. It may override
   `stuck` (when the front must restart it) and `packaged` (what `package` prints).
@@ -124,12 +124,16 @@ class EngineFacts:
 
 class Engine(ABC, Generic[Instance]):
     """One engine, made from its spec section and run from `run_dir` (the section's
-    own, unless the caller gives one): its name in the registry, what it is (`facts`)
-    and its spec section's class."""
+    own, unless the caller gives one), and what it is (`facts`). Its name is its
+    package's under engines/, the registry's key; its section class the registry's."""
 
     name: ClassVar[str]
     facts: ClassVar[EngineFacts]
-    section_class: ClassVar[type[EngineSection]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # engines/<name>/engine.py: the name the registry lists it by, said once
+        cls.name = cls.__module__.split(".")[-2]
 
     def __init__(self, section: EngineSection, run_dir: Path | None = None):
         self.section = section

@@ -20,6 +20,7 @@ from ..artifact import read_manifest
 from ..engines.base import engine_class
 from ..packaging.model import prepare, served_truncation
 from ..processes import free_ports, private_dir
+from ..registry import section_class
 from ..spec import DeploySpec, FrontSection, ModelEntry
 
 if TYPE_CHECKING:
@@ -49,8 +50,7 @@ def model_entries(found: list[FoundModel], spec: DeploySpec) -> list[ModelEntry]
 
 def running_engine(work: Path, name: str) -> Engine | None:
     """The engine a Deployment in `work` started, if it is running."""
-    cls = engine_class(name)
-    found = cls(cls.section_class(), Path(work) / RUN_DIR)
+    found = engine_class(name)(section_class(name)(), Path(work) / RUN_DIR)
     return found if found.running() else None
 
 

@@ -258,3 +258,14 @@ def test_the_adapters_import_only_the_worker_contract():
     assert set(imported) == {"neuronserve.worker"}, sorted(imported)
     for name in imported["neuronserve.worker"]:
         assert getattr(worker, name) is not None, name  # each one resolves
+
+
+def test_an_engine_is_its_package_and_one_registry_line():
+    """Each registry name finds its package's Engine and section, which answer to it."""
+    from neuronserve.engines.base import engine_class
+    from neuronserve.registry import ENGINES, section_class
+
+    for name in ENGINES:
+        assert engine_class(name).name == name
+        assert section_class(name).key == name
+        assert engine_class(name).__module__ == f"neuronserve.engines.{name}.engine"

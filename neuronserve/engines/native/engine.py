@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 
 class Native(Engine["NativeInstance"]):
-    name = "native"
     # no API of its own, nothing beyond neuronserve's own requirements, and nothing shipped
     # into its store: its workers run neuronserve itself
     facts = EngineFacts(
@@ -40,7 +39,6 @@ class Native(Engine["NativeInstance"]):
         # spends there is the front's engine-call time on /metrics
         metric_style="prometheus",
     )
-    section_class = NativeSection
 
     @property
     def own(self) -> NativeSection:

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 
 class TorchServe(Engine["TorchServeInstance"]):
-    name = "torchserve"
     facts = EngineFacts(
         server="TorchServe",
         worker_word="workers",
@@ -41,7 +40,6 @@ class TorchServe(Engine["TorchServeInstance"]):
         adapter=("neuronserve._handlers", "neuronserve_handler.py"),
         system_packages=("openjdk-17-jre-headless",),
     )
-    section_class = TorchServeSection
 
     @property
     def own(self) -> TorchServeSection:

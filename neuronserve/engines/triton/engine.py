@@ -20,7 +20,6 @@ if TYPE_CHECKING:
 
 
 class Triton(Engine["TritonInstance"]):
-    name = "triton"
     facts = EngineFacts(
         server="tritonserver",
         worker_word="instances",
@@ -40,7 +39,6 @@ class Triton(Engine["TritonInstance"]):
         protocols=("triton-http", "triton-grpc"),
         adapter=("neuronserve._triton_backend", "model.py"),
     )
-    section_class = TritonSection
 
     @property
     def own(self) -> TritonSection:
