@@ -64,7 +64,7 @@ def _versions(target: str) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "tokenizers": tokenizers.__version__,
         **get_target(target).versions(),
-        **{name: _installed(name) for name in RUNTIMES},
+        **{name: installed(name) for name in RUNTIMES},
     }
 
 
@@ -75,7 +75,9 @@ RUNTIMES = (
 )  # fmt: skip
 
 
-def _installed(name: str) -> str | None:
+def installed(name: str) -> str | None:
+    """The version of the distribution `name` installed here (None: not installed), read
+    without importing it."""
     from importlib import metadata
 
     try:

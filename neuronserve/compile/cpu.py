@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from . import openvino
+from .cache import installed
 from .openvino import OvModule, export_openvino
 from .ort import OrtModule, export_onnx
 
@@ -146,14 +147,12 @@ class CpuTarget:
         return torch.jit.load(source, map_location="cpu").eval()
 
     def versions(self) -> dict[str, str]:
-        # read from the installed distributions: importing either library to ask costs a
+        # from the installed distributions: importing either library to ask costs a
         # compile a large part of a second
-        from importlib import metadata
-
         found = {"compiler": f"torch.jit {torch.__version__}"}
         for package in RUNTIME_PACKAGES.values():
-            with contextlib.suppress(metadata.PackageNotFoundError):
-                found[package] = metadata.version(package)
+            if (version := installed(package)) is not None:
+                found[package] = version
         return found
 
     def describe(self, options: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
