@@ -33,7 +33,6 @@ from typing import Any
 import torch
 
 from . import openvino
-from .cache import installed
 from .openvino import OvModule, export_openvino
 from .ort import OrtModule, export_onnx
 
@@ -148,7 +147,10 @@ class CpuTarget:
 
     def versions(self) -> dict[str, str]:
         # from the installed distributions: importing either library to ask costs a
-        # compile a large part of a second
+        # compile a large part of a second (imported here: a worker loading a module
+        # needs none of the compile cache)
+        from .cache import installed
+
         found = {"compiler": f"torch.jit {torch.__version__}"}
         for package in RUNTIME_PACKAGES.values():
             if (version := installed(package)) is not None:
