@@ -192,6 +192,37 @@ Requests/sec:    473.04
     }
 
 
+def test_a_wrk_point_short_of_its_minimum_count_is_measured_again_for_longer(monkeypatch):
+    """wrk stops on the clock alone: a window of 1 s that got 4 answers where 5 were asked
+    is measured again for 2 s, and the point is that second window, probed around it."""
+    from neuronserve.bench.run import _wrk_point
+
+    asked, probes = [], []
+    counts = iter([4, 9])
+
+    def fake_wrk(request, c, seconds):
+        asked.append(seconds)
+        n = next(counts)
+        return {
+            "requests": n, "non_2xx": 0, "socket_errors": 0, "wall_s": float(seconds),
+            "req_per_s": n / seconds, "cpu_s": 0.01,
+            "p50_ms": 1.0, "p95_ms": 2.0, "p99_ms": 3.0, "max_ms": 4.0, "mean_ms": 1.5,
+        }  # fmt: skip
+
+    monkeypatch.setattr(wrk, "run_wrk", fake_wrk)
+    window = Window(warmup_s=0, duration_s=0.5, min_requests=5, max_duration_s=60)
+    row = _wrk_point(object(), 2, window, lambda: probes.append(1) or {"cpu": {}, "metrics": {}}, 1)
+    assert asked == [0.5, 2.0]
+    assert row["requests"] == 9 and row["wall_s"] == 2.0 and row["errors"] == 0
+    assert len(probes) == 4  # around each window
+    # a window that cannot reach the count stops at the window's longest
+    counts = iter([1, 1, 1])
+    asked.clear()
+    short = Window(warmup_s=0, duration_s=1, min_requests=100, max_duration_s=3)
+    assert _wrk_point(object(), 1, short, lambda: {"cpu": {}, "metrics": {}}, 1)["requests"] == 1
+    assert asked == [1, 2.0, 3]
+
+
 class CountingEndpoint(Endpoint):
     """An in-process endpoint that fails every third call and records which threads call."""
 
