@@ -872,6 +872,22 @@ class DeploySpec(BaseModel):
         """A copy with `section` as its engine's section."""
         return self.model_copy(update={"engines": {**self.engines, section.key: section}})
 
+    def with_models(self, models: list[ModelEntry] | list[ModelSource]) -> DeploySpec:
+        """A copy deploying `models` in place of its own (its `artifact`, `name` and
+        `models`): one artifact becomes the spec's `artifact`, with its name and
+        truncation when it gives them; anything else its `models`."""
+        data = self.model_dump(exclude_unset=True, exclude={"artifact", "name", "models"})
+        one = models[0] if len(models) == 1 else None
+        if isinstance(one, ModelEntry):
+            data["artifact"] = one.artifact
+            if one.name is not None:
+                data["name"] = one.name
+            if one.truncation is not None:
+                data["truncation"] = one.truncation
+        else:
+            data["models"] = [m.model_dump(exclude_none=True) for m in models]
+        return DeploySpec.model_validate(data)
+
     def with_section(self, section: str, **fields: Any) -> DeploySpec:
         """A copy with `fields` set in section `section` (an engine's name too)."""
         data = self.model_dump(exclude_unset=True)

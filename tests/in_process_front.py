@@ -80,8 +80,13 @@ def _tokenizer(runner) -> Any:
     return _TOKENIZERS[id(runner)][1]
 
 
+def config_of(spec, sagemaker: bool = False) -> FrontConfig:
+    """The front's settings of a whole spec, as `serve front` takes them."""
+    return FrontConfig.of(spec.front, spec.limits, spec.multi_model, sagemaker)
+
+
 def front(tmp_path, runners: dict, **fields) -> tuple[TestClient, InProcessEngine, Serving]:
-    config = FrontConfig.from_spec(load_spec(None, {"front_run_dir": tmp_path, **fields}))
+    config = config_of(load_spec(None, {"front_run_dir": tmp_path, **fields}))
     serving = Serving(config)
     engine = InProcessEngine(runners)
     chars = fields.get("max_text_chars")

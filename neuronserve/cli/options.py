@@ -4,11 +4,11 @@ artifacts argument, the stop flag, the error exit."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
-from ..spec import DeploySpec
+from ..spec import DeploySpec, ModelEntry
 
 ArtifactsArg = Annotated[
     list[Path] | None,
@@ -41,17 +41,12 @@ def ints(value: str | None) -> list[int] | None:
 
 def with_artifacts(spec: DeploySpec, artifacts: list[Path] | None) -> DeploySpec:
     """`spec` with the artifacts given on the command line in place of its own: one is
-    the spec's `artifact`, several its `models`."""
+    the spec's `artifact` (under the spec's `name`), several its `models`."""
     if not artifacts:
         return spec
-    data: dict[str, Any] = spec.model_dump(exclude_unset=True, exclude={"artifact", "models"})
-    if len(artifacts) == 1:
-        data["artifact"] = artifacts[0]
-    else:
-        data["models"] = [{"artifact": a} for a in artifacts]
-        data.pop("name", None)
+    name = spec.name if len(artifacts) == 1 else None
     try:
-        return DeploySpec.model_validate(data)
+        return spec.with_models([ModelEntry(artifact=a, name=name) for a in artifacts])
     except ValueError as e:
         fail(str(e))
 

@@ -160,11 +160,7 @@ def _named_models(spec: DeploySpec, models: list[str]) -> DeploySpec:
         )
         for m in models
     ]
-    data = spec.model_dump(exclude_unset=True)
-    for key in ("artifact", "name"):
-        data.pop(key, None)
-    data["models"] = [x.model_dump(exclude_none=True) for x in sources]
-    return DeploySpec.model_validate(data)
+    return spec.with_models(sources)
 
 
 def _compiled(spec: DeploySpec) -> DeploySpec:
@@ -182,12 +178,13 @@ def _compiled(spec: DeploySpec) -> DeploySpec:
 
 
 def _foreground(spec: Any, sources: list[Path]) -> int:
+    from ..serve.deployment import deployment_for
     from ..serve.front.config import FrontConfig
     from ..serve.front.launch import ENGINE_DIR
-    from ..serve.front.server import configure_logging, deployment_for, run
+    from ..serve.front.server import configure_logging, run
 
     configure_logging()
-    config = FrontConfig.from_spec(spec)
+    config = FrontConfig.of(spec.front, spec.limits, spec.multi_model)
     return run(config, lambda: deployment_for(spec, sources, config.run_dir / ENGINE_DIR))
 
 

@@ -251,7 +251,7 @@ def resolved(
     by its compiled artifact, from the cache or compiled into it now, for the target the
     compile section names, else `target` (a package's), else this host's; `spec` itself
     when it names none."""
-    from ..spec import DeploySpec, ModelEntry, ModelSource
+    from ..spec import ModelEntry, ModelSource
     from ..targets import host_target
     from .job import CompileJob
 
@@ -278,15 +278,6 @@ def resolved(
         )
         artifact = compiled(job, log, progress)
         entries.append(ModelEntry(artifact=artifact, name=artifact.name, truncation=m.truncation))
-    data = spec.model_dump(exclude_unset=True)
-    data.pop("name", None)
-    data.pop("artifact", None)
-    data["compile"] = {k: v for k, v in data.get("compile", {}).items() if k != "model"}
-    if len(entries) == 1:
-        one = entries[0]
-        data.update(artifact=one.artifact, name=one.name, models=[])
-        if one.truncation is not None:
-            data["truncation"] = one.truncation
-    else:
-        data["models"] = [e.model_dump(exclude_none=True) for e in entries]
-    return DeploySpec.model_validate(data)
+    # what it compiled is served: the compile section's model no longer names one
+    compiled_from = spec.with_section("compile", model=None)
+    return compiled_from.with_models(entries)

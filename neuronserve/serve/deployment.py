@@ -48,6 +48,17 @@ def model_entries(found: list[FoundModel], spec: DeploySpec) -> list[ModelEntry]
     ]
 
 
+def deployment_for(spec: DeploySpec, sources: list[Path], work: Path) -> Deployment:
+    """The deployment serving the models in `sources` (artifacts, a model store holding
+    a .mar, a Triton repository), or the spec's models when none is given, with the
+    spec's settings over the packaged ones."""
+    from .model_source import find_models
+
+    found = [f for i, s in enumerate(sources) for f in find_models(s, work / f"source-{i}")]
+    entries = model_entries(found, spec) if found else spec.model_entries()
+    return Deployment(spec, entries, work)
+
+
 def running_engine(work: Path, name: str) -> Engine | None:
     """The engine a Deployment in `work` started, if it is running."""
     found = engine_class(name)(section_class(name)(), Path(work) / RUN_DIR)

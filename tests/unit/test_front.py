@@ -16,12 +16,11 @@ import openai
 import orjson
 import pytest
 from helpers import SENTENCES, as_sent, float32_in_fewest_digits
-from in_process_front import front
+from in_process_front import config_of, front
 from starlette.testclient import TestClient
 
 from neuronserve.engines.client import WorkerCounts
 from neuronserve.serve.front.app import build_app
-from neuronserve.serve.front.config import FrontConfig
 from neuronserve.serve.front.serving import Serving
 from neuronserve.spec import load_spec
 
@@ -309,7 +308,7 @@ def test_health_follows_the_engines_workers(tmp_path, tiny_runner):
 
 
 def test_a_loading_front_says_503_with_retry_after(tmp_path):
-    config = FrontConfig.from_spec(load_spec(None, {"front_run_dir": tmp_path}))
+    config = config_of(load_spec(None, {"front_run_dir": tmp_path}))
     client = TestClient(build_app(Serving(config)))
     for path in ("/health", "/ping"):
         assert client.get(path).status_code == 503

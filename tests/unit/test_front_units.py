@@ -11,10 +11,10 @@ import stat
 import numpy as np
 import orjson
 import pytest
+from in_process_front import config_of
 
 from neuronserve.serve.deployment import Deployment, model_entries
 from neuronserve.serve.front import schemas
-from neuronserve.serve.front.config import FrontConfig
 from neuronserve.serve.front.errors import error_body, family_of
 from neuronserve.serve.front.keys import (
     ENV_KEY,
@@ -214,10 +214,10 @@ def test_what_reaches_the_engine_is_the_specs_worker_sections_not_the_fronts(
 
 def test_front_url(tmp_path):
     base = {"front_run_dir": tmp_path, "auth": "off"}
-    assert FrontConfig.from_spec(load_spec(None, base)).url == "http://127.0.0.1:3000"
-    wide = FrontConfig.from_spec(load_spec(None, {**base, "front_address": "0.0.0.0"}))
+    assert config_of(load_spec(None, base)).url == "http://127.0.0.1:3000"
+    wide = config_of(load_spec(None, {**base, "front_address": "0.0.0.0"}))
     assert wide.url == "http://127.0.0.1:3000"
-    v6 = FrontConfig.from_spec(load_spec(None, {**base, "front_address": "::1", "front_port": 9}))
+    v6 = config_of(load_spec(None, {**base, "front_address": "::1", "front_port": 9}))
     assert v6.url == "http://[::1]:9"
     with pytest.raises(ValueError, match="both tls_cert and tls_key"):
         load_spec(None, {**base, "tls_cert": tmp_path / "c.pem"})

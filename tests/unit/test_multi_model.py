@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from helpers import as_sent, counter_total, wait_for, wait_for_more
+from in_process_front import config_of
 from starlette.testclient import TestClient
 
 from neuronserve import catalog, placement
@@ -28,7 +29,6 @@ from neuronserve.artifact import read_manifest
 from neuronserve.engines.client import EngineClient, WorkerCounts
 from neuronserve.runtime import Runner
 from neuronserve.serve.front.app import build_app
-from neuronserve.serve.front.config import FrontConfig
 from neuronserve.serve.front.multi_model import ModelCatalog
 from neuronserve.serve.front.serving import Serving
 from neuronserve.served import ServedModel
@@ -147,7 +147,7 @@ def endpoint(tmp_path, tiny_artifact, classifier_artifact):
     folder = tmp_path / "catalog"
     catalog.write_wanted(folder, {})
     spec = load_spec(None, {"front_run_dir": tmp_path / "run", "multi_model": True})
-    config = FrontConfig.from_spec(spec)
+    config = config_of(spec)
     config = config.__class__(**{**config.__dict__, "admin_keys": None})
     serving = Serving(config)
     workers = FollowingWorkers(folder)
@@ -324,7 +324,7 @@ def test_a_swap_under_16_clients_drops_nothing(endpoint, tiny_runner, classifier
 
 def test_model_management_takes_the_admin_key_outside_sagemaker(tmp_path):
     spec = load_spec(None, {"front_run_dir": tmp_path, "multi_model": True})
-    config = FrontConfig.from_spec(spec)
+    config = config_of(spec)
     assert config.admin_keys is not None and config.keys is None  # loopback: no API key
     key = (tmp_path / "admin_key").read_text().strip()
     client = TestClient(build_app(Serving(config)))
@@ -335,7 +335,7 @@ def test_model_management_takes_the_admin_key_outside_sagemaker(tmp_path):
     allowed = client.get("/models", headers={"Authorization": f"Bearer {key}"})
     assert allowed.status_code == 503
     # SageMaker's own agent calls them: no key there
-    assert FrontConfig.from_spec(spec, sagemaker=True).admin_keys is None
+    assert config_of(spec, sagemaker=True).admin_keys is None
 
 
 def test_the_container_runs_the_contract_when_sagemaker_asks(tmp_path, monkeypatch):

@@ -238,3 +238,22 @@ def test_a_store_is_served_on_the_engine_that_packaged_it(tmp_path):
     assert handed.front.engine == "torchserve"
     spec, _ = _what_to_serve(load_spec(None, {"front": {"engine": "triton"}}), [store], [])
     assert spec.front.engine == "triton"  # told: kept
+
+
+def test_the_models_given_replace_the_specs_own_and_nothing_else():
+    """One artifact is the spec's `artifact` with its name and truncation; several, or
+    models named by Hub id, its `models`; every other setting stays as given."""
+    from neuronserve.spec import ModelEntry, ModelSource
+
+    spec = load_spec(None, {"artifact": "a", "name": "old", "front_port": 9, "truncation": False})
+    one = spec.with_models([ModelEntry(artifact=Path("c"), name="c1", truncation=True)])
+    assert (one.artifact, one.name, one.models, one.truncation) == (Path("c"), "c1", [], True)
+    assert one.front.port == 9
+    unnamed = spec.with_models([ModelEntry(artifact=Path("c"))])
+    assert (unnamed.name, unnamed.truncation) == (None, False)
+    two = spec.with_models([ModelEntry(artifact=Path("d")), ModelEntry(artifact=Path("e"))])
+    assert [m.artifact for m in two.model_entries()] == [Path("d"), Path("e")]
+    assert two.artifact is None and two.name is None and two.front.port == 9
+    hub = spec.with_models([ModelSource(model="org/m", name="m")])
+    assert [(s.model, s.name) for s in hub.model_sources()] == [("org/m", "m")]
+    assert hub.artifact is None and hub.front.port == 9

@@ -204,7 +204,9 @@ def main() -> int:
             private_dir(work)
             hub_token()
             spec = sagemaker_spec(work)
-            config = FrontConfig.from_spec(spec, sagemaker=on_sagemaker)
+            config = FrontConfig.of(
+                spec.front, spec.limits, spec.multi_model, sagemaker=on_sagemaker
+            )
         except Exception as e:  # noqa: BLE001 - a bad setting must end the container, said why
             log.error("neuronserve: cannot start: %s", " | ".join(str(e).splitlines()))
             return 1

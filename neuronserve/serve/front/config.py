@@ -1,11 +1,12 @@
-"""The front's settings, taken from the deployment spec in one place."""
+"""The front's settings, taken in one place from the three sections of the deployment
+spec it reads: front, limits and multi-model."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...spec import DeploySpec
+from ...spec import FrontSection, LimitsSection, MultiModelSection
 from ...tasks.base import RequestLimits
 from .keys import Keys, resolve_admin_keys, resolve_keys
 
@@ -49,34 +50,40 @@ class FrontConfig:
     otlp_service_name: str | None = None
 
     @classmethod
-    def from_spec(cls, spec: DeploySpec, sagemaker: bool = False) -> FrontConfig:
+    def of(
+        cls,
+        front: FrontSection,
+        limits: LimitsSection,
+        multi_model: MultiModelSection,
+        sagemaker: bool = False,
+    ) -> FrontConfig:
         return cls(
-            address=spec.front.address,
-            port=spec.front.port,
-            run_dir=Path(spec.front.run_dir).resolve(),
-            keys=resolve_keys(spec.front, sagemaker),
-            max_body_bytes=spec.limits.max_body_bytes,
-            max_answer_bytes=spec.limits.max_answer_bytes,
-            max_client_batch=spec.limits.max_client_batch,
-            max_json_depth=spec.limits.max_json_depth,
-            split_client_batches=spec.front.split_client_batches,
-            max_in_flight=spec.front.max_in_flight,
-            deadline_s=spec.front.deadline_s,
-            keep_alive_s=spec.front.keep_alive_s,
-            header_timeout_s=spec.front.header_timeout_s,
-            max_connections=spec.front.max_connections,
-            tls_cert=spec.front.tls_cert,
-            tls_key=spec.front.tls_key,
-            metrics_auth=spec.front.metrics_auth,
+            address=front.address,
+            port=front.port,
+            run_dir=Path(front.run_dir).resolve(),
+            keys=resolve_keys(front, sagemaker),
+            max_body_bytes=limits.max_body_bytes,
+            max_answer_bytes=limits.max_answer_bytes,
+            max_client_batch=limits.max_client_batch,
+            max_json_depth=limits.max_json_depth,
+            split_client_batches=front.split_client_batches,
+            max_in_flight=front.max_in_flight,
+            deadline_s=front.deadline_s,
+            keep_alive_s=front.keep_alive_s,
+            header_timeout_s=front.header_timeout_s,
+            max_connections=front.max_connections,
+            tls_cert=front.tls_cert,
+            tls_key=front.tls_key,
+            metrics_auth=front.metrics_auth,
             sagemaker=sagemaker,
-            admin_keys=resolve_admin_keys(spec.front, spec.multi_model, sagemaker),
-            memory_budget_mb=spec.multi_model.memory_budget_mb,
-            idle_unload_s=spec.multi_model.idle_unload_s,
-            multi_model=spec.multi_model.enabled,
-            default_model=spec.front.default_model,
-            otlp_endpoint=spec.front.otlp_endpoint,
-            otlp_protocol=spec.front.otlp_protocol,
-            otlp_service_name=spec.front.otlp_service_name,
+            admin_keys=resolve_admin_keys(front, multi_model, sagemaker),
+            memory_budget_mb=multi_model.memory_budget_mb,
+            idle_unload_s=multi_model.idle_unload_s,
+            multi_model=multi_model.enabled,
+            default_model=front.default_model,
+            otlp_endpoint=front.otlp_endpoint,
+            otlp_protocol=front.otlp_protocol,
+            otlp_service_name=front.otlp_service_name,
         )
 
     @property

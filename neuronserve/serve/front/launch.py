@@ -66,7 +66,8 @@ def start(
     spec's, when empty); return once every worker is ready."""
     # this user's own folder, before anything is read from or written to it
     run_dir = private_dir(Path(spec.front.run_dir).resolve())
-    config = FrontConfig.from_spec(spec)  # a generated key is written here, before the start
+    # a generated key is written here, before the start
+    config = FrontConfig.of(spec.front, spec.limits, spec.multi_model)
     front = _front(run_dir)
     front.refuse_second(run_dir)
     taken = port_taken(config.address, config.port)

@@ -29,10 +29,9 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from ...processes import ServeError, port_taken, private_dir
-from ...spec import DeploySpec, load_spec
+from ...spec import load_spec
 from ...tracing import TRACING, TracingUnavailable, settings
-from ..deployment import Deployment, model_entries
-from ..model_source import find_models
+from ..deployment import Deployment, deployment_for
 from .app import build_app
 from .config import FrontConfig
 from .launch import ENGINE_DIR
@@ -258,15 +257,6 @@ async def _start_catalog(serving: Serving, deployment: Deployment, client: Engin
     catalog.start()
 
 
-def deployment_for(spec: DeploySpec, sources: list[Path], work: Path) -> Deployment:
-    """The deployment serving the models in `sources` (artifacts, a model store holding
-    a .mar, a Triton repository), or the spec's models when none is given, with the
-    spec's settings over the packaged ones."""
-    found = [f for i, s in enumerate(sources) for f in find_models(s, work / f"source-{i}")]
-    entries = model_entries(found, spec) if found else spec.model_entries()
-    return Deployment(spec, entries, work)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
@@ -275,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging()
     saved = json.loads(Path(args[0]).read_text())
     spec = load_spec(None, saved["spec"])
-    config = FrontConfig.from_spec(spec)
+    config = FrontConfig.of(spec.front, spec.limits, spec.multi_model)
     work = config.run_dir / ENGINE_DIR
     sources = [Path(x) for x in saved["sources"]]
     return run(config, lambda: deployment_for(spec, sources, work))
