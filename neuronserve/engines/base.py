@@ -10,7 +10,7 @@ Five methods are what its users call:
     client(...)          the front's asynchronous client of it (engines/client.py)
     stop(log)            stop it and wait until every process it started is gone
 
-What an engine's package implements, all of it (28 members, each documented where it is
+What an engine's package implements, all of it (27 members, each documented where it is
 declared):
 
 - `Engine` (here): `facts` (what it is: `EngineFacts`; its name is its package's);
@@ -21,8 +21,8 @@ declared):
   `native_routes`.
 - its spec section (section.py, `EngineSection`): `store_field`, `port_fields`,
   `behind_front`, `in_container`, `missing`, beside its own fields.
-- its client (client.py, `EngineClient`): `kind`, `batches`, `run`, `health`, `metrics`,
-  `close`.
+- its client (client.py, `EngineClient`; its `kind` is the engine's name): `batches`,
+  `run`, `health`, `metrics`, `close`.
 - what bench and soak need of its own API (bench.py, `EngineBench`): `endpoint`,
   `external`, `soak`.
 

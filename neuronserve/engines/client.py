@@ -15,7 +15,7 @@ import asyncio
 import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import aiohttp
 import orjson
@@ -127,7 +127,16 @@ class EngineClient(ABC):
     a client only carries a request's texts to the engine's workers and their results
     back, in the engine's wire format."""
 
-    kind: str
+    # the engine's name (its package's, as Engine.name), said in traces and /metrics
+    kind: ClassVar[str]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # engines/<name>/client.py; a client made elsewhere (a test's) names itself
+        package = cls.__module__.split(".")
+        if "kind" not in cls.__dict__ and package[:2] == ["neuronserve", "engines"]:
+            cls.kind = package[2]
+
     # what the engine's own batcher counts: texts (the rows of a call: joining requests
     # into one call fills its batches) or requests (each call one batch slot, however many
     # texts it carries: joined calls make its batches uneven and leave workers idle, so

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 from pathlib import Path
 
 from helpers import REPO
@@ -263,9 +264,17 @@ def test_the_adapters_import_only_the_worker_contract():
 def test_an_engine_is_its_package_and_one_registry_line():
     """Each registry name finds its package's Engine and section, which answer to it."""
     from neuronserve.engines.base import engine_class
+    from neuronserve.engines.client import EngineClient
     from neuronserve.registry import ENGINES, section_class
 
     for name in ENGINES:
         assert engine_class(name).name == name
         assert section_class(name).key == name
         assert engine_class(name).__module__ == f"neuronserve.engines.{name}.engine"
+        client = importlib.import_module(f"neuronserve.engines.{name}.client")
+        made = [
+            c
+            for c in vars(client).values()
+            if isinstance(c, type) and issubclass(c, EngineClient) and c is not EngineClient
+        ]
+        assert [c.kind for c in made] == [name], made  # fmt: skip

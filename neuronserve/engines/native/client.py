@@ -124,8 +124,6 @@ class Link:
 
 
 class NativeClient(EngineClient):
-    kind = "native"
-
     def __init__(self, name: str, run_dir: Path, workers: int):
         self._name, self._run_dir, self._workers = name, Path(run_dir), workers
         self._keeping = _Series()

@@ -62,7 +62,6 @@ class TorchServeUrls:
 
 
 class TorchServeClient(EngineClient):
-    kind = "torchserve"
     # TorchServe's batchSize counts requests (its frontend's aggregator)
     batches = "requests"
 

@@ -61,8 +61,6 @@ class TritonUrls:
 
 
 class TritonClient(EngineClient):
-    kind = "triton"
-
     def __init__(  # noqa: PLR0913 - the engine's facts, each one of its own
         self,
         name: str,
