@@ -106,14 +106,14 @@ def as_script(block: Block) -> str:
     run by the environment's python."""
     where = f"{block.page.relative_to(REPO)}:{block.line}"
     if block.language == "python":
-        return f"echo '## {where}'\npython - <<'PYTHON'\n{block.text}\nPYTHON\n"
+        return f"echo \"## {where} (${{SECONDS}}s)\"\npython - <<'PYTHON'\n{block.text}\nPYTHON\n"
     lines = []
     for line in _logical_lines(block.text):
         stated = STATED.search(line)
         if line.lstrip().startswith("curl ") and stated:
             line = f"EXPECT={stated.group(1)} {line}"
         lines.append(line)
-    return f"echo '## {where}'\n" + "\n".join(lines) + "\n"
+    return f'echo "## {where} (${{SECONDS}}s)"\n' + "\n".join(lines) + "\n"
 
 
 PREAMBLE = r"""
@@ -238,6 +238,8 @@ def run_page(page: Path, reader) -> None:
     else:
         with FileLock(TURNS):
             done = subprocess.run(["bash", "page.sh"], **run)
+    # kept beside the page's script: each block's header says when into the page it began
+    (work / "page.log").write_text(done.stdout + done.stderr)
     assert done.returncode == 0, f"{page_id(page)}:\n{done.stdout[-6000:]}\n{done.stderr[-4000:]}"
 
 
