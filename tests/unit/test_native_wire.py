@@ -346,7 +346,8 @@ def test_a_request_that_waited_past_the_queue_timeout_gets_503(tmp_path):
 
 def test_the_batch_delay_holds_a_lone_request_for_others_to_join(tmp_path):
     worker = FakeWorker(max_batch=3)
-    policy = QueuePolicy(max_queued=10, queue_timeout_s=None, batch_delay_s=0.3, hang_s=60)
+    # a delay long beside a loaded host's stall, so that "at once" is told from "after it"
+    policy = QueuePolicy(max_queued=10, queue_timeout_s=None, batch_delay_s=0.6, hang_s=60)
     _, run = _serving(tmp_path, worker, policy)
 
     async def body(path):
@@ -365,7 +366,7 @@ def test_the_batch_delay_holds_a_lone_request_for_others_to_join(tmp_path):
     first, full, took = asyncio.run(run(body))
     assert worker.batches == [2, 1]
     assert first[1][1] == [[5, 2]] and first[2][1] == [[5, 2]]
-    assert full[3][0]["status"] == 200 and took < 0.25
+    assert full[3][0]["status"] == 200 and took < 0.5
 
 
 def test_a_ping_says_how_long_the_oldest_batch_runs(tmp_path):
