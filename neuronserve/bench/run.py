@@ -531,22 +531,23 @@ def _wrk_point(
     """One point driven by wrk: warmed up, then measured for the window's duration, with
     the probe around it; the same figures as a point of ours. wrk stops on the clock
     alone, so a window that ends with fewer than `window.min_requests` answers is measured
-    again, twice as long each time (up to `window.max_duration_s`), as our own generator
-    would have kept measuring."""
+    again, twice as long each time (all of them together up to `window.max_duration_s`),
+    as our own generator would have kept measuring."""
     from ..load import wrk
 
     if window.warmup_s > 0:
         wrk.run_wrk(request, c, window.warmup_s)
-    seconds = window.duration_s
+    seconds, spent = window.duration_s, 0.0
     while True:
         start = probe()
         got = wrk.run_wrk(request, c, seconds)
         end = probe()
+        # wrk's -d is whole seconds, at least one
+        spent += max(1, round(seconds))
         done = got["requests"] + got["non_2xx"] + got["socket_errors"]
-        # the clock part of the window is wrk's own -d, whole seconds
-        if done >= window.min_requests or seconds >= window.max_duration_s:
+        if done >= window.min_requests or spent >= window.max_duration_s:
             break
-        seconds = min(window.max_duration_s, max(1.0, round(seconds)) * 2)
+        seconds = min(window.max_duration_s - spent, max(1, round(seconds)) * 2)
     out = {k: got[k] for k in ("wall_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms")}
     out.update(
         requests=got["requests"],
