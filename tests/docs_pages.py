@@ -229,7 +229,7 @@ def run_page(page: Path, reader) -> None:
     if page.name != "README.md":  # the README compiles its own
         shutil.copytree(demo / "minilm", work / "artifacts" / "minilm", copy_function=os.link)
     shutil.copytree(env_model(env), work / "all-MiniLM-L6-v2", copy_function=os.link)
-    script = PREAMBLE + "\n".join(as_script(b) for b in runnable)
+    script = PREAMBLE + "\n".join(as_script(b) for b in runnable) + 'echo "## end (${SECONDS}s)"\n'
     (work / "page.sh").write_text(script)
     run = dict(cwd=work, env=env, capture_output=True, text=True, timeout=900)
     if OWN_NETWORK is not None:
