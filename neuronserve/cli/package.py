@@ -50,7 +50,7 @@ def _package_command(name: str) -> None:
             out = kind(s.engine_named(name)).package(prepare(s, kind.facts.worker_word))
         except (ArtifactError, PackagingError, OSError) as e:
             fail(str(e), 1)
-        lines = kind.packaged(out)
+        lines = [f"wrote {line.format(path=out)}" for line in kind.facts.wrote]
         lines[0] += _holding(s)
         for line in lines:
             typer.echo(line)

@@ -16,7 +16,7 @@ declared):
 - `Engine` (here): `facts` (what it is: `EngineFacts`; its name is its package's);
   `package`, `_start`, `_stop`, `_running`, `health`, `client`; its store read back:
   `models_in`, `packaged_models`; what `serve` prints: `ready_lines`. It may override
-  `stuck` (when the front must restart it) and `packaged` (what `package` prints).
+  `stuck` (when the front must restart it).
 - what `start` returns (`Running`, here): `run_dir`, `metrics_url`, `pid`,
   `native_routes`.
 - its spec section (section.py, `EngineSection`): `store_field`, `port_fields`,
@@ -120,6 +120,9 @@ class EngineFacts:
     adapter: tuple[str, str] | None = None
     # the system (apt) packages it needs beyond Python's: an image for it installs them
     system_packages: tuple[str, ...] = ()
+    # what `neuronserve package <engine>` says it wrote, each line formatted with the
+    # path `package` returned (`{path}`, `{path.parent}`)
+    wrote: tuple[str, ...] = ("{path}",)
 
 
 class Engine(ABC, Generic[Instance]):
@@ -223,11 +226,6 @@ class Engine(ABC, Generic[Instance]):
         None when `folder` is no store of this engine's."""
 
     # what the CLI says
-
-    @classmethod
-    def packaged(cls, path: Path) -> list[str]:
-        """What `neuronserve package <engine>` prints once it wrote `path`."""
-        return [f"wrote {path}"]
 
     @abstractmethod
     def ready_lines(self, instance: Instance, stop_hint: str) -> list[str]:

@@ -45,6 +45,10 @@ def test_torchserve_gets_one_archive_holding_every_model(
     assert (
         "rag.mar" in out.output and "2 models" in out.output and "X-Neuronserve-Model" in out.output
     )
+    # it says what it wrote, the archive and the properties TorchServe starts with
+    store = (tmp_path / "store").resolve()
+    for written in (store / "rag.mar", store / "config.properties"):
+        assert f"wrote {written}" in out.output and written.is_file(), out.output
     with zipfile.ZipFile(tmp_path / "store" / "rag.mar") as z:
         names = z.namelist()
         config = yaml.safe_load(z.read("model-config.yaml"))

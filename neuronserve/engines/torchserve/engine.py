@@ -39,6 +39,7 @@ class TorchServe(Engine["TorchServeInstance"]):
         protocols=("torchserve",),
         adapter=("neuronserve._handlers", "neuronserve_handler.py"),
         system_packages=("openjdk-17-jre-headless",),
+        wrote=("{path}", "{path.parent}/config.properties"),
     )
 
     @property
@@ -103,10 +104,6 @@ class TorchServe(Engine["TorchServeInstance"]):
         from .package import packaged_models
 
         return packaged_models(folder, work)
-
-    @classmethod
-    def packaged(cls, path: Path) -> list[str]:
-        return [f"wrote {path}", f"wrote {path.parent / 'config.properties'}"]
 
     def ready_lines(self, instance: TorchServeInstance, stop_hint: str) -> list[str]:
         lines = [

@@ -38,6 +38,7 @@ class Triton(Engine["TritonInstance"]):
         ),
         protocols=("triton-http", "triton-grpc"),
         adapter=("neuronserve._triton_backend", "model.py"),
+        wrote=("{path}/config.pbtxt, {path}/1/model.py and {path}/1/models",),
     )
 
     @property
@@ -121,10 +122,6 @@ class Triton(Engine["TritonInstance"]):
         from .package import packaged_models
 
         return packaged_models(folder)
-
-    @classmethod
-    def packaged(cls, path: Path) -> list[str]:
-        return [f"wrote {path}/config.pbtxt, {path}/1/model.py and {path}/1/models"]
 
     def ready_lines(self, instance: TritonInstance, stop_hint: str) -> list[str]:
         from .process import HEALER_LOG, HEALER_STATUS_FILE
