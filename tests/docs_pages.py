@@ -104,16 +104,17 @@ def _logical_lines(text: str) -> list[str]:
 def as_script(block: Block) -> str:
     """A block as bash: curl commands with the status they must answer, python blocks
     run by the environment's python."""
-    where = f"{block.page.relative_to(REPO)}:{block.line}"
+    # each block's header says how far into the page it began
+    header = f'echo "## {block.page.relative_to(REPO)}:{block.line} (${{SECONDS}}s)"\n'
     if block.language == "python":
-        return f"echo \"## {where} (${{SECONDS}}s)\"\npython - <<'PYTHON'\n{block.text}\nPYTHON\n"
+        return f"{header}python - <<'PYTHON'\n{block.text}\nPYTHON\n"
     lines = []
     for line in _logical_lines(block.text):
         stated = STATED.search(line)
         if line.lstrip().startswith("curl ") and stated:
             line = f"EXPECT={stated.group(1)} {line}"
         lines.append(line)
-    return f'echo "## {where} (${{SECONDS}}s)"\n' + "\n".join(lines) + "\n"
+    return header + "\n".join(lines) + "\n"
 
 
 PREAMBLE = r"""

@@ -543,11 +543,12 @@ def _wrk_point(
         got = wrk.run_wrk(request, c, seconds)
         end = probe()
         # wrk's -d is whole seconds, at least one
-        spent += max(1, round(seconds))
+        took = max(1, round(seconds))
+        spent += took
         done = got["requests"] + got["non_2xx"] + got["socket_errors"]
         if done >= window.min_requests or spent >= window.max_duration_s:
             break
-        seconds = min(window.max_duration_s - spent, max(1, round(seconds)) * 2)
+        seconds = min(window.max_duration_s - spent, took * 2)
     out = {k: got[k] for k in ("wall_s", "p50_ms", "p95_ms", "p99_ms", "max_ms", "mean_ms")}
     out.update(
         requests=got["requests"],

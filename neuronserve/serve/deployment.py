@@ -22,6 +22,7 @@ from ..packaging.model import prepare, served_truncation
 from ..processes import free_ports, private_dir
 from ..registry import section_class
 from ..spec import DeploySpec, FrontSection, ModelEntry
+from .model_source import find_models
 
 if TYPE_CHECKING:
     from ..artifact import Manifest
@@ -52,8 +53,6 @@ def deployment_for(spec: DeploySpec, sources: list[Path], work: Path) -> Deploym
     """The deployment serving the models in `sources` (artifacts, a model store holding
     a .mar, a Triton repository), or the spec's models when none is given, with the
     spec's settings over the packaged ones."""
-    from .model_source import find_models
-
     found = [f for i, s in enumerate(sources) for f in find_models(s, work / f"source-{i}")]
     entries = model_entries(found, spec) if found else spec.model_entries()
     return Deployment(spec, entries, work)
