@@ -235,7 +235,7 @@ def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
             spec.label,
             "external",
             None,
-            lambda: [bench.external(spec.type, where, spec.label, headers)],
+            lambda: [bench.endpoint(_route(spec.type, where), spec.label, headers)],
         )
     elif spec.type == "runner":
         yield Session(
@@ -250,6 +250,15 @@ def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
         )
     else:
         raise ValueError(f"{spec.type} needs an artifact directory or an http:// URL")
+
+
+def _route(protocol: str, where: str) -> NativeRoute:
+    """An already running server's route, named on the command line `protocol:URL/MODEL`
+    (TorchServe: http://HOST:PORT/predictions/MODEL; Triton: HOST:PORT/MODEL)."""
+    url, _, model = where.rpartition("/")
+    if not url or not model:
+        raise ValueError(f"{protocol}:{where}: name the model at the end, {protocol}:URL/MODEL")
+    return NativeRoute(protocol, url, model)
 
 
 def native_endpoint(route: NativeRoute, label: str, headers: dict[str, str]) -> Endpoint:

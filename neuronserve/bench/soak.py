@@ -46,10 +46,11 @@ import aiohttp
 import numpy as np
 import psutil
 
-from ..engines.base import engine_class
+from ..engines.base import Engine, engine_class
 from ..engines.bench import engine_bench
 from ..load.protocols import NATIVE, SoakProtocol
 from ..pids import alive
+from ..processes import ServeError
 
 if TYPE_CHECKING:
     from ..spec import DeploySpec
@@ -644,11 +645,32 @@ def _target(server: Any, work: Path, engine: str, via: str, manifest: Any) -> So
         url=url,
         protocol=protocol,
         roots=server.root_pids,
-        workers_ready=lambda: running.health(name),
+        workers_ready=_ready_workers(running, name, server.workers),
         lost_allowed=2 * manifest.grid.max_batch if via == "engine" else 0,
         headers=headers,
         worker_marks=(engine_class(engine).facts.worker_process,),
     )
+
+
+def _ready_workers(engine: Engine, model: str, workers: int) -> Callable[[], tuple[int, int]]:
+    """(workers ready, `workers` planned) of `model`, as the front's client of `engine`
+    counts them (the engine gone: none)."""
+
+    async def ask() -> tuple[int, int]:
+        client = engine.client(model, workers, 1)
+        try:
+            counts = await client.health()
+        finally:
+            await client.close()
+        return counts.ready, counts.expected
+
+    def ready() -> tuple[int, int]:
+        try:
+            return asyncio.run(ask())
+        except ServeError:
+            return 0, workers
+
+    return ready
 
 
 @contextlib.contextmanager

@@ -6,25 +6,25 @@ Five methods are what its users call:
 
     package(packaged)    write the prepared deployment into its store
     start(log, timeout)  start on its store, return once every worker is ready
-    health(model)        (workers ready, workers planned) of a model
-    client(...)          the front's asynchronous client of it (engines/client.py)
+    client(...)          the front's asynchronous client of it (engines/client.py): how
+                         many workers are ready is the client's to say
+    stuck()              why only a restart can mend it (None: it is whole)
     stop(log)            stop it and wait until every process it started is gone
 
-What an engine's package implements, all of it (27 members, each documented where it is
+What an engine's package implements, all of it (21 members, each documented where it is
 declared):
 
 - `Engine` (here): `facts` (what it is: `EngineFacts`; its name is its package's);
-  `package`, `_start`, `_stop`, `_running`, `health`, `client`; its store read back:
-  `models_in`, `packaged_models`; what `serve` prints: `ready_lines`. It may override
-  `stuck` (when the front must restart it).
+  `package`, `_start`, `_stop`, `_running`, `client`; its store read back: `models_in`,
+  `packaged_models`; what `serve` prints: `ready_lines`. It may override `stuck`.
 - what `start` returns (`Running`, here): `run_dir`, `metrics_url`, `pid`,
   `native_routes`.
-- its spec section (section.py, `EngineSection`): `store_field`, `port_fields`,
-  `behind_front`, `in_container`, `missing`, beside its own fields.
+- its spec section (section.py, `EngineSection`): `missing`, beside its own fields, which
+  say what they are to a deployment (`flags`: the store, the ports, what a front or a
+  container sets).
 - its client (client.py, `EngineClient`; its `kind` is the engine's name): `batches`,
   `run`, `health`, `metrics`, `close`.
-- what bench and soak need of its own API (bench.py, `EngineBench`): `endpoint`,
-  `external`, `soak`.
+- what bench and soak need of its own API (bench.py, `EngineBench`): `endpoint`, `soak`.
 
 It runs from a run folder of its own (pid file, logs, keys).
 """
@@ -162,11 +162,6 @@ class Engine(ABC, Generic[Instance]):
             raise ServeError(refusal)
         self._instance = self._start(log, timeout_s)
         return self._instance
-
-    @abstractmethod
-    def health(self, model: str) -> tuple[int, int]:
-        """(workers ready, workers planned) of `model`: only workers whose process is
-        alive and has loaded the model count."""
 
     @abstractmethod
     def client(self, name: str, workers: int, connections: int) -> EngineClient:

@@ -24,12 +24,9 @@ class EngineBench(ABC):
 
     @abstractmethod
     def endpoint(self, route: NativeRoute, label: str, headers: dict[str, str]) -> Endpoint:
-        """The endpoint for the engine's own API at `route` (`headers` besides its own)."""
-
-    def external(self, protocol: str, where: str, label: str, headers: dict[str, str]) -> Endpoint:
-        """The endpoint for an already running server of this engine, named on the
-        command line as `protocol:WHERE`."""
-        raise ValueError(f"{protocol} needs an artifact directory or an http:// URL")
+        """The endpoint for the engine's own API at `route` (`headers` besides its own):
+        one its start gave, or an already running server's, named on the command line as
+        `protocol:URL/MODEL`."""
 
     @abstractmethod
     def soak(self, route: NativeRoute, model: str) -> tuple[str, SoakProtocol]:

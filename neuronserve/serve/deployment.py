@@ -71,7 +71,7 @@ class Deployment:
     name and truncation, the worker, limits and multi-model sections and the engine's
     own; where the engine keeps its store and run folder, and the loopback ports it
     listens on, are chosen here, with the keys on that a front holds (the engine
-    section's `behind_front`). It is resolved once, here (`packaged`: the models'
+    section's fields marked `behind_front`). It is resolved once, here (`packaged`: the models'
     verified manifests and served names, the worker plan, the workers' settings), and
     every start packages from that. `serving_host`: the host it plans for is the one it
     serves on (the SageMaker entrypoint), so more workers than core groups are cut to the
@@ -105,7 +105,7 @@ class Deployment:
         # reach the engine around the front's keys and limits
         given = spec.engine_named(name)
         own = given.behind_a_front(
-            self.work / STORE_DIR, self.work / RUN_DIR, free_ports(len(given.port_fields))
+            self.work / STORE_DIR, self.work / RUN_DIR, free_ports(len(given.port_fields()))
         )
         multi_model = spec.multi_model
         if self.multi_model:
@@ -170,7 +170,7 @@ class Deployment:
         new server)."""
         self.stop()
         own = self.engine.section
-        own = own.on_ports(free_ports(len(own.port_fields)))
+        own = own.on_ports(free_ports(len(own.port_fields())))
         self.spec = self.spec.with_engine(own)
         self.engine = type(self.engine)(own)
         self.start()

@@ -64,7 +64,7 @@ def want_rows(runner, texts):
 
 def test_a_burst_beyond_the_engines_queue_is_refused_at_once(server, minilm_runner):
     [route] = running_engine(server.engine_work, "torchserve").instance.native_routes("minilm")
-    url = route.url
+    url = f"{route.url}/{route.model}"
     want = want_rows(minilm_runner, TEXTS)
     barrier = threading.Barrier(32)
 

@@ -274,7 +274,10 @@ def test_torchserve_behind_the_front_takes_no_request_without_its_key(front):
     engine = front.engine()
     [route] = engine.instance.native_routes("models")
     keyless = requests.post(
-        route.url, json={"inputs": "x"}, headers={"X-Neuronserve-Model": "minilm"}, timeout=60
+        f"{route.url}/models",
+        json={"inputs": "x"},
+        headers={"X-Neuronserve-Model": "minilm"},
+        timeout=60,
     )
     assert keyless.status_code in (400, 401, 403), keyless.text
     scale = requests.put(f"{engine.instance.management_url}/models/models?min_worker=0", timeout=60)
@@ -289,17 +292,18 @@ def test_answers_equal_torchserve_asked_directly(front):
     engine = front.engine()
     [route] = engine.instance.native_routes("models")
     assert route.url.startswith("http://127.0.0.1:")  # the engine listens on loopback
+    url = f"{route.url}/models"
     to_minilm = {"X-Amzn-SageMaker-Target-Model": "minilm"}
     direct_headers = {"X-Neuronserve-Model": "minilm", **engine.instance.headers()}
     for body in ({"inputs": SENTENCES[6]}, {"inputs": SENTENCES[:8]}):
         ours = front.post("/invocations", body, headers=to_minilm)
-        theirs = requests.post(route.url, json=body, headers=direct_headers, timeout=60)
+        theirs = requests.post(url, json=body, headers=direct_headers, timeout=60)
         assert ours.status_code == theirs.status_code == 200
         assert ours.content == theirs.content  # passed through as TorchServe wrote it
     plain = front.post(
         "/invocations", headers={**to_minilm, "Content-Type": "text/plain"}, data=b"hello"
     )
-    direct = requests.post(route.url, data=b"hello", headers=direct_headers, timeout=60)
+    direct = requests.post(url, data=b"hello", headers=direct_headers, timeout=60)
     assert plain.json() == direct.json()
     bad = front.post("/invocations", {"inputs": 3}, headers=to_minilm)
     assert bad.status_code == 400 and bad.json() == {

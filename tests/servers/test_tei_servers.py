@@ -130,7 +130,7 @@ def test_an_answer_too_large_to_carry_is_refused_and_no_worker_dies(front):
         [name] = engine.models_in(work / "store")
         [route] = engine.instance.native_routes(name)
         direct = requests.post(
-            route.url,
+            f"{route.url}/{route.model}",
             json={"inputs": body["inputs"], "parameters": {"token_embeddings": True,
                                                           "truncate": True}},
             headers={**route.headers, "X-Neuronserve-Model": "embedder"},

@@ -169,6 +169,20 @@ def test_endpoint_specs_parse_and_refuse_unknown_types():
         parse_endpoint("torchserve")
 
 
+def test_a_running_servers_endpoint_goes_where_the_command_line_named():
+    config = BenchConfig(endpoints=[], sequence_lengths=[8])
+    ts = parse_endpoint("torchserve:http://127.0.0.1:8080/predictions/m")
+    ((endpoint,),) = [s.make() for s in _sessions(ts, config)]
+    assert (endpoint.type, endpoint.url) == ("torchserve", "http://127.0.0.1:8080/predictions/m")
+    grpc = parse_endpoint("triton-grpc:127.0.0.1:8001/m")
+    ((endpoint,),) = [s.make() for s in _sessions(grpc, config)]
+    assert (endpoint.type, endpoint.url, endpoint.model) == ("triton-grpc", "127.0.0.1:8001", "m")
+    for nameless in ("triton-grpc:127.0.0.1:8001", "triton-http:127.0.0.1:8000/"):
+        (session,) = _sessions(parse_endpoint(nameless), config)
+        with pytest.raises(ValueError, match="name the model"):
+            session.make()
+
+
 def test_wrk_output_is_read_in_its_units():
     out = """Running 5s test @ http://127.0.0.1:1/predictions/m
   1 threads and 16 connections

@@ -532,7 +532,7 @@ def test_a_restart_listens_on_ports_chosen_afresh(engine, tmp_path, tiny_artifac
     deployment = Deployment(spec, [ModelEntry(artifact=tiny_artifact)], tmp_path / "work")
     monkeypatch.setattr(type(deployment), "start", lambda self: None)
     monkeypatch.setattr(type(deployment), "stop", lambda self: None)
-    fields = type(deployment.engine.section).port_fields
+    fields = deployment.engine.section.port_fields()
     before = [getattr(deployment.engine.section, f) for f in fields]
     deployment.restart()
     after = [getattr(deployment.engine.section, f) for f in fields]

@@ -257,3 +257,39 @@ def test_the_models_given_replace_the_specs_own_and_nothing_else():
     hub = spec.with_models([ModelSource(model="org/m", name="m")])
     assert [(s.model, s.name) for s in hub.model_sources()] == [("org/m", "m")]
     assert hub.artifact is None and hub.front.port == 9
+
+
+def test_an_engine_section_says_on_its_fields_which_is_its_store_and_its_ports():
+    """What a deployment behind the front sets of an engine's section is read from its
+    fields' marks: the store, each port in the order declared, the front's values over the
+    user's; a section that marks no store, or a mark that means nothing, is refused."""
+    from pydantic import Field
+
+    from neuronserve.section import EngineSection, flags
+
+    class Made(EngineSection):
+        key = "made"
+        keep: Path = Field(Path("keep"), json_schema_extra=flags(role="store"))
+        api_port: int = Field(1, json_schema_extra=flags(role="port"))
+        locked: bool = Field(False, json_schema_extra=flags(behind_front=True))
+        admin_port: int = Field(2, json_schema_extra=flags("--admin", role="port"))
+        shm: bool = Field(False, json_schema_extra=flags(in_container=True))
+
+    assert (Made.store_field(), Made.port_fields()) == ("keep", ("api_port", "admin_port"))
+    assert Made.marked("in_container") == {"shm": True}
+    mine = Made(locked=False, api_port=9, bind_address="0.0.0.0")
+    own = mine.behind_a_front(Path("/s"), Path("/r"), [7001, 7002])
+    assert (own.store, own.run_dir, own.api_port, own.admin_port) == (
+        Path("/s"), Path("/r"), 7001, 7002
+    )  # fmt: skip
+    assert own.locked and own.bind_address == "127.0.0.1" and not own.shm
+    with pytest.raises(TypeError, match="role='store'"):
+
+        class NoStore(EngineSection):
+            key = "nostore"
+            keep: Path = Field(Path("keep"))
+
+    with pytest.raises(TypeError, match="marked with"):
+        flags(role="disk")
+    with pytest.raises(TypeError, match="marked with"):
+        flags(behind_the_front=True)

@@ -64,15 +64,6 @@ class Native(Engine["NativeInstance"]):
 
         return running(self.run_dir)
 
-    def health(self, model: str) -> tuple[int, int]:
-        """Workers ready (each holds every model) of those planned."""
-        from .process import ready
-
-        inst = self.running()
-        if inst is None:
-            return 0, 1
-        return ready(inst.states()), inst.workers
-
     def client(self, name: str, workers: int, connections: int) -> EngineClient:
         from .client import NativeClient
 

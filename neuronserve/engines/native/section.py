@@ -11,16 +11,18 @@ from pathlib import Path
 
 from pydantic import Field
 
-from ...section import EngineSection
+from ...section import EngineSection, flags
 
 
 class NativeSection(EngineSection):
-    key = "native"
-    store_field = "store_dir"
     # no port: the front reaches each worker on a unix socket in the run folder
-    port_fields = ()
+    key = "native"
 
-    store_dir: Path = Field(Path("native_store"), description="the native engine's store")
+    store_dir: Path = Field(
+        Path("native_store"),
+        description="the native engine's store",
+        json_schema_extra=flags(role="store"),
+    )
     run_dir: Path = Field(
         Path(".neuronserve/native"),
         description="where the native engine keeps its pid file, logs and its workers' sockets",

@@ -11,14 +11,11 @@ from ..bench import EngineBench
 
 class TorchServeBench(EngineBench):
     def endpoint(self, route: NativeRoute, label: str, headers: dict[str, str]) -> Endpoint:
-        return HttpJsonEndpoint(label, route.protocol, route.url, {**route.headers, **headers})
-
-    def external(self, protocol: str, where: str, label: str, headers: dict[str, str]) -> Endpoint:
-        # a running TorchServe: http://HOST:PORT/predictions/MODEL
-        return HttpJsonEndpoint(label, protocol, where, headers)
+        url = f"{route.url}/{route.model}"
+        return HttpJsonEndpoint(label, route.protocol, url, {**route.headers, **headers})
 
     def soak(self, route: NativeRoute, model: str) -> tuple[str, SoakProtocol]:
-        return route.url, NATIVE
+        return f"{route.url}/{model}", NATIVE
 
 
 BENCH = TorchServeBench()

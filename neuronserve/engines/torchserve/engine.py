@@ -68,17 +68,6 @@ class TorchServe(Engine["TorchServeInstance"]):
 
         return running(self.run_dir)
 
-    def health(self, model: str) -> tuple[int, int]:
-        import requests
-
-        from .process import ServeError, worker_counts
-
-        try:
-            ready, expected, _ = worker_counts(self.instance, model)
-        except (ServeError, requests.RequestException, ValueError):
-            return 0, 1
-        return ready, expected
-
     def client(self, name: str, workers: int, connections: int) -> EngineClient:
         from .client import TorchServeClient, TorchServeUrls
         from .process import worker_counts_of

@@ -72,9 +72,7 @@ class TorchServeInstance:
 
     def native_routes(self, model: str) -> list[NativeRoute]:
         return [
-            NativeRoute(
-                "torchserve", f"{self.inference_url}/predictions/{model}", model, self.headers()
-            )
+            NativeRoute("torchserve", f"{self.inference_url}/predictions", model, self.headers())
         ]
 
     def headers(self, api: str = "inference") -> dict[str, str]:

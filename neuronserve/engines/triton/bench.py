@@ -156,11 +156,6 @@ class TritonBench(EngineBench):
             label, route.protocol.split("-", 1)[1], route.url, route.model, route.headers
         )
 
-    def external(self, protocol: str, where: str, label: str, headers: dict[str, str]) -> Endpoint:
-        # a running Triton: HOST:PORT/MODEL
-        address, _, model = where.rpartition("/")
-        return TritonEndpoint(label, protocol.split("-", 1)[1], address, model)
-
     def soak(self, route: NativeRoute, model: str) -> tuple[str, SoakProtocol]:
         return f"{route.url}/v2/models/{model}/infer", self.soak_protocols[KServeJson.name]
 

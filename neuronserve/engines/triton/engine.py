@@ -74,24 +74,6 @@ class Triton(Engine["TritonInstance"]):
         wedged = inst.wedged()
         return "; ".join(f"{model}: {why}" for model, why in wedged.items()) or None
 
-    def health(self, model: str) -> tuple[int, int]:
-        """Live stubs of `model` while Triton says it is READY."""
-        import requests
-
-        from .process import ServeError
-
-        try:
-            inst = self.instance
-        except ServeError:
-            return 0, 1
-        count = inst.instances().get(model)
-        expected = count.expected if count else 1
-        try:
-            r = requests.get(f"{inst.http_url}/v2/models/{model}/ready", timeout=5)
-        except requests.RequestException:
-            return 0, expected
-        return (count.alive if r.status_code == 200 and count else 0), expected
-
     def client(self, name: str, workers: int, connections: int) -> EngineClient:
         from .client import TritonClient, TritonUrls
 

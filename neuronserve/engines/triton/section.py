@@ -8,7 +8,6 @@ import importlib.util
 import os
 import shutil
 from pathlib import Path
-from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
@@ -38,13 +37,6 @@ def glibc_refusal(version: str | None = None) -> str | None:
 
 class TritonSection(EngineSection):
     key = "triton"
-    store_field = "repository"
-    port_fields = ("http_port", "grpc_port", "metrics_port")
-
-    # behind the front: inference behind the admin key too (the front holds it)
-    behind_front: ClassVar[dict[str, Any]] = {"inference_key": True}
-    # a container of its own has no other local user to read the host's /dev/shm
-    in_container: ClassVar[dict[str, Any]] = {"host_shm": True}
 
     @classmethod
     def missing(cls) -> str | None:
@@ -59,29 +51,35 @@ class TritonSection(EngineSection):
     repository: Path = Field(
         Path("triton_repo"),
         description="Triton model repository",
-        json_schema_extra=flags(flat="triton_repository"),
+        json_schema_extra=flags(flat="triton_repository", role="store"),
     )
     run_dir: Path = Field(
         Path(".neuronserve/triton"),
         description="where tritonserver's pid file and log are kept",
         json_schema_extra=flags(flat="triton_run_dir"),
     )
-    http_port: int = Field(8000, gt=0, lt=65536, description="Triton HTTP port")
-    grpc_port: int = Field(8001, gt=0, lt=65536, description="Triton gRPC port")
+    http_port: int = Field(
+        8000, gt=0, lt=65536, description="Triton HTTP port", json_schema_extra=flags(role="port")
+    )
+    grpc_port: int = Field(
+        8001, gt=0, lt=65536, description="Triton gRPC port", json_schema_extra=flags(role="port")
+    )
     metrics_port: int = Field(
         8002,
         gt=0,
         lt=65536,
         description="Triton metrics port",
-        json_schema_extra=flags(flat="triton_metrics_port"),
+        json_schema_extra=flags(flat="triton_metrics_port", role="port"),
     )
+    # behind the front: inference behind the admin key too (the front holds it)
     inference_key: bool = Field(
         False,
         description="Triton's inference API behind its admin key too (the front, which "
         "holds the key, starts it so; `serve triton` alone leaves inference open, as "
         "tritonclient users expect)",
-        json_schema_extra=flags(flat="triton_inference_key"),
+        json_schema_extra=flags(flat="triton_inference_key", behind_front=True),
     )
+    # a container of its own has no other local user to read the host's /dev/shm
     host_shm: bool = Field(
         False,
         description="where tritonserver cannot have a /dev/shm of its own (no CAP_SYS_ADMIN "
@@ -89,6 +87,7 @@ class TritonSection(EngineSection):
         "every process that can see that /dev/shm runs as the serving user (a container of "
         "its own), since its Python backend passes requests there in regions others can "
         "open; the images set it",
+        json_schema_extra=flags(in_container=True),
     )
     sagemaker: bool = Field(
         False,

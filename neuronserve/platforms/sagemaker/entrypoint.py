@@ -87,8 +87,10 @@ def sagemaker_spec(work: Path) -> DeploySpec:
         for field, value in fields.items():
             log.info("%s.%s = %s, from the environment", key, field, _shown(value))
     engine = str(sections["front"].setdefault("engine", engine_name()))
-    if section_class(engine).in_container:  # the image's container is the deployment's own
-        sections[engine] = {**section_class(engine).in_container, **sections.get(engine, {})}
+    # the image's container is the deployment's own
+    in_container = section_class(engine).marked("in_container")
+    if in_container:
+        sections[engine] = {**in_container, **sections.get(engine, {})}
     hub = [m.strip() for m in os.environ.get(HUB_MODELS, "").split(",") if m.strip()]
     if not hub and not sections.get("multi_model", {}).get("enabled"):
         # model data whose root is a Hugging Face model folder (the toolkit's model.tar.gz)
