@@ -2,18 +2,33 @@
 it): the task's module with eager attention, dynamic batch (and sequence) axes, inputs
 in the manifest's order. Attention is only recognised as one pattern (ONNX Runtime's
 Attention fusion, OpenVINO's SDPA) when the model is exported with eager attention: the
-default sdpa export hides it behind masking code, hence the switch before export."""
+default sdpa export hides it behind masking code, hence the switch before export.
+
+A CPU compile builds up to five candidates from it (ONNX Runtime fp32 and int8, OpenVINO
+fp32, bf16 and int8): `exported` makes it once per module and inputs, and keeps it, in a
+folder of this user's own, for as long as the module lives."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import shutil
+import tempfile
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
 import torch
 
 OPSET = 17
+EXPORTED = "model.onnx"
+
+# module -> (input names, per_token, the inputs' shapes, types and values) -> (the
+# export's path, the model's config)
+_EXPORTS: weakref.WeakKeyDictionary[torch.nn.Module, dict[tuple, tuple[Path, Any]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def hf_model(module: torch.nn.Module) -> Any:
@@ -54,3 +69,29 @@ def export_eager_attention(
             dynamo=False,
         )
     return hf.config
+
+
+def exported(
+    module: torch.nn.Module,
+    example: tuple[torch.Tensor, ...],
+    input_names: list[str],
+    per_token: bool = False,
+) -> tuple[Path, Any]:
+    """(`module` exported as ONNX by `export_eager_attention`, the model's config): the
+    export of an earlier call with the same module and inputs, while the module lives.
+    The file is read, never written, by those who ask for it."""
+    names = tuple(input_names[: len(example)])
+    # tracing can freeze a value-dependent branch into the graph: the inputs' values
+    # decide the export as much as their shapes
+    inputs = tuple(
+        (tuple(t.shape), str(t.dtype), hashlib.sha256(t.numpy().tobytes()).hexdigest())
+        for t in example
+    )
+    key = (names, per_token, inputs)
+    known = _EXPORTS.setdefault(module, {})
+    if key not in known or not known[key][0].is_file():
+        folder = Path(tempfile.mkdtemp(prefix="neuronserve-onnx-"))
+        weakref.finalize(module, shutil.rmtree, folder, True)
+        config = export_eager_attention(module, example, list(names), folder / EXPORTED, per_token)
+        known[key] = (folder / EXPORTED, config)
+    return known[key]

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .onnx_export import export_eager_attention
+from .onnx_export import exported
 
 log = logging.getLogger(__name__)
 
@@ -149,12 +149,10 @@ def export_openvino(
     import openvino as ov
 
     names = options["input_names"][: len(example)]
+    source, _ = exported(module, example, names, bool(options.get("per_token")))
     with tempfile.TemporaryDirectory(prefix="neuronserve-openvino-") as tmp_name:
         tmp = Path(tmp_name)
-        export_eager_attention(
-            module, example, names, tmp / "model.onnx", bool(options.get("per_token"))
-        )
-        model = ov.Core().read_model(str(tmp / "model.onnx"))
+        model = ov.Core().read_model(str(source))
         if precision == "int8":
             calibration: Callable[[], Sequence[tuple[torch.Tensor, ...]]] | None = options.get(
                 "calibration"

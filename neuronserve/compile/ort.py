@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .onnx_export import export_eager_attention
+from .onnx_export import exported
 
 # onnxruntime 1.2x refuses ONNX IR versions above its own maximum
 MAX_IR_VERSION = 10
@@ -86,24 +86,27 @@ def export_onnx(
     from onnxruntime.transformers import optimizer
 
     names = input_names[: len(example)]
-    with tempfile.TemporaryDirectory(prefix="neuronserve-onnx-") as tmp_name:
-        tmp = Path(tmp_name)
-        config = export_eager_attention(module, example, names, tmp / "fp32.onnx", per_token)
+    source, config = exported(module, example, names, per_token)
+    # fp32 and int8 start from one fused graph, kept beside the export it was made of
+    fused_path = source.with_name("fused.onnx")
+    if not fused_path.is_file():
         fused = optimizer.optimize_model(
-            str(tmp / "fp32.onnx"),
+            str(source),
             model_type="vit" if config.model_type == "vit" else "bert",
             opt_level=1,
             num_heads=int(config.num_attention_heads),
             hidden_size=int(config.hidden_size),
         )
-        fused.save_model_to_file(str(tmp / "fused.onnx"))
-        if not int8:
-            return _serialized(onnx.load(str(tmp / "fused.onnx")), names)
+        fused.save_model_to_file(str(fused_path))
+    if not int8:
+        return _serialized(onnx.load(str(fused_path)), names)
+    with tempfile.TemporaryDirectory(prefix="neuronserve-onnx-") as tmp_name:
+        tmp = Path(tmp_name)
         # its advice to run a pre-processing pass is for static (calibrated) quantisation
         logging.disable(logging.WARNING)
         try:
             quantize_dynamic(
-                str(tmp / "fused.onnx"),
+                str(fused_path),
                 str(tmp / "int8.onnx"),
                 weight_type=QuantType.QInt8,
                 # the fused operators are in Microsoft's domain, which ONNX shape

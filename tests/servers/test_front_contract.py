@@ -381,7 +381,9 @@ def test_over_long_text_is_refused_unless_the_request_asks_to_cut_it(front, mini
 
 
 def test_a_burst_beyond_the_in_flight_bound_gets_429_and_the_rest_answers(front, minilm_runner):
-    texts = [SENTENCES[8]] * 16  # 24 sent at once overflow 4 in flight, none near the deadline
+    # 24 sent at once overflow 4 in flight; the 4 admitted (32 texts) are far from the
+    # deadline even on a loaded host (64 texts once took 4 s on two busy cores)
+    texts = [SENTENCES[8]] * 8
     want = np.array(runner_answer(minilm_runner, texts[:1]))
     barrier = threading.Barrier(24)
 
