@@ -79,6 +79,7 @@ def _spec_table() -> str:
     """A table per section of the spec (the deployment's own fields first), each field
     with its type, default, command-line option and flat-layout name where it differs."""
     from neuronserve.cli.spec_options import TOP, TOP_OPTIONS, cli_fields, section_model
+    from neuronserve.section import declared
     from neuronserve.spec import SECTIONS, engine_sections
 
     parts = [TOP, *(s.key for s in SECTIONS), *engine_sections()]
@@ -97,7 +98,7 @@ def _spec_table() -> str:
             if part == TOP and name not in (*TOP_OPTIONS, "models"):
                 continue
             default = repr(f.default_factory() if f.default_factory is not None else f.default)
-            extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+            extra = declared(f)
             flags = extra.get("flags") or (
                 [f"--{name.replace('_', '-')}"] if name in options else []
             )

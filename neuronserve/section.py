@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.fields import FieldInfo
 
 # what an engine's section marks its fields with (flags' `marks`)
 MARKS = ("role", "behind_front", "in_container")
@@ -47,6 +48,11 @@ def flags(
     if env_reads is not None:
         extra["env_reads"] = env_reads
     return extra
+
+
+def declared(info: FieldInfo) -> dict[str, Any]:
+    """What `flags` declared on a field ({} for a field declared without)."""
+    return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
 
 
 class Section(BaseModel):
@@ -93,12 +99,11 @@ class EngineSection(Section):
     def marked(cls, mark: str) -> dict[str, Any]:
         """Each field whose `flags` carry `mark`, with its value there, in the order
         declared."""
-        found = {}
-        for name, info in cls.model_fields.items():
-            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            if mark in extra:
-                found[name] = extra[mark]
-        return found
+        return {
+            name: declared(info)[mark]
+            for name, info in cls.model_fields.items()
+            if mark in declared(info)
+        }
 
     @classmethod
     def store_field(cls) -> str:

@@ -40,7 +40,7 @@ from pydantic import (
 from .inflight import IN_FLIGHT
 from .names import is_hub_id, safe_name
 from .registry import default_engine
-from .section import EngineSection, Section, flags
+from .section import EngineSection, Section, declared, flags
 
 Task = Literal[
     "feature-extraction",
@@ -907,8 +907,7 @@ def _declared() -> Iterator[tuple[str, type[Section], str, dict[str, Any]]]:
     parts += list(engine_sections().items())
     for key, section in parts:
         for field, info in section.model_fields.items():
-            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-            yield key, section, field, extra
+            yield key, section, field, declared(info)
 
 
 def flat_names() -> dict[str, list[tuple[str, str]]]:

@@ -21,6 +21,7 @@ import typer
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from ..section import declared
 from ..spec import SECTIONS, DeploySpec, SpecError, engine_sections, load_spec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,15 +48,11 @@ def section_model(part: str) -> type[BaseModel]:
     return engine_sections()[part]
 
 
-def _extra(info: FieldInfo) -> dict[str, Any]:
-    return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
-
-
 def cli_fields(part: str) -> list[tuple[str, FieldInfo]]:
     """The fields of `part` that have a command-line option (`section.field`: that one)."""
     part, _, only = part.partition(".")
     model = section_model(part)
-    own = [(n, f) for n, f in model.model_fields.items() if _extra(f).get("cli", True)]
+    own = [(n, f) for n, f in model.model_fields.items() if declared(f).get("cli", True)]
     if only:
         own = [(n, f) for n, f in own if n == only]
     if part == TOP:  # the sections are fields of the spec, not options
@@ -86,7 +83,7 @@ def _option_type(annotation: Any) -> Any:
 
 
 def _flag_decls(name: str, info: FieldInfo, kind: Any) -> list[str]:
-    decls = _extra(info).get("flags")
+    decls = declared(info).get("flags")
     if decls:
         return list(decls)
     flag = "--" + name.replace("_", "-")
@@ -95,7 +92,7 @@ def _flag_decls(name: str, info: FieldInfo, kind: Any) -> list[str]:
 
 def field_help(info: FieldInfo) -> str:
     """A field's option's help: its description, and the container's variable for it."""
-    env = _extra(info).get("env")
+    env = declared(info).get("env")
     return f"{info.description} (the container's {env})" if env else str(info.description)
 
 
