@@ -65,9 +65,10 @@ class ServedModel:
         """What one request's texts may hold (its workers check the same)."""
         return RequestLimits(chars=self.max_text_chars)
 
-    @property
+    @functools.cached_property
     def max_batch(self) -> int:
-        """The most texts one engine call carries: the largest compiled batch."""
+        """The most texts one engine call carries: the largest compiled batch (asked of
+        every request the front joins: kept, not derived from the manifest each time)."""
         return self.manifest.grid.max_batch
 
     def prompted(self, texts: list[Text], name: str | None) -> list[Text]:

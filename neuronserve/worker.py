@@ -203,6 +203,13 @@ class Worker:
             f"ready after {self.ready_s:.2f}s"
         )
 
+    @property
+    def pipelined(self) -> bool:
+        """Whether `start` returns once a batch is handed to the device's threads (every
+        model's Runner pipelined: a NeuronCore), not after running it on the caller's
+        thread (the CPU)."""
+        return all(r.group_rows for r in self.runners.values())
+
     def runner(self, name: str | None) -> Runner:
         """The model a request names (`MODEL_HEADER`, `MODEL_PARAMETER`); with none named,
         the only one. A 404 naming the served models for an unknown name, a 400 naming

@@ -158,11 +158,15 @@ def test_the_standins_neuron_monitor_reports_the_busy_share(
 def test_the_pipelined_runner_answers_as_one_call_per_batch(device_time, neuronx_artifact):
     from neuronserve.execution import RunReport
     from neuronserve.runtime import Runner
+    from neuronserve.worker import Worker
 
     os.environ.pop("NEURON_STANDIN_DEVICE_TIME")  # every call computed: answers compared
     plain = Runner(neuronx_artifact, pipeline=False)
     piped = Runner(neuronx_artifact)  # a Neuron target pipelines by default
     assert piped.group_rows and not plain.group_rows
+    # a worker begins a batch for the device's threads only where every model has them
+    assert Worker(None, {"piped": piped}).pipelined  # type: ignore[arg-type]
+    assert not Worker(None, {"piped": piped, "plain": plain}).pipelined  # type: ignore[arg-type]
     bodies = [({"inputs": f"request {i} " * (1 + i % 5)}, None) for i in range(11)]
     bodies[5] = ({"inputs": ["a", "b"], "parameters": {"no such": 1}}, None)  # refused alone
     bodies[7] = ({"inputs": ["one", "two", "three"]}, None)

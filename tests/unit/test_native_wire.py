@@ -25,7 +25,7 @@ from neuronserve.engines.client import WorkerDied
 from neuronserve.engines.native.client import RETRY_S, Link, _Series
 from neuronserve.engines.native.store import QueuePolicy
 from neuronserve.engines.native.wire import FrameError, ask, frame, read_frame
-from neuronserve.engines.native.worker import Served
+from neuronserve.engines.native.worker import INLINE_TEXTS, Served
 from neuronserve.tasks import RequestError, get_task
 
 
@@ -97,6 +97,10 @@ class FakeWorker:
         self.hold = threading.Event()
         self.hold.set()
         self.batches: list[int] = []
+        # whether `start` returns before the batch runs (a NeuronCore), as Worker says
+        self.pipelined = False
+        # the thread each batch began on
+        self.threads: list[str] = []
 
     def runner(self, name: str | None) -> Any:
         if name not in (None, "m"):
@@ -106,6 +110,7 @@ class FakeWorker:
     def start(self, requests, report, respond) -> Future:
         rows = sum(len(r.texts) for _, r in requests if not isinstance(r, RequestError))
         self.batches.append(len(requests))
+        self.threads.append(threading.current_thread().name)
         done: Future = Future()
 
         def finish():
@@ -252,6 +257,38 @@ def test_while_a_batch_runs_the_next_takes_at_most_one_full_call_of_texts(tmp_pa
     assert worker.batches == [1, 1, 1, 2]
     assert [got[i][0]["status"] for i in range(1, 6)] == [200] * 5
     assert got[4][1] == [[1, 3], [1, 3]] and got[5][1] == [[1, 3]]
+
+
+@pytest.mark.parametrize("pipelined", [True, False])
+def test_a_lone_request_begins_on_the_loop_only_where_the_device_has_threads_of_its_own(
+    tmp_path, pipelined
+):
+    worker = FakeWorker()
+    worker.pipelined = pipelined
+    _, run = _serving(tmp_path, worker, depth=2)
+
+    async def body(path):
+        peer = await Peer.to(path)
+        worker.hold.clear()
+        peer.send(1, ["lone"])  # nothing in flight
+        await until(lambda: len(worker.threads) == 1)
+        peer.send(2, ["behind"])  # one batch in flight
+        await until(lambda: len(worker.threads) == 2)
+        worker.hold.set()
+        first = await peer.answers(2)
+        peer.send(3, ["many"] * (INLINE_TEXTS + 1))  # alone, but more texts than a few
+        answers = await peer.answers(1)
+        peer.send(4, ["lone", "again"])
+        answers.update(await peer.answers(1))
+        return threading.current_thread().name, {**first, **answers}
+
+    loop, got = asyncio.run(run(body))
+    begun = ["loop" if t == loop else "batch" if t.startswith("neuronserve-batch") else t
+             for t in worker.threads]  # fmt: skip
+    assert begun == (["loop", "batch", "batch", "loop"] if pipelined else ["batch"] * 4)
+    assert [got[i][0]["status"] for i in range(1, 5)] == [200] * 4
+    assert got[1][1] == [[4, 1]] and got[3][1] == [[4, INLINE_TEXTS + 1]] * (INLINE_TEXTS + 1)
+    assert got[4][1] == [[4, 2], [5, 2]]
 
 
 def test_a_bad_request_is_answered_alone_and_its_batch_neighbours_are_served(tmp_path):
@@ -424,11 +461,16 @@ def test_the_engine_series_sum_counters_and_keep_the_last_gauge():
         [
             ["not_ours", 1, {}],
             ["bucket_runs", 1, {"model": "m", "bucket": "b1_s16", "batch_size": "1"}],
+            ["requests", 4, {"model": "n"}],
+            ["batch_requests", 4, {"model": "n"}],
         ]
     )
+    series.add([["requests", 1, {"model": "n"}], ["batch_requests", 1, {"model": "m"}]])
     text = generate_latest(series.registry).decode()
     assert 'neuronserve_requests_total{model="m"} 5.0' in text
-    assert 'neuronserve_batch_requests{model="m"} 2.0' in text
+    assert 'neuronserve_requests_total{model="n"} 5.0' in text
+    assert 'neuronserve_batch_requests{model="m"} 1.0' in text
+    assert 'neuronserve_batch_requests{model="n"} 4.0' in text
     assert 'neuronserve_bucket_runs_total{batch_size="1",bucket="b1_s16",model="m"} 1.0' in text
     assert "not_ours" not in text
     assert {m.name for m in metrics.METRICS} >= {"requests", "batch_requests", "bucket_runs"}

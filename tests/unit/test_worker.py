@@ -94,6 +94,7 @@ def test_start_worker_leases_pins_and_loads(tmp_path, tiny_artifact, monkeypatch
             assert os.sched_getaffinity(0) == set(worker.lease.cores)
             # both models in this one process, each under its name, with its own settings
             assert list(worker.runners) == ["a", "b"]
+            assert not worker.pipelined  # on the CPU a batch runs where it begins
             assert worker.runner("a").truncation is False and worker.runner("b").truncation
             assert (
                 "leased cpu core group" in worker.describe() and "b: buckets" in worker.describe()

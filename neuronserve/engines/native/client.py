@@ -203,6 +203,9 @@ class _Series:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._made: dict[str, Any] = {}
+        # each series' labelled child, by name and labels: every batch reports the same
+        # few, and prometheus_client's `labels` costs more than the update it precedes
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
 
     def add(self, values: list[Any]) -> None:
         for name, value, labels in values:
@@ -215,7 +218,10 @@ class _Series:
                 names = [metrics.MODEL_LABEL, *metric.labels]
                 series = kind(metric.snake_name, metric.description, names, registry=self.registry)
                 self._made[name] = series
-            labelled = series.labels(*(str(labels.get(n, "")) for n in series._labelnames))
+            key = (name, tuple(str(labels.get(n, "")) for n in series._labelnames))
+            labelled = self._children.get(key)
+            if labelled is None:
+                labelled = self._children[key] = series.labels(*key[1])
             if isinstance(labelled, Gauge):
                 labelled.set(float(value))
             else:
