@@ -1,0 +1,98 @@
+"""What one hop between the front and a native worker costs, by event loop: a client
+process sends a request frame (one 128-token text, as the front's client writes it) over
+a unix socket to an echo process that answers with an embedding's frame (768 float32,
+as a worker's answer carries it), both on the native engine's wire
+(neuronserve.engines.native.wire), one request at a time. Each round runs both loops,
+asyncio's own and uvloop, in alternating order; the round trip's median per loop, and
+uvloop's as a share of asyncio's, round by round.
+
+    .venv/bin/python scripts/benchmark_hop.py [ROUNDS] [REQUESTS]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from neuronserve import tensors
+from neuronserve.engines.native.wire import MAX_ANSWER_BYTES, MAX_REQUEST_BYTES, frame, read_frame
+
+LOOPS = ("asyncio", "uvloop")
+
+
+def _run(loop: str, main: object) -> object:
+    if loop == "uvloop":
+        import uvloop
+
+        return uvloop.run(main)  # type: ignore[arg-type]
+    return asyncio.run(main)  # type: ignore[arg-type]
+
+
+async def _echo(path: str) -> None:
+    body, header_length = tensors.pack({"EMBEDDING": np.ones((1, 768), np.float32)})
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while (got := await read_frame(reader, MAX_REQUEST_BYTES)) is not None:
+            head = {"id": got[0]["id"], "status": 200, "header_length": header_length}
+            writer.write(frame(head, body))
+
+    server = await asyncio.start_unix_server(answer, path)
+    async with server:
+        await server.serve_forever()
+
+
+async def _client(path: str, n: int) -> list[float]:
+    reader, writer = await asyncio.open_unix_connection(path)
+    took = []
+    for i in range(n):
+        start = time.perf_counter()
+        writer.write(frame({"op": "infer", "id": i, "model": "m", "texts": ["word " * 120]}))
+        await read_frame(reader, MAX_ANSWER_BYTES)
+        took.append(time.perf_counter() - start)
+    writer.close()
+    return took[n // 10 :]  # the first tenth warms up
+
+
+def round_trip_us(loop: str, n: int) -> float:
+    """The median round trip in microseconds, both processes on `loop`."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "hop.sock")
+        echo = subprocess.Popen([sys.executable, __file__, "--echo", loop, path])
+        try:
+            while not Path(path).exists():
+                time.sleep(0.01)
+            took = _run(loop, _client(path, n))
+        finally:
+            echo.terminate()
+            echo.wait()
+    return statistics.median(took) * 1e6  # type: ignore[arg-type]
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--echo"]:
+        _run(sys.argv[2], _echo(sys.argv[3]))
+        return
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    n = int(sys.argv[2]) if len(sys.argv) > 2 else 3000
+    print("| round | asyncio us | uvloop us | uvloop / asyncio |\n|---|---:|---:|---:|")
+    ratios = []
+    for r in range(1, rounds + 1):
+        order = LOOPS if r % 2 else LOOPS[::-1]
+        got = {loop: round_trip_us(loop, n) for loop in order}
+        ratios.append(got["uvloop"] / got["asyncio"])
+        print(f"| {r} | {got['asyncio']:.0f} | {got['uvloop']:.0f} | {ratios[-1]:.2f} |")
+    print(
+        f"\nuvloop / asyncio, median (range) over {rounds} rounds: "
+        f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+    )
+
+
+if __name__ == "__main__":
+    main()
