@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from neuronserve import tensors
+from neuronserve.bench.spread import spread
 from neuronserve.engines.native.wire import MAX_ANSWER_BYTES, MAX_REQUEST_BYTES, frame, read_frame
+from neuronserve.waiting import until
 
 LOOPS = ("asyncio", "uvloop")
 
@@ -66,8 +68,10 @@ def round_trip_us(loop: str, n: int) -> float:
         path = str(Path(folder) / "hop.sock")
         echo = subprocess.Popen([sys.executable, __file__, "--echo", loop, path])
         try:
-            while not Path(path).exists():
-                time.sleep(0.01)
+            if not until(lambda: Path(path).exists() or echo.poll() is not None, 30):
+                raise SystemExit("the echo process never opened its socket")
+            if echo.poll() is not None:
+                raise SystemExit(f"the echo process exited ({echo.returncode})")
             took = _run(loop, _client(path, n))
         finally:
             echo.terminate()
@@ -88,10 +92,7 @@ def main() -> None:
         got = {loop: round_trip_us(loop, n) for loop in order}
         ratios.append(got["uvloop"] / got["asyncio"])
         print(f"| {r} | {got['asyncio']:.0f} | {got['uvloop']:.0f} | {ratios[-1]:.2f} |")
-    print(
-        f"\nuvloop / asyncio, median (range) over {rounds} rounds: "
-        f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
-    )
+    print(f"\nuvloop / asyncio, median (range) over {rounds} rounds: {spread(ratios, 2)}")
 
 
 if __name__ == "__main__":
