@@ -138,8 +138,11 @@ def test_a_reaped_child_that_dies_is_gone_not_a_zombie():
         for p in (reaped, left):
             os.kill(p.pid, signal.SIGKILL)
         wait_for(lambda: zombie(left.pid), timeout=10, what="the unreaped child's death")
-        wait_for(lambda: not psutil.pid_exists(reaped.pid), timeout=10, what="the reaping")
+        # Popen.wait collects the child (its pid is gone) a moment before it records the
+        # status, so wait for the status and then ask for the pid.
+        wait_for(lambda: reaped.returncode is not None, timeout=10, what="the reaping")
         assert reaped.returncode == -signal.SIGKILL
+        assert not psutil.pid_exists(reaped.pid)
         os.kill(left.pid, 0)  # the zombie passes the stubs' check: no error
     finally:
         left.wait()
