@@ -104,6 +104,69 @@ def test_rows_seen_in_another_batch_are_answered_at_the_devices_pace(device_time
     assert torch.allclose(held, expected, atol=1e-5)
 
 
+def test_rows_one_bucket_computed_are_the_devices_time_in_another(device_time, neuronx_artifact):
+    """Every bucket's module of one model answers a row alike: rows the batch-1 module
+    computed (a worker's warm-up, a lone request) cost the batch-4 module no CPU, and its
+    answer is the one computed afresh."""
+    from neuronserve.buckets import Bucket
+
+    runner, one = _module(neuronx_artifact, Bucket(1, 16))
+    four = runner.executor.module_for(Bucket(4, 16))
+    assert one.handle != four.handle
+    text = torch.randint(1000, 2000, (1, 16))
+    pad = torch.zeros_like(text)
+    for ids in (text, pad):
+        one(ids, (ids != 0).long(), torch.zeros_like(ids))  # computed on the CPU, kept
+    ids = torch.cat([text, pad, pad, text])
+    inputs = (ids, (ids != 0).long(), torch.zeros_like(ids))
+    assert device_time._models[four.handle][1] not in device_time._cores  # never ran
+    held = four(*inputs)
+    # held for the device's time (a computed call counts none)
+    assert device_time._cores[device_time._models[four.handle][1]].busy_s == pytest.approx(0.100)
+    os.environ.pop("NEURON_STANDIN_DEVICE_TIME")
+    expected = four(*inputs)
+    os.environ["NEURON_STANDIN_DEVICE_TIME"] = "test"
+    assert torch.allclose(held, expected, atol=1e-5)
+
+
+def test_another_models_rows_are_its_own(device_time):
+    """Rows are shared by the modules of one model only: a model with the same weights and
+    other operations (another pooling, an auto-cast) or the same operations and other
+    weights computes its own answer."""
+    import torch_neuronx
+
+    class Head(torch.nn.Module):
+        def __init__(self, linear: torch.nn.Linear, relu: bool) -> None:
+            super().__init__()
+            self.linear, self.relu = linear, relu
+
+        def forward(self, x):
+            y = self.linear(x)
+            return y.relu() if self.relu else y
+
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 4)
+    models = {  # the same tensors by the same names; another operation; other weights
+        "linear": Head(linear, relu=False),
+        "relu": Head(linear, relu=True),
+        "other weights": Head(torch.nn.Linear(16, 4), relu=False),
+    }
+    x = torch.randn(2, 16)
+    traced = {name: torch_neuronx.trace(m, x, compiler_args=["--auto-cast", "none"])
+              for name, m in models.items()}  # fmt: skip
+    for name, module in traced.items():
+        with torch.no_grad():
+            want = models[name](x)
+        assert torch.allclose(module(x), want, atol=1e-6), name
+        assert torch.allclose(module(x), want, atol=1e-6), name  # kept, the device's time
+    again = torch_neuronx.trace(models["linear"], x, compiler_args=["--auto-cast", "none"])
+    busy = {core: c.busy_s for core, c in device_time._cores.items()}
+    assert torch.allclose(again(x), models["linear"](x).detach(), atol=1e-6)
+    core = device_time._models[again.handle][1]
+    # the same model's rows: held for the device's time, not computed
+    assert device_time._cores[core].busy_s > busy.get(core, 0.0)
+
+
 def test_a_core_runs_one_call_at_a_time_and_its_busy_time_is_counted(device_time, neuronx_artifact):
     from neuronserve.buckets import Bucket
 
