@@ -129,6 +129,38 @@ def test_rows_one_bucket_computed_are_the_devices_time_in_another(device_time, n
     assert torch.allclose(held, expected, atol=1e-5)
 
 
+def test_a_new_row_in_a_full_batch_costs_one_row(device_time, neuronx_artifact, monkeypatch):
+    """A row not kept is computed alone and once, on the model's batch-1 module once that
+    has run: a benchmark's first text arriving in a full batch (the same text in most
+    rows) costs one row of CPU, not the batch's; the answer is the one the batch's own
+    module computes."""
+    from neuronserve.buckets import Bucket
+
+    runner, one = _module(neuronx_artifact, Bucket(1, 16))
+    four = runner.executor.module_for(Bucket(4, 16))
+    pad = torch.zeros((1, 16), dtype=torch.long)
+    one(pad, pad, pad)  # the batch-1 module has run; the padding row is kept
+    texts = torch.randint(1000, 2000, (2, 16))
+    ids = torch.cat([texts[:1], texts[1:], pad, texts[1:]])
+    inputs = (ids, (ids != 0).long(), torch.zeros_like(ids))
+    computed: list[int] = []
+    real = device_time._outputs
+
+    def spy(graph, tensors):
+        computed.append(tensors[0].shape[0])
+        return real(graph, tensors)
+
+    monkeypatch.setattr(device_time, "_outputs", spy)
+    answer = four(*inputs)
+    assert computed == [1, 1]  # the two new rows, each alone and once
+    computed.clear()
+    assert torch.equal(four(*inputs), answer)  # every row kept now: the device's time
+    assert computed == []
+    os.environ.pop("NEURON_STANDIN_DEVICE_TIME")
+    assert torch.allclose(answer, four(*inputs), atol=1e-5)
+    os.environ["NEURON_STANDIN_DEVICE_TIME"] = "test"
+
+
 def test_another_models_rows_are_its_own(device_time):
     """Rows are shared by the modules of one model only: a model with the same weights and
     other operations (another pooling, an auto-cast) or the same operations and other
