@@ -57,6 +57,16 @@ def _module(neuronx_artifact, bucket):
     return runner, runner.executor.module_for(bucket)
 
 
+def _afresh(module, *inputs: torch.Tensor) -> torch.Tensor:
+    """`module`'s answer computed on the CPU with device time off: the reference a kept
+    answer is checked against."""
+    table = os.environ.pop("NEURON_STANDIN_DEVICE_TIME")
+    try:
+        return module(*inputs)
+    finally:
+        os.environ["NEURON_STANDIN_DEVICE_TIME"] = table
+
+
 def test_a_repeated_call_holds_the_core_for_its_time_without_the_cpu(device_time, neuronx_artifact):
     from neuronserve.buckets import Bucket
 
@@ -74,9 +84,7 @@ def test_a_repeated_call_holds_the_core_for_its_time_without_the_cpu(device_time
     # other inputs of the same shape are computed, so answers stay right
     other = torch.randint(2000, 3000, (4, 16))
     mask = torch.ones_like(other)
-    os.environ.pop("NEURON_STANDIN_DEVICE_TIME")
-    expected = module(other, mask, torch.zeros_like(other))
-    os.environ["NEURON_STANDIN_DEVICE_TIME"] = "test"
+    expected = _afresh(module, other, mask, torch.zeros_like(other))
     assert torch.allclose(module(other, mask, torch.zeros_like(other)), expected)
 
 
@@ -98,10 +106,7 @@ def test_rows_seen_in_another_batch_are_answered_at_the_devices_pace(device_time
     busy = core.busy_s
     held = module(*again)
     assert core.busy_s - busy == pytest.approx(0.100)  # the device's time, kept rows
-    os.environ.pop("NEURON_STANDIN_DEVICE_TIME")
-    expected = module(*again)
-    os.environ["NEURON_STANDIN_DEVICE_TIME"] = "test"
-    assert torch.allclose(held, expected, atol=1e-5)
+    assert torch.allclose(held, _afresh(module, *again), atol=1e-5)
 
 
 def test_rows_one_bucket_computed_are_the_devices_time_in_another(device_time, neuronx_artifact):
@@ -123,10 +128,7 @@ def test_rows_one_bucket_computed_are_the_devices_time_in_another(device_time, n
     held = four(*inputs)
     # held for the device's time (a computed call counts none)
     assert device_time._cores[device_time._models[four.handle][1]].busy_s == pytest.approx(0.100)
-    os.environ.pop("NEURON_STANDIN_DEVICE_TIME")
-    expected = four(*inputs)
-    os.environ["NEURON_STANDIN_DEVICE_TIME"] = "test"
-    assert torch.allclose(held, expected, atol=1e-5)
+    assert torch.allclose(held, _afresh(four, *inputs), atol=1e-5)
 
 
 def test_a_new_row_in_a_full_batch_costs_one_row(device_time, neuronx_artifact, monkeypatch):
@@ -156,9 +158,7 @@ def test_a_new_row_in_a_full_batch_costs_one_row(device_time, neuronx_artifact, 
     computed.clear()
     assert torch.equal(four(*inputs), answer)  # every row kept now: the device's time
     assert computed == []
-    os.environ.pop("NEURON_STANDIN_DEVICE_TIME")
-    assert torch.allclose(answer, four(*inputs), atol=1e-5)
-    os.environ["NEURON_STANDIN_DEVICE_TIME"] = "test"
+    assert torch.allclose(answer, _afresh(four, *inputs), atol=1e-5)
 
 
 def test_another_models_rows_are_its_own(device_time):
