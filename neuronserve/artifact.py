@@ -64,6 +64,9 @@ class ExportSettings(BaseModel):
 
     by: str
     pooling: Literal["cls", "mean"] | None = None
+    # whoever compiled it imported the module with allow_exported_module: a TorchScript
+    # archive runs code of its own when loaded, so a module imported without it is not
+    allowed: bool = False
 
 
 class BucketValidation(BaseModel):
@@ -126,7 +129,7 @@ class Manifest(BaseModel):
     # passed: every bucket and the accuracy were checked against reference.npz here;
     # pending: the modules cannot run on the compile host (`neuronserve validate` on the
     # serving host checks them); failed: that check refused them (validation_note says why)
-    # imported: compiled and checked elsewhere (`exported`), served as it is
+    # imported: compiled elsewhere (`exported`), served as it is, unchecked here
     validation_status: Literal["passed", "pending", "failed", "imported"] = "passed"
     validation_note: str | None = None
     exported: ExportSettings | None = None

@@ -557,6 +557,13 @@ def default_stride(max_length: int) -> int:
 
 
 def _check_validated(manifest: Manifest, artifact_dir: Path) -> None:
+    if manifest.exported is not None and not manifest.exported.allowed:
+        raise ArtifactError(
+            f"{artifact_dir} holds a module {manifest.exported.by} compiled, imported without "
+            "--allow-exported-module: a TorchScript archive runs code of its own when it is "
+            "loaded, so it is not loaded. Compile the export again with "
+            "--allow-exported-module if you trust where it came from, or with --recompile"
+        )
     if manifest.validation_status == "failed":
         raise ArtifactError(
             f"{artifact_dir} failed its check on this host: {manifest.validation_note}. "

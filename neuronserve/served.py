@@ -29,6 +29,8 @@ class ServedModel:
     # the name its workers hold it under, when not its own (a multi-model swap loads a new
     # version under another while the old one finishes its requests)
     key: str = ""
+    # the most characters its workers read for one request (max_body_bytes)
+    max_request_chars: int | None = None
 
     @property
     def worker_name(self) -> str:
@@ -63,7 +65,7 @@ class ServedModel:
     @functools.cached_property
     def limits(self) -> RequestLimits:
         """What one request's texts may hold (its workers check the same)."""
-        return RequestLimits(chars=self.max_text_chars)
+        return RequestLimits(chars=self.max_text_chars, total_chars=self.max_request_chars)
 
     @functools.cached_property
     def max_batch(self) -> int:

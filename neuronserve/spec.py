@@ -113,11 +113,23 @@ class CompileSection(Section):
         "pickles can run code, so only for models you trust",
         json_schema_extra=flags("--allow-pickle-weights/--safetensors-only"),
     )
+    allow_exported_module: bool = Field(
+        False,
+        description="serve a module compiled elsewhere (an optimum-neuron export's "
+        "model.neuron) as it is; a TorchScript archive runs code of its own when loaded, so "
+        "only for exports you trust: without this, such a model is refused (--recompile "
+        "compiles its source model instead)",
+        json_schema_extra=flags(
+            "--allow-exported-module/--refuse-exported-module",
+            env="NEURONSERVE_ALLOW_EXPORTED_MODULE",
+        ),
+    )
     recompile: bool = Field(
         False,
         description="a model optimum-neuron already compiled (model.neuron beside a config "
-        "whose neuron section says how) is served as it is; with this, its source model "
-        "(the config's _name_or_path) is compiled over the grid instead",
+        "whose neuron section says how) is served as it is when --allow-exported-module "
+        "says so; with this, its source model (the config's _name_or_path) is compiled over "
+        "the grid instead",
         json_schema_extra=flags("--recompile/--as-exported"),
     )
     target: Target = Field(

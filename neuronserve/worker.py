@@ -124,6 +124,8 @@ class WorkerSettings(BaseModel):
     max_json_depth: int = 32
     # the largest answer one request may get, as JSON (None: no limit)
     max_answer_bytes: int | None = None
+    # the most characters one request's texts may hold in all, as read (max_body_bytes)
+    max_request_chars: int | None = None
     # every model each worker loads, in the order packaging was given them
     models: list[ModelSettings] = []
     # multi-model: the catalog folder whose wanted models the worker follows (catalog.py)
@@ -136,7 +138,11 @@ class WorkerSettings(BaseModel):
         from .tasks.base import RequestLimits
 
         return RequestLimits(
-            self.max_client_batch, self.max_text_chars, self.max_json_depth, self.max_answer_bytes
+            self.max_client_batch,
+            self.max_text_chars,
+            self.max_json_depth,
+            self.max_answer_bytes,
+            self.max_request_chars,
         )
 
     def as_section(self) -> dict[str, Any]:

@@ -55,7 +55,9 @@ class InProcessEngine(EngineClient):
         pass
 
 
-def served(runner, max_text_chars: int | None = None) -> ServedModel:
+def served(
+    runner, max_text_chars: int | None = None, max_request_chars: int | None = None
+) -> ServedModel:
     m = runner.manifest
     return ServedModel(
         name=m.name,
@@ -64,6 +66,7 @@ def served(runner, max_text_chars: int | None = None) -> ServedModel:
         truncation=runner.truncation,
         max_text_chars=max_text_chars,
         tokenizer=_tokenizer(runner),
+        max_request_chars=max_request_chars,
     )
 
 
@@ -89,6 +92,6 @@ def front(tmp_path, runners: dict, **fields) -> tuple[TestClient, InProcessEngin
     config = config_of(load_spec(None, {"front_run_dir": tmp_path, **fields}))
     serving = Serving(config)
     engine = InProcessEngine(runners)
-    chars = fields.get("max_text_chars")
-    serving.attach({name: served(r, chars) for name, r in runners.items()}, engine)
+    chars, total = fields.get("max_text_chars"), config.max_body_bytes
+    serving.attach({name: served(r, chars, total) for name, r in runners.items()}, engine)
     return TestClient(build_app(serving)), engine, serving

@@ -78,6 +78,61 @@ def optimum_export(
     )[:names]
     traced = torch_neuronx.trace(module.eval(), example, compiler_args=["--auto-cast", "none"])
     torch.jit.save(traced, str(out / "model.neuron"))
+    _export_files(out, model_dir, kind, task, batch, seq, dynamic, compiler, compiler_version)
+    if source:
+        config = json.loads((out / "config.json").read_text())
+        config["_name_or_path"] = source
+        (out / "config.json").write_text(json.dumps(config))
+    return out
+
+
+class WritesAtLoad(torch.nn.Module):
+    """A scripted module whose `__setstate__`, which torch.jit.load runs, writes 4 bytes
+    to `path` (torch.from_file with shared=True creates the file): what any TorchScript
+    archive may do when loaded, with no weights file at all."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+        self.written = torch.zeros(4, dtype=torch.uint8)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return input_ids
+
+    @torch.jit.export
+    def __getstate__(self) -> tuple[str, bool]:
+        return (self.path, self.training)
+
+    @torch.jit.export
+    def __setstate__(self, state: tuple[str, bool]) -> None:
+        self.path, self.training = state[0], state[1]
+        # kept in an attribute: TorchScript drops an unused tensor, and its write with it
+        self.written = torch.from_file(self.path, shared=True, size=4, dtype=torch.uint8)
+        self.written.fill_(65)
+
+
+def export_writing_at_load(out: Path, model_dir: Path, written: Path) -> Path:
+    """A folder shaped as an optimum-neuron export of `model_dir` (for neuronx) whose
+    model.neuron writes `written` when it is loaded."""
+    out.mkdir(parents=True, exist_ok=True)
+    torch.jit.save(torch.jit.script(WritesAtLoad(str(written))), str(out / "model.neuron"))
+    _export_files(out, model_dir, "transformers", None, 1, 32, False, "neuronx-cc", "2.18.0.0")
+    return out
+
+
+def _export_files(
+    out: Path,
+    model_dir: Path,
+    kind: str,
+    task: str | None,
+    batch: int,
+    seq: int,
+    dynamic: bool,
+    compiler: str,
+    compiler_version: str,
+) -> None:
+    """config.json with its neuron section, the tokenizer and, for a sentence-transformers
+    export, its modules: what an export holds beside model.neuron."""
     config = json.loads((model_dir / "config.json").read_text())
     config["neuron"] = {
         "compiler_type": compiler,
@@ -97,15 +152,12 @@ def optimum_export(
         "output_hidden_states": False,
         "task": task or "feature-extraction",
     }
-    if source:
-        config["_name_or_path"] = source
     (out / "config.json").write_text(json.dumps(config))
     for f in model_dir.iterdir():
         if f.name.startswith(("tokenizer", "special_tokens", "vocab")):
             shutil.copy2(f, out / f.name)
     if kind == "sentence-transformers":
         _sentence_transformers_files(out)
-    return out
 
 
 def _sentence_transformers_files(out: Path) -> None:

@@ -165,12 +165,15 @@ def compiled(job: CompileJob, log: Callable[[str], None] = print, progress: bool
     into it first when it is not there. The task is the model config's when the job
     gives none; the name the Hub name's last part (or the folder's) when it gives none."""
     from .driver import compile_job
-    from .optimum_export import read_export
+    from .optimum_export import read_export, refuse_unless_allowed
 
     if job.compile.model is None:
         raise CompileError("no model: pass --model (a Hugging Face Hub id or a folder)")
     model = model_folder(job.compile.model, job.compile.revision, job.compile.allow_pickle_weights)
     log(f"model {job.compile.model}: {model.said}")
+    export = read_export(model.folder)
+    if export is not None and not job.compile.recompile:
+        refuse_unless_allowed(job, export)  # before anything is asked of the target
     if "task" not in job.compile.model_fields_set:
         job = replace(
             job, compile=job.compile.model_copy(update={"task": config_task(model.folder)})
@@ -192,7 +195,6 @@ def compiled(job: CompileJob, log: Callable[[str], None] = print, progress: bool
         if found:
             log(f"{job.compile.model}: compiled before, from the cache ({out})")
             return out
-        export = read_export(model.folder)
         doing = (
             f"compiling for {job.compile.task} on {job.compile.target}"
             if export is None or job.compile.recompile

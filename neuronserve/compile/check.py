@@ -72,8 +72,8 @@ def validate_artifact(path: Path) -> Manifest:
     manifest = read_manifest(path)
     if manifest.exported is not None:
         raise CompileError(
-            f"{path} holds a module {manifest.exported.by} compiled and checked, served as it "
-            "is: neuronserve has no eager reference for it. Compile its source model "
+            f"{path} holds a module {manifest.exported.by} compiled, served as it is: "
+            "neuronserve has no eager reference for it. Compile its source model "
             "(compile --model <the export> --recompile) for an artifact checked here"
         )
     where = f"{socket.gethostname()} at {datetime.now(timezone.utc).isoformat(timespec='seconds')}"

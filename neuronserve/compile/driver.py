@@ -57,7 +57,7 @@ def compile_job(
     """Compile `job.compile.model` for its target over its bucket grid into `job.out`;
     `log` hears which model that is (a Hub snapshot or a folder)."""
     from .hub import model_folder
-    from .optimum_export import import_export, read_export, recompile_source
+    from .optimum_export import import_export, read_export, recompile_source, refuse_unless_allowed
 
     if job.compile.model is None:
         raise CompileError(
@@ -77,6 +77,7 @@ def compile_job(
         if log is not None:
             log(f"{export.said}: compiling its source model {source} ({model.said}) instead")
     elif export is not None:
+        refuse_unless_allowed(job, export)
         if log is not None:
             log(f"{export.said}: served as it is (--recompile compiles its source model)")
         return _staged(job.out, lambda staging: import_export(job, export, staging))

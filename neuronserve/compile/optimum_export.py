@@ -245,7 +245,28 @@ def import_export(job: CompileJob, export: OptimumExport, out: Path) -> Manifest
     return _manifest(job, export, out, task, config, wrapped, facts)
 
 
+def refuse_unless_allowed(job: CompileJob, export: OptimumExport) -> None:
+    """CompileError naming the risk, unless the job allows a module compiled elsewhere:
+    torch.jit.load runs what a TorchScript archive's own methods say (a scripted
+    `__setstate__` runs at load, with no weights file needed), as a pickle does."""
+    if job.compile.allow_exported_module:
+        return
+    source = (
+        f" (--recompile compiles its source model {export.source} here instead)"
+        if export.source
+        else ""
+    )
+    raise CompileError(
+        f"{export.folder} is {export.said}: its {NEURON_FILE} is a TorchScript archive "
+        "compiled elsewhere, and loading one runs code of its own (its methods run at load, "
+        "as a pickle's do), so neuronserve does not load it unasked. Pass "
+        "--allow-exported-module (NEURONSERVE_ALLOW_EXPORTED_MODULE=true in a container) if "
+        f"you trust where it came from, or compile its source model with --recompile{source}"
+    )
+
+
 def _refuse_what_does_not_run_as_it_is(job: CompileJob, export: OptimumExport) -> None:
+    refuse_unless_allowed(job, export)  # compile_job asked first; import_export's own word
     check_runs_here(export, job.compile.target)
     if export.config["neuron"].get("inline_weights_to_neff") is False:
         raise CompileError(
@@ -305,14 +326,16 @@ def _manifest(  # noqa: PLR0913 - the export, and what was made of it
             "weight_bytes": (out / NEURON_FILE).stat().st_size,
         },
         exported=ExportSettings(
-            by="optimum-neuron", pooling=pooling if task.name == "feature-extraction" else None
+            by="optimum-neuron",
+            pooling=pooling if task.name == "feature-extraction" else None,
+            allowed=True,
         ),
         tolerance=job.compile.tolerance,
         validation_status="imported",
         validation_note=(
-            f"{export.said}: optimum-neuron checked it against its source model when it "
-            "exported it; neuronserve serves it as it is (compile --recompile builds and "
-            "checks its own)"
+            f"{export.said}: not checked by neuronserve (no eager reference here); served "
+            "as it is because --allow-exported-module said so (compile --recompile builds "
+            "and checks its own)"
         ),
         **wrapped.manifest_fields,
     )

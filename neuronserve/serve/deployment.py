@@ -216,6 +216,7 @@ class Deployment:
             if truncation is not None
             else served_truncation(ModelEntry(artifact=artifact), self.spec, manifest),
             max_text_chars=self.spec.limits.max_text_chars,
+            max_request_chars=self.spec.limits.max_body_bytes,
             tokenizer=ServedModel.tokenizer_of(manifest, artifact),
             key=key,
         )

@@ -57,6 +57,10 @@ class RequestLimits:
     json_depth: int = 32
     # the largest answer one request may get, as JSON bytes (max_answer_bytes)
     answer_bytes: int | None = None
+    # the most characters a request's texts may hold in all, as the workers read them
+    # (max_body_bytes): a rerank query is read once per document, so a body within its
+    # limit can ask for far more than it holds
+    total_chars: int | None = None
 
     def check_answer(self, estimate: int | None, what: str) -> RequestError | None:
         """The 413 for a request whose answer would be about `estimate` bytes (described
@@ -88,7 +92,26 @@ class RequestLimits:
                         f"{self.chars} per text (max_text_chars)",
                         status=413,
                     )
-        return None
+        return self._check_total(request)
+
+    def _check_total(self, request: TaskRequest) -> RequestError | None:
+        if self.total_chars is None:
+            return None
+        total = sum(
+            len(part)
+            for text in request.texts
+            if not isinstance(text, bytes)
+            for part in ((text,) if isinstance(text, str) else text)
+        )
+        if total <= self.total_chars:
+            return None
+        return RequestError(
+            f"the request's texts hold {total} characters as the model reads them (a query is "
+            "read once with each document it is paired with), more than this server reads "
+            f"for one request ({self.total_chars}, max_body_bytes): send a shorter query or "
+            "fewer documents",
+            status=413,
+        )
 
 
 def json_depth(value: Any, limit: int) -> int:

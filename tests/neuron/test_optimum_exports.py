@@ -23,7 +23,14 @@ TEXTS = ["a short one", "the second text is a little longer than the first", "x"
 
 def imported(tmp_path, export, target="neuronx", **fields):
     spec = load_spec(
-        None, {"model": export, "artifact": tmp_path / "art", "target": target, **fields}
+        None,
+        {
+            "model": export,
+            "artifact": tmp_path / "art",
+            "target": target,
+            "allow_exported_module": True,
+            **fields,
+        },
     )
     return compile_model(spec, progress=False)
 

@@ -113,9 +113,15 @@ def test_an_optimum_neuron_export_served_as_it_is(tmp_path, tiny_embedder_dir, m
         "NEURONSERVE_CACHE": str(tmp_path / "ns-cache"),
     }
     write_spec(tmp_path, engine=engine, front_port=port, front_run_dir="front", workers=2)
+    refused = run_cli(
+        "serve", "front", "--model", EXPORT_ID, "--spec", "deploy.yaml", cwd=tmp_path, env=env,
+        check=False,
+    )  # fmt: skip
+    assert refused.returncode != 0 and "runs code of its own" in refused.stderr, refused
     out = run_cli(
-        "serve", "front", "--model", EXPORT_ID, "--spec", "deploy.yaml", cwd=tmp_path, env=env
-    )
+        "serve", "front", "--model", EXPORT_ID, "--allow-exported-module", "--spec",
+        "deploy.yaml", cwd=tmp_path, env=env,
+    )  # fmt: skip
     try:
         assert "an optimum-neuron export compiled by neuronx-cc" in out.stdout, out.stdout
         assert "served as it is" in out.stdout

@@ -24,7 +24,14 @@ from neuronserve import metrics, tensors
 from neuronserve.engines.client import WorkerDied
 from neuronserve.engines.native.client import RETRY_S, Link, _Series
 from neuronserve.engines.native.store import QueuePolicy
-from neuronserve.engines.native.wire import FrameError, ask, frame, read_frame
+from neuronserve.engines.native.wire import (
+    FrameError,
+    FrameTooLarge,
+    ask,
+    frame,
+    read_frame,
+    request_frame,
+)
 from neuronserve.engines.native.worker import INLINE_TEXTS, Served
 from neuronserve.tasks import RequestError, get_task
 
@@ -63,20 +70,47 @@ def test_frames_round_trip_one_after_another(heads, bodies):
     assert asyncio.run(read_all()) == list(zip(heads, bodies, strict=True))
 
 
+def _fixed(size: int, head_size: int, rid: int = 5) -> bytes:
+    return struct.pack("<IIq", size, head_size, rid)
+
+
 @pytest.mark.parametrize(
-    ("data", "why"),
+    ("data", "why", "rid"),
     [
-        (struct.pack("<II", 1 << 21, 2) + b"{}", "over the bound"),
-        (struct.pack("<II", 2, 5) + b"{}", "head is longer"),
-        (struct.pack("<II", 3, 3) + b"{x}", "not JSON"),
-        (struct.pack("<II", 2, 2) + b"[]", "not an object"),
-        (struct.pack("<II", 10, 2) + b"{}", "ended inside"),
-        (b"\x01\x02", "ended inside"),
+        (_fixed(1 << 21, 2) + b"{" * (1 << 21), "over the bound", 5),
+        (_fixed(2, 5) + b"{}", "head is longer", 5),
+        (_fixed(3, 3) + b"{x}", "not JSON", 5),
+        (_fixed(2, 2) + b"[]", "not an object", 5),
+        (_fixed(10, 2) + b"{}", "ended inside", None),
+        (_fixed(1 << 21, 2) + b"{}", "ended inside", None),
+        (b"\x01\x02", "ended inside", None),
     ],
 )
-def test_a_malformed_frame_is_refused_saying_why(data, why):
-    with pytest.raises(FrameError, match=why):
+def test_a_malformed_frame_is_refused_saying_why(data, why, rid):
+    """With its id while the stream is whole after it (its request alone fails), without
+    one where the stream ended inside it (its connection cannot go on)."""
+    with pytest.raises(FrameError, match=why) as e:
         _read_one(data)
+    assert e.value.rid == rid
+
+
+def test_a_frame_over_the_bound_is_read_past_and_the_next_one_read():
+    async def read_both():
+        reader = _reader(frame({"id": 3, "texts": ["x" * 5000]}) + frame({"id": 4}, b"body"))
+        with pytest.raises(FrameError, match="over the bound") as e:
+            await read_frame(reader, 1000)
+        return e.value, await read_frame(reader, 1000)
+
+    refused, following = asyncio.run(read_both())
+    assert (refused.rid, refused.status) == (3, 413)
+    assert following == ({"id": 4}, b"body")
+
+
+def test_a_request_frame_over_what_a_worker_reads_is_never_made():
+    # a control character is 6 bytes of JSON: 12 M of them are 72 MB of frame
+    with pytest.raises(FrameTooLarge, match="more than a worker reads"):
+        request_frame({"id": 1, "texts": ["\x01" * 12_000_000]})
+    assert request_frame({"id": 1, "texts": ["fine"]}) == frame({"id": 1, "texts": ["fine"]})
 
 
 def test_the_end_of_the_stream_between_frames_is_no_error():
@@ -315,21 +349,35 @@ def test_a_bad_request_is_answered_alone_and_its_batch_neighbours_are_served(tmp
     assert got[2][1] == [[4, 2]] and got[6][1] == [[8, 2]]
 
 
-def test_a_malformed_frame_closes_its_connection_alone(tmp_path):
+def test_a_malformed_frame_fails_its_own_request_alone(tmp_path, monkeypatch):
+    """A frame whose head does not parse, and one over the worker's bound: each is
+    answered with its own id, and the same connection goes on serving. A frame without
+    an id (no request to answer), or a stream ended inside a frame, closes its own
+    connection and nothing else."""
+    monkeypatch.setattr("neuronserve.engines.native.worker.MAX_REQUEST_BYTES", 1 << 16)
     worker = FakeWorker()
     _, run = _serving(tmp_path, worker)
 
     async def body(path):
         good, bad = await Peer.to(path), await Peer.to(path)
-        bad.writer.write(struct.pack("<II", 5, 5) + b"nope!")
-        closed = await asyncio.wait_for(bad.reader.read(), 5)
+        bad.writer.write(struct.pack("<IIq", 5, 5, 8) + b"nope!")
+        bad.send(9, ["x" * (1 << 17)])  # over the bound
+        bad.send(10, ["served after both"])
+        answered = await bad.answers(3)
         no_id, no_id_w = await asyncio.open_unix_connection(str(path))
         no_id_w.write(frame({"op": "infer", "texts": ["x"]}))
-        closed_too = await asyncio.wait_for(no_id.read(), 5)
+        closed = await asyncio.wait_for(no_id.read(), 5)
+        cut, cut_w = await asyncio.open_unix_connection(str(path))
+        cut_w.write(struct.pack("<IIq", 100, 2, 11) + b"{}")
+        cut_w.write_eof()
+        closed_too = await asyncio.wait_for(cut.read(), 5)
         good.send(7, ["still served"])
-        return closed, closed_too, await good.answers(1)
+        return answered, closed, closed_too, await good.answers(1)
 
-    closed, closed_too, got = asyncio.run(run(body))
+    answered, closed, closed_too, got = asyncio.run(run(body))
+    assert answered[8][0]["status"] == 400 and "not JSON" in answered[8][0]["error"]
+    assert answered[9][0]["status"] == 413 and "over the bound" in answered[9][0]["error"]
+    assert answered[10][0]["status"] == 200 and answered[10][1] == [[17, 1]]
     assert closed == b"" and closed_too == b""
     assert got[7] == (
         {"id": 7, "status": 200, "header_length": got[7][0]["header_length"]},
@@ -498,3 +546,49 @@ def test_a_socket_in_a_folder_too_deep_for_its_address_is_served_and_reached(tmp
     answer, pinged = asyncio.run(run(body))
     assert answer["status"] == 200 and pinged["status"] == 200
     assert path.is_socket()
+
+
+def test_a_request_too_large_for_its_worker_fails_alone_in_the_front(tmp_path, tiny_artifact):
+    """Other clients' requests in flight on the worker's one connection while a request
+    whose frame the worker would refuse is sent (120 texts of control characters within
+    every request limit, which JSON writes as 72 MB): that request alone is refused (413)
+    in the front, it never reaches the worker, every other request is answered, and the
+    connection they share stays up (before, the worker closed it under them all)."""
+    from neuronserve.artifact import read_manifest
+    from neuronserve.engines.native.client import NativeClient
+    from neuronserve.engines.native.supervisor import socket_path
+    from neuronserve.served import ServedModel
+    from neuronserve.tasks import TaskRequest
+
+    run_dir = tmp_path / "run"
+    path = socket_path(run_dir, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    worker = FakeWorker()
+    manifest = read_manifest(tiny_artifact)
+    model = ServedModel("m", manifest, "native", False, None, None)
+    _, run = _serving(tmp_path, worker, path=path)
+
+    async def body(path):
+        client = NativeClient("native", run_dir, 1)
+        worker.hold.clear()
+        first = asyncio.create_task(client.run(model, TaskRequest(["first"], False)))
+        await until(lambda: worker.batches == [1])
+        link = client._links[0]
+        connection = link.writer
+        others = [
+            asyncio.create_task(client.run(model, TaskRequest([f"text {i}"], False)))
+            for i in range(40)
+        ]
+        await asyncio.sleep(0)
+        big = TaskRequest(["\x01" * 100_000] * 120, False)
+        with pytest.raises(RequestError) as refused:
+            await client.run(model, big)
+        worker.hold.set()
+        answers = await asyncio.gather(first, *others)
+        return refused.value, answers, link.writer is connection
+
+    refused, answers, same_connection = asyncio.run(run(body))
+    assert refused.status == 413 and "more than a worker reads" in refused.message
+    assert len(answers) == 41 and all(len(a) == 1 for a in answers)
+    assert same_connection
+    assert sum(worker.batches) == 41  # the big request never reached the worker

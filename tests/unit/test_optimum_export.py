@@ -108,6 +108,78 @@ def test_an_export_whose_weights_are_not_inlined_is_refused(tmp_path):
 
     export = read_export(export_folder(tmp_path / "e", inline_weights_to_neff=False))
     assert export is not None
-    job = CompileJob.of(load_spec(None, {"target": "neuronx"}))
+    job = CompileJob.of(load_spec(None, {"target": "neuronx", "allow_exported_module": True}))
     with pytest.raises(CompileError, match=r"weights are not in model\.neuron .* --recompile"):
         import_export(job, export, tmp_path / "out")
+
+
+RUNS_CODE = r"runs code of its own.*--allow-exported-module.*--recompile"
+
+
+def test_an_export_whose_load_writes_a_file_is_never_loaded_unasked(
+    tmp_path, tiny_embedder_dir, monkeypatch
+):
+    """A Hub repository or folder shaped as an optimum-neuron export, whose model.neuron
+    writes a file when loaded: refused, naming the risk, by compile, by the cache that
+    `serve front --model` and HF_MODEL_ID compile through, and by the containers'
+    entrypoint; nothing loads it, so the file is never written."""
+    from optimum_exports import export_writing_at_load
+
+    from neuronserve.compile import compile_model
+    from neuronserve.compile.cache import compiled
+    from neuronserve.compile.job import CompileJob
+    from neuronserve.platforms.sagemaker.entrypoint import sagemaker_deployment, sagemaker_spec
+    from neuronserve.spec import load_spec
+
+    written = tmp_path / "written"
+    export = export_writing_at_load(tmp_path / "export", tiny_embedder_dir, written)
+    torch.jit.load(str(export / "model.neuron"))  # the probe is real: a load writes it
+    assert written.read_bytes() == b"AAAA"
+    written.unlink()
+    monkeypatch.setenv("NEURONSERVE_CACHE", str(tmp_path / "cache"))
+    fields = {"model": export, "artifact": tmp_path / "art", "target": "neuronx"}
+    with pytest.raises(CompileError, match=RUNS_CODE):
+        compile_model(load_spec(None, fields), progress=False)
+    with pytest.raises(CompileError, match=RUNS_CODE):
+        compiled(CompileJob.of(load_spec(None, fields)), log=lambda _: None, progress=False)
+    monkeypatch.setenv("HF_MODEL_ID", str(export))
+    monkeypatch.setenv("NEURONSERVE_TARGET", "neuronx")
+    spec = sagemaker_spec(tmp_path / "work")
+    with pytest.raises(CompileError, match=RUNS_CODE):
+        sagemaker_deployment(spec.with_section("compile", target="neuronx"), tmp_path / "work")
+    assert not written.exists()
+    assert not (tmp_path / "art").exists()
+
+
+def test_an_export_allowed_is_imported_and_claims_no_check_neuronserve_did_not_make(
+    tmp_path, tiny_embedder_dir, monkeypatch
+):
+    """With the opt-in (the flag, or NEURONSERVE_ALLOW_EXPORTED_MODULE in a container) the
+    export is imported as it is, not loaded at compile; its manifest says neuronserve did
+    not check it. An artifact imported without that record is refused before any load."""
+    from optimum_exports import export_writing_at_load
+
+    from neuronserve.artifact import ArtifactError, read_manifest
+    from neuronserve.compile import compile_model
+    from neuronserve.runtime import Runner
+    from neuronserve.spec import from_environment, load_spec
+
+    written = tmp_path / "written"
+    export = export_writing_at_load(tmp_path / "export", tiny_embedder_dir, written)
+    given = from_environment({"NEURONSERVE_ALLOW_EXPORTED_MODULE": "true"})
+    assert given == {"compile": {"allow_exported_module": True}}
+    fields = {"model": export, "artifact": tmp_path / "art", "target": "neuronx"}
+    art = compile_model(load_spec(None, {**fields, **given["compile"]}), progress=False)
+    m = read_manifest(art)
+    assert m.exported is not None and m.exported.allowed
+    assert m.validation_status == "imported"
+    assert "not checked by neuronserve" in (m.validation_note or "")
+    assert "optimum-neuron checked" not in json.dumps(m.model_dump())
+    assert not written.exists()  # imported, never loaded here
+    # an artifact an earlier neuronserve imported unasked: refused before its module loads
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["exported"]["allowed"] = False
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="without --allow-exported-module"):
+        Runner(art, warmup=False)
+    assert not written.exists()

@@ -448,7 +448,9 @@ def test_tritons_secret_options_are_hidden_and_refused_if_not_handed_over():
 @pytest.mark.parametrize(
     ("options", "hidden"),
     [("rw,relatime", False), ("rw,hidepid=2", True), ("rw,hidepid=invisible", True),
-     ("rw,hidepid=0", False), ("rw,hidepid=noaccess,gid=5", True)],
+     ("rw,hidepid=0", False), ("rw,hidepid=noaccess", True),
+     # a group that sees every process's command line: its members would read the key
+     ("rw,hidepid=2,gid=5", False), ("rw,gid=proc,hidepid=invisible", False)],
 )  # fmt: skip
 def test_proc_mounted_hidepid_hides_command_lines(options, hidden):
     from neuronserve.engines.triton.launch import proc_hides_processes
@@ -456,6 +458,9 @@ def test_proc_mounted_hidepid_hides_command_lines(options, hidden):
     line = f"25 30 0:23 / /proc rw,nosuid,nodev,noexec,relatime shared:14 - proc proc {options}"
     other = "26 30 0:24 / /sys rw shared:7 - sysfs sysfs rw"
     assert proc_hides_processes(f"{other}\n{line}\n") is hidden
+    # a /proc mounted over another: the last one is what every process sees
+    under = "24 30 0:22 / /proc rw - proc proc rw,hidepid=2"
+    assert proc_hides_processes(f"{under}\n{line}\n") is hidden
 
 
 def test_the_wrapper_refuses_triton_without_a_dev_shm_of_its_own(monkeypatch, tmp_path, capsys):

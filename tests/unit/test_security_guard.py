@@ -155,3 +155,31 @@ def test_a_split_request_is_bounded_once_its_answers_are_joined(tmp_path, runner
     assert engine.calls == 2
     two = client.post("/embed_sparse", json={"inputs": ["x"] * 2, "model": "splade"})
     assert two.status_code == 200 and len(two.json()) == 2
+
+
+def test_a_query_read_with_every_document_is_bounded_on_every_route(tmp_path, task_model):
+    """A long query with many documents, each within max_text_chars and the body within
+    max_body_bytes: the pairs it asks the workers to read are refused (413) on every route
+    that reaches the task, before anything is tokenized, and its neighbour is answered; the
+    worker (the adapters' way in) holds to the same bound."""
+    runner = Runner(task_model("rerank")[1])
+    client, engine, _ = front(tmp_path, {"rerank": runner}, max_body_bytes=200_000)
+    big = {"query": "q " * 40_000, "documents": ["a document"] * 64}
+    small = {"query": "q", "documents": ["a document", "q and more"]}
+    r = client.post("/invocations", json={"inputs": big})
+    assert r.status_code == 413 and "max_body_bytes" in r.text, r.text[:300]
+    ok = client.post("/invocations", json={"inputs": small})
+    assert ok.status_code == 200 and len(ok.json()) == 2, ok.text
+    for path in ("/rerank", "/models/rerank/rerank", "/"):
+        tei = client.post(path, json={"query": big["query"], "texts": big["documents"]})
+        assert tei.status_code == 422 and "max_body_bytes" in tei.json()["error"], path
+        ok = client.post(path, json={"query": "q", "texts": small["documents"]})
+        assert ok.status_code == 200 and len(ok.json()) == 2, ok.text
+    assert engine.calls == 4  # the neighbours alone
+    worker = Runner(
+        task_model("rerank")[1], limits=RequestLimits(total_chars=200_000), warmup=False
+    )
+    bodies = [({"inputs": big}, None), ({"inputs": small}, None)]
+    refused, answered = worker.responses_for_bodies(bodies)
+    assert isinstance(refused, RequestError) and refused.status == 413
+    assert not isinstance(answered, RequestError) and len(answered) == 2

@@ -23,7 +23,7 @@ from ...worker import MODEL_PARAMETER
 from ..client import EngineClient, EngineUnavailable, WorkerCounts, WorkerDied, once_more
 from .process import ready, states
 from .supervisor import socket_path
-from .wire import MAX_ANSWER_BYTES, FrameError, frame, reachable, read_frame
+from .wire import MAX_ANSWER_BYTES, FrameError, FrameTooLarge, reachable, read_frame, request_frame
 
 if TYPE_CHECKING:
     from ...served import ServedModel
@@ -89,7 +89,15 @@ class Link:
         why = "closed its connection"
         try:
             while True:
-                got = await read_frame(reader, MAX_ANSWER_BYTES)
+                try:
+                    got = await read_frame(reader, MAX_ANSWER_BYTES)
+                except FrameError as e:
+                    failed = self.waiting.pop(e.rid, None) if e.rid is not None else None
+                    if e.rid is None:
+                        raise
+                    if failed is not None and not failed.done():  # its request alone
+                        failed.set_exception(RequestError(f"the worker's answer: {e}", 500))
+                    continue
                 if got is None:
                     break
                 head, body = got
@@ -153,9 +161,13 @@ class NativeClient(EngineClient):
         )
 
         async def send() -> dict[str, np.ndarray]:
-            link = await self._pick()
             rid = next(self._ids)
-            answer, raw = await link.ask(rid, frame({**head, "id": rid}, body))
+            try:  # a frame the worker would refuse never reaches it: the request's own 413
+                data = request_frame({**head, "id": rid}, body)
+            except FrameTooLarge as e:
+                raise RequestError(str(e), 413) from None
+            link = await self._pick()
+            answer, raw = await link.ask(rid, data)
             if "stages" in answer:
                 TRACING.stages(parse_stages(answer["stages"], worker=link.index))
             if answer.get("status") != 200:

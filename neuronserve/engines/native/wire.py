@@ -1,7 +1,7 @@
 """The native engine's wire: frames over a unix stream socket between the front and one
 worker, each frame its length, then a small JSON head (orjson) and a binary body.
 
-    frame    = u32 size of what follows | u32 size of the head | head | body
+    frame    = u32 size of the head and body | u32 size of the head | i64 id | head | body
     request  head {"id", "op": "infer", "model", "texts" (or "pairs"), "parameters",
              "truncate", "direction"}; an image task's images are the body, "images" their
              sizes. {"id", "op": "ping"} asks how the worker is.
@@ -11,8 +11,12 @@ worker, each frame its length, then a small JSON head (orjson) and a binary body
     metrics  head {"id": 0, "op": "metrics", "values": [[name, value, labels], ...]}: what
              a batch adds to the worker's metrics (neuronserve.metrics), after its answers.
 
-A frame over the reader's bound, or one that does not parse, closes that connection and
-nothing else: the worker's other connections and its batches go on.
+The id is in the fixed part, before the head, so that a frame over the reader's bound,
+or one whose head does not parse, fails its own request alone: its bytes are read past
+and the answer names its id (FrameError.rid). Only a stream that ends inside a frame
+closes its connection, and nothing else: the worker's other connections and its
+batches go on. The front never sends a frame over the worker's bound (`request_frame`:
+that request is answered 413 in the front).
 """
 
 from __future__ import annotations
@@ -27,49 +31,79 @@ from typing import Any
 
 import orjson
 
-_SIZES = struct.Struct("<II")
+_SIZES = struct.Struct("<IIq")
 # what a request frame may carry (the front's body limit keeps it far below), and an
 # answer (the front's answer limit, max_answer_bytes, keeps it below)
 MAX_REQUEST_BYTES = 64 << 20
 MAX_ANSWER_BYTES = 512 << 20
+# how much of a frame over its bound is read at a time, to be passed over
+_SKIP = 1 << 20
 
 
 class FrameError(ValueError):
-    """A frame over its bound, or one that does not parse: its connection is closed."""
+    """A frame over its bound, or one that does not parse. `rid`: the id of the request
+    it carried, when the stream is still whole after it (its request alone fails); None
+    when the stream cannot go on (its connection is closed)."""
+
+    def __init__(self, message: str, rid: int | None = None, status: int = 400):
+        super().__init__(message)
+        self.rid, self.status = rid, status
+
+
+class FrameTooLarge(ValueError):
+    """A frame the worker would refuse: the request's own error, never sent."""
 
 
 def frame(head: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
-    """One frame: its sizes, its head as JSON, its body."""
+    """One frame: its sizes, its id (the head's, 0 without one), its head as JSON, its
+    body."""
     raw = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
-    return _SIZES.pack(len(raw) + len(body), len(raw)) + raw + bytes(body)
+    rid = head.get("id")
+    fixed = _SIZES.pack(len(raw) + len(body), len(raw), rid if isinstance(rid, int) else 0)
+    return fixed + raw + bytes(body)
+
+
+def request_frame(head: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
+    """`frame(head, body)`; FrameTooLarge when it is over what a worker reads."""
+    data = frame(head, body)
+    if len(data) - _SIZES.size > MAX_REQUEST_BYTES:
+        raise FrameTooLarge(
+            f"the request makes a frame of {(len(data) - _SIZES.size) / 2**20:.0f} MiB for its "
+            f"worker, more than a worker reads ({MAX_REQUEST_BYTES >> 20} MiB; JSON writes a "
+            "control character in 6 bytes): send fewer or shorter texts per request"
+        )
+    return data
 
 
 async def read_frame(
     reader: asyncio.StreamReader, most: int
 ) -> tuple[dict[str, Any], bytes] | None:
     """The next frame's head and body; None at the end of the stream; FrameError for a
-    frame larger than `most` bytes or one that does not parse."""
+    frame larger than `most` bytes or one that does not parse (read past, with its id,
+    so that the next frame can be read) or a stream that ends inside a frame."""
     try:
         sizes = await reader.readexactly(_SIZES.size)
     except asyncio.IncompleteReadError as e:
         if e.partial:
             raise FrameError("the stream ended inside a frame") from None
         return None
-    size, head_size = _SIZES.unpack(sizes)
-    if size > most:
-        raise FrameError(f"a frame of {size} bytes, over the bound of {most}")
-    if head_size > size:
-        raise FrameError("a frame's head is longer than the frame")
+    size, head_size, rid = _SIZES.unpack(sizes)
     try:
+        if size > most:
+            for left in range(size, 0, -_SKIP):
+                await reader.readexactly(min(left, _SKIP))
+            raise FrameError(f"a frame of {size} bytes, over the bound of {most}", rid, 413)
         data = await reader.readexactly(size)
     except asyncio.IncompleteReadError:
         raise FrameError("the stream ended inside a frame") from None
+    if head_size > size:
+        raise FrameError("a frame's head is longer than the frame", rid)
     try:
         head = orjson.loads(data[:head_size])
     except orjson.JSONDecodeError as e:
-        raise FrameError(f"a frame's head is not JSON: {e}") from None
+        raise FrameError(f"a frame's head is not JSON: {e}", rid) from None
     if not isinstance(head, dict):
-        raise FrameError("a frame's head is not an object")
+        raise FrameError("a frame's head is not an object", rid)
     return head, data[head_size:]
 
 
@@ -105,7 +139,7 @@ def ask(path: str, head: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         s.connect(address)
         s.sendall(frame(head))
         sizes = _read(s, _SIZES.size)
-        size, head_size = _SIZES.unpack(sizes)
+        size, head_size, _ = _SIZES.unpack(sizes)
         if size > MAX_REQUEST_BYTES or head_size > size:
             raise FrameError("an answer over its bound")
         data = _read(s, size)

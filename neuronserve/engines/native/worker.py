@@ -111,7 +111,15 @@ class Served:
         conn = Connection(writer)
         try:
             while True:
-                got = await read_frame(reader, MAX_REQUEST_BYTES)
+                try:
+                    got = await read_frame(reader, MAX_REQUEST_BYTES)
+                except FrameError as e:
+                    if e.rid is None:
+                        raise
+                    # read past: its request alone is answered, the connection goes on
+                    refused = RequestError(str(e), status=e.status)
+                    conn.send(self._answer_frame(Waiting(conn, e.rid, None, refused), refused))
+                    continue
                 if got is None:
                     break
                 head, body = got

@@ -23,8 +23,8 @@ option in the environment block and lets it go (`hand_over`). /proc/<pid>/cmdlin
 the memory between arg_start and arg_end (proc(5)), which still holds the placeholder;
 tritonserver's option parser reads argv[i]. If anything fails on the way, tritonserver
 parses the placeholder and exits: it never runs with a key someone could read. Where
-/proc hides other users' processes (mounted hidepid=1 or 2), the key goes on the
-command line as it is.
+/proc hides every other user's processes (mounted hidepid=1 or 2, with no gid= whose
+group would see them), the key goes on the command line as it is.
 
     python -m neuronserve.engines.triton.launch [--host-shm] [--traced] PROGRAM [ARG ...]
 """
@@ -100,20 +100,26 @@ def private(pid: int) -> bool:
 
 
 def proc_hides_processes(mountinfo: str | None = None) -> bool:
-    """Whether /proc keeps other users' processes (their command lines included) from
-    this one's: mounted with hidepid=1 or 2 ("noaccess", "invisible"; proc(5))."""
+    """Whether /proc keeps every other user's processes (their command lines included)
+    from this one's: mounted with hidepid=1 or 2 ("noaccess", "invisible"; proc(5)) and
+    no `gid=`, whose group sees every process's command line (the documented hardening
+    `hidepid=2,gid=proc` lets that group read the key). The last /proc mount is the one
+    seen."""
     if mountinfo is None:
         try:
             mountinfo = Path("/proc/self/mountinfo").read_text()
         except OSError:
             return False
+    hides = False
     for line in mountinfo.splitlines():
         fields = line.split()
         if len(fields) > 4 and fields[4] == "/proc" and " - proc " in line:
             options = line.split(" - ", 1)[1].split()[-1].split(",")
-            return any(o in {f"hidepid={v}" for v in ("1", "2", "noaccess", "invisible")}
-                       for o in options)  # fmt: skip
-    return False
+            hidden = {f"hidepid={v}" for v in ("1", "2", "noaccess", "invisible")}
+            hides = any(o in hidden for o in options) and not any(
+                o.startswith("gid=") for o in options
+            )
+    return hides
 
 
 def hide(cmd: list[str], secret: str) -> tuple[list[str], dict[str, str]]:

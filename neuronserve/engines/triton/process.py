@@ -464,7 +464,8 @@ def _refused_launch(status: int | None, run_dir: Path) -> str | None:
             f"Triton refused: {said}. tritonserver takes its admin key on its command line, "
             "which every local user reads in /proc, and this host does not let neuronserve "
             "keep it out of there (ptrace of its own child refused: kernel.yama.ptrace_scope "
-            "3, or a seccomp profile). Mount /proc with hidepid=2, allow ptrace of children, "
+            "3, or a seccomp profile). Mount /proc with hidepid=2 and no gid= (that group reads "
+            "every command line), allow ptrace of children, "
             "or serve with `--engine torchserve`"
         )
     return None

@@ -108,7 +108,8 @@ class Guard:
         self, app: ASGIApp, config: FrontConfig, metrics: FrontMetrics, endpoints: list[Route]
     ):
         self.app, self.config, self.metrics = app, config, metrics
-        self.routes = {e.path: e for e in endpoints}
+        # a route is its path and method: GET and POST /models are two, each with its rules
+        self.routes = {(e.path, e.method): e for e in endpoints if "{" not in e.path}
         # routes with a name in their path (/models/{name}): matched after the plain ones
         self.templated = [
             (StarletteRoute(e.path, e.handler, methods=[e.method]), e)
@@ -118,13 +119,16 @@ class Guard:
         self.handlers = {(e.path, e.method): guarded(e.family, e.handler) for e in endpoints}
         self.in_flight = 0
 
-    async def _dispatch(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = self.handlers.get((scope["path"], scope["method"]))
-        if handler is None:
-            await self.app(scope, receive, send)
+    async def _dispatch(self, call: _Call, receive: Receive) -> None:
+        """The handler of the route the guard matched (its rules are the ones applied);
+        what it did not match (404, 405) and HEAD go to Starlette under it."""
+        scope, endpoint = call.scope, call.endpoint
+        if endpoint is None or endpoint.method != scope["method"]:
+            await self.app(scope, receive, call.send)
             return
+        handler = self.handlers[(endpoint.path, endpoint.method)]
         response = await handler(Request(scope, receive))
-        await response(scope, receive, send)
+        await response(scope, receive, call.send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan
@@ -143,7 +147,9 @@ class Guard:
             if not call.started:
                 await call.reply(500, f"internal error (request id {scope[REQUEST_ID]})")
         finally:
-            route = scope["path"] if call.endpoint is not None else "unmatched"
+            # the route's template, never the path a client sent: the series' labels are
+            # bounded by the route table and the served models
+            route = call.endpoint.path if call.endpoint is not None else "unmatched"
             model = scope.get(MODEL, "")
             seconds = time.perf_counter() - started
             self.metrics.observe(route, call.status, seconds, model)
@@ -174,12 +180,20 @@ class Guard:
                     span.set_attribute("neuronserve.model", scope[MODEL])
 
     def _route(self, scope: Scope) -> Route | None:
-        found = self.routes.get(scope["path"])
-        if found is not None or not self.templated:
+        """The route of this path and method (HEAD: GET's rules; Starlette answers it),
+        its path parameters put where Starlette's Request reads them; None for no route.
+        A path holding a brace (a template's own text, `/models/%7Bname%7D`) is none."""
+        path, method = scope["path"], scope["method"]
+        asked = "GET" if method == "HEAD" else method
+        found = self.routes.get((path, asked))
+        if found is not None:
             return found
-        for route, endpoint in self.templated:
-            match, _ = route.matches(scope)
+        if "{" in path or "}" in path:
+            return None
+        for route, endpoint in self.templated:  # Starlette's GET routes take HEAD too
+            match, child = route.matches(scope)
             if match is Match.FULL:
+                scope["path_params"] = child.get("path_params", {})
                 return endpoint
         return None
 
@@ -210,7 +224,11 @@ class Guard:
             )
             return
         if endpoint is None:  # no route: Starlette's 404 or 405, nothing read
-            await self._dispatch(call.scope, call.receive, call.send)
+            if "{" in call.scope["path"] or "}" in call.scope["path"]:
+                # Starlette's router would take a template's own text for a name
+                await call.reply(404, f"no route {call.scope['path']}")
+                return
+            await self._dispatch(call, call.receive)
             return
         if endpoint.probe:
             await self._with_deadline(call, self.config.deadline_s)
@@ -263,7 +281,7 @@ class Guard:
         try:
             with TRACING.span("read"):
                 body = await _read_body(call.receive, limit)
-            await self._dispatch(call.scope, _replay(body, call.receive), call.send)
+            await self._dispatch(call, _replay(body, call.receive))
         except _TooLarge:
             await call.reply(413, too_large)
         except _ClientGone:

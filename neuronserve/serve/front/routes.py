@@ -348,17 +348,8 @@ class Api:
 
     async def rerank(self, request: Request) -> Response:
         body: s.RerankRequest = s.parse_body(await request.body(), s.RerankRequest)
-        # the query is read once per text (a pair each): no more than a client sending
-        # the pairs itself could have sent (a long query times many texts is large)
-        paired = len(body.query) * len(body.texts)
-        if paired > self.serving.config.max_body_bytes:
-            raise RequestError(
-                f"the query ({len(body.query)} characters) is read with each of the "
-                f"{len(body.texts)} texts: {paired} characters, more than this server takes "
-                f"in one request ({self.serving.config.max_body_bytes}, max_body_bytes): "
-                "send a shorter query or fewer texts",
-                status=413,
-            )
+        # the query read once per text is bounded where every route's requests are
+        # (RequestLimits.total_chars), before anything is tokenized
         model = await self._model(request, "/rerank", body.model, RERANKER)
         if model.task == "rerank":
             return await self._rerank_task(model, body)
@@ -450,9 +441,11 @@ class Api:
 
     async def health(self, request: Request) -> Response:
         alone = request.scope.get(PATH_MODEL)
-        if alone is not None:  # a model this front does not serve (any more): 404
-            self.serving.model("/health", alone, ANY_MODEL)
         status, body = await self._health()
+        if alone is not None and status == 200 and alone not in self.serving.models:
+            # a model this front does not serve (any more): 404, naming no other (the
+            # route is open: it must not list what a client without a key cannot see)
+            raise RequestError(f"no model {alone!r} here", status=404)
         if status == 503:
             # text-embeddings-inference's ErrorResponse fields, beside the counts
             body = {**body, "error": f"no worker can serve ({body['status']})",
