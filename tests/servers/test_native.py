@@ -8,6 +8,7 @@ this one, leaving nothing running."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -198,20 +199,31 @@ def test_a_frozen_worker_is_taken_for_hung_and_replaced(front):
     assert "Traceback" not in log
 
 
-def test_a_malformed_frame_closes_its_connection_and_nothing_else(front):
+def test_a_malformed_frame_fails_alone_and_nothing_else(front):
+    """A whole frame whose head does not parse is answered with its own id (400); junk
+    that ends inside a frame closes its connection with no answer; the workers serve on."""
     wait_for(lambda: _ready(front), 60, what="both workers ready")
     before = {w["index"]: w["pid"] for w in front.states()}
     path = front.engine().run_dir / "sockets" / "worker0.sock"
-    for junk in (
-        struct.pack("<II", 1 << 31, 4) + b"junk",  # over the bound
-        struct.pack("<II", 5, 5) + b"nope!",  # a head that is not JSON
-        b"GET / HTTP/1.1\r\n\r\n",  # not our wire at all
+    for junk, answered in (
+        (struct.pack("<IIq", 1 << 31, 4, 3) + b"junk", False),  # over the bound, cut short
+        (struct.pack("<IIq", 5, 5, 4) + b"nope!", True),  # a head that is not JSON
+        (b"GET / HTTP/1.1\r\n\r\n", False),  # not our wire at all
     ):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(10)
             s.connect(str(path))
             s.sendall(junk)
-            assert s.recv(1) == b""  # closed, with no answer
+            s.shutdown(socket.SHUT_WR)
+            got = b""
+            while chunk := s.recv(1 << 16):
+                got += chunk
+        if not answered:
+            assert got == b""  # closed, with no answer
+            continue
+        _, head_size, rid = struct.unpack("<IIq", got[:16])
+        head = json.loads(got[16 : 16 + head_size])
+        assert (rid, head["id"], head["status"]) == (4, 4, 400), head
     answers = [front.embed(f"served after junk {i}").status_code for i in range(8)]
     assert answers == [200] * 8
     time.sleep(1.5)  # a supervisor ping after the junk: the worker is still the same one
