@@ -180,6 +180,19 @@ class TextTokenizer:
             out.append(row)
         return out
 
+    def cut_to_tokens(self, texts: Sequence[str], most: int) -> list[str]:
+        """Each text, cut after its first `most` tokens (special tokens not counted), at
+        the end of that token's characters: what Cohere's `max_tokens_per_doc` asks."""
+        batch = self._full.encode_batch_fast(list(texts), add_special_tokens=False)
+        long = [i for i, e in enumerate(batch) if len(e.ids) > most]
+        if not long:
+            return list(texts)
+        out = list(texts)
+        cut = self._full.encode_batch([texts[i] for i in long], add_special_tokens=False)
+        for i, e in zip(long, cut, strict=True):
+            out[i] = texts[i][: e.offsets[most - 1][1]]
+        return out
+
     def encode_to_length(self, text: str, length: int) -> Encoded:
         """Exactly `length` tokens of real text, repeating it as needed (for validation)."""
         repeated = text

@@ -1,6 +1,7 @@
 """Error answers in the shape each client family expects: OpenAI's
 `{"error": {"message", "type", "param", "code"}}` under /v1/, text-embeddings-inference's
-`{"error", "error_type"}` on its routes, and neuronserve's `{"code", "error"}` (what
+`{"error", "error_type"}` on its routes, Cohere's and Jina's `{"message"}` and
+`{"detail"}` on their rerank routes, and neuronserve's `{"code", "error"}` (what
 TorchServe's handler and SageMaker's /invocations answer) everywhere else."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Literal
 import orjson
 from starlette.responses import Response
 
-Family = Literal["openai", "tei", "native"]
+Family = Literal["openai", "tei", "native", "rerank"]
 
 TEI_PATHS = frozenset(
     {
@@ -99,6 +100,8 @@ def error_body(family: Family, status: int, message: str, error_type: str | None
         )
     if family == "tei":
         return orjson.dumps({"error": message, "error_type": error_type})
+    if family == "rerank":  # Cohere's clients read `message`, Jina's `detail`
+        return orjson.dumps({"message": message, "detail": message})
     return orjson.dumps({"code": status, "error": message})
 
 
@@ -112,7 +115,7 @@ def error_response(
     """The answer to a request a route refused: on the routes of TEI's API (its own and
     OpenAI's embeddings) with the status and error type TEI answers (`tei_error`)."""
     error_type = None
-    if family != "native":
+    if family in ("openai", "tei"):
         status, error_type = tei_error(status, kind)
     return Response(
         error_body(family, status, message, error_type),

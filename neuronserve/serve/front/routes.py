@@ -29,6 +29,7 @@ from . import schemas as s
 from .errors import Family, error_response
 from .observe import FrontMetrics
 from .openapi import SWAGGER_FILES, SWAGGER_PAGE, document, swagger_file
+from .reranking import cohere_meta, cut_documents, ranked, results
 from .route import Handler, Route
 from .schemas import model_name
 from .serving import ANY_MODEL, MODEL_BASE, Need, NotReady, Serving, off_loop
@@ -351,48 +352,54 @@ class Api:
         # the query read once per text is bounded where every route's requests are
         # (RequestLimits.total_chars), before anything is tokenized
         model = await self._model(request, "/rerank", body.model, RERANKER)
-        if model.task == "rerank":
-            return await self._rerank_task(model, body)
         if not body.texts:
             raise RequestError("texts is an empty list: send at least one document", kind="Empty")
-        items = [{"text": body.query, "text_pair": t} for t in body.texts]
-        params = {
-            "top_k": None,
-            "function_to_apply": "none" if body.raw_scores else "sigmoid",
-            **body.parameters(),
-        }
-        answers = (await self.serving.predict(model, items, params)).value
-        scores = [row[0]["score"] for row in answers]
-        order = sorted(range(len(scores)), key=lambda i: -scores[i])[: body.top_n]
-        ranks = []
-        for i in order:
-            rank: dict[str, Any] = {"index": i, "score": scores[i]}
-            if body.return_text:
-                rank["text"] = body.texts[i]
-            ranks.append(rank)
-        return json_response(ranks)
-
-    async def _rerank_task(self, model: ServedModel, body: s.RerankRequest) -> Response:
-        """/rerank on a rerank model: the task ranks, the route renames its answer."""
-        if not body.texts:
-            raise RequestError("texts is an empty list: send at least one document", kind="Empty")
-        params = {
-            "top_n": body.top_n,
-            "return_documents": body.return_text,
-            "raw_scores": body.raw_scores,
-            **body.parameters(),
-        }
-        inputs = {"query": body.query, "documents": body.texts}
-        ranked = (await self.serving.predict(model, inputs, params)).value
+        result = await ranked(
+            self.serving, model, body.query, body.texts, body.top_n, body.raw_scores,
+            body.parameters(),
+        )  # fmt: skip
         return json_response(
             [
                 {
-                    "index": r["index"],
-                    "score": r["score"],
-                    **({"text": r["document"]} if "document" in r else {}),
+                    "index": i,
+                    "score": score,
+                    **({"text": body.texts[i]} if body.return_text else {}),
                 }
-                for r in ranked
+                for i, score in result.order
             ]
+        )
+
+    # Cohere's and Jina's rerank APIs
+
+    async def cohere_rerank(self, request: Request) -> Response:
+        """Cohere's /v2/rerank (cohere.ClientV2, and the rerankers built on it)."""
+        body: s.CohereRerankRequest = s.parse_body(await request.body(), s.CohereRerankRequest)
+        model = await self._model(request, "/v2/rerank", body.model, RERANKER)
+        texts = cut_documents(model, body.documents, body.max_tokens_per_doc)
+        result = await ranked(self.serving, model, body.query, texts, body.top_n)
+        return json_response(
+            {
+                "id": request.scope[REQUEST_ID],
+                "results": results(result, body.documents, body.return_documents),
+                "meta": cohere_meta(result, len(texts), "2"),
+            }
+        )
+
+    async def rerank_v1(self, request: Request) -> Response:
+        """/v1/rerank: Cohere's v1 and Jina's, one answer holding what each reads."""
+        body: s.RerankV1Request = s.parse_body(await request.body(), s.RerankV1Request)
+        model = await self._model(request, "/v1/rerank", body.model, RERANKER)
+        sent = body.texts()
+        texts = cut_documents(model, sent, body.max_tokens_per_doc)
+        result = await ranked(self.serving, model, body.query, texts, body.top_n)
+        return json_response(
+            {
+                "id": request.scope[REQUEST_ID],
+                "model": model.name,
+                "results": results(result, sent, body.return_documents),
+                "meta": cohere_meta(result, len(texts), "1"),
+                "usage": {"total_tokens": result.tokens},
+            }
         )
 
     async def tokenize(self, request: Request) -> Response:
@@ -678,7 +685,7 @@ def endpoints(api: Api, metrics_auth: bool = True) -> list[Route]:
     """Every route of the front, in the order the documentation lists them: then each
     model's base URL, /models/<name>, with every TEI and OpenAI route under it."""
     routes = _routes(api, metrics_auth)
-    return routes + [per_model(api, r) for r in routes if r.family in ("openai", "tei")]
+    return routes + [per_model(api, r) for r in routes if r.family in ("openai", "tei", "rerank")]
 
 
 def per_model(api: Api, route: Route) -> Route:
@@ -725,6 +732,14 @@ def _routes(api: Api, metrics_auth: bool) -> list[Route]:
         e("/rerank", "POST", api.rerank, "tei", "Rank documents against a query "
           "(a cross-encoder: a classifier with one label)", tei, s.RerankRequest,
           s.RerankResponse, s.TEIError, infers=True),
+        e("/v2/rerank", "POST", api.cohere_rerank, "rerank", "Rank documents against a query, "
+          "as Cohere's v2 rerank API answers (cohere.ClientV2, LangChain's, LlamaIndex's "
+          "and Haystack's Cohere rerankers)", "Cohere and Jina", s.CohereRerankRequest,
+          s.CohereRerankResponse, s.RerankError, infers=True),
+        e("/v1/rerank", "POST", api.rerank_v1, "rerank", "Rank documents against a query, "
+          "as Cohere's v1 and Jina's rerank APIs answer (documents as texts or {text})",
+          "Cohere and Jina", s.RerankV1Request, s.RerankV1Response, s.RerankError,
+          infers=True),
         e("/tokenize", "POST", api.tokenize, "tei", "The model's tokens for texts", tei,
           s.TokenizeRequest, s.TokenizeResponse, s.TEIError),
         e("/decode", "POST", api.decode, "tei", "The text of token ids", tei,

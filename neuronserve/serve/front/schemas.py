@@ -282,6 +282,86 @@ class Rank(BaseModel):
 RerankResponse = RootModel[list[Rank]]
 
 
+# Cohere's and Jina's rerank APIs (what LangChain's, LlamaIndex's and Haystack's
+# rerankers speak): Cohere's /v2/rerank, and /v1/rerank where Cohere's v1 and Jina's agree
+
+
+class _RerankApi(Body):
+    model: str = Field(description="the served reranker to use (GET /v1/models lists them)")
+    query: str = Field(description="the text the documents are ranked against")
+    top_n: int | None = Field(None, ge=1, description="answer only the N most relevant")
+    max_tokens_per_doc: int | None = Field(
+        None,
+        ge=1,
+        description="cut each document after this many tokens before it is paired with the "
+        "query; a pair still longer than the model reads is cut or refused as `truncation` "
+        "says",
+    )
+
+
+class CohereRerankRequest(_RerankApi):
+    """Cohere's v2 rerank body (cohere.ClientV2.rerank)."""
+
+    documents: Texts = Field(description="the texts to rank")
+    priority: int | None = Field(None, description="accepted for compatibility, not used")
+    return_documents: bool = Field(
+        False, description="an extension: each result holds its document ({text})"
+    )
+
+
+class RerankDocument(Body):
+    text: str
+
+
+class RerankV1Request(_RerankApi):
+    """Cohere's v1 and Jina's rerank body: documents as texts or as {"text": ...}."""
+
+    documents: Annotated[list[str | RerankDocument], _FailFast()] = Field(
+        description="the texts to rank, each a string or an object with a `text` field"
+    )
+    return_documents: bool = Field(
+        True, description="each result holds its document ({text}), as Jina answers by default"
+    )
+    rank_fields: list[Literal["text"]] | None = Field(
+        None, description="Cohere v1's: the field of an object document ranked (`text`)"
+    )
+
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]
+
+
+class RerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: RerankDocument | None = None
+
+
+class RerankUsage(BaseModel):
+    total_tokens: int
+
+
+class CohereMeta(BaseModel):
+    api_version: dict[str, str]
+    billed_units: dict[str, int]
+    tokens: dict[str, int]
+
+
+class CohereRerankResponse(BaseModel):
+    id: str
+    results: list[RerankResult]
+    meta: CohereMeta
+
+
+class RerankV1Response(CohereRerankResponse):
+    model: str
+    usage: RerankUsage
+
+
+class RerankError(BaseModel):
+    message: str
+    detail: str
+
+
 class TokenizeRequest(Body):
     model: str | None = Field(
         None, description="which served model's tokenizer: needed when several are served"
