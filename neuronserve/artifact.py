@@ -69,6 +69,17 @@ class ExportSettings(BaseModel):
     allowed: bool = False
 
 
+class CalibrationSettings(BaseModel):
+    """An embedder's calibration for int8 and uint8 answers (quantization.py): its
+    embeddings of the calibration texts (pooled, not normalised) in `file`, and each
+    dimension's (minimum, maximum) of those embeddings as served by default."""
+
+    file: str
+    texts: int
+    source: str
+    ranges: list[list[float]]
+
+
 class BucketValidation(BaseModel):
     batch: int
     seq: int
@@ -133,6 +144,7 @@ class Manifest(BaseModel):
     validation_status: Literal["passed", "pending", "failed", "imported"] = "passed"
     validation_note: str | None = None
     exported: ExportSettings | None = None
+    calibration: CalibrationSettings | None = None
     # against fp32 eager on compile's accuracy texts (cosine or argmax agreement per task)
     accuracy: dict[str, float] = Field(default_factory=dict)
     accuracy_floor: dict[str, float] = Field(default_factory=dict)
@@ -158,7 +170,8 @@ class Manifest(BaseModel):
     def opened_files(self) -> list[str]:
         """Every file the loaders open: each must be listed, and so hashed."""
         preprocessing = self.tokenizer or self.image
-        return sorted({*self.modules.values(), *([preprocessing.file] if preprocessing else [])})
+        files = {*self.modules.values(), *([preprocessing.file] if preprocessing else [])}
+        return sorted(files | ({self.calibration.file} if self.calibration else set()))
 
     @property
     def truncation(self) -> bool:

@@ -5,9 +5,12 @@ the truncation it is served with, the limits its workers hold to, and its tokeni
 from __future__ import annotations
 
 import functools
+import io
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from . import __version__
 from .tasks import Task, get_task
@@ -16,6 +19,7 @@ from .tokenization import TextTokenizer
 
 if TYPE_CHECKING:
     from .artifact import Manifest
+    from .quantization import Calibration
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,8 @@ class ServedModel:
     key: str = ""
     # the most characters its workers read for one request (max_body_bytes)
     max_request_chars: int | None = None
+    # an embedder's calibration for int8 and uint8 answers (None: it has none)
+    calibration: Calibration | None = None
 
     @property
     def worker_name(self) -> str:
@@ -47,6 +53,19 @@ class ServedModel:
             return None
         text = read_verified(Path(artifact), manifest, tok.file).decode()
         return TextTokenizer(Path(artifact) / tok.file, tok.max_length, text)
+
+    @staticmethod
+    def calibration_of(manifest: Manifest, artifact: Path) -> Calibration | None:
+        """The embedder's calibration embeddings, from the bytes checked against the
+        manifest (None when it was compiled without them)."""
+        from .artifact import read_verified
+        from .quantization import Calibration
+
+        c = manifest.calibration
+        if c is None:
+            return None
+        data = read_verified(Path(artifact), manifest, c.file)
+        return Calibration(np.load(io.BytesIO(data), allow_pickle=False))
 
     @property
     def task(self) -> str:
@@ -128,4 +147,18 @@ class ServedModel:
             "sequence_lengths": m.sequence_lengths,
             "truncation": self.truncation,
             "versions": dict(m.versions),
+            **self._quantization(),
         }
+
+    def _quantization(self) -> dict[str, Any]:
+        """What an embedder answers besides float32 (embedding_type), and the calibration
+        its int8 and uint8 answers are quantized by."""
+        if self.task != "feature-extraction":
+            return {}
+        from .quantization import TYPES
+
+        c = self.manifest.calibration
+        calibration = None  # int8 and uint8 then take a request's quantization_ranges
+        if c is not None:
+            calibration = {"texts": c.texts, "source": c.source, "ranges": c.ranges}
+        return {"embedding_types": list(TYPES), "calibration": calibration}

@@ -160,6 +160,12 @@ class CompileSection(Section):
         description="L2-normalise embeddings (default: the sentence-transformers config)",
         json_schema_extra=flags("--normalize/--no-normalize"),
     )
+    embedding_calibration: Path | None = Field(
+        None,
+        description="a file of texts, one a line, whose embeddings give each dimension's "
+        "range for int8 and uint8 answers (embedding_type); default: a built-in set of "
+        "varied texts",
+    )
     token_embeddings: bool = Field(
         False,
         description="feature-extraction: compile every token's vector as well as the pooled "

@@ -67,6 +67,7 @@ def served(
         max_text_chars=max_text_chars,
         tokenizer=_tokenizer(runner),
         max_request_chars=max_request_chars,
+        calibration=ServedModel.calibration_of(m, runner.artifact_dir),
     )
 
 

@@ -26,9 +26,14 @@ Sources = Annotated[
 ]
 
 # the routes each task adds to the ones every model has
+RERANK_ROUTES = ["POST /rerank", "POST /v2/rerank (Cohere)", "POST /v1/rerank (Cohere v1, Jina)"]
 TASK_ROUTES = {
     "feature-extraction": ["POST /v1/embeddings (OpenAI)", "POST /embed"],
-    "text-classification": ["POST /predict", "POST /rerank (one-label cross-encoders)"],
+    "text-classification": [
+        "POST /predict",
+        *(f"{r}, for one-label cross-encoders" for r in RERANK_ROUTES),
+    ],
+    "rerank": RERANK_ROUTES,
 }
 
 

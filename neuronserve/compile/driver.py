@@ -20,6 +20,7 @@ import torch
 
 from ..artifact import (
     MANIFEST,
+    CalibrationSettings,
     ImageSettings,
     InputSpec,
     Manifest,
@@ -34,6 +35,7 @@ from ..targets import get_target
 from ..tasks import Task, WrappedModel, get_task, task_for
 from ..tokenization import TextTokenizer
 from .base import CompileError
+from .calibration import calibrate
 from .context import CompileContext
 from .examples import Examples, ImageExamples, TextExamples
 from .job import CompileJob
@@ -257,7 +259,11 @@ def _compile_into(job: CompileJob, model_dir: Path, out: Path, progress: bool) -
         f.rename(out / f.name)
     shutil.rmtree(out / CANDIDATES)
     choice.reference.save(out / REFERENCE_FILE)
-    return _manifest(ctx, wrapped, choice, out, inputs)
+    calibration = None
+    if task.name == "feature-extraction" and isinstance(inputs.examples, TextExamples):
+        normalize = bool(wrapped.manifest_fields.get("normalize"))
+        calibration = calibrate(ctx, inputs.examples.tokenizer, normalize, out)
+    return _manifest(ctx, wrapped, choice, out, inputs, calibration)
 
 
 def _layout(
@@ -271,12 +277,13 @@ def _layout(
     return InputLayout(names, inputs.pad_values, per_token, image_shape, leading)
 
 
-def _manifest(
+def _manifest(  # noqa: PLR0913 - what the compile made, and the embedder's calibration
     ctx: CompileContext,
     wrapped: WrappedModel,
     choice: Choice,
     out: Path,
     inputs: Inputs,
+    calibration: CalibrationSettings | None = None,
 ) -> Manifest:
     job, grid, kept = ctx.job, ctx.grid, choice.kept
     model: Any = wrapped.module.model
@@ -313,6 +320,7 @@ def _manifest(
         validation=kept.validation,
         validation_status="pending" if choice.pending else "passed",
         validation_note=choice.pending,
+        calibration=calibration,
         **wrapped.manifest_fields,
     )
 

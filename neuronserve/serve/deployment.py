@@ -219,6 +219,7 @@ class Deployment:
             max_request_chars=self.spec.limits.max_body_bytes,
             tokenizer=ServedModel.tokenizer_of(manifest, artifact),
             key=key,
+            calibration=ServedModel.calibration_of(manifest, artifact),
         )
 
     def catalog(

@@ -132,3 +132,17 @@ def test_the_rerank_routes_need_the_key(tmp_path, runners):
         assert client.post(path, json=body).status_code == 401
     good = cohere.ClientV2(api_key="k", base_url="http://front", httpx_client=client)
     assert len(good.rerank(model="rerank", query=QUERY, documents=DOCS).results) == len(DOCS)
+
+
+def test_the_openapi_document_describes_them(rag):
+    doc = rag.get("/openapi.json").json()
+    for path, body, answer in (
+        ("/v2/rerank", "CohereRerankRequest", "CohereRerankResponse"),
+        ("/v1/rerank", "RerankV1Request", "RerankV1Response"),
+    ):
+        post = doc["paths"][path]["post"]
+        assert post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith(body)
+        ok = post["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+        assert ok.endswith(answer), ok
+    embed = doc["components"]["schemas"]["EmbedRequest"]["properties"]
+    assert {"embedding_type", "quantization_ranges", "encoding_format"} <= set(embed)

@@ -9,18 +9,19 @@ OpenAPI document is generated from the bodies it names.
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import numpy as np
 import orjson
 from prometheus_client import generate_latest
+from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from ...engines.client import EngineAnswer, EngineUnavailable
+from ...quantization import VectorForm, packed, typed
 from ...served import ServedModel
 from ...tasks import RequestError, TaskRequest, get_task
 from ...tasks.base import RequestLimits, Text
@@ -156,9 +157,12 @@ class Api:
         vectors = _vectors(prediction)
         if dims is not None:
             vectors = normalized(vectors[:, :dims])
+        # the steps those vectors took from the model's pooled ones (its int8 ranges')
+        form = VectorForm(_normalizes(model), dims, again=True)
+        vectors = _typed(model, vectors, body, form)
         tokens = await self.serving.count_tokens(model, texts, prediction)
         if body.encoding_format == "base64":
-            data = [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in vectors]
+            data: list[Any] = packed(vectors)
         else:
             data = list(vectors)  # float32 rows, written in float32's shortest digits
         return json_response(
@@ -246,15 +250,26 @@ class Api:
         params = {**body.parameters(), **_prompt(body.prompt_name)}
         if outside:
             params["normalize"] = body.normalize
+        quantized = _quantized(body) or body.encoding_format == "base64"
         if model.task == "feature-extraction" and dims is None:
             prediction = await self.serving.predict(model, texts, params)
-            if outside or body.normalize == bool(model.manifest.normalize):
+            as_answered = outside or body.normalize == bool(model.manifest.normalize)
+            if as_answered and not quantized:
                 return raw_json(prediction.raw)
-            return json_response(normalized(_vectors(prediction)))
-        vectors = await self._dense(model, texts, params)
-        if dims is not None:
-            vectors = np.ascontiguousarray(vectors[:, :dims])
-        return json_response(normalized(vectors) if body.normalize else vectors)
+            vectors = _vectors(prediction)
+            if not as_answered:
+                vectors = normalized(vectors)
+        else:
+            vectors = await self._dense(model, texts, params)
+            if dims is not None:
+                vectors = np.ascontiguousarray(vectors[:, :dims])
+            if body.normalize:
+                vectors = normalized(vectors)
+        if not quantized:
+            return json_response(vectors)
+        form = VectorForm(body.normalize, dims, again=body.normalize)
+        vectors = _typed(model, vectors, body, form)
+        return json_response(packed(vectors) if body.encoding_format == "base64" else vectors)
 
     async def _dense(
         self, model: ServedModel, texts: list[str], params: dict[str, Any]
@@ -508,7 +523,17 @@ class Api:
             )
         body = await request.body()
         inputs, parameters = task.decode(body, content_type, self.serving.config.max_json_depth)
-        return raw_json((await self.serving.predict(model, inputs, parameters)).raw)
+        asked = _invocation_quantization(model, parameters)
+        answer = await self.serving.predict(model, inputs, parameters)
+        if asked is None:
+            return raw_json(answer.raw)
+        single = isinstance(answer.value, np.ndarray) and answer.value.ndim == 1
+        vectors = np.asarray(answer.value, dtype=np.float32).reshape(-1, model.manifest.output_dim)
+        normalize = parameters.get("normalize")
+        form = VectorForm(_normalizes(model) if normalize is None else bool(normalize))
+        typed_rows = _typed(model, vectors, asked, form)
+        rows = packed(typed_rows) if asked.encoding_format == "base64" else list(typed_rows)
+        return json_response(rows[0] if single else rows)
 
     # SageMaker's multi-model contract
 
@@ -602,6 +627,63 @@ def _dimensions(model: ServedModel, dims: int | None) -> int | None:
             f"dimensions is {dims}, more than this model's {model.manifest.output_dim}"
         )
     return dims
+
+
+def _normalizes(model: ServedModel) -> bool:
+    """Whether the model's answers are L2-normalised unless a request says otherwise."""
+    m = model.manifest
+    return bool(m.task_settings.get(NORMALIZE, m.normalize))
+
+
+def _quantized(body: s.Quantized) -> bool:
+    return body.embedding_type != "float32" or body.quantization_ranges is not None
+
+
+def _typed(
+    model: ServedModel, vectors: np.ndarray, body: s.Quantized, form: VectorForm
+) -> np.ndarray:
+    """`vectors` (in `form`) as the request's embedding_type (quantization.typed); a 422
+    for a model whose answers are not an embedder's vectors."""
+    if not _quantized(body):
+        return vectors
+    if model.task != "feature-extraction":
+        raise RequestError(
+            f"{model.name} is a {model.task} model: embedding_type and quantization_ranges "
+            "apply to an embedder's vectors (feature-extraction); it answers float32",
+            status=422,
+        )
+    return typed(
+        vectors, body.embedding_type, form, model.calibration, body.quantization_ranges,
+        model.name,
+    )  # fmt: skip
+
+
+class _InvocationQuantization(s.Quantized):
+    encoding_format: Literal["float", "base64"] = "float"
+
+
+QUANTIZATION_PARAMETERS = frozenset(_InvocationQuantization.model_fields)
+
+
+def _invocation_quantization(
+    model: ServedModel, parameters: dict[str, Any]
+) -> _InvocationQuantization | None:
+    """The quantization /invocations' parameters ask for (taken out of them; None: none),
+    checked as /embed checks the same fields."""
+    given = {k: parameters.pop(k) for k in list(parameters) if k in QUANTIZATION_PARAMETERS}
+    if not given:
+        return None
+    if model.task != "feature-extraction" or parameters.get("token_embeddings"):
+        what = "every token's vector" if model.task == "feature-extraction" else model.task
+        raise RequestError(
+            f"{', '.join(sorted(given))}: for an embedder's pooled vectors; {model.name} "
+            f"answers {what} as float32",
+            status=422,
+        )
+    try:
+        return _InvocationQuantization.model_validate(given)
+    except ValidationError as e:
+        raise RequestError(f"parameters: {s.validation_message(e)}", status=422) from None
 
 
 def _vectors(prediction: EngineAnswer) -> np.ndarray:

@@ -131,7 +131,28 @@ class Truncation(Body):
 # OpenAI
 
 
-class OpenAIEmbeddingsRequest(Body):
+EmbeddingType = Literal["float32", "int8", "uint8", "binary", "ubinary"]
+
+
+class Quantized(Body):
+    """An extension of the embedding routes: each vector quantized as
+    sentence-transformers' quantize_embeddings does (the model's calibration ranges for
+    int8 and uint8, unless the request gives its own), after `dimensions`."""
+
+    embedding_type: EmbeddingType = Field(
+        "float32",
+        description="an extension: float32, int8 or uint8 (a value per dimension, by each "
+        "dimension's range), binary or ubinary (a bit per dimension, packed eight to a value; "
+        "binary as int8)",
+    )
+    quantization_ranges: list[list[float]] | None = Field(
+        None,
+        description="an extension: int8 and uint8 by these ranges, [minimums, maximums] of "
+        "the vectors' dimensions, instead of the model's calibration (GET /info shows it)",
+    )
+
+
+class OpenAIEmbeddingsRequest(Quantized):
     input: Inputs = Field(description="one text or a list of texts (or token ids)")
     model: str | None = Field(
         None,
@@ -139,7 +160,9 @@ class OpenAIEmbeddingsRequest(Body):
         "embedding model is served",
     )
     encoding_format: Literal["float", "base64"] = Field(
-        "float", description="float: lists of numbers; base64: little-endian float32 bytes"
+        "float",
+        description="float: lists of numbers; base64: each vector's bytes (little-endian "
+        "float32, or one byte a value for the other embedding types)",
     )
     dimensions: int | None = Field(
         None, ge=1, description="keep the first N dimensions and L2-normalise again (Matryoshka)"
@@ -205,14 +228,19 @@ class EmbedSparseRequest(EmbedAllRequest):
     pass
 
 
-class EmbedRequest(EmbedAllRequest):
+class EmbedRequest(EmbedAllRequest, Quantized):
     normalize: bool = Field(True, description="L2-normalise each embedding")
     dimensions: int | None = Field(
         None, ge=1, description="keep the first N dimensions (then normalise, if asked)"
     )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float",
+        description="an extension: float, lists of numbers; base64, each vector's bytes "
+        "(little-endian float32, or one byte a value for the other embedding types)",
+    )
 
 
-EmbedResponse = RootModel[list[list[float]]]
+EmbedResponse = RootModel[list[list[float]] | list[str]]
 EmbedAllResponse = RootModel[list[list[list[float]]]]
 
 
@@ -421,6 +449,15 @@ class Info(BaseModel):
     sequence_lengths: list[int]
     truncation: bool = Field(description="the same as auto_truncate")
     versions: dict[str, str]
+    embedding_types: list[str] | None = Field(
+        None, description="an embedder's: the embedding_type values a request may ask for"
+    )
+    calibration: dict[str, Any] | None = Field(
+        None,
+        description="an embedder's calibration of int8 and uint8 answers: how many texts, "
+        "from where, and each dimension's [minimum, maximum] of their vectors as served by "
+        "default (null: a request gives quantization_ranges)",
+    )
     models: list[dict[str, Any]] = Field(
         default_factory=list,
         description="every served model, each with the fields above (the top level is the "
