@@ -136,6 +136,10 @@ stop_all() {
   done
   neuronserve serve torchserve --stop >/dev/null 2>&1 || true
   neuronserve serve triton --stop >/dev/null 2>&1 || true
+  # what a page started itself, as its readers do (tritonserver in the background)
+  torchserve --stop >/dev/null 2>&1 || true
+  for pid in $(jobs -p); do kill "$pid" 2>/dev/null || true; done
+  wait || true
 }
 trap stop_all EXIT
 # offline for neuronserve's downloads (the bundled model is in the Hugging Face cache);

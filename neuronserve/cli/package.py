@@ -26,15 +26,19 @@ EngineOption = Annotated[
 ]
 
 
-def _holding(spec: DeploySpec) -> str:
-    """What a package of several models holds, and how a request names one."""
+def _holding(spec: DeploySpec, engine: str) -> str:
+    """What a package of several models holds, and how a request names one: Triton's
+    HTTP and gRPC APIs pass a request's `parameters` to the model (a header only when the
+    server is told to forward it), TorchServe's handler reads the header."""
     entries = spec.model_entries()
     if len(entries) < 2:
         return ""
-    return (
-        f" ({len(entries)} models; a request names its model: the X-Neuronserve-Model "
-        "header on HTTP, the `model` request parameter on tensor APIs)"
+    how = (
+        'the `model` request parameter ({"parameters": {"model": ...}})'
+        if engine == "triton"
+        else "the X-Neuronserve-Model header on HTTP, the `model` request parameter on tensor APIs"
     )
+    return f" ({len(entries)} models; a request names its model: {how})"
 
 
 def _package_command(name: str) -> None:
@@ -51,7 +55,7 @@ def _package_command(name: str) -> None:
         except (ArtifactError, PackagingError, OSError) as e:
             fail(str(e), 1)
         lines = [f"wrote {line.format(path=out)}" for line in kind.facts.wrote]
-        lines[0] += _holding(s)
+        lines[0] += _holding(s, name)
         for line in lines:
             typer.echo(line)
 

@@ -377,4 +377,10 @@ def _embedding_lines(data: dict[str, Any]) -> list[str]:
             + ", ".join(f"{k} {v!r}" for k, v in prompts.items())
             + (f"; default {default}" if default else "")
         )
+    calibration = data.get("calibration")
+    if calibration:
+        lines.append(
+            f"  int8/uint8 answers (embedding_type) calibrated on {calibration['texts']} texts "
+            f"({calibration['source']})"
+        )
     return lines

@@ -156,7 +156,7 @@ def test_what_cannot_be_quantized_says_what_it_answers(served):
         headers={"X-Amzn-SageMaker-Target-Model": "tiny-classifier"},
     )
     assert classifier.status_code == 422, classifier.text
-    assert "text-classification" in classifier.text and "float32" in classifier.text
+    assert "text-classification answers, not embeddings" in classifier.text
     tokens = client.post("/invocations", json={"inputs": "x", "parameters": {
         "embedding_type": "binary", "token_embeddings": True}}, headers=TINY)  # fmt: skip
     assert tokens.status_code == 422 and "every token's vector" in tokens.text
@@ -172,3 +172,13 @@ def test_info_shows_the_types_and_the_calibration(served):
     c = runner.manifest.calibration
     assert info["calibration"] == {"texts": c.texts, "source": c.source, "ranges": c.ranges}
     assert "embedding_types" not in client.get("/info", params={"model": "tiny-classifier"}).json()
+
+
+def test_a_splade_model_answers_its_term_weights_as_float32_only(tmp_path, tei_models):
+    from neuronserve.runtime import Runner
+
+    client, _, _ = front(tmp_path, {"splade": Runner(tei_models["splade"])})
+    body = {"inputs": ["x"], "normalize": False}
+    refused = client.post("/embed", json={**body, "embedding_type": "binary"})
+    assert refused.status_code == 422 and "sparse-embedding model" in refused.text
+    assert client.post("/embed", json=body).status_code == 200

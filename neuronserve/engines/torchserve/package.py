@@ -243,7 +243,12 @@ def package_torchserve(own: TorchServeSection, packaged: Packaged) -> Path:
         out = put_in_place(stage / made, store)
 
     _metrics_yaml(store)
+    # the paths TorchServe reads are where it will find the store (KServe mounts it
+    # elsewhere): the folder written unless the section says where it is served from
+    where = Path(own.served_from) if own.served_from is not None else store
+    if not where.is_absolute():
+        raise PackagingError(f"served_from {where}: give the absolute folder TorchServe reads")
     write_properties(
-        store / CONFIG_FILE, store_properties(own, packaged.worker, packaged.limits, store)
+        store / CONFIG_FILE, store_properties(own, packaged.worker, packaged.limits, where)
     )
     return out

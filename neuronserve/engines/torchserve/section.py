@@ -32,6 +32,12 @@ class TorchServeSection(EngineSection):
         description="TorchServe model store",
         json_schema_extra=flags(role="store"),
     )
+    served_from: Path | None = Field(
+        None,
+        description="the folder TorchServe will find the store in, when not where it is "
+        "written (KServe mounts it at /mnt/models/model-store): the paths its "
+        "config.properties names (default: where it is written)",
+    )
     run_dir: Path = Field(
         Path(".neuronserve/torchserve"),
         description="where TorchServe keeps its pid file, keys, logs and temp files",

@@ -648,8 +648,9 @@ def _typed(
         return vectors
     if model.task != "feature-extraction":
         raise RequestError(
-            f"{model.name} is a {model.task} model: embedding_type and quantization_ranges "
-            "apply to an embedder's vectors (feature-extraction); it answers float32",
+            f"embedding_type and quantization_ranges apply to an embedder's dense vectors "
+            f"(feature-extraction); {model.name} is a {model.task} model, answered as float32 "
+            "only (send embedding_type float32, or leave it out)",
             status=422,
         )
     return typed(
@@ -674,10 +675,14 @@ def _invocation_quantization(
     if not given:
         return None
     if model.task != "feature-extraction" or parameters.get("token_embeddings"):
-        what = "every token's vector" if model.task == "feature-extraction" else model.task
+        what = (
+            "every token's vector, as float32"
+            if model.task == "feature-extraction"
+            else f"{model.task} answers, not embeddings"
+        )
         raise RequestError(
             f"{', '.join(sorted(given))}: for an embedder's pooled vectors; {model.name} "
-            f"answers {what} as float32",
+            f"answers {what}: leave them out",
             status=422,
         )
     try:

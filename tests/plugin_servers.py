@@ -1,0 +1,215 @@
+"""tritonserver and TorchServe started as their own users start them, on what
+`neuronserve package triton` and `neuronserve package torchserve` wrote: no neuronserve
+process, wrapper or variable (the tests' lease folder aside, which keeps this test run's
+cores apart from its siblings': `NEURONSERVE_LEASE_DIR`, a host setting).
+
+tritonserver is the nvidia-pytriton wheel's, set up as that wheel sets itself up
+(pytriton/triton.py, `_prepare_triton_inference_server`, and its server's `_get_env`):
+its server folder copied without the per-Python stubs, the stub of this Python put in
+the Python backend's folder, the wheel's libraries and this Python's libpython on
+LD_LIBRARY_PATH and this environment's interpreter first on PATH (the stub embeds the
+`python3` it finds there). Then `tritonserver --model-repository REPO
+--backend-directory <that folder>/backends`, as Triton's docs start it. TorchServe:
+`torchserve --start --model-store STORE --ts-config STORE/config.properties`, as its
+docs start it, and `torchserve --stop`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import requests
+from helpers import free_port, wait_for
+
+
+def _pytriton() -> Path:
+    import pytriton
+
+    return Path(pytriton.__file__).parent
+
+
+def triton_folder(out: Path) -> Path:
+    """The wheel's server folder, with this Python's stub in the Python backend."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    dist = _pytriton() / "tritonserver"
+    shutil.copytree(dist, out, ignore=shutil.ignore_patterns("python_backend_stubs"))
+    stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
+    shutil.copy(stub, out / "backends" / "python" / "triton_python_backend_stub")
+    return out
+
+
+def triton_env() -> dict[str, str]:
+    env = dict(os.environ)
+    libs = [
+        sysconfig.get_config_var("LIBDIR") or "",
+        str(_pytriton().parent / "nvidia_pytriton.libs"),
+    ]
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    return env
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen | None
+    url: str
+    log: Path
+    headers: dict[str, str]
+    pid: int
+
+    def children(self) -> list[psutil.Process]:
+        return psutil.Process(self.pid).children(recursive=True)
+
+
+def start_tritonserver(repo: Path, work: Path) -> Server:
+    folder = triton_folder(work / "tritonserver")
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    log = work / "tritonserver.log"
+    cmd = [
+        str(folder / "bin" / "tritonserver"),
+        f"--model-repository={repo}",
+        f"--backend-directory={folder / 'backends'}",
+        "--http-address=127.0.0.1",
+        f"--http-port={http}",
+        "--grpc-address=127.0.0.1",
+        f"--grpc-port={grpc}",
+        "--metrics-address=127.0.0.1",
+        f"--metrics-port={metrics}",
+    ]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=triton_env())
+    url = f"http://127.0.0.1:{http}"
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"tritonserver exited ({proc.returncode}):\n{log.read_text()}")
+        try:
+            return requests.get(f"{url}/v2/health/ready", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    wait_for(ready, 180, what="tritonserver ready")
+    return Server(proc, url, log, {}, proc.pid)
+
+
+def stop_tritonserver(server: Server, within_s: float = 60) -> int:
+    """SIGTERM, as a container runtime stops it; its exit status once it and its stubs
+    are gone."""
+    stubs = server.children()
+    assert server.process is not None
+    server.process.send_signal(signal.SIGTERM)
+    status = server.process.wait(within_s)
+    wait_for(lambda: not [p for p in stubs if _alive(p)], 30, what="the stubs gone")
+    return status
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _torchserve(*args: str) -> list[str]:
+    return [str(Path(sys.executable).parent / "torchserve"), *args]
+
+
+def start_torchserve(store: Path, work: Path) -> Server:
+    """`torchserve --start` from `work` (where it writes key_file.json and its logs), the
+    store's own config; ready once every worker of every model is READY."""
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TEMP": str(work / "tmp"), "TMPDIR": str(work / "tmp")}
+    (work / "tmp").mkdir(exist_ok=True)
+    cmd = _torchserve(
+        "--start", "--model-store", str(store), "--ts-config", str(store / "config.properties")
+    )  # fmt: skip
+    log = work / "logs" / "ts_log.log"
+    # the launcher's output to a file: the JVM it starts keeps a pipe open as long as it runs
+    with (work / "torchserve-start.log").open("w") as out:
+        subprocess.run(cmd, cwd=work, env=env, check=True, stdout=out, stderr=out, timeout=120)
+    pid_file = work / "tmp" / ".model_server.pid"
+    wait_for(pid_file.is_file, 60, what="TorchServe's pid file")
+    pid = int(pid_file.read_text().strip())
+    props = dict(
+        line.split("=", 1) for line in (store / "config.properties").read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )  # fmt: skip
+    url, management = props["inference_address"], props["management_address"]
+    keys = work / "key_file.json"
+
+    def written() -> bool:
+        try:
+            return "inference" in json.loads(keys.read_text())
+        except (OSError, ValueError):
+            return False
+
+    wait_for(written, 120, what="TorchServe's key file")
+    tokens = json.loads(keys.read_text())
+    inference = {"Authorization": f"Bearer {tokens['inference']['key']}"}
+    manage = {"Authorization": f"Bearer {tokens['management']['key']}"}
+
+    def ready() -> bool:
+        if not psutil.pid_exists(pid):
+            raise AssertionError(f"torchserve exited:\n{log.read_text() if log.exists() else ''}")
+        try:
+            models = requests.get(f"{management}/models", headers=manage, timeout=2).json()
+            names = [m["modelName"] for m in models.get("models", [])]
+            if not names:
+                return False
+            for name in names:
+                [described] = requests.get(
+                    f"{management}/models/{name}", headers=manage, timeout=2
+                ).json()
+                workers = described.get("workers", [])
+                if not workers or any(w["status"] != "READY" for w in workers):
+                    return False
+            return True
+        except (requests.ConnectionError, ValueError, KeyError):
+            return False
+
+    server = Server(None, url, log, inference, pid)
+    try:
+        wait_for(ready, 240, what="every TorchServe worker READY")
+    except BaseException:
+        stop_torchserve(server, work)  # a start that failed leaves no JVM behind
+        raise
+    server.management, server.manage_headers = management, manage  # type: ignore[attr-defined]
+    return server
+
+
+def stop_torchserve(server: Server, work: Path) -> int:
+    """`torchserve --stop`, then until the frontend and every worker are gone."""
+    frontend = psutil.Process(server.pid)
+    workers = server.children()
+    env = {**os.environ, "TEMP": str(work / "tmp"), "TMPDIR": str(work / "tmp")}
+    with (work / "torchserve-stop.log").open("w") as out:
+        subprocess.run(_torchserve("--stop"), cwd=work, env=env, check=True, stdout=out, stderr=out)
+    # `torchserve --stop` returns before the JVM is gone (ENVIRONMENT.md): wait for it
+    gone = [frontend, *workers]
+    wait_for(lambda: not [p for p in gone if _alive(p)], 60, what="TorchServe gone")
+    return 0
+
+
+def affinity(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no affinity for {pid}")
+
+
+def until_answered(call, within_s: float = 60) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if call():
+            return
+        time.sleep(0.5)
+    raise AssertionError("never answered")
