@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import sysconfig
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,12 +203,3 @@ def affinity(pid: int) -> str:
         if line.startswith("Cpus_allowed_list:"):
             return line.split(":", 1)[1].strip()
     raise AssertionError(f"no affinity for {pid}")
-
-
-def until_answered(call, within_s: float = 60) -> None:
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        if call():
-            return
-        time.sleep(0.5)
-    raise AssertionError("never answered")
