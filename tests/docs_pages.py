@@ -188,16 +188,27 @@ def page_id(page: Path) -> str:
     return str(page.relative_to(REPO))
 
 
+# a page's own /dev/shm, as a container has: a tritonserver a page starts itself passes
+# its requests through regions there, never in the host's (where other tests watch)
+OWN_SHM = "mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm"
+
+
 def _own_network() -> list[str] | None:
     """The command that runs a page in a network namespace of its own, its loopback up
-    (its servers on the ports it names, beside another page's on the same ones); None
-    where this host cannot make one (no unshare or ip, no privilege, no user namespaces)."""
+    (its servers on the ports it names, beside another page's on the same ones), and a
+    /dev/shm of its own; None where this host cannot make them (no unshare or ip, no
+    privilege, no user namespaces)."""
     if shutil.which("unshare") is None or shutil.which("ip") is None:
         return None
-    prefix = ["unshare", "--net", *([] if os.geteuid() == 0 else ["--map-root-user"])]
+    prefix = [
+        "unshare", "--net", "--mount", "--propagation", "private",
+        *([] if os.geteuid() == 0 else ["--map-root-user"]),
+    ]  # fmt: skip
     try:
         made = subprocess.run(
-            [*prefix, "ip", "link", "set", "lo", "up"], capture_output=True, timeout=30
+            [*prefix, "sh", "-c", f"ip link set lo up && {OWN_SHM}"],
+            capture_output=True,
+            timeout=30,
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -238,7 +249,7 @@ def run_page(page: Path, reader) -> None:
     (work / "page.sh").write_text(script)
     run = dict(cwd=work, env=env, capture_output=True, text=True, timeout=900)
     if OWN_NETWORK is not None:
-        script_cmd = "ip link set lo up && exec bash page.sh"
+        script_cmd = f"ip link set lo up && {OWN_SHM} && exec bash page.sh"
         done = subprocess.run([*OWN_NETWORK, "bash", "-c", script_cmd], **run)
     else:
         with FileLock(TURNS):

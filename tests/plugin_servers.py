@@ -9,7 +9,8 @@ its server folder copied without the per-Python stubs, the stub of this Python p
 the Python backend's folder, the wheel's libraries and this Python's libpython on
 LD_LIBRARY_PATH and this environment's interpreter first on PATH (the stub embeds the
 `python3` it finds there). Then `tritonserver --model-repository REPO
---backend-directory <that folder>/backends`, as Triton's docs start it. TorchServe:
+--backend-directory <that folder>/backends`, as Triton's docs start it, with a /dev/shm
+of its own as a container has (OWN_SHM). TorchServe:
 `torchserve --start --model-store STORE --ts-config STORE/config.properties`, as its
 docs start it, and `torchserve --stop`."""
 
@@ -57,6 +58,17 @@ def triton_env() -> dict[str, str]:
     return env
 
 
+# tritonserver's Python backend hands requests to its stubs through regions in /dev/shm:
+# it runs with a /dev/shm of its own, as in a container (NVIDIA's, SageMaker's, a pod),
+# so that nothing it leaves (a killed stub's region) is in the host's, where other tests
+# watch that none appears (tests/servers/test_security_processes.py)
+OWN_SHM = [
+    "unshare", "--mount", "--propagation", "private",
+    *([] if os.geteuid() == 0 else ["--map-root-user"]),
+    "sh", "-c", 'mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm && exec "$0" "$@"',
+]  # fmt: skip
+
+
 @dataclass
 class Server:
     process: subprocess.Popen | None
@@ -68,12 +80,25 @@ class Server:
     def children(self) -> list[psutil.Process]:
         return psutil.Process(self.pid).children(recursive=True)
 
+    def running(self, marker: str) -> list[psutil.Process]:
+        """Its live processes whose command line holds `marker` (a killed one is a zombie
+        until its parent reaps it: not counted)."""
+        found = []
+        for p in self.children():
+            try:
+                if p.status() != psutil.STATUS_ZOMBIE and marker in " ".join(p.cmdline()):
+                    found.append(p)
+            except psutil.Error:
+                continue
+        return found
+
 
 def start_tritonserver(repo: Path, work: Path) -> Server:
     folder = triton_folder(work / "tritonserver")
     http, grpc, metrics = free_port(), free_port(), free_port()
     log = work / "tritonserver.log"
     cmd = [
+        *OWN_SHM,
         str(folder / "bin" / "tritonserver"),
         f"--model-repository={repo}",
         f"--backend-directory={folder / 'backends'}",

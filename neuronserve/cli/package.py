@@ -26,19 +26,12 @@ EngineOption = Annotated[
 ]
 
 
-def _holding(spec: DeploySpec, engine: str) -> str:
-    """What a package of several models holds, and how a request names one: Triton's
-    HTTP and gRPC APIs pass a request's `parameters` to the model (a header only when the
-    server is told to forward it), TorchServe's handler reads the header."""
+def _holding(spec: DeploySpec, named_by: str) -> str:
+    """What a package of several models holds, and how a request names one."""
     entries = spec.model_entries()
     if len(entries) < 2:
         return ""
-    how = (
-        'the `model` request parameter ({"parameters": {"model": ...}})'
-        if engine == "triton"
-        else "the X-Neuronserve-Model header on HTTP, the `model` request parameter on tensor APIs"
-    )
-    return f" ({len(entries)} models; a request names its model: {how})"
+    return f" ({len(entries)} models; a request names its model: {named_by})"
 
 
 def _package_command(name: str) -> None:
@@ -55,7 +48,7 @@ def _package_command(name: str) -> None:
         except (ArtifactError, PackagingError, OSError) as e:
             fail(str(e), 1)
         lines = [f"wrote {line.format(path=out)}" for line in kind.facts.wrote]
-        lines[0] += _holding(s, name)
+        lines[0] += _holding(s, kind.facts.model_named_by)
         for line in lines:
             typer.echo(line)
 

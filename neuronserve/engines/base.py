@@ -123,6 +123,10 @@ class EngineFacts:
     # what `neuronserve package <engine>` says it wrote, each line formatted with the
     # path `package` returned (`{path}`, `{path.parent}`)
     wrote: tuple[str, ...] = ("{path}",)
+    # how a request to a package of several models names its model
+    model_named_by: str = (
+        "the X-Neuronserve-Model header on HTTP, the `model` request parameter on tensor APIs"
+    )
 
 
 class Engine(ABC, Generic[Instance]):

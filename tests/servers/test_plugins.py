@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -90,7 +91,7 @@ def test_triton_answers_as_the_eager_model_single_and_batched(
 
 
 def test_each_triton_stub_holds_a_core_group_of_its_own(triton):
-    stubs = [p for p in triton.children() if "triton_python_backend_stub" in " ".join(p.cmdline())]
+    stubs = triton.running("triton_python_backend_stub")
     assert len(stubs) == 2
     groups = [affinity(p.pid) for p in stubs]
     assert len(set(groups)) == 2 and all(g.isdigit() for g in groups), groups
@@ -128,10 +129,11 @@ def test_a_killed_triton_stub_is_not_replaced_as_the_guide_says(tmp_path, two_co
     """Triton's Python backend keeps a model whose stub was SIGKILLed ready and hands the
     dead instance its share of requests (500); the other instance serves. What to set is
     in the Triton guide."""
+    envs = set(Path("/tmp").glob("python_env_*"))  # what Triton's stubs make in /tmp
     server = start_tritonserver(_package_triton(tmp_path, tiny_artifact), tmp_path)
     started = server.children()
     try:
-        stubs = [p for p in started if "triton_python_backend_stub" in " ".join(p.cmdline())]
+        stubs = server.running("triton_python_backend_stub")
         stubs[0].send_signal(signal.SIGKILL)
         wait_for(lambda: not stubs[0].is_running() or stubs[0].status() == "zombie", 10)
         body = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES",
@@ -148,6 +150,8 @@ def test_a_killed_triton_stub_is_not_replaced_as_the_guide_says(tmp_path, two_co
         for p in started:
             if p.is_running():
                 p.kill()
+        for left in set(Path("/tmp").glob("python_env_*")) - envs:  # a killed stub's
+            shutil.rmtree(left, ignore_errors=True)
 
 
 def _package_torchserve(store, *artifacts, served_from=None) -> dict[str, int]:
@@ -188,7 +192,7 @@ def _predict(server, model: str | None, body, **headers):
 
 
 def _workers(server) -> list:
-    return [p for p in server.children() if "model_service_worker" in " ".join(p.cmdline())]
+    return server.running("model_service_worker")
 
 
 def test_torchserve_answers_as_the_eager_model_from_a_moved_store(

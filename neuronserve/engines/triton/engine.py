@@ -39,6 +39,8 @@ class Triton(Engine["TritonInstance"]):
         protocols=("triton-http", "triton-grpc"),
         adapter=("neuronserve._triton_backend", "model.py"),
         wrote=("{path}/config.pbtxt, {path}/1/model.py and {path}/1/models",),
+        # Triton's HTTP API passes a header on only when told to (--http-header-forward-pattern)
+        model_named_by='the `model` request parameter ({"parameters": {"model": ...}})',
     )
 
     @property
