@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from ...names import NAME, safe_name
+from ...quantization import EmbeddingType
 from ...tasks import RequestError
 from .errors import SYNTAX
 
@@ -129,9 +130,6 @@ class Truncation(Body):
 
 
 # OpenAI
-
-
-EmbeddingType = Literal["float32", "int8", "uint8", "binary", "ubinary"]
 
 
 class Quantized(Body):
