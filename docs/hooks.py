@@ -80,9 +80,9 @@ def _spec_table() -> str:
     with its type, default, command-line option and flat-layout name where it differs."""
     from neuronserve.cli.spec_options import TOP, TOP_OPTIONS, cli_fields, section_model
     from neuronserve.section import declared
-    from neuronserve.spec import SECTIONS, engine_sections
+    from neuronserve.spec import SECTIONS
 
-    parts = [TOP, *(s.key for s in SECTIONS), *engine_sections()]
+    parts = [TOP, *(s.key for s in SECTIONS)]
     out = []
     for part in parts:
         model = section_model(part)

@@ -27,13 +27,6 @@ class RequestError(ValueError):
     def tagged(self) -> str:
         return f"[{self.status}] {self.message}"
 
-    @classmethod
-    def from_engine(cls, message: str, status: int) -> RequestError:
-        """The error an engine answered with `status` and `message`, with the status a
-        tag in the message carries, if any."""
-        m = cls._TAG.match(message)
-        return cls(m.group(2), int(m.group(1))) if m else cls(message, status)
-
 
 def internal_error(doing: str) -> RequestError:
     """A 500 for the client that names no internals: the exception, with its traceback,

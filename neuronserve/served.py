@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 class ServedModel:
     name: str
     manifest: Manifest
-    engine: str
     truncation: bool
     max_text_chars: int | None
     tokenizer: TextTokenizer | None  # None for an image model
@@ -140,7 +139,6 @@ class ServedModel:
             "task": m.task,
             "target": m.target,
             "precision": m.precision,
-            "engine": self.engine,
             "prompts": dict(m.prompts),
             "default_prompt_name": m.default_prompt_name,
             "batch_sizes": m.batch_sizes,

@@ -4,14 +4,14 @@ sections each owned by the code that reads it.
     name, artifact | models, deployment_name, truncation   the deployment itself
     compile:     what `compile` builds (model, task, target, buckets, precision, ...)
     accuracy:    the floors a precision below fp32 must meet
-    worker:      how many workers, of how many cores, and how their engine batches
+    worker:      how many workers, of how many cores, and how they batch and queue
     limits:      what one request may hold and get back (the front and every worker)
-    front:       the HTTP front: engine behind it, address, keys, TLS, bounds
+    front:       the HTTP front: address, keys, TLS, bounds
     multi_model: SageMaker's multi-model contract
-    <engine>:    one per engine (engines/<engine>/section.py): store, ports, run folder
+    triton, torchserve: what `package` writes for those servers (packaging/)
 
 A spec comes from a YAML file, from command-line flags, or both; flags override the file
-field by field. Every field is declared once, here or in its engine's section: its
+field by field. Every field is declared once, here or in its packager's section: its
 description is the CLI's help and the generated reference, its `flags` the option that
 sets it (cli/spec_options.py). A spec written in the earlier flat layout (every field at
 the top) still loads: each flat field is moved to its section, with a note saying where.
@@ -23,24 +23,21 @@ import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializeAsAny,
     ValidationError,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
 from .inflight import IN_FLIGHT
 from .names import is_hub_id, safe_name
-from .registry import default_engine
-from .section import EngineSection, Section, declared, flags
+from .section import Section, declared, flags
 
 Task = Literal[
     "feature-extraction",
@@ -344,8 +341,8 @@ class AccuracySection(Section):
 
 
 class WorkerSection(Section):
-    """The engine's workers: how many, of how many cores, and how the engine batches and
-    queues for them (what packaging writes into the engine's store)."""
+    """The workers: how many, of how many cores, and how they batch and queue (our own
+    server's, and what `package triton|torchserve` writes for those servers)."""
 
     key = "worker"
 
@@ -377,7 +374,7 @@ class WorkerSection(Section):
     max_batch_delay_ms: int = Field(
         0,
         ge=0,
-        description="longest the engine holds a request to fill a batch (ms). 0 (default): "
+        description="longest a worker holds a request to fill a batch (ms). 0 (default): "
         "never wait; a batch is whatever queued while the workers were busy, so a lone "
         "request runs at once and a loaded server still batches (TorchServe's least is "
         "1 ms: it reads 0 as its 100 ms default)",
@@ -385,14 +382,14 @@ class WorkerSection(Section):
     response_timeout_s: int = Field(
         120,
         ge=1,
-        description="seconds a request may take before the engine gives up on it",
+        description="seconds a request may take before its worker gives up on it",
         json_schema_extra=flags(env="SAGEMAKER_MODEL_SERVER_TIMEOUT"),
     )
     max_queued: int = Field(
         100,
         ge=1,
-        description="requests that may wait for a worker (TorchServe's job queue, Triton's "
-        "dynamic-batching queue); beyond it the engine refuses at once (503) instead of "
+        description="requests that may wait for a worker (also TorchServe's job queue and "
+        "Triton's dynamic-batching queue); beyond it a worker refuses at once (503) instead of "
         "letting latency grow without bound. Behind the front they are the front's calls: "
         "a request over the model's largest batch is several",
         json_schema_extra=flags(env="NEURONSERVE_MAX_QUEUED"),
@@ -400,7 +397,7 @@ class WorkerSection(Section):
     queue_timeout_ms: int | None = Field(
         None,
         ge=1,
-        description="longest a request may wait in the engine's queue before it is refused "
+        description="longest a request may wait in a worker's queue before it is refused "
         "(503); default: no limit but response_timeout_s",
     )
     batches_in_flight: int = Field(
@@ -427,7 +424,7 @@ class WorkerSection(Section):
 
 class LimitsSection(Section):
     """What one request may hold and get back: checked by the front and by every worker
-    (an engine asked directly holds to them too)."""
+    (Triton's and TorchServe's adapters hold to them too)."""
 
     key = "limits"
 
@@ -462,18 +459,38 @@ class LimitsSection(Section):
     )
 
 
+# what to run instead, for each server neuronserve once started itself
+_RUN_INSTEAD = {
+    "triton": "neuronserve package triton ARTIFACT --repository REPO, then tritonserver "
+    "--model-repository REPO",
+    "torchserve": "neuronserve package torchserve ARTIFACT --model-store STORE, then "
+    "torchserve --start --model-store STORE --ts-config STORE/config.properties",
+}
+
+
+def served_elsewhere(engine: str | None) -> str | None:
+    """Why a spec, flag or variable asking for `engine` is refused (None: it asks for
+    neuronserve's own workers, or for nothing)."""
+    if engine in (None, "", "native", "neuronserve"):
+        return None
+    instead = _RUN_INSTEAD.get(str(engine))
+    if instead is None:
+        return f"engine {engine!r}: neuronserve serves on its own workers only"
+    return f"neuronserve serves on its own workers only; to serve with {engine}, run: {instead}"
+
+
 class FrontSection(Section):
     """neuronserve's HTTP front (`serve front`, the SageMaker and Kubernetes entrypoint):
-    the public door to an engine that listens on loopback only."""
+    the public door to the workers, which listen on sockets in a private folder only."""
 
     key = "front"
 
-    engine: str = Field(
-        default_factory=default_engine,
-        description="the engine the front starts behind it (one of those installed: see "
-        "`neuronserve serve --help`); unless told, the first of triton, torchserve that "
-        "can start on this machine",
-        json_schema_extra=flags(env="NEURONSERVE_ENGINE"),
+    engine: str | None = Field(
+        None,
+        description="kept to refuse: neuronserve serves on its own workers only. For Triton "
+        "or TorchServe, package for them (`neuronserve package triton|torchserve`) and "
+        "start their own server on what it writes",
+        json_schema_extra=flags(env="NEURONSERVE_ENGINE", hidden=True),
     )
     address: str = Field(
         "127.0.0.1",
@@ -490,8 +507,8 @@ class FrontSection(Section):
     )
     run_dir: Path = Field(
         Path(".neuronserve/front"),
-        description="where the front keeps its pid file, log, generated API key and the engine "
-        "it starts",
+        description="where the front keeps its pid file, log, generated API key and its "
+        "workers' sockets",
         json_schema_extra=flags(flat="front_run_dir"),
     )
     default_model: str | None = Field(
@@ -522,7 +539,7 @@ class FrontSection(Section):
     split_client_batches: bool = Field(
         False,
         description="accept a request over max_client_batch instead of answering 413 (it "
-        "goes to the engine in pieces of the model's largest compiled batch, as every "
+        "goes to the workers in pieces of the model's largest compiled batch, as every "
         "request does)",
         json_schema_extra=flags("--split-client-batches/--no-split"),
     )
@@ -550,7 +567,7 @@ class FrontSection(Section):
         2048,
         ge=16,
         description="client connections (and requests) the front holds at once; beyond it "
-        "new requests get 503, so file descriptors are left for probes and the engine",
+        "new requests get 503, so file descriptors are left for probes and the workers",
     )
     keep_alive_s: float = Field(
         75,
@@ -566,8 +583,8 @@ class FrontSection(Section):
         description="export a trace of every request over OpenTelemetry's OTLP to this "
         "collector (as text-embeddings-inference's --otlp-endpoint; e.g. "
         "http://localhost:4317, or the collector's /v1/traces URL with otlp_protocol "
-        "http/protobuf): the front's stages, the engine call and, on the native engine, "
-        "the worker's queue, tokenizing and each device call. Default: "
+        "http/protobuf): the front's stages, the call to the workers, and the worker's "
+        "queue, tokenizing and each device call. Default: "
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT, else no "
         "traces. Needs neuronserve[otel]",
     )
@@ -584,12 +601,11 @@ class FrontSection(Section):
 
     @field_validator("engine")
     @classmethod
-    def _known_engine(cls, v: str) -> str:
-        from .registry import ENGINES
-
-        if v not in ENGINES:
-            raise ValueError(f"engine {v!r}: choose {' or '.join(ENGINES)}")
-        return v
+    def _own_workers_only(cls, v: str | None) -> str | None:
+        refusal = served_elsewhere(v)
+        if refusal:
+            raise ValueError(refusal)
+        return None
 
     @model_validator(mode="after")
     def _tls_needs_both_files(self) -> FrontSection:
@@ -705,7 +721,84 @@ class ModelSource(BaseModel):
         return None if v is None else safe_name(v)
 
 
-S = TypeVar("S", bound=EngineSection)
+# What `neuronserve package triton|torchserve` writes for those servers' own starts: a
+# Triton model repository and a TorchServe model store (packaging/).
+class TritonSection(Section):
+    """What `neuronserve package triton` writes: the model repository that
+    `tritonserver --model-repository` serves. Its instances are the worker section's."""
+
+    key = "triton"
+
+    repository: Path = Field(
+        Path("triton_repo"),
+        description="the Triton model repository `package triton` writes",
+        json_schema_extra=flags(flat="triton_repository"),
+    )
+
+
+class TorchServeSection(Section):
+    """What `neuronserve package torchserve` writes: the model store `torchserve --start`
+    serves, and what its config.properties tells TorchServe. Its workers are the worker
+    section's."""
+
+    key = "torchserve"
+
+    bind_address: str = Field(
+        "127.0.0.1",
+        description="address TorchServe listens on (its config.properties' addresses)",
+        json_schema_extra=flags(flat="bind_address"),
+    )
+
+    model_store: Path = Field(
+        Path("model_store"),
+        description="the TorchServe model store `package torchserve` writes",
+    )
+    served_from: Path | None = Field(
+        None,
+        description="the folder TorchServe will find the store in, when not where it is "
+        "written (KServe mounts it at /mnt/models/model-store): the paths its "
+        "config.properties names (default: where it is written)",
+    )
+    archive_format: Literal["default", "no-archive"] = Field(
+        "default",
+        description="default (.mar) or no-archive (a folder)",
+    )
+    token_auth: bool = Field(
+        True,
+        description="TorchServe token authorization",
+        json_schema_extra=flags("--token-auth/--no-token-auth"),
+    )
+    token_expiration_min: int = Field(
+        60,
+        ge=1,
+        description="minutes TorchServe's inference key lives (TorchServe's default 60)",
+    )
+    inference_port: int = Field(8080, gt=0, lt=65536, description="TorchServe inference port")
+    management_port: int = Field(8081, gt=0, lt=65536, description="TorchServe management port")
+    metrics_port: int = Field(8082, gt=0, lt=65536, description="TorchServe metrics port")
+    # TorchServe always starts its gRPC endpoints too: two servers on one host need their own
+    grpc_inference_port: int = Field(
+        7070, gt=0, lt=65536, description="TorchServe gRPC inference port"
+    )
+    grpc_management_port: int = Field(
+        7071,
+        gt=0,
+        lt=65536,
+        description="TorchServe gRPC management port",
+    )
+    batch_requests: int | None = Field(
+        None,
+        ge=1,
+        description="TorchServe batchSize: requests one worker takes at once "
+        "(default: the largest batch the artifact's bucket times say is worth forming)",
+    )
+    worker_retry_timeout_s: int = Field(
+        60,
+        ge=1,
+        description="TorchServe /ping turns Unhealthy once a worker has failed to "
+        "start for this long (maxRetryTimeoutInSec)",
+    )
+
 
 # the sections every spec has, by key, in the order the reference lists them
 SECTIONS: tuple[type[Section], ...] = (
@@ -715,19 +808,14 @@ SECTIONS: tuple[type[Section], ...] = (
     LimitsSection,
     FrontSection,
     MultiModelSection,
+    TritonSection,
+    TorchServeSection,
 )
-
-
-def engine_sections() -> dict[str, type[EngineSection]]:
-    """Each installed engine's section, by engine name (the registry's)."""
-    from .registry import ENGINES, section_class
-
-    return {name: section_class(name) for name in ENGINES}
 
 
 class DeploySpec(BaseModel):
     """The deployment (its models, their name, their answer to over-long text) and a
-    section per consumer. An engine's section is `spec.engine(TheSection)`."""
+    section per consumer."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -750,7 +838,7 @@ class DeploySpec(BaseModel):
     )
     deployment_name: str = Field(
         "models",
-        description="with several models: the name the engine serves them under "
+        description="with several models: the name they are packaged under together "
         "(TorchServe's /predictions/<name>, Triton's model), each model addressed inside it "
         "by its own name; one model is served under its own name",
     )
@@ -767,36 +855,8 @@ class DeploySpec(BaseModel):
     limits: LimitsSection = Field(default_factory=LimitsSection)
     front: FrontSection = Field(default_factory=FrontSection)
     multi_model: MultiModelSection = Field(default_factory=MultiModelSection)
-    # each engine's section, by engine name (a spec file gives them at its top level)
-    engines: dict[str, SerializeAsAny[EngineSection]] = Field(default_factory=dict)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _engine_sections(cls, data: Any) -> Any:
-        """A spec file's `<engine>:` mappings become sections of the registry's classes;
-        every engine has one, given or not."""
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        given = dict(data.pop("engines", None) or {})
-        for name, section in engine_sections().items():
-            value = data.pop(name, given.pop(name, None))
-            if isinstance(value, section):
-                given[name] = value
-            elif isinstance(value, EngineSection):
-                given[name] = section.model_validate(value.model_dump(exclude_unset=True))
-            else:
-                given[name] = section.model_validate(value or {})
-        if given.keys() - engine_sections().keys():
-            raise ValueError(f"no engine {sorted(given.keys() - engine_sections().keys())}")
-        data["engines"] = given
-        return data
-
-    @model_serializer(mode="wrap")
-    def _engines_at_the_top(self, handler: Any) -> dict[str, Any]:
-        out: dict[str, Any] = handler(self)
-        out.update(out.pop("engines", None) or {})
-        return out
+    triton: TritonSection = Field(default_factory=TritonSection)
+    torchserve: TorchServeSection = Field(default_factory=TorchServeSection)
 
     @field_validator("name")
     @classmethod
@@ -818,25 +878,6 @@ class DeploySpec(BaseModel):
                 "its own `name`, and `deployment_name` names the set"
             )
         return self
-
-    @model_validator(mode="after")
-    def _engine_of_its_section(self) -> DeploySpec:
-        """A spec that names no engine but sets one engine's options runs on that engine:
-        on the default one those options would be silently left out."""
-        if "engine" not in self.front.model_fields_set:
-            given = [name for name, s in self.engines.items() if s.model_fields_set]
-            if len(given) == 1:
-                self.front.engine = given[0]
-        return self
-
-    def engine(self, section: type[S]) -> S:
-        """An engine's section, by its class (engines/<engine>/section.py)."""
-        found = self.engines[section.key]
-        assert isinstance(found, section)
-        return found
-
-    def engine_named(self, name: str) -> EngineSection:
-        return self.engines[name]
 
     def model_sources(self) -> list[ModelSource]:
         """The models this spec names by Hub id or folder, still to be compiled: its
@@ -882,13 +923,8 @@ class DeploySpec(BaseModel):
         raise SpecError("no model name: set `name` in the spec or pass --name")
 
     def given(self, section: str) -> dict[str, Any]:
-        """The fields of section `section` (an engine's name too) given explicitly."""
-        part = self.engines[section] if section in self.engines else getattr(self, section)
-        return part.model_dump(exclude_unset=True)
-
-    def with_engine(self, section: EngineSection) -> DeploySpec:
-        """A copy with `section` as its engine's section."""
-        return self.model_copy(update={"engines": {**self.engines, section.key: section}})
+        """The fields of section `section` given explicitly."""
+        return dict(getattr(self, section).model_dump(exclude_unset=True))
 
     def with_models(self, models: list[ModelEntry] | list[ModelSource]) -> DeploySpec:
         """A copy deploying `models` in place of its own (its `artifact`, `name` and
@@ -907,7 +943,7 @@ class DeploySpec(BaseModel):
         return DeploySpec.model_validate(data)
 
     def with_section(self, section: str, **fields: Any) -> DeploySpec:
-        """A copy with `fields` set in section `section` (an engine's name too)."""
+        """A copy with `fields` set in section `section`."""
         data = self.model_dump(exclude_unset=True)
         data[section] = {**data.get(section, {}), **fields}
         return DeploySpec.model_validate(data)
@@ -921,9 +957,8 @@ TOP_FIELDS = ("name", "artifact", "models", "deployment_name", "truncation")
 
 def _declared() -> Iterator[tuple[str, type[Section], str, dict[str, Any]]]:
     """Every section's fields: (its key, its model, the field, what `flags` declared)."""
-    parts: list[tuple[str, type[Section]]] = [(s.key, s) for s in SECTIONS]
-    parts += list(engine_sections().items())
-    for key, section in parts:
+    for section in SECTIONS:
+        key = section.key
         for field, info in section.model_fields.items():
             yield key, section, field, declared(info)
 
@@ -984,7 +1019,7 @@ def from_environment(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
 def sectioned(data: dict[str, Any], where: str) -> tuple[dict[str, Any], list[str]]:
     """`data` in the section layout, and a note per flat field moved (empty when `data`
     is already sectioned). A field unknown in both layouts stays, for the error."""
-    section_keys = {s.key for s in SECTIONS} | set(engine_sections())
+    section_keys = {s.key for s in SECTIONS}
     flat = flat_names()
     out: dict[str, Any] = {}
     moved: list[str] = []
@@ -1078,7 +1113,6 @@ def _is_path(annotation: Any) -> bool:
 def _relative_to(data: dict[str, Any], base: Path) -> None:
     """Relative paths in a spec file are relative to the file, as users expect."""
     parts: dict[str, type[BaseModel]] = {s.key: s for s in SECTIONS}
-    parts.update(engine_sections())
     for key in ("artifact",):
         if isinstance(data.get(key), str) and not Path(data[key]).is_absolute():
             data[key] = str(base / data[key])

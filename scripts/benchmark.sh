@@ -25,7 +25,7 @@ for p in auto fp32; do
 done
 
 $NS bench --title "DistilBERT-base text classification, batch 1 (precision auto: int8)" \
-  -e "torchserve=torchserve:$WORK/art/distilbert-auto" -e "triton=triton:$WORK/art/distilbert-auto" \
+  -e "front=front:$WORK/art/distilbert-auto" \
   -e "vanilla=vanilla:$WORK/distilbert-base" \
   -e "runner int8=runner:$WORK/art/distilbert-auto" -e "runner bf16=runner:$WORK/art/distilbert-bf16" \
   -e "runner fp32=runner:$WORK/art/distilbert-fp32" \
@@ -34,7 +34,7 @@ $NS bench --title "DistilBERT-base text classification, batch 1 (precision auto:
   --out benchmarks/distilbert-base
 
 $NS bench --title "all-MiniLM-L6-v2 embeddings, batch 1 (precision auto: bf16)" \
-  -e "torchserve=torchserve:$WORK/art/minilm-auto" -e "triton=triton:$WORK/art/minilm-auto" \
+  -e "front=front:$WORK/art/minilm-auto" \
   -e "vanilla=vanilla:$MINILM" -e "runner bf16=runner:$WORK/art/minilm-auto" \
   -e "runner fp32=runner:$WORK/art/minilm-fp32" \
   --sequence-lengths $SEQS --concurrency 1,16 --layouts throughput \

@@ -64,7 +64,7 @@ fi
 for i in $(seq 1 "$RUNS"); do
   rm -rf "$OUT/run$i"
   $NS bench --title "$MODEL: TorchServe and Triton on one artifact, run $i" \
-    -e "torchserve=torchserve:$ART" -e "triton=triton:$ART" -e "vanilla=vanilla:$MODEL_DIR" \
+    -e "front=front:$ART" -e "vanilla=vanilla:$MODEL_DIR" \
     "${PEERS[@]}" \
     --sequence-lengths 8,16,32,64,128 --concurrency 1,16 \
     --warmup 3 --duration 3 --min-requests 20 --out "$OUT/run$i"

@@ -2,7 +2,7 @@
 process sends a request frame (one 128-token text, as the front's client writes it) over
 a unix socket to an echo process that answers with an embedding's frame (768 float32,
 as a worker's answer carries it), both on the native engine's wire
-(neuronserve.engines.native.wire), one request at a time. Each round runs both loops,
+(neuronserve.workers.wire), one request at a time. Each round runs both loops,
 asyncio's own and uvloop, in alternating order; the round trip's median per loop, and
 uvloop's as a share of asyncio's, round by round.
 
@@ -23,8 +23,8 @@ import numpy as np
 
 from neuronserve import tensors
 from neuronserve.bench.spread import spread
-from neuronserve.engines.native.wire import MAX_ANSWER_BYTES, MAX_REQUEST_BYTES, frame, read_frame
 from neuronserve.waiting import until
+from neuronserve.workers.wire import MAX_ANSWER_BYTES, MAX_REQUEST_BYTES, frame, read_frame
 
 LOOPS = ("asyncio", "uvloop")
 

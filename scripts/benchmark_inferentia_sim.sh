@@ -2,17 +2,12 @@
 # Inferentia by simulation: two revisions of neuronserve (scripts/benchmark_revisions.sh)
 # serving BERT-base (random weights) compiled for neuronx, on a fake host of one
 # NeuronCore whose calls take the time AWS publishes for inf2 (the Neuron stand-in's
-# device-time mode, tests/neuron_standin), 128-token texts, TorchServe and Triton behind
-# the front and directly. bench records each point's NeuronCore utilization from the
+# device-time mode, tests/neuron_standin), 128-token texts, through the front (its
+# /invocations, /embed and /v1/embeddings). bench records each point's NeuronCore utilization from the
 # stand-in's neuron-monitor and the host's CPU per request. Run it on a 2-CPU machine
 # (an inf2.xlarge has 2 vCPUs per NeuronCore), nothing else running.
 #
 #   scripts/benchmark_inferentia_sim.sh <BASE> [NEW, default HEAD]   # in benchmarks/inferentia-sim/
-#   scripts/benchmark_inferentia_sim.sh       # the engines: native against Triton, this checkout
-#
-# Without revisions, the front on each engine of ENGINES (default native and triton) on
-# this checkout, RUNS rounds (default 3), the engines' order alternating, into
-# benchmarks/inferentia-sim-engines/.
 #
 # What is simulated and what only hardware can confirm: BENCHMARKS.md, "Inferentia by
 # simulation". CONC, RUNS, OUT override.
@@ -27,25 +22,7 @@ cd "$(dirname "$0")/.."
 [ -f "$SIM/bert-neuronx/manifest.json" ] || .venv/bin/neuronserve compile \
   --model "$SIM/bert-base" --task feature-extraction --target neuronx \
   --batch-sizes 1,2,4,8,16 --sequence-lengths 128 --out "$SIM/bert-neuronx"
-if [ $# -eq 0 ]; then
-  OUT=$(realpath -m "${OUT:-benchmarks/inferentia-sim-engines}")
-  read -r -a NAMES <<< "${ENGINES:-native triton}"
-  rm -rf "$OUT" && mkdir -p "$OUT"
-  for r in $(seq 1 "${RUNS:-3}"); do
-    EPS=(); for e in "${NAMES[@]}"; do EPS+=(-e "front-$e:$SIM/bert-neuronx"); done
-    if [ $((r % 2)) = 0 ]; then  # every other round the other way round
-      REV=(); for ((i=${#EPS[@]}-2; i>=0; i-=2)); do REV+=("${EPS[i]}" "${EPS[i+1]}"); done
-      EPS=("${REV[@]}")
-    fi
-    (cd "$SIM" && "$ROOT/.venv/bin/neuronserve" bench --title "round $r" "${EPS[@]}" \
-      --generator wrk --sequence-lengths 128 --concurrency "${CONC:-1,16,32,64}" --warmup 2 \
-      --duration "${DURATION:-4}" --server-warmup 10 --out "$OUT/run-$r")
-  done
-  .venv/bin/python scripts/inferentia_sim_summary.py --engines "$OUT" \
-    "$(git rev-parse --short HEAD)" "${NAMES[0]}" "${NAMES[1]}" > "$OUT/inferentia.md"
-  cat "$OUT/inferentia.md"
-  exit 0
-fi
+[ $# -ge 1 ] || { echo "usage: scripts/benchmark_inferentia_sim.sh <BASE> [NEW, default HEAD]" >&2; exit 2; }
 OUT=$(realpath -m "${OUT:-benchmarks/inferentia-sim}")
 ART=$SIM/bert-neuronx SEQ=128 CONC=${CONC:-1,16,32,64} OUT=$OUT scripts/benchmark_revisions.sh "$@"
 .venv/bin/python scripts/inferentia_sim_summary.py "$OUT" "$(git rev-parse --short "${2:-HEAD}")" \

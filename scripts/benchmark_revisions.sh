@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Two revisions of neuronserve on the same artifact, same machine, same hour: the short
-# requests of scripts/benchmark_short.sh (TorchServe and Triton, directly and through the
-# front; wrk), NEW against BASE, in alternating order over RUNS rounds, so that the
+# requests of scripts/benchmark_short.sh (through the front; wrk), NEW against BASE, in alternating order over RUNS rounds, so that the
 # machine's drift falls on both alike. The summary gives each point's ratio (NEW / BASE)
 # round by round, as median (min-max).
 #
@@ -10,7 +9,8 @@
 # Each revision runs from a worktree of its own on PYTHONPATH, with this checkout's .venv
 # (a revision whose dependencies differ needs a venv of its own), so the checkout may
 # change while it runs. SEQ, CONC, RUNS, ART, OUT, DURATION override; ENDPOINTS too (bench's
-# `label=kind` before the artifact, e.g. ENDPOINTS="torchserve=torchserve").
+# `label=kind` before the artifact; default native=front-native, the name both a revision
+# of one server and one of several engines know).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BASE=$(git rev-parse --short "${1:?usage: scripts/benchmark_revisions.sh <base revision> [new revision]}")
@@ -34,7 +34,7 @@ for rev in "$BASE" "$NEW"; do
   ln -sfn ../triton_backend "$(tree "$rev")/neuronserve/_triton_backend"
 done
 rm -rf "$OUT" && mkdir -p "$OUT"
-read -r -a KINDS <<< "${ENDPOINTS:-torchserve=front triton=front-triton}"
+read -r -a KINDS <<< "${ENDPOINTS:-native=front-native}"
 EPS=(); for k in "${KINDS[@]}"; do EPS+=(-e "$k:$ART"); done
 one() {  # $1: base or new, $2: round
   local rev; rev=$([ "$1" = base ] && echo "$BASE" || echo "$NEW")

@@ -68,8 +68,8 @@ fi
 
 for i in $(seq 1 "$RUNS"); do
   rm -rf "$OUT/run$i"
-  $NS bench --title "Short requests: TorchServe and Triton, directly and through the front; the front on native, run $i" \
-    -e "torchserve=front:$ART" -e "triton=front-triton:$ART" -e "native=front-native:$ART" \
+  $NS bench --title "Short requests through the front, run $i" \
+    -e "front=front:$ART" \
     "${PEERS[@]}" \
     --generator wrk --sequence-lengths 8,16,128 --concurrency 1,32 \
     --warmup 2 --duration 4 --server-warmup 20 --out "$OUT/run$i"

@@ -41,8 +41,8 @@ from neuronserve.compile.driver import describe
 print(describe(sys.argv[1]))" "$ART" > "$OUT/precision.txt"
   for i in $(seq 1 "$RUNS"); do
     rm -rf "$OUT/run$i"
-    $NS bench --title "$TASK ($ARCH, random weights): TorchServe and Triton against the transformers baseline, run $i" \
-      -e "torchserve=torchserve:$ART" -e "triton=triton:$ART" -e "vanilla=vanilla:$MODEL_DIR" \
+    $NS bench --title "$TASK ($ARCH, random weights): the front against the transformers baseline, run $i" \
+      -e "front=front:$ART" -e "vanilla=vanilla:$MODEL_DIR" \
       --task "$TASK" \
       --sequence-lengths "$SEQS" --texts-per-request "$PER_REQUEST" --concurrency 1,16 --server-warmup 15 \
       --warmup 2 --duration 4 --min-requests 10 --out "$OUT/run$i"

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # End to end on the bundled default: a RAG stack on one host. all-MiniLM-L6-v2 embeddings,
 # a cross-encoder and a classifier (both built from MiniLM's encoder with a head fitted on a
-# few examples: scripts/demo_models.py), each compiled for CPU, packaged together into one
-# Triton model whose instances (one process per core) each hold all three, served behind
-# neuronserve's front; one request to each model the way clients send them (the openai
-# client, text-embeddings-inference's /rerank and /predict), then worker placement and
-# latency, and a stop. Everything it writes goes under .neuronserve/demo.
+# few examples: scripts/demo_models.py), each compiled for CPU and served by neuronserve's
+# server, one worker process per core each holding all three; one request to each model
+# the way clients send them (the openai client, text-embeddings-inference's /rerank and
+# /predict), then worker placement and latency, and a stop. Everything it writes goes
+# under .neuronserve/demo.
 #
 #   scripts/demo.sh [--port N]    # the front's port, default 3000
 set -euo pipefail
@@ -35,16 +35,13 @@ neuronserve compile --model "$MINILM" --task feature-extraction "${GRID[@]}" --o
 neuronserve compile --model "$DEMO/models/reranker" --task rerank "${GRID[@]}" --module-format openvino --out "$DEMO/artifacts/reranker"
 neuronserve compile --model "$DEMO/models/topics" --task text-classification "${GRID[@]}" --module-format openvino --out "$DEMO/artifacts/topics"
 cat > "$DEMO/deploy.yaml" <<YAML
-# one spec for package and serve (paths relative to this file): three models, one
-# worker per core, each worker holding all three
+# one spec for serve (paths relative to this file): three models, one worker per core,
+# each worker holding all three
 models:
   - artifact: artifacts/minilm
   - artifact: artifacts/reranker
   - artifact: artifacts/topics
 deployment_name: rag
-triton:
-  repository: triton_repo
-  run_dir: triton
 # the front: OpenAI, text-embeddings-inference and SageMaker routes on one port; on
 # loopback no API key is needed (any other address turns keys on)
 front:
@@ -56,10 +53,8 @@ worker:
   # 0: a lone request runs at once; under load what queued meanwhile is batched
   max_batch_delay_ms: 0
 YAML
-echo "== neuronserve package triton (one Triton model, three models in each instance)"
-neuronserve package triton --spec "$DEMO/deploy.yaml"
-echo "== neuronserve serve front (Triton behind it, on loopback)"
+echo "== neuronserve serve front (one worker process per core, each holding all three)"
 trap 'echo "== stopping: neuronserve serve front --stop --run-dir $DEMO/front"; neuronserve serve front --stop --run-dir "$DEMO/front"' EXIT
-neuronserve serve front "$DEMO/triton_repo" --spec "$DEMO/deploy.yaml"
+neuronserve serve front --spec "$DEMO/deploy.yaml"
 echo "== requests"
 python scripts/demo_client.py --url "http://127.0.0.1:$PORT" --run-dir "$DEMO/front"

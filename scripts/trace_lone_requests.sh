@@ -16,7 +16,7 @@ RUN=$(mktemp -d)
 trap 'rm -rf "$RUN"' EXIT
 .venv/bin/python scripts/otlp_sink.py "$PORT" "$RUN/spans.txt" "$RUN/stages.md" &
 SINK=$!
-(cd "$RUN" && "$ROOT/.venv/bin/neuronserve" serve front "$SIM/bert-neuronx" --engine native \
+(cd "$RUN" && "$ROOT/.venv/bin/neuronserve" serve front "$SIM/bert-neuronx" \
   --port "$FRONT" --run-dir "$RUN/front" --otlp-endpoint "http://127.0.0.1:$PORT" >/dev/null)
 .venv/bin/python - "$FRONT" "${N:-300}" <<'PY'
 import sys, time, requests

@@ -159,14 +159,17 @@ def run_cli(
     return proc
 
 
-def package_for(engine: str, spec) -> Path:
-    """What `neuronserve package ENGINE` writes for `spec`, in this process: the
-    deployment prepared as every packager prepares it, then the engine's store."""
-    from neuronserve.engines.base import engine_class
+def package_for(server: str, spec) -> Path:
+    """What `neuronserve package triton|torchserve` writes for `spec`, in this process:
+    the deployment prepared as every packager prepares it, then the repository or store."""
     from neuronserve.packaging.model import prepare
+    from neuronserve.packaging.torchserve import package_torchserve
+    from neuronserve.packaging.triton import package_triton
 
-    kind = engine_class(engine)
-    return kind(spec.engine_named(engine)).package(prepare(spec, kind.facts.worker_word))
+    if server == "triton":
+        return package_triton(spec.triton, prepare(spec, "instances"))
+    assert server == "torchserve", server
+    return package_torchserve(spec.torchserve, prepare(spec, "workers"))
 
 
 def cli(
@@ -199,20 +202,19 @@ def cli(
     return done
 
 
+# the ports of what `package torchserve` writes into config.properties
 PORT_FIELDS = (
     "inference_port",
     "management_port",
     "metrics_port",
     "grpc_inference_port",
     "grpc_management_port",
-    "http_port",
-    "grpc_port",
-    "triton_metrics_port",
 )
 
 
 def write_spec(work: Path, **fields) -> dict:
-    """deploy.yaml in `work` with free ports for every engine endpoint, plus `fields`."""
+    """deploy.yaml in `work` with free ports for every TorchServe endpoint, plus
+    `fields`."""
     import yaml
 
     spec = {**ports_for(*PORT_FIELDS), **fields}
@@ -290,13 +292,13 @@ class SageMakerServe:
         assert not alive, alive
 
 
-def sagemaker_context(work: Path, artifacts: list[Path], engine: str, *extra: str) -> Path:
-    """`neuronserve package sagemaker` of `artifacts` for `engine` into work/<engine>."""
+def sagemaker_context(work: Path, artifacts: list[Path], *extra: str) -> Path:
+    """`neuronserve package sagemaker` of `artifacts` into work/context."""
     run_cli(
-        "package", "sagemaker", *artifacts, "--engine", engine, "--target", "cpu",
-        "--out", work / engine, *extra, cwd=work,
+        "package", "sagemaker", *artifacts, "--target", "cpu", "--out", work / "context",
+        *extra, cwd=work,
     )  # fmt: skip
-    return work / engine
+    return work / "context"
 
 
 def check_sagemaker_contract(url: str, runner, target: dict[str, str] | None = None) -> None:
@@ -311,7 +313,7 @@ def check_sagemaker_contract(url: str, runner, target: dict[str, str] | None = N
     target = target or {}
     r = requests.post(f"{url}/invocations", json={"inputs": texts}, headers=target, timeout=60)
     assert r.status_code == 200, r.text
-    # Triton's batches hold at most max_batch_size texts, so rows may sit in other buckets
+    # a request over the largest batch is split, so rows may sit in other buckets
     assert np.allclose(r.json(), want, atol=1e-5)
     plain = requests.post(
         f"{url}/invocations",
@@ -322,7 +324,7 @@ def check_sagemaker_contract(url: str, runner, target: dict[str, str] | None = N
     assert plain.status_code == 200 and np.allclose(plain.json(), want[0], atol=1e-5)
     bad = requests.post(f"{url}/invocations", json={"inputs": 3}, headers=target, timeout=60)
     assert bad.status_code == 400 and "must be a string" in bad.json()["error"]
-    # packaged without --truncation: the artifact's truncation off, 413 through any engine
+    # packaged without --truncation: the artifact's truncation off, 413
     long = requests.post(
         f"{url}/invocations", json={"inputs": " ".join(["long"] * 400)}, headers=target, timeout=60
     )
@@ -342,43 +344,46 @@ def standin_imports(log: Path) -> dict[int, dict]:
 
 
 class NeuronServing:
-    """Package and serve models (`fields`: the spec's `models` or `artifact`) on a fake
-    4-NeuronCore host with the stand-in SDK on the workers' path; `stop()` stops the
-    server. The stand-in logs to `self.log`."""
+    """Package models (`fields`: the spec's `models` or `artifact`) for TorchServe or
+    Triton and start that server as its users do, on a fake 4-NeuronCore host with the
+    stand-in SDK on the workers' path; `stop()` stops it. The stand-in logs to
+    `self.log`."""
 
-    def __init__(self, work: Path, engine: str, **fields):
+    def __init__(self, work: Path, server: str, **fields):
+        from plugin_servers import start_torchserve, start_tritonserver
+
         work.mkdir(parents=True, exist_ok=True)
-        self.work, self.engine, self.log = work, engine, work / "standin.jsonl"
+        self.work, self.kind, self.log = work, server, work / "standin.jsonl"
         self.env = {
             **os.environ,
             **standin_env(4, log=self.log, devices=work / "devices"),
             "NEURONSERVE_LEASE_DIR": str(work / "leases"),
         }
         self.spec = write_spec(
-            work,
-            token_auth=False,
-            model_store="store",
-            run_dir="ts",
-            triton_repository="repo",
-            triton_run_dir="tr",
-            **fields,
+            work, token_auth=False, model_store="store", triton_repository="repo", **fields
         )
-        run_cli("package", engine, "--spec", "deploy.yaml", cwd=work, env=self.env)
-        run_cli("serve", engine, "--spec", "deploy.yaml", cwd=work, env=self.env)
+        run_cli("package", server, "--spec", "deploy.yaml", cwd=work, env=self.env)
+        if server == "torchserve":
+            self.server = start_torchserve(work / "store", work / "ts", self.env)
+        else:
+            self.server = start_tritonserver(work / "repo", work, self.env)
 
     def stop(self) -> None:
-        run_cli(
-            "serve", self.engine, "--spec", "deploy.yaml", "--stop", cwd=self.work, env=self.env
-        )
+        from plugin_servers import stop_torchserve, stop_tritonserver
+
+        if self.kind == "torchserve":
+            stop_torchserve(self.server, self.work / "ts", self.env)
+        else:
+            stop_tritonserver(self.server)
 
 
-def start_sagemaker(work: Path, artifacts: list[Path], engine: str) -> SageMakerServe:
-    """The `serve` entrypoint of a fresh build context for `engine`, its packaged models as
+def start_sagemaker(work: Path, artifacts: list[Path]) -> SageMakerServe:
+    """The `serve` entrypoint of a fresh build context, its packaged models as
     /opt/ml/model, asked for 9 workers (more than the host's groups); returns once /ping
     says 200, with every /ping answer before that in `.seen`."""
     import shutil
 
-    ctx = sagemaker_context(work, artifacts, engine)
+    ctx = sagemaker_context(work, artifacts)
     shutil.copytree(ctx / "model", work / "opt_ml_model")  # what a user puts in model_data
     serve = SageMakerServe(
         ctx,
@@ -693,28 +698,6 @@ def tiny_vit(out: Path, task: str, seed: int = 0, image_size: int = 32, **config
     kind(cfg).eval().save_pretrained(out)
     ViTImageProcessor(size={"height": image_size, "width": image_size}).save_pretrained(out)
     return out
-
-
-@contextlib.contextmanager
-def serving_models(work: Path, engine: str, artifacts: dict[str, Path]):
-    """`artifacts` (name -> artifact) packaged into one TorchServe model store or Triton
-    repository, one worker each (token auth off), and served; yields the spec's fields."""
-    if engine == "torchserve":
-        common = {"model_store": "store", "run_dir": "run", "token_auth": False}
-        flags = ["--model-store", "store", "--workers", "1", "--no-token-auth"]
-    else:
-        common = {"triton_repository": "repo", "triton_run_dir": "run"}
-        flags = ["--repository", "repo", "--instances", "1"]
-    (first, artifact), *rest = artifacts.items()
-    spec = write_spec(work, name=first, artifact=artifact, workers=1, **common)
-    run_cli("package", engine, "--spec", "deploy.yaml", cwd=work)
-    for name, other in rest:
-        run_cli("package", engine, other, *flags, "--name", name, cwd=work)
-    run_cli("serve", engine, "--spec", "deploy.yaml", cwd=work)
-    try:
-        yield spec
-    finally:
-        run_cli("serve", engine, "--spec", "deploy.yaml", "--stop", cwd=work)
 
 
 def triton_rows(name: str, values: list) -> object:

@@ -11,16 +11,16 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
-from neuronserve.engines.client import EngineClient, WorkerCounts
 from neuronserve.serve.front.app import build_app
 from neuronserve.serve.front.config import FrontConfig
 from neuronserve.serve.front.serving import Serving
 from neuronserve.served import ServedModel
 from neuronserve.spec import load_spec
 from neuronserve.tasks import RequestError, TaskRequest
+from neuronserve.workers.answers import WorkerClient, WorkerCounts
 
 
-class InProcessEngine(EngineClient):
+class InProcessEngine(WorkerClient):
     """An engine whose workers are the Runners here: a request goes to its model's
     Runner as one batch, as a worker runs it."""
 
@@ -62,7 +62,6 @@ def served(
     return ServedModel(
         name=m.name,
         manifest=m,
-        engine="in-process",
         truncation=runner.truncation,
         max_text_chars=max_text_chars,
         tokenizer=_tokenizer(runner),

@@ -31,7 +31,7 @@ import requests
 from helpers import free_port, wait_for
 
 
-def _pytriton() -> Path:
+def pytriton_dir() -> Path:
     import pytriton
 
     return Path(pytriton.__file__).parent
@@ -40,18 +40,18 @@ def _pytriton() -> Path:
 def triton_folder(out: Path) -> Path:
     """The wheel's server folder, with this Python's stub in the Python backend."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    dist = _pytriton() / "tritonserver"
+    dist = pytriton_dir() / "tritonserver"
     shutil.copytree(dist, out, ignore=shutil.ignore_patterns("python_backend_stubs"))
     stub = dist / "python_backend_stubs" / version / "triton_python_backend_stub"
     shutil.copy(stub, out / "backends" / "python" / "triton_python_backend_stub")
     return out
 
 
-def triton_env() -> dict[str, str]:
-    env = dict(os.environ)
+def triton_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
     libs = [
         sysconfig.get_config_var("LIBDIR") or "",
-        str(_pytriton().parent / "nvidia_pytriton.libs"),
+        str(pytriton_dir().parent / "nvidia_pytriton.libs"),
     ]
     env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
     env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
@@ -76,6 +76,9 @@ class Server:
     log: Path
     headers: dict[str, str]
     pid: int
+    # tritonserver's other endpoints
+    grpc_url: str = ""
+    metrics_url: str = ""
 
     def children(self) -> list[psutil.Process]:
         return psutil.Process(self.pid).children(recursive=True)
@@ -93,7 +96,7 @@ class Server:
         return found
 
 
-def start_tritonserver(repo: Path, work: Path) -> Server:
+def start_tritonserver(repo: Path, work: Path, env: dict[str, str] | None = None) -> Server:
     folder = triton_folder(work / "tritonserver")
     http, grpc, metrics = free_port(), free_port(), free_port()
     log = work / "tritonserver.log"
@@ -110,7 +113,7 @@ def start_tritonserver(repo: Path, work: Path) -> Server:
         f"--metrics-port={metrics}",
     ]
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=triton_env())
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=triton_env(env))
     url = f"http://127.0.0.1:{http}"
 
     def ready() -> bool:
@@ -122,7 +125,7 @@ def start_tritonserver(repo: Path, work: Path) -> Server:
             return False
 
     wait_for(ready, 180, what="tritonserver ready")
-    return Server(proc, url, log, {}, proc.pid)
+    return Server(proc, url, log, {}, proc.pid, f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}")
 
 
 def stop_tritonserver(server: Server, within_s: float = 60) -> int:
@@ -147,11 +150,39 @@ def _torchserve(*args: str) -> list[str]:
     return [str(Path(sys.executable).parent / "torchserve"), *args]
 
 
-def start_torchserve(store: Path, work: Path) -> Server:
+def _torchserve_env(work: Path, env: dict[str, str] | None) -> dict[str, str]:
+    return {**(os.environ if env is None else env), "TEMP": str(work / "tmp"),
+            "TMPDIR": str(work / "tmp")}  # fmt: skip
+
+
+def _torchserve_keys(work: Path, props: dict[str, str]) -> tuple[dict, dict]:
+    """The inference and management headers, once TorchServe has written its keys (none
+    where the store's config turns token authorization off)."""
+    if props.get("disable_token_authorization") == "true":
+        return {}, {}
+    keys = work / "key_file.json"
+
+    def written() -> bool:
+        try:
+            return "inference" in json.loads(keys.read_text())
+        except (OSError, ValueError):
+            return False
+
+    wait_for(written, 120, what="TorchServe's key file")
+    tokens = json.loads(keys.read_text())
+    return (
+        {"Authorization": f"Bearer {tokens['inference']['key']}"},
+        {"Authorization": f"Bearer {tokens['management']['key']}"},
+    )
+
+
+def start_torchserve(store: Path, work: Path, env: dict[str, str] | None = None) -> Server:
     """`torchserve --start` from `work` (where it writes key_file.json and its logs), the
-    store's own config; ready once every worker of every model is READY."""
+    store's own config; ready once every worker of every model is READY (`env`: its
+    environment, default this process's)."""
     work.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TEMP": str(work / "tmp"), "TMPDIR": str(work / "tmp")}
+    given = env
+    env = _torchserve_env(work, env)
     (work / "tmp").mkdir(exist_ok=True)
     cmd = _torchserve(
         "--start", "--model-store", str(store), "--ts-config", str(store / "config.properties")
@@ -168,18 +199,7 @@ def start_torchserve(store: Path, work: Path) -> Server:
         if "=" in line and not line.startswith("#")
     )  # fmt: skip
     url, management = props["inference_address"], props["management_address"]
-    keys = work / "key_file.json"
-
-    def written() -> bool:
-        try:
-            return "inference" in json.loads(keys.read_text())
-        except (OSError, ValueError):
-            return False
-
-    wait_for(written, 120, what="TorchServe's key file")
-    tokens = json.loads(keys.read_text())
-    inference = {"Authorization": f"Bearer {tokens['inference']['key']}"}
-    manage = {"Authorization": f"Bearer {tokens['management']['key']}"}
+    inference, manage = _torchserve_keys(work, props)
 
     def ready() -> bool:
         if not psutil.pid_exists(pid):
@@ -204,17 +224,17 @@ def start_torchserve(store: Path, work: Path) -> Server:
     try:
         wait_for(ready, 240, what="every TorchServe worker READY")
     except BaseException:
-        stop_torchserve(server, work)  # a start that failed leaves no JVM behind
+        stop_torchserve(server, work, given)  # a start that failed leaves no JVM behind
         raise
     server.management, server.manage_headers = management, manage  # type: ignore[attr-defined]
     return server
 
 
-def stop_torchserve(server: Server, work: Path) -> int:
+def stop_torchserve(server: Server, work: Path, env: dict[str, str] | None = None) -> int:
     """`torchserve --stop`, then until the frontend and every worker are gone."""
     frontend = psutil.Process(server.pid)
     workers = server.children()
-    env = {**os.environ, "TEMP": str(work / "tmp"), "TMPDIR": str(work / "tmp")}
+    env = _torchserve_env(work, env)
     with (work / "torchserve-stop.log").open("w") as out:
         subprocess.run(_torchserve("--stop"), cwd=work, env=env, check=True, stdout=out, stderr=out)
     # `torchserve --stop` returns before the JVM is gone (ENVIRONMENT.md): wait for it

@@ -39,7 +39,7 @@ COLUMNS = [
     "cpu_ms_per_req_frontend",
     "cpu_ms_per_req_workers",
     "cpu_ms_per_req_front",
-    "ratio_vs_engine",
+    "ratio_vs_baseline",
     "plain_loop_req_per_s",
     "torch_threads",
     "session",
@@ -96,7 +96,6 @@ def markdown(results: dict[str, Any], title: str) -> str:
     lines += wrk_lines(results.get("wrk_check"))
     lines += split_table(results)
     lines += pace_table(results)
-    lines += lone_request_table(points)
     lines += floor_table(results)
     lines += baseline_check(points)
     lines += every_point_table(points)
@@ -146,28 +145,28 @@ def best_table(points: list[dict[str, Any]], texts: int) -> list[str]:
 
 
 def front_table(points: list[dict[str, Any]]) -> list[str]:
-    """Each route through the front against its engine asked directly, on the same
-    processes at the same point."""
-    rows = [r for r in points if r.get("ratio_vs_engine")]
+    """Each route through the front against its /invocations, on the same processes at
+    the same point."""
+    rows = [r for r in points if r.get("ratio_vs_baseline")]
     if not rows:
         return []
-    engine = {
+    baseline = {
         (r["session"], r["seq"], r["texts"], r["concurrency"]): r
         for r in points
         if r.get("baseline")
     }
     lines = [
-        "### The front against its engine (same processes, same point)",
+        "### The front's routes against its /invocations (same processes, same point)",
         "",
-        "| through the front | seq | texts | c | req/s | engine direct req/s | ratio | "
-        "p50 ms (direct) | CPU ms/req of the front |",
+        "| route | seq | texts | c | req/s | /invocations req/s | ratio | "
+        "p50 ms (/invocations) | CPU ms/req of the front |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        e = engine[(r["session"], r["seq"], r["texts"], r["concurrency"])]
+        e = baseline[(r["session"], r["seq"], r["texts"], r["concurrency"])]
         lines.append(
             f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r['concurrency']} | "
-            f"{r['req_per_s']:.1f} | {e['req_per_s']:.1f} | {r['ratio_vs_engine']:.2f} | "
+            f"{r['req_per_s']:.1f} | {e['req_per_s']:.1f} | {r['ratio_vs_baseline']:.2f} | "
             f"{r['p50_ms']:.1f} ({e['p50_ms']:.1f}) | {_cell2(r, 'cpu_ms_per_req_front')} |"
         )
     return [*lines, ""]
@@ -239,37 +238,29 @@ def _cell(r: dict[str, Any], key: str) -> str:
 
 
 def split_table(results: dict[str, Any]) -> list[str]:
-    """Per request, for the servers bench started: latency split from TorchServe's
-    counters, and CPU milliseconds by process role, which bound throughput at
-    cores / total."""
+    """Per request, for the servers bench started: CPU milliseconds by process role,
+    which bound throughput at cores / total."""
     rows = [r for r in results["points"] if r.get("req_per_s") and "cpu_ms_per_req_workers" in r]
     if not rows:
         return []
     cores = results["machine"]["cores"]
     out = [
-        "### Where the time goes (per request, measuring window)",
+        "### Where the CPU goes (per request, measuring window)",
         "",
-        "Latency: mean client latency; `queue` and `server` from the engine's own counters "
-        "(TorchServe's ts_*, Triton's nv_inference_*); `handler`, `tokenize`, `model` from "
-        "the handler's running sums. CPU: "
-        "milliseconds of CPU each process role used per request; at saturation a "
+        "Milliseconds of CPU each process role used per request; at saturation a "
         f"{cores}-core machine serves at most {cores} x 1000 / total req/s.",
         "",
-        "| endpoint | seq | c | req/s | mean ms | queue | server | handler | tokenize | "
-        "model | CPU workers | CPU frontend | CPU front | CPU client | CPU total | "
-        "cores x 1000 / total |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| endpoint | seq | c | req/s | mean ms | CPU workers | CPU front | CPU client | "
+        "CPU total | cores x 1000 / total |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         total = sum(r.get(k, 0.0) for k in r if k.startswith("cpu_ms_per_req_"))
         out.append(
             f"| {r['endpoint']} | {r['seq']} | {r['concurrency']} | {r['req_per_s']:.1f} | "
-            f"{_cell(r, 'mean_ms')} | {_cell(r, 'queue_ms')} | {_cell(r, 'server_ms')} | "
-            f"{_cell(r, 'handler_ms')} | {_cell(r, 'tokenize_ms')} | {_cell(r, 'model_ms')} | "
-            f"{_cell(r, 'cpu_ms_per_req_workers')} | {_cell(r, 'cpu_ms_per_req_frontend')} | "
-            f"{_cell(r, 'cpu_ms_per_req_front')} | "
-            f"{_cell(r, 'cpu_ms_per_req_client')} | {total:.1f} | "
-            f"{cores * 1000 / total:.0f} |"
+            f"{_cell(r, 'mean_ms')} | {_cell(r, 'cpu_ms_per_req_workers')} | "
+            f"{_cell(r, 'cpu_ms_per_req_front')} | {_cell(r, 'cpu_ms_per_req_client')} | "
+            f"{total:.1f} | {cores * 1000 / total:.0f} |"
             if total
             else ""
         )
@@ -304,35 +295,6 @@ def pace_table(results: dict[str, Any]) -> list[str]:
         out.append(
             f"| {r['endpoint']} | {r['seq']} | {r['concurrency']} | {r['req_per_s']:.1f} | "
             f"{r['neuroncore_busy']:.0%} | {host:.0%} | {cpu:.2f} | {verdict} |"
-        )
-    return [*out, ""]
-
-
-def lone_request_table(points: list[dict[str, Any]]) -> list[str]:
-    """At concurrency 1 and one text, what a lone request pays beyond the model: its p50
-    round trip against the mean model time the handler measured in the same window."""
-    rows = [
-        r
-        for r in points
-        if r.get("concurrency") == 1 and r.get("texts") == 1 and r.get("model_ms") is not None
-    ]
-    if not rows:
-        return []
-    out = [
-        "### A lone request (concurrency 1)",
-        "",
-        "p50 client round trip over loopback against the model's own time per request "
-        "(the handler's running sum over the same window); `beyond` is what the engine, "
-        "its batching delay, the handler and HTTP add.",
-        "",
-        "| endpoint | seq | p50 ms | model ms | beyond the model (ms) |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        beyond = r["p50_ms"] - r["model_ms"]
-        out.append(
-            f"| {r['endpoint']} | {r['seq']} | {r['p50_ms']:.1f} | {r['model_ms']:.1f} | "
-            f"{beyond:.1f} |"
         )
     return [*out, ""]
 

@@ -3,17 +3,12 @@ one or more endpoints, one endpoint at a time, and summarise every point the sam
 
 Endpoint specs (`--endpoint`, repeatable), `TYPE:WHERE`, optionally `LABEL=TYPE:WHERE`:
 
-    <engine>:ARTIFACT          start the engine on the artifact (per --layouts), measure
-                               its own API in each of its protocols
-    sagemaker:ARTIFACT         start the SageMaker entrypoint (TorchServe behind it)
-    front-<engine>:ARTIFACT    start `serve front` with that engine behind it; measure
-                               the engine directly, then /invocations, /embed and
-                               /v1/embeddings through the front, on the same processes
-    front:ARTIFACT             front-torchserve (the name BENCHMARKS' commands use)
+    front:ARTIFACT             start `serve front` on the artifact (per --layouts);
+                               measure /invocations, /embed and /v1/embeddings through
+                               it, on the same processes (front-native: the same)
+    sagemaker:ARTIFACT         start the SageMaker entrypoint
     runner:ARTIFACT            the Runner in this process (no server)
     vanilla:MODEL_DIR          the transformers pipeline on the eager model (the baseline)
-    <protocol>:WHERE           an already running engine, in a protocol of its own API
-                               (engines/<engine>/bench.py says what WHERE is)
     sagemaker:http://...       .../invocations
     openai:http://...          any server's OpenAI-compatible embeddings URL
 """
@@ -33,24 +28,17 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
-from .. import metrics
 from ..artifact import MANIFEST, read_manifest
-from ..engines.base import EngineFacts, NativeRoute, engine_class
-from ..engines.bench import protocol_bench
 from ..host_load import NeuronMonitor
 from ..load.endpoints import Endpoint, HttpJsonEndpoint, RunnerEndpoint, VanillaEndpoint
 from ..load.generator import LoadResult, Window, run_load
 from ..load.work import Work, mask_token
-from ..registry import ENGINES
-from ..waiting import until
 from .floor import encoder_gflop, peak_gops
 from .servers import (
     FrontServer,
-    ManagedServer,
     SageMakerServer,
     cpu_by_role,
     keep_logs,
-    scrape,
 )
 from .stats import summarize
 from .texts import text_with_tokens
@@ -58,16 +46,13 @@ from .texts import text_with_tokens
 if TYPE_CHECKING:
     from ..spec import DeploySpec
 
-# the engine behind the front, by endpoint type: `front-<engine>`, and `front` for
-# TorchServe's (the name the commands in BENCHMARKS were published with)
-FRONT_ENGINES = {"front": SageMakerServer.engine, **{f"front-{e}": e for e in ENGINES}}
-# an engine with no API of its own (the native one) is benched behind the front only
-MANAGED = (*(e for e in ENGINES if engine_class(e).facts.protocols), "sagemaker", *FRONT_ENGINES)
-# the protocols of the engines' own APIs: a running server named by one
-PROTOCOLS = tuple(dict.fromkeys(p for e in ENGINES for p in engine_class(e).facts.protocols))
+# the front, as `front`, and as `front-native`, the name earlier BENCHMARKS commands used
+FRONTS = ("front", "front-native")
+# the servers bench starts itself
+MANAGED = (*FRONTS, "sagemaker")
 # openai: any server's OpenAI-compatible embeddings URL (a peer such as infinity-emb or
 # text-embeddings-inference), driven with the same texts and load as ours
-TYPES = tuple(dict.fromkeys((*MANAGED, "runner", "vanilla", *PROTOCOLS, "openai")))
+TYPES = (*MANAGED, "runner", "vanilla", "openai")
 
 
 @dataclass
@@ -83,7 +68,7 @@ def parse_endpoint(text: str) -> EndpointSpec:
         label, text = text.split("=", 1)
     type_, sep, where = text.partition(":")
     if not sep or not where:
-        raise ValueError(f"endpoint {text!r}: expected TYPE:WHERE, e.g. {ENGINES[0]}:artifacts/m")
+        raise ValueError(f"endpoint {text!r}: expected TYPE:WHERE, e.g. front:artifacts/m")
     if type_ not in TYPES:
         raise ValueError(f"endpoint {text!r}: unknown type {type_!r}; choose from {TYPES}")
     return EndpointSpec(label or type_, type_, where)
@@ -97,8 +82,7 @@ class BenchConfig:
     concurrency: list[int] = field(default_factory=lambda: [1])
     layouts: list[str] = field(default_factory=lambda: ["throughput"])
     window: Window = field(default_factory=Window)
-    # load on each started server before its first point, so a JIT-compiled frontend
-    # (TorchServe's JVM) is measured warm, as it runs after its first minute
+    # load on each started server before its first point, unmeasured
     server_warmup_s: float = 0.0
     # the workers and batching of the servers bench starts (the command's spec)
     spec: DeploySpec | None = None
@@ -180,7 +164,7 @@ def machine() -> dict[str, Any]:
         pass
     return {
         "cpu": cpu,
-        # what decides which CPU engine and precision are fastest (bf16 without
+        # what decides which CPU module format and precision are fastest (bf16 without
         # avx512_bf16 is slower than fp32): results from machines that differ here differ
         "cpu_flags": flags,
         "cores": len(os.sched_getaffinity(0)),
@@ -208,8 +192,7 @@ class Session:
 
 
 def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
-    """The sessions of one endpoint spec: a server bench starts gives one per layout;
-    Triton gives an HTTP and a gRPC endpoint per server."""
+    """The sessions of one endpoint spec: a server bench starts gives one per layout."""
     if spec.type in MANAGED and not _is_url(spec.where):
         for layout in config.layouts:
             yield _managed_session(spec, config, layout)
@@ -229,14 +212,6 @@ def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
             None,
             lambda: [HttpJsonEndpoint(spec.label, "openai", where, headers, field="input")],
         )
-    elif spec.type in PROTOCOLS:
-        bench = protocol_bench(spec.type)
-        yield Session(
-            spec.label,
-            "external",
-            None,
-            lambda: [bench.endpoint(_route(spec.type, where), spec.label, headers)],
-        )
     elif spec.type == "runner":
         yield Session(
             spec.label, "in-process", None, lambda: [RunnerEndpoint(spec.label, Path(where))]
@@ -252,35 +227,16 @@ def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
         raise ValueError(f"{spec.type} needs an artifact directory or an http:// URL")
 
 
-def _route(protocol: str, where: str) -> NativeRoute:
-    """An already running server's route, named on the command line `protocol:URL/MODEL`
-    (TorchServe: http://HOST:PORT/predictions/MODEL; Triton: HOST:PORT/MODEL)."""
-    url, _, model = where.rpartition("/")
-    if not url or not model:
-        raise ValueError(f"{protocol}:{where}: name the model at the end, {protocol}:URL/MODEL")
-    return NativeRoute(protocol, url, model)
-
-
-def native_endpoint(route: NativeRoute, label: str, headers: dict[str, str]) -> Endpoint:
-    """The bench endpoint for an engine's own API at `route`."""
-    return protocol_bench(route.protocol).endpoint(route, label, headers)
-
-
 def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Session:
-    """The engine asked directly (the baseline), then the front's routes, one server."""
+    """The front's routes, on one server; /invocations is the session's baseline."""
     label, artifact = f"{spec.label}/{layout}", Path(spec.where)
-    engine = FRONT_ENGINES[spec.type]
-    server = FrontServer(artifact, layout, engine, config.spec)
+    server = FrontServer(artifact, layout, config.spec)
     embeds = _task(config) == "feature-extraction"
 
     def make() -> list[Endpoint]:
-        running = server.running_engine()
-        assert running is not None, "the front's engine is not running"
-        direct = [
-            native_endpoint(r, f"{label} {r.protocol} direct", {})
-            for r in running.instance.native_routes(server.name)
+        routes: list[Endpoint] = [
+            HttpJsonEndpoint(f"{label} /invocations", "front", f"{server.url}/invocations")
         ]
-        routes = [HttpJsonEndpoint(f"{label} /invocations", "front", f"{server.url}/invocations")]
         if embeds:
             routes += [
                 HttpJsonEndpoint(f"{label} /embed", "front", f"{server.url}/embed"),
@@ -288,37 +244,20 @@ def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Sess
                     f"{label} /v1/embeddings", "front", f"{server.url}/v1/embeddings", field="input"
                 ),
             ]
-        # the baseline: the engine asked directly, or the front's first route where the
-        # engine has no API of its own
-        (direct or routes)[0].baseline = True
-        return [*direct, *routes]
+        routes[0].baseline = True
+        return routes
 
-    count = len(engine_class(engine).facts.protocols) + (3 if embeds else 1)
-    return Session(label, layout, server, make, endpoints=count)
+    return Session(label, layout, server, make, endpoints=3 if embeds else 1)
 
 
 def _managed_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Session:
     label, artifact, headers = f"{spec.label}/{layout}", Path(spec.where), config.headers
-    if spec.type in FRONT_ENGINES:
+    if spec.type in FRONTS:
         return _front_session(spec, config, layout)
-    if spec.type == "sagemaker":
-        front = SageMakerServer(artifact, layout)
-        return Session(
-            label, layout, front, lambda: [HttpJsonEndpoint(label, "sagemaker", front.url, headers)]
-        )
-    server = ManagedServer(spec.type, artifact, layout, config.spec)
-    protocols = server.engine.facts.protocols
-
-    def make() -> list[Endpoint]:
-        routes = server.engine.instance.native_routes(server.name)
-        return [
-            native_endpoint(
-                r, label if len(routes) == 1 else f"{label} {r.protocol.split('-')[-1]}", headers
-            )
-            for r in routes
-        ]
-
-    return Session(label, layout, server, make, endpoints=len(protocols))
+    front = SageMakerServer(artifact, layout)
+    return Session(
+        label, layout, front, lambda: [HttpJsonEndpoint(label, "sagemaker", front.url, headers)]
+    )
 
 
 def _points(config: BenchConfig, in_process: bool):
@@ -399,9 +338,8 @@ class Sweep:
             if server is not None and self.config.server_warmup_s > 0:
                 self.warm_up(endpoints)
             measured.update({id(e): [] for e in endpoints})
-            # every endpoint at one point before the next point: a route through the front
-            # and its engine asked directly are measured seconds apart, not minutes, so
-            # drift of the machine shows in both
+            # every endpoint at one point before the next point: the front's routes are
+            # measured seconds apart, not minutes, so drift of the machine shows in all
             for seq, n, c in _points(self.config, session.in_process):
                 for endpoint in endpoints:
                     row = self.measure(endpoint, session, seq, n, c)
@@ -413,7 +351,7 @@ class Sweep:
                     and self.wrk_check is None
                     and isinstance(endpoint, HttpJsonEndpoint)
                 ):
-                    self.wrk_check = self.cross_check(endpoint, measured[id(endpoint)], server)
+                    self.wrk_check = self.cross_check(endpoint, measured[id(endpoint)])
                 endpoint.close()
         finally:
             if server is not None:
@@ -425,11 +363,10 @@ class Sweep:
                 server.stop()
 
     def cross_check(
-        self, endpoint: HttpJsonEndpoint, measured: list[dict[str, Any]], server: Any
+        self, endpoint: HttpJsonEndpoint, measured: list[dict[str, Any]]
     ) -> dict[str, Any]:
-        """Measure one point again with wrk, and the server's own count of what it served
-        meanwhile: wrk counts whatever came back, so that count shows its requests were
-        the real ones."""
+        """Measure one point again with wrk: two load generators that agree on the
+        same server say the figures are the server's, not a generator's."""
         from ..load import wrk
 
         config = self.config
@@ -444,8 +381,6 @@ class Sweep:
         if not wrk.available():
             return {"skipped": "wrk is not installed (apt-get install wrk)"}
         self.bar.set_postfix_str(f"wrk cross-check {endpoint.label} seq={seq} c={c}")
-        metrics_url = _engine_metrics(endpoint, server)
-        before = settled_scrape(metrics_url, server.name) if metrics_url else {}
         try:
             got = wrk.run_wrk(
                 endpoint.wrk_request(endpoint.payload(self.work.batch(seq, 1))),
@@ -454,10 +389,6 @@ class Sweep:
             )
         except (RuntimeError, ValueError, OSError) as e:
             return {"skipped": f"wrk failed: {e}"}
-        if metrics_url:
-            after = settled_scrape(metrics_url, server.name)
-            name = _scraped_name(metrics.REQUESTS, after)
-            got["server_handled"] = int(after.get(name, 0) - before.get(name, 0))
         self.bar.write(
             f"wrk cross-check {endpoint.label} seq={seq} c={c}: wrk "
             f"{got['req_per_s']:.1f} req/s, ours {ours['req_per_s']:.1f} req/s"
@@ -474,9 +405,7 @@ class Sweep:
 
     def warm_up(self, endpoints: list[Endpoint]) -> None:
         """Load a freshly started server at the first point's length and the largest
-        concurrency, split over its endpoints, unmeasured. Measured with TorchServe:
-        its Java frontend's CPU per request fell from 1.6 to 0.3-0.4 ms over its first
-        25 s of load at 8 tokens, 16 clients."""
+        concurrency, split over its endpoints, unmeasured."""
         config = self.config
         seq, n, c = config.sequence_lengths[0], config.texts_per_request[0], max(config.concurrency)
         each = config.server_warmup_s / len(endpoints)
@@ -491,14 +420,12 @@ class Sweep:
         """One point of the sweep against one endpoint: `n` texts of `seq` tokens per
         request from `c` clients."""
         server = session.server
-        metrics_url = _engine_metrics(endpoint, server)
 
         def probe() -> dict[str, Any]:
             return {
                 "cpu": cpu_by_role(server.root_pids(), server.front_pid)
                 if server is not None
                 else {},
-                "metrics": scrape(metrics_url, server.name) if metrics_url else {},
                 "t": time.monotonic(),
             }
 
@@ -575,23 +502,6 @@ def _wrk_point(
     return out
 
 
-def settled_scrape(metrics_url: str, model: str, timeout_s: float = 5.0) -> dict[str, float]:
-    """A scrape once the handler's metrics have stopped moving: they are written a moment
-    after the responses (metrics.DeferredMetrics), so a count taken as the load stops
-    would miss its last requests."""
-    from ..metrics import DeferredMetrics
-
-    seen = [scrape(metrics_url, model)]
-
-    def settled() -> bool:
-        time.sleep(DeferredMetrics.INTERVAL_S + 0.1)  # one interval between two scrapes
-        seen.append(scrape(metrics_url, model))
-        return seen[-1] == seen[-2]
-
-    until(settled, timeout_s, 0)
-    return seen[-1]
-
-
 def _arithmetic(server: Any, seq: int, texts: int) -> dict[str, Any]:
     """What the model behind a server bench started must compute per request (for the
     compute-floor table), the precision it runs and the cores one worker holds."""
@@ -623,13 +533,6 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def _engine_metrics(endpoint: Endpoint, server: Any) -> str | None:
-    """The metrics URL of the engine bench started behind `endpoint`, when `endpoint`
-    talks to that engine directly (in a protocol of the engine's own API)."""
-    direct = endpoint.type in PROTOCOLS
-    return getattr(server, "metrics_url", None) if direct else None
-
-
 def _summary(result: LoadResult, texts: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if result.latencies_ms:
@@ -657,47 +560,22 @@ def _summary(result: LoadResult, texts: int) -> dict[str, Any]:
 def time_split(
     start: dict[str, Any], end: dict[str, Any], requests: int, client_cpu_s: float
 ) -> dict[str, Any]:
-    """Where each request's time went over the measuring window, from the server's own
-    counters (TorchServe: ms per request queued, in the handler, tokenizing, in the
-    model) and the CPU time each process role used per request (a server at saturation
-    serves at most cores / CPU-per-request)."""
+    """The CPU time each process role used per request over the measuring window (a
+    server at saturation serves at most cores / CPU-per-request)."""
     out: dict[str, Any] = {"cpu_ms_per_req_client": client_cpu_s * 1e3 / requests}
     if "t" in start and "t" in end:
         out["window"] = (start["t"], end["t"])
     for role, t in end["cpu"].items():
         out[f"cpu_ms_per_req_{role}"] = (t - start["cpu"].get(role, 0.0)) * 1e3 / requests
-    d = {k: v - start["metrics"].get(k, 0.0) for k, v in end["metrics"].items()}
-    for count, queue_us, server_us in (f.counters for f in _engine_facts()):
-        served = d.get(count, 0.0)
-        if served > 0:
-            out["queue_ms"] = d.get(queue_us, 0.0) / served / 1e3
-            out["server_ms"] = d.get(server_us, 0.0) / served / 1e3
-    handled = d.get(_scraped_name(metrics.REQUESTS, end["metrics"]), 0.0)
-    if handled > 0:
-        for m in (metrics.HANDLER_MS, metrics.TOKENIZE_MS, metrics.MODEL_MS):
-            out[m.name] = d.get(_scraped_name(m, end["metrics"]), 0.0) / handled
     return out
-
-
-def _scraped_name(metric: metrics.Metric, scraped: dict[str, float]) -> str:
-    """A handler metric's name in whichever engine's naming the scrape uses (the one
-    under which the handler's request counter appears)."""
-    for facts in _engine_facts():
-        if metrics.REQUESTS.named(facts.metric_style) in scraped:
-            return metric.named(facts.metric_style)
-    return metric.name
-
-
-def _engine_facts() -> list[EngineFacts]:
-    return [engine_class(name).facts for name in ENGINES]
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
     """req/s over the vanilla pipeline's at the same sequence length and texts per request,
-    measured in the same run; and, in a session that measured an engine directly, req/s
-    over the engine's at the same point (what going through the front costs)."""
+    measured in the same run; and, in a session with a baseline route, req/s over that
+    route's at the same point."""
     base = {(r["seq"], r["texts"]): r.get("req_per_s") for r in rows if r["type"] == "vanilla"}
-    engine = {
+    baseline = {
         (r["session"], r["seq"], r["texts"], r["concurrency"]): r.get("req_per_s")
         for r in rows
         if r.get("baseline")
@@ -706,9 +584,9 @@ def _add_ratios(rows: list[dict[str, Any]]) -> None:
         b = base.get((r["seq"], r["texts"]))
         if b and r.get("req_per_s"):
             r["ratio_vs_vanilla"] = r["req_per_s"] / b
-        e = engine.get((r.get("session"), r["seq"], r["texts"], r.get("concurrency")))
+        e = baseline.get((r.get("session"), r["seq"], r["texts"], r.get("concurrency")))
         if e and r.get("req_per_s") and not r.get("baseline"):
-            r["ratio_vs_engine"] = r["req_per_s"] / e
+            r["ratio_vs_baseline"] = r["req_per_s"] / e
 
 
 def _config_dict(config: BenchConfig) -> dict[str, Any]:

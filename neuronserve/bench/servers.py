@@ -1,34 +1,27 @@
 """Servers `neuronserve bench` starts itself: each one only while it is measured, so
 two servers never compete for the same cores, on free ports and with its own run
-directories. TorchServe and Triton are packaged and started as a serve.deployment, as the
-front does it; the front runs as `neuronserve serve front` starts it, and the SageMaker
+directories. The front runs as `neuronserve serve front` starts it, and the SageMaker
 entrypoint as the container runs it, each in its own process."""
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import requests
 
 from .. import placement
 from ..artifact import read_manifest
 from ..cores import LEASE_DIR_ENV
-from ..engines.base import engine_class
 from ..processes import free_ports, stop_tree
-from ..registry import ENGINES
-from ..serve.deployment import Deployment, running_engine
-from ..spec import DeploySpec, ModelEntry, env_of, load_spec
+from ..serve.deployment import RUN_DIR
+from ..spec import DeploySpec, env_of, load_spec
 from ..waiting import until
-
-if TYPE_CHECKING:
-    from ..engines.base import Engine
+from ..workers import process
 
 
 class _OwnLeases:
@@ -49,71 +42,20 @@ class _OwnLeases:
             os.environ[LEASE_DIR_ENV] = self._before
 
 
-def bench_spec(engine: str, layout: str, given: DeploySpec | None = None) -> DeploySpec:
+def bench_spec(layout: str, given: DeploySpec | None = None) -> DeploySpec:
     """The spec of a server bench starts: the workers and batching `given` (the bench
-    command's spec), `engine` behind, `layout`, and room for slow points."""
+    command's spec), `layout`, and room for slow points."""
     spec = given if given is not None else load_spec(None, {})
-    return spec.with_section("front", engine=engine).with_section(
-        "worker", layout=layout, response_timeout_s=300
-    )
+    return spec.with_section("worker", layout=layout, response_timeout_s=300)
 
 
-class ManagedServer:
-    """TorchServe or Triton serving one artifact in the given layout."""
-
-    def __init__(
-        self,
-        engine: str,
-        artifact: Path,
-        layout: str,
-        given: DeploySpec | None = None,
-    ):
-        self.tmp = tempfile.TemporaryDirectory(prefix=f"ns-bench-{engine}-")
-        spec = bench_spec(engine, layout, given)
-        self.deployment = Deployment(
-            spec, [ModelEntry(artifact=Path(artifact))], Path(self.tmp.name)
-        )
-        self.engine = self.deployment.engine
-        self.artifact, self.layout, self.name = Path(artifact), layout, self.deployment.name
-        self.workers = self.deployment.plan.workers
-        self.cores_per_worker = self.deployment.plan.cores_per_worker
-        self._leases = _OwnLeases(Path(self.tmp.name))
-        self.started = False
-
-    def start(self) -> None:
-        self._leases.take()
-        self.started = True
-        self.deployment.start()
-
-    def root_pids(self) -> list[int]:
-        running = self.engine.running() if self.started else None
-        pid = running.pid if running is not None else None
-        return [pid] if pid is not None else []
-
-    front_pid: int | None = None
-
-    @property
-    def metrics_url(self) -> str | None:
-        running = self.engine.running() if self.started else None
-        return running.metrics_url if running is not None else None
-
-    def stop(self, cleanup: bool = True) -> None:
-        """Stop the engine; with `cleanup`, remove its folder too (soak looks at what
-        the stop left there first)."""
-        if self.started:
-            self.deployment.stop()
-            self.started = False
-            self._leases.give_back()
-        if cleanup:
-            self.tmp.cleanup()
-
-    @property
-    def lease_dir(self) -> Path:
-        return self._leases.folder
+def _supervisor_pid(work: Path) -> int | None:
+    running = process.running(work / RUN_DIR)
+    return running.pid if running is not None else None
 
 
 def keep_logs(tmp: Path, into: Path, most_bytes: int = 1 << 20) -> list[Path]:
-    """The log files under a started server's temporary folder `tmp` (its engine's and its
+    """The log files under a started server's temporary folder `tmp` (its workers' and its
     front's `*.log`), the last `most_bytes` of each, copied into `into` under the same
     paths: what a bench session that measured errors leaves for a look afterwards."""
     kept = []
@@ -137,27 +79,20 @@ def layout_plan(artifact: Path, spec: DeploySpec) -> placement.WorkerPlan:
 
 
 class FrontServer:
-    """neuronserve's front with an engine behind it, started as `neuronserve serve front`
-    starts them, so one session measures the engine asked directly and through the front
-    on the same running processes."""
+    """neuronserve's front and its workers, started as `neuronserve serve front` starts
+    them, so one session measures each of its routes on the same running processes."""
 
-    def __init__(
-        self,
-        artifact: Path,
-        layout: str,
-        engine: str,
-        given: DeploySpec | None = None,
-    ):
-        from ..serve.front.launch import ENGINE_DIR
+    def __init__(self, artifact: Path, layout: str, given: DeploySpec | None = None):
+        from ..serve.front.launch import WORKERS_DIR
 
-        self.artifact, self.layout, self.engine = Path(artifact), layout, engine
-        spec = bench_spec(engine, layout, given)
+        self.artifact, self.layout = Path(artifact), layout
+        spec = bench_spec(layout, given)
         plan = layout_plan(self.artifact, spec)
         self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
         self.name = read_manifest(self.artifact, verify=False).name
-        self.tmp = tempfile.TemporaryDirectory(prefix=f"ns-bench-front-{engine}-")
+        self.tmp = tempfile.TemporaryDirectory(prefix="ns-bench-front-")
         self.run_dir = Path(self.tmp.name) / "front"
-        self.engine_work = self.run_dir / ENGINE_DIR
+        self.workers_work = self.run_dir / WORKERS_DIR
         self.spec = spec.with_section(
             "front",
             port=free_ports(1)[0],
@@ -176,24 +111,13 @@ class FrontServer:
         self._leases.take()
         self.pid = launch.start(self.spec, [self.artifact], log=lambda _: None).pid
 
-    def running_engine(self) -> Engine | None:
-        return running_engine(self.engine_work, self.engine)
-
     def root_pids(self) -> list[int]:
-        engine = self.running_engine()
-        running = engine.running() if engine is not None else None
-        pids = [self.pid, running.pid if running is not None else None]
+        pids = [self.pid, _supervisor_pid(self.workers_work)]
         return [p for p in pids if p is not None]
 
     @property
     def front_pid(self) -> int | None:
         return self.pid
-
-    @property
-    def metrics_url(self) -> str | None:
-        engine = self.running_engine()
-        running = engine.running() if engine is not None else None
-        return running.metrics_url if running is not None else None
 
     def stop(self, cleanup: bool = True) -> None:
         from ..serve.front import launch
@@ -212,15 +136,11 @@ class FrontServer:
 
 class SageMakerServer:
     """The SageMaker container entrypoint (`python -m
-    neuronserve.platforms.sagemaker.entrypoint`) in front of an engine, serving /ping and
-    /invocations on a free port."""
+    neuronserve.platforms.sagemaker.entrypoint`), serving /ping and /invocations on a
+    free port."""
 
-    # unless told: TorchServe, as in the commands BENCHMARKS published
-    engine = "torchserve"
-
-    def __init__(self, artifact: Path, layout: str, engine: str | None = None):
+    def __init__(self, artifact: Path, layout: str):
         self.artifact, self.layout = Path(artifact), layout
-        self.engine = engine or self.engine
         plan = layout_plan(self.artifact, load_spec(None, {"worker": {"layout": layout}}))
         self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
         self.tmp = tempfile.TemporaryDirectory(prefix="ns-bench-sagemaker-")
@@ -237,7 +157,6 @@ class SageMakerServer:
             **os.environ,
             "NEURONSERVE_PLATFORM": "sagemaker",
             "NEURONSERVE_MODEL_DIR": str(self.artifact.resolve()),
-            env_of("front", "engine"): self.engine,
             env_of("front", "address"): "127.0.0.1",
             env_of("front", "port"): str(self.port),
             "NEURONSERVE_WORK_DIR": str(work),
@@ -275,9 +194,7 @@ class SageMakerServer:
     def root_pids(self) -> list[int]:
         if self.proc is None:
             return []
-        engine = running_engine(self.engine_work, self.engine)
-        running = engine.running() if engine is not None else None
-        pid = running.pid if running is not None else None
+        pid = _supervisor_pid(self.workers_work)
         return [self.proc.pid, *([pid] if pid is not None else [])]
 
     def stop(self, cleanup: bool = True) -> None:
@@ -296,51 +213,18 @@ class SageMakerServer:
         return Path(self.tmp.name) / "leases"
 
     @property
-    def engine_work(self) -> Path:
+    def workers_work(self) -> Path:
         return Path(self.tmp.name)
 
 
-def _server_processes() -> tuple[str, ...]:
-    return tuple(engine_class(e).facts.server_process for e in ENGINES)
-
-
 def cpu_by_role(roots: list[int], front: int | None = None) -> dict[str, float]:
-    """CPU seconds (user + system) so far of the process trees under `roots`, by role: the
-    engine's main process ("frontend": TorchServe's Java process, tritonserver), the
-    model workers and neuronserve's front (the process `front`)."""
-    import psutil
-
+    """CPU seconds (user + system) so far of the process trees under `roots`, by role:
+    neuronserve's front (the process `front`) and the workers (their supervisor's
+    included)."""
     from ..host_load import tree_cpu
 
     out: dict[str, float] = {}
     for p, seconds in tree_cpu(roots):
-        try:
-            name = " ".join(p.cmdline()[:2]) or p.name()
-        except psutil.Error:
-            continue
-        if p.pid == front:
-            role = "front"
-        elif any(s in name for s in _server_processes()):
-            role = "frontend"
-        else:
-            role = "workers"
+        role = "front" if p.pid == front else "workers"
         out[role] = out.get(role, 0.0) + seconds
-    return out
-
-
-_PROM = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$")
-
-
-def scrape(metrics_url: str, model: str) -> dict[str, float]:
-    """The engine's Prometheus series for `model`, summed over their other labels: the
-    server's counters (TorchServe's ts_*, Triton's nv_inference_*: latencies in
-    microseconds, request counts) and the handler's running sums (TorchServe's
-    NeuronServe*Ms, NeuronServeRequests; Triton's neuronserve_*)."""
-    text = requests.get(f"{metrics_url}/metrics", timeout=10).text
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _PROM.match(line.strip())
-        labels = m.group(2) if m else ""
-        if m and any(f'{key}="{model}"' in labels for key in ("model_name", "ModelName", "model")):
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
     return out

@@ -4,8 +4,8 @@ middle, and what it left behind.
 `requests` requests at `concurrency`, a `malformed` share of them broken on purpose
 (not JSON, wrong types, empty inputs, over-long texts, non-UTF-8 bytes), the rest valid
 bodies of one to three texts whose answers are checked against the Runner on the same
-artifact in this process. At `kill_at` of the way through, one worker (a TorchServe
-worker, a Triton stub) is sent SIGKILL. Reported:
+artifact in this process. At `kill_at` of the way through, one worker is sent SIGKILL.
+Reported:
 
 - answered (200 and equal to the Runner's answer), wrong (200 but not equal),
   unavailable (503 or 429 with Retry-After: refused; the client waits as told, at most
@@ -21,7 +21,7 @@ worker, a Triton stub) is sent SIGKILL. Reported:
 - after stop: processes of the run still alive, core leases still held, temporary
   files left: anything in the temporary folder the run's servers were given (TMPDIR, a
   folder of the run's own) and the shared memory in /dev/shm its processes had open or
-  named (Triton's stubs take their region's name as an argument). Only the run's own:
+  named. Only the run's own:
   other servers on the host may come and go meanwhile.
 """
 
@@ -46,8 +46,6 @@ import aiohttp
 import numpy as np
 import psutil
 
-from ..engines.base import Engine, engine_class
-from ..engines.bench import engine_bench
 from ..load.protocols import NATIVE, SoakProtocol
 from ..pids import alive
 from ..processes import ServeError
@@ -55,9 +53,8 @@ from ..processes import ServeError
 if TYPE_CHECKING:
     from ..spec import DeploySpec
 
-__all__ = ["NATIVE", "SoakProtocol", "SoakTarget", "soak_protocols"]
+__all__ = ["NATIVE", "SoakProtocol", "SoakTarget"]
 
-# a worker process of either engine: TorchServe's Python worker, Triton's stub
 SEQUENTIAL = 20
 RETRY_CAP_S = 5.0
 # a worker whose memory grows more than this after warm-up is leaking
@@ -103,13 +100,10 @@ class SoakReport:
     wrong: int = 0
     unavailable: int = 0
     failed: int = 0
-    # requests lost with the killed worker: those it held when it was killed, and those
-    # the engine handed it until it was replaced (Triton hands a dead instance about a
-    # batch a second until the healer has it out of rotation; TorchServe none)
+    # requests lost with the killed worker
     lost_at_kill: int = 0
-    # the most the kill may cost: asked directly, two batches of the largest (the one the
-    # worker held, and one handed to it before it was out of rotation); through the front
-    # none (it sends a request whose worker died once more, to a live one)
+    # the most the kill may cost: none (the front sends a request whose worker died once
+    # more, to a live one)
     lost_allowed: int | None = None
     malformed: int = 0
     malformed_4xx: int = 0
@@ -120,7 +114,7 @@ class SoakReport:
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     killed_pid: int | None = None
-    # when, in Unix time (to line the engine's own logs up with it)
+    # when, in Unix time (to line the workers' own logs up with it)
     killed_at: float | None = None
     recovered_s: float | None = None
     sequential_ok_s: float | None = None
@@ -148,8 +142,7 @@ class SoakReport:
         allowed = self.concurrency if self.lost_allowed is None else self.lost_allowed
         if self.lost_at_kill > allowed:
             out.append(
-                f"{self.lost_at_kill} requests lost with the killed worker, more than "
-                f"{allowed} (two of its batches asked directly; none through the front)"
+                f"{self.lost_at_kill} requests lost with the killed worker, more than {allowed}"
             )
         if self.killed_pid is not None and self.sequential_ok_s is None:
             out.append(f"only {self.sequential} sequential requests right within 60 s of the kill")
@@ -158,16 +151,6 @@ class SoakReport:
         if self.left_processes or self.left_leases or self.left_temp:
             out.append("the stop left something behind")
         return out
-
-
-def soak_protocols() -> dict[str, SoakProtocol]:
-    """Every protocol soak speaks, by name: the native one and each engine's own."""
-    from ..registry import ENGINES
-
-    out = {NATIVE.name: NATIVE}
-    for name in ENGINES:
-        out.update(getattr(engine_bench(name), "soak_protocols", {}))
-    return out
 
 
 @dataclass
@@ -182,13 +165,13 @@ class SoakTarget:
     workers_ready: Callable[[], tuple[int, int]] | None = None
     # what a killed worker may cost (SoakReport.lost_allowed); None: one per client
     lost_allowed: int | None = None
-    # what every request carries besides its body (an engine's key)
+    # what every request carries besides its body (a key)
     headers: dict[str, str] = field(default_factory=dict)
     worker_marks: tuple[str, ...] = ()
 
     def workers(self) -> list[psutil.Process]:
         """The live worker processes under the target's root processes."""
-        marks = self.worker_marks or _worker_marks()
+        marks = self.worker_marks or (WORKER_PROCESS,)
         out: dict[int, psutil.Process] = {}
         for pid in self.roots():
             try:
@@ -213,11 +196,8 @@ class SoakTarget:
         return self.protocol.malformed_bodies(max_text_chars)
 
 
-def _worker_marks() -> tuple[str, ...]:
-    """What the command line of any engine's worker process holds."""
-    from ..registry import ENGINES
-
-    return tuple(engine_class(name).facts.worker_process for name in ENGINES)
+# what a worker process's command line holds
+WORKER_PROCESS = "neuronserve.workers.worker"
 
 
 class Checker:
@@ -448,7 +428,7 @@ class _Run:
 
     def _replacement_loaded(self, first_seen: float, now: float) -> bool:
         """A worker that appeared during the run has loaded once it has had LOAD_GRACE_S
-        and, where the engine can say, the engine has called every worker ready again
+        and the front's client has called every worker ready again
         (on a busy host a load takes longer than any grace)."""
         ready = self.target.workers_ready is None or self.report.recovered_s is not None
         return ready and now - first_seen >= LOAD_GRACE_S
@@ -462,7 +442,7 @@ class _Run:
             r.memory_growth_pct = round(max(100 * (m[3] / m[2] - 1) for m in judged), 1)
 
     async def watch_recovery(self) -> None:
-        """Seconds from the kill until the engine says every worker is ready again, and
+        """Seconds from the kill until every worker is ready again, and
         a probe of its own beside the load: 20 valid requests in a row, one at a time."""
         while self.kill_time is None:
             await asyncio.sleep(0.05)
@@ -472,7 +452,7 @@ class _Run:
             # first dead, then replaced: read in the other order, a worker still dying
             # would count as ready
             while alive(victim.pid) and time.monotonic() - self.kill_time < RECOVERY_LIMIT_S:
-                await asyncio.sleep(0.05)  # (Triton leaves a dead stub a zombie: not waited)
+                await asyncio.sleep(0.05)
             while time.monotonic() - self.kill_time < RECOVERY_LIMIT_S:
                 n, want = await asyncio.to_thread(ready)
                 if n >= want:
@@ -586,78 +566,56 @@ def format_report(r: SoakReport) -> str:
     return "\n".join(lines)
 
 
-VIAS = ("engine", "front", "sagemaker")
+VIAS = ("front", "sagemaker")
 
 
 def start_target(
-    artifact: Path, engine: str, via: str, spec: DeploySpec | None = None
+    artifact: Path, via: str, spec: DeploySpec | None = None
 ) -> tuple[Any, SoakTarget]:
-    """Start `engine` serving `artifact`, asked directly (`via` engine), through the front
-    (`serve front`) or through the SageMaker entrypoint, its workers as `spec` says;
-    return the server and its SoakTarget."""
+    """Start neuronserve serving `artifact` through the front (`serve front`) or through
+    the SageMaker entrypoint, its workers as `spec` says; return the server and its
+    SoakTarget."""
     from ..artifact import read_manifest
-    from .servers import FrontServer, ManagedServer, SageMakerServer
+    from .servers import FrontServer, SageMakerServer
 
     manifest = read_manifest(artifact, verify=False)
     layout = spec.worker.layout if spec is not None else "throughput"
     server: Any
-    if via == "engine" and not engine_class(engine).facts.protocols:
-        server_name = engine_class(engine).facts.server
-        raise ValueError(f"{server_name} has no API of its own: soak it --via front")
-    if via == "engine":
-        server = ManagedServer(engine, artifact, layout, spec)
-        work = Path(server.tmp.name)
-    elif via == "front":
-        server = FrontServer(artifact, layout, engine, spec)
-        work = server.engine_work
+    if via == "front":
+        server = FrontServer(artifact, layout, spec)
     elif via == "sagemaker":
-        server = SageMakerServer(artifact, layout, engine)
-        work = server.engine_work
+        server = SageMakerServer(artifact, layout)
     else:
         raise ValueError(f"via {via!r}: one of {', '.join(VIAS)}")
     server.start()
     try:
-        return server, _target(server, work, engine, via, manifest)
+        return server, _target(server, via, manifest)
     except BaseException:
         server.stop()  # a server this run started never outlives it
         raise
 
 
-def _target(server: Any, work: Path, engine: str, via: str, manifest: Any) -> SoakTarget:
-    from ..serve.deployment import running_engine
+def _target(server: Any, via: str, manifest: Any) -> SoakTarget:
+    from ..serve.deployment import RUN_DIR
 
-    name = manifest.name
-    running = running_engine(work, engine)
-    if running is None:
-        raise RuntimeError(f"{engine} is not running after its start")
-    bench = engine_bench(engine)
-    protocol: SoakProtocol = NATIVE
-    headers: dict[str, str] = {}
-    if via == "engine":
-        # the engine's own API: the first of its protocols
-        route = running.instance.native_routes(name)[0]
-        url, protocol = bench.soak(route, name)
-        headers = route.headers
-    else:
-        url = f"{server.url}/invocations" if via == "front" else server.url
+    run_dir = server.workers_work / RUN_DIR
     return SoakTarget(
-        label=f"{engine} via {via}",
-        url=url,
-        protocol=protocol,
+        label=f"neuronserve via {via}",
+        url=f"{server.url}/invocations" if via == "front" else server.url,
         roots=server.root_pids,
-        workers_ready=_ready_workers(running, name, server.workers),
-        lost_allowed=2 * manifest.grid.max_batch if via == "engine" else 0,
-        headers=headers,
-        worker_marks=(engine_class(engine).facts.worker_process,),
+        workers_ready=_ready_workers(run_dir, manifest.name, server.workers),
+        lost_allowed=0,
+        worker_marks=(WORKER_PROCESS,),
     )
 
 
-def _ready_workers(engine: Engine, model: str, workers: int) -> Callable[[], tuple[int, int]]:
-    """(workers ready, `workers` planned) of `model`, as the front's client of `engine`
-    counts them (the engine gone: none)."""
+def _ready_workers(run_dir: Path, model: str, workers: int) -> Callable[[], tuple[int, int]]:
+    """(workers ready, `workers` planned), as the front's client of the workers counts
+    them (the workers gone: none)."""
+    from ..workers.client import NativeClient
 
     async def ask() -> tuple[int, int]:
-        client = engine.client(model, workers, 1)
+        client = NativeClient(model, run_dir, workers)
         try:
             counts = await client.health()
         finally:
@@ -698,13 +656,11 @@ def soak_started(
     options: SoakOptions,
     log: Callable[[str], object] = print,
 ) -> SoakReport:
-    """Start the spec's engine for `artifact` (`via` engine, front or sagemaker), soak it,
-    stop it and report what the stop left behind: processes of the run, leases,
-    temporary files."""
-    engine = spec.front.engine
+    """Start neuronserve for `artifact` (`via` front or sagemaker), soak it, stop it and
+    report what the stop left behind: processes of the run, leases, temporary files."""
     with _own_temp_folder() as temp_dir:
-        log(f"starting {engine} via {via} for {artifact} ...")
-        server, target = start_target(artifact, engine, via, spec)
+        log(f"starting neuronserve via {via} for {artifact} ...")
+        server, target = start_target(artifact, via, spec)
         pids: set[int] = set()
         shm: set[str] = set()
 

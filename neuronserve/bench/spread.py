@@ -45,43 +45,6 @@ def derived(r: dict[str, Any], peaks: dict[str, Any] | None = None) -> dict[str,
     return out
 
 
-def engine_ratios(runs: list[dict[str, Any]]) -> list[str]:
-    """The first engine's best protocol's req/s over the second's at each point, run
-    by run, on the same artifact and machine: one median and range per point."""
-    from ..engines.base import engine_class
-    from ..registry import ENGINES
-
-    if len(ENGINES) < 2:
-        return []
-    first, other = (engine_class(e) for e in ENGINES[:2])
-    ratios: dict[tuple, list[float]] = defaultdict(list)
-    for results in runs:
-        mine: dict[tuple, float] = {}
-        theirs: dict[tuple, float] = defaultdict(float)
-        for r in results["points"]:
-            key = (r["seq"], r["texts"], r["concurrency"])
-            if r.get("req_per_s") and r["type"] in first.facts.protocols:
-                mine[key] = max(mine.get(key, 0.0), r["req_per_s"])
-            elif r.get("req_per_s") and r["type"] in other.facts.protocols:
-                theirs[key] = max(theirs[key], r["req_per_s"])
-        for key, value in mine.items():
-            if theirs.get(key):
-                ratios[key].append(value / theirs[key])
-    if not ratios:
-        return []
-    a, b = first.facts.server, other.facts.server
-    lines = [
-        "",
-        f"{a} over {b} (its faster protocol at that point), same run:",
-        "",
-        f"| seq | texts | c | {a} / {b} |",
-        "|---:|---:|---:|---:|",
-    ]
-    for (seq, texts, c), values in sorted(ratios.items()):
-        lines.append(f"| {seq} | {texts} | {c} | {spread(values, 2)} |")
-    return lines
-
-
 def spread(values: list[float], digits: int) -> str:
     if not values:
         return ""
@@ -111,7 +74,6 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     for (endpoint, seq, texts, c), rows in by_point.items():
         cells = [spread([r[k] for r in rows if k in r], d) for k, _, d in shown]
         lines.append(f"| {endpoint} | {seq} | {texts} | {c} | " + " | ".join(cells) + " |")
-    lines += engine_ratios(runs)
     return "\n".join(lines) + "\n"
 
 

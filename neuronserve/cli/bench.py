@@ -8,20 +8,14 @@ from typing import Annotated
 
 import typer
 
-from ..registry import ENGINES, section_class
 from ..spec import DeploySpec
 from .options import fail, ints
 from .spec_options import spec_command
 
-# an engine's own batch size (where it has one) beside the worker section's batching
-_BATCHES = [
-    f"{e}.batch_requests" for e in ENGINES if "batch_requests" in section_class(e).model_fields
-]
-
 
 # the workers and batching of the servers bench starts come from the spec, as for `serve`
 # (their response timeout is bench's own: room for slow points; the layouts are swept)
-@spec_command("worker", *_BATCHES, skip=("layout", "response_timeout_s"))
+@spec_command("worker", skip=("layout", "response_timeout_s"))
 def bench_cmd(
     spec: DeploySpec,
     endpoint: Annotated[
@@ -29,16 +23,13 @@ def bench_cmd(
         typer.Option(
             "--endpoint",
             "-e",
-            help="what to measure, repeatable: torchserve:ARTIFACT, triton:ARTIFACT (HTTP and "
-            "gRPC), sagemaker:ARTIFACT, front:ARTIFACT and front-triton:ARTIFACT (the engine "
-            "directly and the front's routes before it, on the same processes) (servers "
-            "started per layout, one at a time), "
+            help="what to measure, repeatable: front:ARTIFACT (the front's /invocations, "
+            "/embed and /v1/embeddings on the same processes), sagemaker:ARTIFACT (the "
+            "SageMaker entrypoint) (servers started per layout, one at a time), "
             "runner:ARTIFACT, vanilla:MODEL_DIR (transformers pipeline baseline), or a "
-            "running server: torchserve:http://HOST:PORT/predictions/MODEL, "
-            "sagemaker:http://HOST:PORT/invocations, triton-http:HOST:PORT/MODEL, "
-            "triton-grpc:HOST:PORT/MODEL, or a peer's OpenAI-style embeddings route: "
-            "openai:http://HOST:PORT/v1/embeddings (infinity-emb, text-embeddings-inference). "
-            "Prefix LABEL= to name it.",
+            "running server: sagemaker:http://HOST:PORT/invocations, or any OpenAI-style "
+            "embeddings route: openai:http://HOST:PORT/v1/embeddings (infinity-emb, "
+            "text-embeddings-inference). Prefix LABEL= to name it.",
         ),
     ],
     sequence_lengths: Annotated[
@@ -57,11 +48,10 @@ def bench_cmd(
     server_warmup: Annotated[
         float,
         typer.Option(
-            help="seconds of load on each server bench starts before its first point (a "
-            "JIT-compiled frontend such as TorchServe's Java one costs more CPU per request "
-            "in its first tens of seconds of load); 0 to measure a cold server"
+            help="seconds of load on each server bench starts before its first point; 0 to "
+            "measure a cold server"
         ),
-    ] = 30.0,
+    ] = 5.0,
     duration: Annotated[float, typer.Option(help="seconds measured per point (at least)")] = 5.0,
     min_requests: Annotated[int, typer.Option(help="requests measured per point (at least)")] = 20,
     max_duration: Annotated[
@@ -79,7 +69,7 @@ def bench_cmd(
     ] = None,
     header: Annotated[
         list[str] | None,
-        typer.Option(help="extra HTTP header 'Name: value' (e.g. TorchServe's token), repeatable"),
+        typer.Option(help="extra HTTP header 'Name: value' (e.g. an API key), repeatable"),
     ] = None,
     generator: Annotated[
         str,

@@ -1,6 +1,8 @@
-"""neuronserve package <engine> | sagemaker | kubernetes: artifacts -> what a server or
-platform loads. One subcommand per engine of the registry, its options from the spec's
-worker and limits sections and the engine's own."""
+"""neuronserve package triton | torchserve | sagemaker | kubernetes: artifacts -> what a
+server or platform loads: a Triton model repository and a TorchServe model store that
+their own servers run, an image's build context for neuronserve's server, manifests that
+run that image. Options from the spec's worker and limits sections and the packager's
+own."""
 
 from __future__ import annotations
 
@@ -9,9 +11,7 @@ from typing import Annotated
 
 import typer
 
-from ..engines.base import engine_class
-from ..registry import ENGINES, IMAGE_ENGINE
-from ..spec import DeploySpec
+from ..spec import DeploySpec, served_elsewhere
 from .options import ArtifactsArg, fail, require_artifacts, with_artifacts
 from .spec_options import TOP, spec_command
 
@@ -21,9 +21,8 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 
-EngineOption = Annotated[
-    str, typer.Option(help=f"the engine inside the image: {' | '.join(ENGINES)}")
-]
+# an image runs neuronserve's server only; --engine is kept to say what to do instead
+EngineOption = Annotated[str | None, typer.Option(hidden=True)]
 
 
 def _holding(spec: DeploySpec, named_by: str) -> str:
@@ -34,33 +33,56 @@ def _holding(spec: DeploySpec, named_by: str) -> str:
     return f" ({len(entries)} models; a request names its model: {named_by})"
 
 
-def _package_command(name: str) -> None:
-    kind = engine_class(name)
+def _refuse_engine(engine: str | None) -> None:
+    refusal = served_elsewhere(engine)
+    if refusal:
+        fail(f"{refusal} (an image runs neuronserve's own server)", 2)
 
-    @spec_command(TOP, "worker", "limits", name, skip=("artifact",))
-    def package_engine(spec: DeploySpec, artifacts: ArtifactsArg = None) -> None:
-        from ..artifact import ArtifactError
-        from ..packaging.model import PackagingError, prepare
 
-        s = require_artifacts(with_artifacts(spec, artifacts))
-        try:
-            out = kind(s.engine_named(name)).package(prepare(s, kind.facts.worker_word))
-        except (ArtifactError, PackagingError, OSError) as e:
-            fail(str(e), 1)
-        lines = [f"wrote {line.format(path=out)}" for line in kind.facts.wrote]
-        lines[0] += _holding(s, kind.facts.model_named_by)
-        for line in lines:
-            typer.echo(line)
+@app.command("triton")
+@spec_command(TOP, "worker", "limits", "triton", skip=("artifact",))
+def triton_cmd(spec: DeploySpec, artifacts: ArtifactsArg = None) -> None:
+    """Write a Triton model repository (`config.pbtxt` and the Python backend's
+    `model.py`, the artifacts inside) holding the artifacts as one Triton model: one
+    instance per core group, each holding every model. Serve it with `tritonserver
+    --model-repository REPO` (NVIDIA's container, or the nvidia-pytriton wheel's server)."""
+    from ..artifact import ArtifactError
+    from ..packaging.model import PackagingError, prepare
+    from ..packaging.triton import package_triton
 
-    package_engine.__doc__ = (
-        f"Write the artifacts into {kind.facts.server}'s store as one model whose "
-        f"{kind.facts.worker_word} (one per core group) each hold every model."
+    s = require_artifacts(with_artifacts(spec, artifacts))
+    try:
+        out = package_triton(s.triton, prepare(s, "instances"))
+    except (ArtifactError, PackagingError, OSError) as e:
+        fail(str(e), 1)
+    typer.echo(
+        f"wrote {out}" + _holding(s, "the `model` request parameter (Triton's parameters field)")
     )
-    app.command(name)(package_engine)
+    typer.echo(f"  serve it: tritonserver --model-repository {out.parent}")
 
 
-for _name in ENGINES:
-    _package_command(_name)
+@app.command("torchserve")
+@spec_command(TOP, "worker", "limits", "torchserve", skip=("artifact",))
+def torchserve_cmd(spec: DeploySpec, artifacts: ArtifactsArg = None) -> None:
+    """Write a TorchServe model store (a .mar holding the handler and the artifacts, and
+    the store's config.properties) holding the artifacts as one TorchServe model: one
+    worker per core group, each holding every model. Serve it with `torchserve --start
+    --model-store STORE --ts-config STORE/config.properties`."""
+    from ..artifact import ArtifactError
+    from ..packaging.model import PackagingError, prepare
+    from ..packaging.torchserve import CONFIG_FILE, package_torchserve
+
+    s = require_artifacts(with_artifacts(spec, artifacts))
+    try:
+        out = package_torchserve(s.torchserve, prepare(s, "workers"))
+    except (ArtifactError, PackagingError, OSError) as e:
+        fail(str(e), 1)
+    store = out.parent
+    typer.echo(f"wrote {out}" + _holding(s, "the X-Neuronserve-Model header"))
+    typer.echo(f"wrote {store / CONFIG_FILE}")
+    typer.echo(
+        f"  serve it: torchserve --start --model-store {store} --ts-config {store / CONFIG_FILE}"
+    )
 
 
 @app.command("sagemaker")
@@ -68,7 +90,7 @@ for _name in ENGINES:
 def sagemaker_cmd(
     spec: DeploySpec,
     artifacts: ArtifactsArg = None,
-    engine: EngineOption = IMAGE_ENGINE,
+    engine: EngineOption = None,
     target: Annotated[
         str,
         typer.Option(help="the image's hardware, which picks the Dockerfile: cpu | neuronx | cuda"),
@@ -80,9 +102,10 @@ def sagemaker_cmd(
     from ..packaging.model import PackagingError
     from ..platforms.sagemaker.context import ContextError, package_sagemaker
 
+    _refuse_engine(engine)
     s = with_artifacts(spec, artifacts)
     try:
-        path = package_sagemaker(require_artifacts(s, target), engine, target, out)
+        path = package_sagemaker(require_artifacts(s, target), target, out)
     except (ArtifactError, ContextError, PackagingError, OSError) as e:
         fail(str(e), 1)
     typer.echo(f"wrote the build context {path}: docker build -t <image> {path}")
@@ -101,7 +124,7 @@ def kubernetes_cmd(
             "minilm:neuronx)"
         ),
     ] = "",
-    engine: EngineOption = IMAGE_ENGINE,
+    engine: EngineOption = None,
     target: Annotated[
         str, typer.Option(help="the pods' hardware: cpu | neuronx (aws.amazon.com/neuroncore)")
     ] = "cpu",
@@ -145,16 +168,26 @@ def kubernetes_cmd(
             "extension's, for neuronx pods of more than one core; '' for the default]"
         ),
     ] = None,
+    store_uri: Annotated[
+        str,
+        typer.Option(
+            help="where you keep what `package triton` and `package torchserve` wrote, for "
+            "KServe's own Triton and TorchServe runtimes (URI/triton: the repository; "
+            "URI/torchserve: config/config.properties and model-store/)"
+        ),
+    ] = "s3://YOUR-BUCKET/neuronserve",
 ) -> None:
     """Write the image's build context and Kubernetes manifests: plain (Deployment,
     Service, HorizontalPodAutoscaler, PodDisruptionBudget) and KServe (ServingRuntime,
-    InferenceService)."""
+    InferenceService) for neuronserve's server, and InferenceServices for KServe's own
+    Triton and TorchServe runtimes serving what `package triton|torchserve` wrote."""
     # long: typer declares one parameter per command-line option
     from ..artifact import ArtifactError
     from ..packaging.model import PackagingError
     from ..platforms.kubernetes import ClusterOptions, package_kubernetes
     from ..platforms.sagemaker.context import ContextError
 
+    _refuse_engine(engine)
     if not image:
         fail("--image is required: where your registry will hold the image built from "
              "<out>/image", 2)  # fmt: skip
@@ -170,15 +203,16 @@ def kubernetes_cmd(
         model_claim=model_claim,
         api_key_secret=api_key_secret,
         scheduler=scheduler,
+        store_uri=store_uri,
     )
     try:
-        pod = package_kubernetes(require_artifacts(s, target), engine, target, out, options)
+        pod = package_kubernetes(require_artifacts(s, target), target, out, options)
     except (ArtifactError, ContextError, PackagingError, OSError) as e:
         fail(str(e), 1)
     unit = "NeuronCore(s)" if target == "neuronx" else "CPU(s)"
     typer.echo(
-        f"wrote {out}/image (build context), {out}/plain, {out}/kserve and "
-        f"{out}/prometheus-adapter.yaml\n"
+        f"wrote {out}/image (build context), {out}/plain, {out}/kserve, "
+        f"{out}/kserve-triton, {out}/kserve-torchserve and {out}/prometheus-adapter.yaml\n"
         f"  pods: {pod.cores} {unit} and {pod.memory} each, {pod.workers} worker(s) of "
         f"{pod.cores_per_worker} planned at start; autoscale {options.min_replicas}.."
         f"{options.max_replicas} pods at {pod.in_flight_target} requests in flight per pod\n"

@@ -19,8 +19,9 @@ Sources = Annotated[
     list[Path] | None,
     typer.Argument(
         help="what to serve: artifact directories (one, or several served together by the "
-        "same workers), or a store an engine's `neuronserve package` wrote (a model store "
-        "holding a .mar, a Triton repository) (default: the spec's `artifact` or `models`)",
+        "same workers), or what `neuronserve package` wrote (a model store holding a .mar, "
+        "a Triton repository): its models are served here (default: the spec's `artifact` "
+        "or `models`)",
         show_default=False,
     ),
 ]
@@ -76,7 +77,7 @@ def front_cmd(
     ] = False,
     timeout: Timeout = 600,
 ) -> None:
-    """Start the front and the engine behind it; return once every worker is ready.
+    """Start the front and its workers; return once every worker is ready.
 
     From a model id to an endpoint: `neuronserve serve front --model
     sentence-transformers/all-MiniLM-L6-v2` downloads, compiles for this host and serves
@@ -86,8 +87,9 @@ def front_cmd(
     The front answers OpenAI's `POST /v1/embeddings`; text-embeddings-inference's `POST /`
     (the model's own task), `/embed`, `/embed_all`, `/embed_sparse`, `/similarity`,
     `/predict`, `/rerank`, `/tokenize`, `/decode`, `/info`, `/health`; SageMaker's `/ping`
-    and `/invocations`; `/metrics` and `/docs`. The engine listens on loopback only. API
-    keys are required whenever the front listens beyond loopback.
+    and `/invocations`; `/metrics` and `/docs`. Each worker process owns a core group and
+    listens on a socket in a private folder only. API keys are required whenever the
+    front listens beyond loopback.
     """
     from ..processes import ServeError
     from ..serve.front import launch
@@ -138,12 +140,6 @@ def _what_to_serve(
             "artifact (or several), a model store or a Triton repository"
         )
     spec = _compiled(spec)
-    if "engine" not in spec.front.model_fields_set:
-        from ..serve.model_source import store_engine
-
-        packaged_for = store_engine(given)
-        if packaged_for is not None:  # a copy: what the front process is handed is a dump
-            spec = spec.with_section("front", engine=packaged_for)
     if models and given:  # artifacts and models by id on one command line: all served
         given += [e.artifact for e in spec.model_entries()]
     if given and (spec.artifact is not None or spec.models):
@@ -185,18 +181,18 @@ def _compiled(spec: DeploySpec) -> DeploySpec:
 def _foreground(spec: Any, sources: list[Path]) -> int:
     from ..serve.deployment import deployment_for
     from ..serve.front.config import FrontConfig
-    from ..serve.front.launch import ENGINE_DIR
+    from ..serve.front.launch import WORKERS_DIR
     from ..serve.front.server import configure_logging, run
 
     configure_logging()
     config = FrontConfig.of(spec.front, spec.limits, spec.multi_model)
-    return run(config, lambda: deployment_for(spec, sources, config.run_dir / ENGINE_DIR))
+    return run(config, lambda: deployment_for(spec, sources, config.run_dir / WORKERS_DIR))
 
 
 def _report_multi_model(config: Any, info: dict[str, Any], log_file: Path) -> None:
     typer.echo(
         f"neuronserve front is ready at {config.url}: multi-model, "
-        f"{len(info.get('models', []))} model(s) loaded, which listens on loopback only"
+        f"{len(info.get('models', []))} model(s) loaded"
     )
     for m in info.get("models", []):
         typer.echo(f"  {m['model_id']}: {m.get('task', '?')}, {m.get('state', '?')}")
@@ -222,7 +218,7 @@ def _report(inst: Any, custom_run_dir: bool) -> None:
             info = json.loads(r.read())
     except (OSError, ValueError) as e:  # it is running: say so, and where to look
         typer.echo(f"neuronserve front is ready at {config.url} (its /info failed: {e})")
-        info = {"model_id": "?", "task": "?", "target": "?", "precision": "?", "engine": "?"}
+        info = {"model_id": "?", "task": "?", "target": "?", "precision": "?"}
     models = info.get("models") or [info]
     if config.multi_model:
         _report_multi_model(config, info, inst.log)
@@ -230,13 +226,12 @@ def _report(inst: Any, custom_run_dir: bool) -> None:
     if len(models) == 1:
         typer.echo(
             f"neuronserve front is ready at {config.url}: {info['model_id']} ({info['task']}, "
-            f"{info['target']} {info['precision']}) on {info['engine']}, which listens on "
-            "loopback only"
+            f"{info['target']} {info['precision']}) on {inst.workers} worker(s)"
         )
     else:
         typer.echo(
             f"neuronserve front is ready at {config.url}: {len(models)} models on "
-            f"{info['engine']} (each worker holds them all), which listens on loopback only"
+            f"{inst.workers} worker(s), each holding them all"
         )
         for m in models:
             typer.echo(

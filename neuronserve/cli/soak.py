@@ -13,9 +13,8 @@ from .options import fail
 from .spec_options import spec_command
 
 
-# the engine and its workers come from the spec, as for `serve` (their response timeout
-# is the soak's own)
-@spec_command("front.engine", "worker", skip=("response_timeout_s",))
+# the workers come from the spec, as for `serve` (their response timeout is the soak's own)
+@spec_command("worker", skip=("response_timeout_s",))
 def soak_cmd(  # long: typer declares one parameter per command-line option
     spec: DeploySpec,
     artifact: Annotated[
@@ -24,11 +23,10 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
     via: Annotated[
         str,
         typer.Option(
-            help="engine: ask the engine directly (its own API's first protocol); front: "
-            "through `serve front`'s /invocations; sagemaker: through the SageMaker "
-            "entrypoint's /invocations"
+            help="front: through `serve front`'s /invocations; sagemaker: through the "
+            "SageMaker entrypoint's /invocations"
         ),
-    ] = "engine",
+    ] = "front",
     url: Annotated[
         str | None,
         typer.Option(
@@ -36,13 +34,6 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
             "no memory, nothing checked after stop)"
         ),
     ] = None,
-    protocol: Annotated[
-        str,
-        typer.Option(
-            help='with --url: native ({"inputs": ...} JSON), or an engine\'s own (triton: '
-            "KServe v2 JSON)"
-        ),
-    ] = "native",
     requests: Annotated[int, typer.Option(min=1, help="requests in all")] = 4000,
     concurrency: Annotated[int, typer.Option(min=1, help="clients at once (closed loop)")] = 32,
     malformed: Annotated[
@@ -72,20 +63,16 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
         SoakTarget,
         format_report,
         run_soak,
-        soak_protocols,
         soak_started,
     )
     from ..processes import ServeError
 
-    protocols = soak_protocols()
-    if protocol not in protocols:
-        fail(f"--protocol {protocol!r}: {' or '.join(protocols)}")
     if via not in VIAS:
         fail(f"--via {via!r}: one of {', '.join(VIAS)}")
     try:
         if url is not None:
             options = SoakOptions(requests, concurrency, malformed, None, seed)
-            target = SoakTarget(label=url, url=url, protocol=protocols[protocol])
+            target = SoakTarget(label=url, url=url)
             report = run_soak(options, target, artifact)
         else:
             options = SoakOptions(requests, concurrency, malformed, kill_at or None, seed)

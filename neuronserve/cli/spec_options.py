@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from ..section import declared
-from ..spec import SECTIONS, DeploySpec, SpecError, engine_sections, load_spec
+from ..spec import SECTIONS, DeploySpec, SpecError, load_spec
 
 F = TypeVar("F", bound=Callable[..., Any])
 TOP = ""
@@ -38,14 +38,11 @@ SpecFile = Annotated[
 
 
 def section_model(part: str) -> type[BaseModel]:
-    """The model declaring the fields of `part`: the deployment's own (""), a section's,
-    or an engine's."""
+    """The model declaring the fields of `part`: the deployment's own ("") or a
+    section's."""
     if part == TOP:
         return DeploySpec
-    for s in SECTIONS:
-        if s.key == part:
-            return s
-    return engine_sections()[part]
+    return next(s for s in SECTIONS if s.key == part)
 
 
 def cli_fields(part: str) -> list[tuple[str, FieldInfo]]:
@@ -98,7 +95,12 @@ def field_help(info: FieldInfo) -> str:
 
 def _parameter(part: str, name: str, info: FieldInfo) -> inspect.Parameter:
     kind = _option_type(info.annotation)
-    option = typer.Option(*_flag_decls(name, info, kind), help=field_help(info), show_default=False)
+    option = typer.Option(
+        *_flag_decls(name, info, kind),
+        help=field_help(info),
+        show_default=False,
+        hidden=bool(declared(info).get("hidden")),
+    )
     return inspect.Parameter(
         f"{part or 'spec'}{SEP}{name}",
         inspect.Parameter.KEYWORD_ONLY,

@@ -1,6 +1,5 @@
-"""How soak speaks to a server (SoakProtocol), and the native protocol every route of
-the front and TorchServe's handler speak; an engine's own API may speak another
-(engines/<engine>/bench.py)."""
+"""How soak speaks to a server (SoakProtocol): the native protocol of the front's
+/invocations (and of TorchServe's handler)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ class SoakProtocol:
     """How soak speaks to a server: the body of a request for texts, bodies every server
     must refuse with a 4xx, and the task's JSON answer from a served body. This one is
     the native protocol (`{"inputs", "parameters"}` JSON and the task's JSON answer:
-    TorchServe's /predictions, the front's and SageMaker's /invocations); an engine's
-    own API may speak another (engines/<engine>/bench.py)."""
+    TorchServe's /predictions, the front's and SageMaker's /invocations)."""
 
     name = "native"
 

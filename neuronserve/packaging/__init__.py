@@ -1,2 +1,4 @@
-"""Packagers: an artifact -> what an engine or a platform runs (a TorchServe .mar, a
-Triton repository, a SageMaker build context)."""
+"""Packagers: artifacts -> what other servers load (a Triton model repository, a
+TorchServe model store) and what our own server's images hold (a SageMaker build
+context). neuronserve serves on its own workers only: Triton and TorchServe are started
+by their users, on what these write."""

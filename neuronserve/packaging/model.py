@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 from .. import cores, placement
 from ..artifact import Manifest, read_manifest
 from ..buckets import engine_batch_sizes
+from ..sources import FoundModel, ModelSourceError
 from ..spec import DeploySpec, LimitsSection, ModelEntry, WorkerSection
 from ..targets import pipeline_depth
 from ..worker import MODELS_DIR, ModelSettings, WorkerSettings
@@ -31,6 +32,13 @@ from ..worker import MODELS_DIR, ModelSettings, WorkerSettings
 # the largest batch an engine forms in a multi-model deployment, whose models' grids are
 # unknown when it starts (a Runner runs a batch beyond its grid in pieces)
 MULTI_MODEL_MAX_BATCH = 32
+
+
+def found_in(model_dir: Path, settings: WorkerSettings) -> list[FoundModel]:
+    """The models a packaged model folder holds, from the settings packaged with them."""
+    if not settings.models:
+        raise ModelSourceError(f"{model_dir} was packaged without the models it holds")
+    return [FoundModel(model_dir / m.artifact, m.name, m.truncation) for m in settings.models]
 
 
 class PackagingError(RuntimeError):

@@ -10,7 +10,7 @@ it on a cluster, two ways.
                                       turns the front's in-flight gauge into the HPA's metric
 
 The pod runs the image's `serve` entrypoint with NEURONSERVE_PLATFORM=kubernetes: the front
-on port 8080 with API keys on (the key from a Secret), the engine behind it on loopback,
+on port 8080 with API keys on (the key from a Secret), its workers behind it,
 and the worker count planned at start from the cores the pod was granted, never written
 into the manifest: on neuronx from NEURON_RT_VISIBLE_CORES, which the Neuron device plugin
 sets in the container ("Neuron scheduler extension flow", awsdocs-neuron
@@ -47,7 +47,7 @@ NEURON_SCHEDULER = "my-scheduler"
 IN_FLIGHT_METRIC = "neuronserve_front_in_flight"
 # Requests in flight per worker that keep a worker busy without queueing long: throughput
 # is near its plateau at about eight per worker (BENCHMARKS.md, the front against its
-# engine); beyond that only latency grows.
+# workers); beyond that only latency grows.
 IN_FLIGHT_PER_WORKER = 8
 # Loading a model and warming every bucket: minutes for a Neuron artifact on first load.
 STARTUP_S = 600
@@ -72,6 +72,9 @@ class ClusterOptions:
     model_claim: str | None = None  # a PersistentVolumeClaim holding the model
     api_key_secret: str | None = None  # Secret with the key under API_KEY_ITEM
     scheduler: str | None = None  # neuronx with more than one core: the extension's
+    # where the Triton repository and TorchServe store `package triton|torchserve` wrote
+    # are kept for KServe's own runtimes (`<store_uri>/triton`, `<store_uri>/torchserve`)
+    store_uri: str = "s3://YOUR-BUCKET/neuronserve"
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,6 @@ class Pod:
     """The facts every manifest shares, derived once."""
 
     name: str
-    engine: str
     target: str
     cores: int
     cores_per_worker: int
@@ -118,7 +120,6 @@ class Pod:
     def env(self, model_dir: str | None) -> list[dict[str, Any]]:
         env: list[dict[str, Any]] = [
             {"name": "NEURONSERVE_PLATFORM", "value": "kubernetes"},
-            {"name": env_of("front", "engine"), "value": self.engine},
             {"name": env_of("worker", "cores_per_worker"), "value": str(self.cores_per_worker)},
             # Prometheus scrapes by annotation, without a key; the other routes need one
             {"name": env_of("front", "metrics_auth"), "value": "off"},
@@ -153,13 +154,13 @@ class Pod:
             "startupProbe": probe("/ping", 5, STARTUP_S // 5),
             "readinessProbe": probe("/ping", 5, 2),
             # /health is 503 once no worker can serve (a worker being replaced leaves it
-            # 200, "degraded"): a pod whose engine has not come back within two minutes
+            # 200, "degraded"): a pod whose workers have not come back within two minutes
             # is restarted
             "livenessProbe": probe("/health", 10, 12),
         }
 
 
-def _pod(spec: DeploySpec, engine: str, target: str, o: ClusterOptions) -> Pod:
+def _pod(spec: DeploySpec, target: str, o: ClusterOptions) -> Pod:
     try:
         names = check_runs(spec, target, "pod")
     except ContextError as e:
@@ -178,13 +179,12 @@ def _pod(spec: DeploySpec, engine: str, target: str, o: ClusterOptions) -> Pod:
     )
     return Pod(
         name=_dns_name(name),
-        engine=engine,
         target=target,
         cores=cores,
         cores_per_worker=cores_per_worker,
         memory=memory,
         secret=o.api_key_secret or f"{_dns_name(name)}-api-key",
-        # the front drains for up to its deadline, then the engine stops its workers
+        # the front drains for up to its deadline, then stops its workers
         grace_s=int(spec.front.deadline_s) + 30,
         options=o,
     )
@@ -199,7 +199,7 @@ def _dns_name(name: str) -> str:
 
 def _memory(artifacts: list[Path], workers: int) -> str:
     """A memory request from the artifacts: every worker holds every model's weights once
-    more while loading, plus the engine, the front and the tokenizers."""
+    more while loading, plus the front and the tokenizers."""
     weights = sum(f.stat().st_size for a in artifacts for f in Path(a).rglob("*") if f.is_file())
     gib = 1.5 + 2 * workers * weights / 2**30
     return f"{math.ceil(gib)}Gi"
@@ -352,6 +352,41 @@ def inference_service(pod: Pod, namespace: str, claim: str | None) -> dict[str, 
     }
 
 
+# KServe's own runtimes, serving what `package triton` and `package torchserve` wrote:
+# kserve-tritonserver runs `tritonserver --model-repository=/mnt/models`; kserve-torchserve
+# reads /mnt/models/config/config.properties and the archives in /mnt/models/model-store
+# (KServe's "Deploy a PyTorch model with TorchServe" and "Triton" serving runtime pages)
+# (the folder under store_uri, KServe's model format, its protocol)
+PLUGINS = (("triton", "triton", "v2"), ("torchserve", "pytorch", "v1"))
+
+
+def plugin_inference_service(
+    pod: Pod, namespace: str, server: str, fmt: str, protocol: str
+) -> dict[str, Any]:
+    """An InferenceService for KServe's own Triton or TorchServe runtime, its storage the
+    repository or store neuronserve packaged, its resources the pod's: the same core
+    groups, each instance or worker leasing and pinning its own."""
+    model: dict[str, Any] = {
+        "modelFormat": {"name": fmt},
+        "protocolVersion": protocol,
+        "storageUri": f"{pod.options.store_uri.rstrip('/')}/{server}",
+        "resources": pod.resources(),
+    }
+    predictor: dict[str, Any] = {
+        "minReplicas": pod.options.min_replicas,
+        "maxReplicas": pod.options.max_replicas,
+        "model": model,
+    }
+    if pod.scheduler:
+        predictor["schedulerName"] = pod.scheduler
+    return {
+        "apiVersion": "serving.kserve.io/v1beta1",
+        "kind": "InferenceService",
+        "metadata": {"name": f"{pod.name}-{server}", "namespace": namespace, "labels": pod.labels},
+        "spec": {"predictor": predictor},
+    }
+
+
 def adapter_values(namespace: str) -> dict[str, Any]:
     """prometheus-adapter (prometheus-community chart) values exposing the front's gauge
     as a per-pod custom metric."""
@@ -376,12 +411,12 @@ def adapter_values(namespace: str) -> dict[str, Any]:
 
 
 def manifests(
-    spec: DeploySpec, engine: str, target: str, options: ClusterOptions
+    spec: DeploySpec, target: str, options: ClusterOptions
 ) -> dict[str, list[dict[str, Any]]]:
     """Every object, by the file it goes to."""
     if target not in TARGETS:
         raise ClusterError(f"target {target!r}: choose {' or '.join(TARGETS)}")
-    pod = _pod(spec, engine, target, options)
+    pod = _pod(spec, target, options)
     ns, claim = options.namespace, options.model_claim
     return {
         "plain/deployment.yaml": [deployment(pod, ns, options.min_replicas, claim)],
@@ -390,19 +425,23 @@ def manifests(
         "plain/disruption-budget.yaml": [disruption_budget(pod, ns)],
         "kserve/serving-runtime.yaml": [serving_runtime(pod, ns)],
         "kserve/inference-service.yaml": [inference_service(pod, ns, claim)],
+        **{
+            f"kserve-{server}/inference-service.yaml": [
+                plugin_inference_service(pod, ns, server, fmt, protocol)
+            ]
+            for server, fmt, protocol in PLUGINS
+        },
     }
 
 
-def package_kubernetes(
-    spec: DeploySpec, engine: str, target: str, out: Path, options: ClusterOptions
-) -> Pod:
+def package_kubernetes(spec: DeploySpec, target: str, out: Path, options: ClusterOptions) -> Pod:
     """Write the image's build context and every manifest under `out`, for the spec's
     models (one or several)."""
-    objects = manifests(spec, engine, target, options)
+    objects = manifests(spec, target, options)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not (out / "plain").is_dir():
         raise ClusterError(f"{out} exists and is not a neuronserve Kubernetes folder")
-    package_sagemaker(spec, engine, target, out / "image")
+    package_sagemaker(spec, target, out / "image")
     for rel, docs in objects.items():
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -410,4 +449,4 @@ def package_kubernetes(
     (out / "prometheus-adapter.yaml").write_text(
         yaml.safe_dump(adapter_values(options.namespace), sort_keys=False)
     )
-    return _pod(spec, engine, target, options)
+    return _pod(spec, target, options)

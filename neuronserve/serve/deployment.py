@@ -1,11 +1,11 @@
-"""A deployment: one engine serving one or several models from folders of its own,
-packaged for this host's worker plan (one worker per core group, each holding every
-model), on loopback ports of its own, started with truthful readiness.
+"""A deployment: neuronserve's workers serving one or several models from folders of
+their own, packaged for this host's worker plan (one worker per core group, each holding
+every model), started with truthful readiness.
 
 The front (serve/front/), the SageMaker and Kubernetes entrypoints and bench each run
-one. Its folder holds the engine's store (`store/`: a model store or Triton repository
-written afresh at every start, so nothing packaged for an earlier start is served) and
-the engine's run directory (`run/`: pid file, logs).
+one. Its folder holds the workers' store (`store/`: written afresh at every start, so
+nothing packaged for an earlier start is served) and their run folder (`run/`: the
+supervisor's pid file, logs, the workers' sockets).
 """
 
 from __future__ import annotations
@@ -17,18 +17,17 @@ from typing import TYPE_CHECKING
 
 from .. import catalog, placement
 from ..artifact import read_manifest
-from ..engines.base import engine_class
 from ..packaging.model import prepare, served_truncation
-from ..processes import free_ports, private_dir
-from ..registry import section_class
+from ..processes import private_dir
 from ..spec import DeploySpec, FrontSection, ModelEntry
+from ..workers import process
+from ..workers.package import package_workers
 from .model_source import find_models
 
 if TYPE_CHECKING:
     from ..artifact import Manifest
-    from ..engines.base import Engine
-    from ..engines.client import EngineClient
     from ..served import ServedModel
+    from ..workers.client import NativeClient
     from .front.multi_model import ModelCatalog
     from .front.serving import Serving
     from .model_source import FoundModel
@@ -51,31 +50,27 @@ def model_entries(found: list[FoundModel], spec: DeploySpec) -> list[ModelEntry]
 
 def deployment_for(spec: DeploySpec, sources: list[Path], work: Path) -> Deployment:
     """The deployment serving the models in `sources` (artifacts, a model store holding
-    a .mar, a Triton repository), or the spec's models when none is given, with the
-    spec's settings over the packaged ones."""
+    a .mar, a Triton repository, a workers' store), or the spec's models when none is
+    given, with the spec's settings over the packaged ones."""
     found = [f for i, s in enumerate(sources) for f in find_models(s, work / f"source-{i}")]
     entries = model_entries(found, spec) if found else spec.model_entries()
     return Deployment(spec, entries, work)
 
 
-def running_engine(work: Path, name: str) -> Engine | None:
-    """The engine a Deployment in `work` started, if it is running."""
-    found = engine_class(name)(section_class(name)(), Path(work) / RUN_DIR)
-    return found if found.running() else None
+def running_workers(work: Path) -> process.RunningWorkers | None:
+    """The workers a Deployment in `work` started, if they are running."""
+    return process.running(Path(work) / RUN_DIR)
 
 
 class Deployment:
-    """The spec's engine (`front.engine`) serving `models` from `work`.
+    """The workers serving `models` from `work`.
 
-    What the spec gives reaches the engine and its workers as it is: the deployment's
-    name and truncation, the worker, limits and multi-model sections and the engine's
-    own; where the engine keeps its store and run folder, and the loopback ports it
-    listens on, are chosen here, with the keys on that a front holds (the engine
-    section's fields marked `behind_front`). It is resolved once, here (`packaged`: the models'
-    verified manifests and served names, the worker plan, the workers' settings), and
-    every start packages from that. `serving_host`: the host it plans for is the one it
-    serves on (the SageMaker entrypoint), so more workers than core groups are cut to the
-    groups.
+    What the spec gives reaches the workers as it is: the deployment's name and
+    truncation, the worker, limits and multi-model sections. It is resolved once, here
+    (`packaged`: the models' verified manifests and served names, the worker plan, the
+    workers' settings), and every start packages from that. `serving_host`: the host it
+    plans for is the one it serves on (the SageMaker entrypoint), so more workers than
+    core groups are cut to the groups.
     """
 
     def __init__(
@@ -85,11 +80,9 @@ class Deployment:
         work: Path,
         serving_host: bool = False,
     ):
-        # the engine's store, catalog and run folder: what its workers read as
-        # instructions, so this user's alone
+        # the workers' store, catalog and run folder: what they read as instructions, so
+        # this user's alone
         self.work = private_dir(Path(work))
-        name = spec.front.engine
-        kind = engine_class(name)
         self.multi_model = spec.multi_model.enabled
         if not models and not self.multi_model:
             raise ValueError("a deployment needs at least one model")
@@ -101,12 +94,6 @@ class Deployment:
             for m in models:
                 manifest = read_manifest(m.artifact, verify=False)
                 self.initial[m.served_name(manifest.name)] = (manifest, Path(m.artifact))
-        # loopback only, behind the front, and keys even so: another local user must not
-        # reach the engine around the front's keys and limits
-        given = spec.engine_named(name)
-        own = given.behind_a_front(
-            self.work / STORE_DIR, self.work / RUN_DIR, free_ports(len(given.port_fields()))
-        )
         multi_model = spec.multi_model
         if self.multi_model:
             first = next(iter(self.initial.values()), None)
@@ -116,16 +103,19 @@ class Deployment:
                     **({"target": first[0].target} if first else {}),
                 }
             )
-        self.spec = spec.with_engine(own).model_copy(
+        self.spec = spec.model_copy(
             update={
                 "artifact": None,
                 "name": None,
                 "models": [] if self.multi_model else list(models),
                 "multi_model": multi_model,
-                "front": FrontSection(engine=name),
+                # the front's own settings (port, keys, TLS) stay with the front
+                "front": FrontSection(),
             }
         )
-        self.engine = kind(own)
+        self.store = self.work / STORE_DIR
+        self.run_dir = self.work / RUN_DIR
+        self.workers: process.RunningWorkers | None = None
         plan = None
         if self.multi_model:  # on the target of the models it will load
             plan = placement.plan(
@@ -133,21 +123,13 @@ class Deployment:
                 serving_host,
             )
         # resolved once: the manifests read and verified, each model's served name, the
-        # name the engine serves them under, the worker plan and the workers' settings;
+        # name they are served under together, the worker plan and the workers' settings;
         # every start packages from it
-        self.packaged = prepare(self.spec, kind.facts.worker_word, plan, serving_host)
+        self.packaged = prepare(self.spec, "workers", plan, serving_host)
         self.name = self.packaged.name
         self.plan = self.packaged.plan
 
-    @property
-    def engine_name(self) -> str:
-        return self.engine.name
-
-    @property
-    def store(self) -> Path:
-        return self.engine.section.store
-
-    def start(self) -> None:
+    def start(self, timeout_s: float = 600) -> None:
         """Package for this host into a fresh store and start; returns once every worker
         is ready."""
         # the store is this deployment's alone: whatever an earlier start packaged there
@@ -157,23 +139,23 @@ class Deployment:
         if self.multi_model:  # and nothing an earlier start loaded is wanted again
             shutil.rmtree(self.work / CATALOG_DIR, ignore_errors=True)
             catalog.write_wanted(self.work / CATALOG_DIR, {})
-        self.engine.package(self.packaged)
-        self.engine.start(log=log.info)
+        package_workers(self.store, self.packaged)
+        self.workers = process.start(self.store, self.run_dir, timeout_s, log.info)
 
     def stop(self) -> None:
-        self.engine.stop(log=log.info)
+        process.stop(self.run_dir, log=log.info)
+        self.workers = None
 
     def restart(self) -> None:
-        """Stop and start again, on loopback ports chosen afresh: another local user
-        could bind one of the old ones in the moment between, and the front's client,
-        which holds the engine's keys, would talk to them (the front takes a client of the
-        new server)."""
         self.stop()
-        own = self.engine.section
-        own = own.on_ports(free_ports(len(own.port_fields())))
-        self.spec = self.spec.with_engine(own)
-        self.engine = type(self.engine)(own)
         self.start()
+
+    def stuck(self) -> str | None:
+        """Why only a restart can make the workers whole (None: they are, or mend
+        themselves: the supervisor replaces a dead or hung worker)."""
+        if process.running(self.run_dir) is None:
+            return "the workers' supervisor is no longer running"
+        return None
 
     @property
     def tasks(self) -> str:
@@ -211,7 +193,6 @@ class Deployment:
         return ServedModel(
             name=name,
             manifest=manifest,
-            engine=self.engine.name,
             truncation=truncation
             if truncation is not None
             else served_truncation(ModelEntry(artifact=artifact), self.spec, manifest),
@@ -249,5 +230,7 @@ class Deployment:
             idle_unload_s,
         )
 
-    def client(self, connections: int) -> EngineClient:
-        return self.engine.client(self.name, self.plan.workers, connections)
+    def client(self) -> NativeClient:
+        from ..workers.client import NativeClient
+
+        return NativeClient(self.name, self.run_dir, self.plan.workers)

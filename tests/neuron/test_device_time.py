@@ -341,7 +341,7 @@ def test_the_device_thread_only_calls_the_modules(device_time, neuronx_artifact,
 def test_a_pipelined_runner_takes_the_next_batch_while_the_device_runs_one(
     device_time, neuronx_artifact
 ):
-    """`start` returns once a batch is queued for the device, so an engine's worker can
+    """`start` returns once a batch is queued for the device, so a worker can
     parse the next batch meanwhile; with two in flight a third waits for the first to be
     answered; every batch gets the answers of one call."""
     from neuronserve.inflight import IN_FLIGHT
@@ -432,11 +432,11 @@ def test_the_monitor_reader_follows_neuron_monitors_documented_report():
     assert monitor.mean_between(0.0, 1.0) is None
 
 
-def test_engines_form_batches_of_several_device_calls(neuronx_artifact):
+def test_packages_form_batches_of_several_device_calls(neuronx_artifact):
     from neuronserve.buckets import efficient_batches
-    from neuronserve.engines.torchserve.package import model_config
-    from neuronserve.engines.triton.package import model_config as triton_config
     from neuronserve.packaging.model import prepare
+    from neuronserve.packaging.torchserve import model_config
+    from neuronserve.packaging.triton import model_config as triton_config
     from neuronserve.spec import load_spec
     from neuronserve.targets import pipeline_depth
 
@@ -447,7 +447,7 @@ def test_engines_form_batches_of_several_device_calls(neuronx_artifact):
     unit = max(efficient_batches(m.grid, m.bucket_ms).values() or m.grid.batch_sizes)
     depth = pipeline_depth(m.target)
     assert depth > 1
-    assert model_config(spec.engine_named("torchserve"), packaged)["batchSize"] == depth * unit
+    assert model_config(spec.torchserve, packaged)["batchSize"] == depth * unit
     config = triton_config(packaged)
     assert max(config.dynamic_batching.preferred_batch_size) == depth * unit
     assert config.max_batch_size >= depth * unit

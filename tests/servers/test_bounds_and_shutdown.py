@@ -1,9 +1,9 @@
-"""The SageMaker entrypoint (the front, with TorchServe behind it) under bounds and
-shutdown: a burst beyond TorchServe's job queue (spec max_queued, set through
-NEURONSERVE_MAX_QUEUED) is refused at once with 503 while the accepted requests are
-answered right; a client's X-Request-Timeout is honoured (504 naming it) and a bad one
-is a 400; SIGTERM under load lets every request in flight finish with the right answer,
-refuses new ones, stops TorchServe and leaves no process and no held lease behind."""
+"""The SageMaker entrypoint (the front and its workers) under bounds and shutdown: a
+burst beyond the workers' queues (spec max_queued, set through NEURONSERVE_MAX_QUEUED)
+is refused at once with 503 while the accepted requests are answered right; a client's
+X-Request-Timeout is honoured (504 naming it) and a bad one is a 400; SIGTERM under load
+lets every request in flight finish with the right answer, refuses new ones, stops the
+workers and leaves no process and no held lease behind."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from helpers import SENTENCES, wait_for
 
 from neuronserve.bench.servers import SageMakerServer
 from neuronserve.bench.soak import held_leases
-from neuronserve.serve.deployment import running_engine
 
 pytestmark = pytest.mark.server
 QUEUED = 4
@@ -35,7 +34,7 @@ def server(minilm_artifact):
         pytest.skip("needs two CPU cores for two workers")
     os.environ["NEURONSERVE_MAX_QUEUED"] = str(QUEUED)
     try:
-        server = SageMakerServer(minilm_artifact, "throughput", "torchserve")
+        server = SageMakerServer(minilm_artifact, "throughput")
         server.start()
     finally:
         os.environ.pop("NEURONSERVE_MAX_QUEUED")
@@ -62,16 +61,15 @@ def want_rows(runner, texts):
     return np.array(runner.responses_for_bodies([(body, "application/json")])[0])
 
 
-def test_a_burst_beyond_the_engines_queue_is_refused_at_once(server, minilm_runner):
-    [route] = running_engine(server.engine_work, "torchserve").instance.native_routes("minilm")
-    url = f"{route.url}/{route.model}"
+def test_a_burst_beyond_the_workers_queues_is_refused_at_once(server, minilm_runner):
+    url = server.url
     want = want_rows(minilm_runner, TEXTS)
     barrier = threading.Barrier(32)
 
     def one(_):
         barrier.wait()
         t0 = time.monotonic()
-        r = requests.post(url, json={"inputs": TEXTS}, headers=route.headers, timeout=120)
+        r = requests.post(url, json={"inputs": TEXTS}, timeout=120)
         return r, time.monotonic() - t0
 
     with ThreadPoolExecutor(32) as pool:
@@ -90,8 +88,8 @@ def test_the_clients_deadline_is_honoured(server):
     front = server.url.removesuffix("/invocations")
     bad = requests.post(server.url, json={"inputs": "x"}, headers={"X-Request-Timeout": "soon"})
     assert bad.status_code == 400 and "X-Request-Timeout" in bad.text
-    engine_pid = server.root_pids()[1]
-    workers = psutil.Process(engine_pid).children(recursive=True)
+    supervisor = server.root_pids()[1]
+    workers = psutil.Process(supervisor).children(recursive=True)
     for p in workers:
         os.kill(p.pid, signal.SIGSTOP)
     try:
@@ -109,16 +107,14 @@ def test_the_clients_deadline_is_honoured(server):
 
 
 def test_sigterm_under_load_finishes_what_was_accepted(server, minilm_runner):
-    # as many texts as one engine call carries (the model's largest batch), each long
+    # as many texts as one worker call carries (the model's largest batch), each long
     # enough for its longest shape: each request one call that keeps a worker busy
     texts = [" ".join(SENTENCES)[:900]] * 8
     want = want_rows(minilm_runner, texts)
     proc, lease_dir = server.proc, server.lease_dir
     tree = [proc.pid, *(p.pid for p in psutil.Process(proc.pid).children(recursive=True))]
-    # as many as the engine is sure to admit: TorchServe bounds the queue as it stands when a
-    # request arrives, and requests arriving together may all be queued before any worker
-    # takes one (CI saw 2 + QUEUED answered [503, 503, 200, 200]); the front sends each
-    # request as one call, the queue's unit
+    # as many as the workers are sure to admit: requests arriving together may all be
+    # queued before any worker takes one; the front sends each request as one call
     n = QUEUED
     barrier = threading.Barrier(n + 1)
 

@@ -1,6 +1,6 @@
 """From a model id to an endpoint in one command: `neuronserve serve front --model <Hub id>
 --model <folder>` offline against a pre-filled Hugging Face cache downloads nothing,
-compiles both for this host (the task from each config), serves them on a real engine
+compiles both for this host (the task from each config), serves them on its own workers
 with answers equal to eager transformers, and the second start compiles nothing. A
 second front on the same port fails, naming the port and the deployment holding it."""
 
@@ -91,8 +91,7 @@ def test_a_hub_id_and_a_folder_served_in_one_command(
 EXPORT_ID = "neuronserve-tests/tiny-embedder-neuronx"
 
 
-@pytest.mark.parametrize("engine", ["native", "triton"])
-def test_an_optimum_neuron_export_served_as_it_is(tmp_path, tiny_embedder_dir, monkeypatch, engine):
+def test_an_optimum_neuron_export_served_as_it_is(tmp_path, tiny_embedder_dir, monkeypatch):
     """A sentence-transformers model optimum-neuron exported (a Hub id, offline): served
     on the host's NeuronCores without a compile, each call the export's one shape, its
     answers the eager model's mean pooling, normalised unless the request says not."""
@@ -112,7 +111,7 @@ def test_an_optimum_neuron_export_served_as_it_is(tmp_path, tiny_embedder_dir, m
         "HF_HUB_CACHE": str(cache),
         "NEURONSERVE_CACHE": str(tmp_path / "ns-cache"),
     }
-    write_spec(tmp_path, engine=engine, front_port=port, front_run_dir="front", workers=2)
+    write_spec(tmp_path, front_port=port, front_run_dir="front", workers=2)
     refused = run_cli(
         "serve", "front", "--model", EXPORT_ID, "--spec", "deploy.yaml", cwd=tmp_path, env=env,
         check=False,

@@ -1,20 +1,16 @@
-"""The front's contract, the same over every engine: a real TorchServe, then a real
-tritonserver, each serving three models of three tasks (MiniLM embeddings, a reranker, a
-classifier: each worker holds all three), started by `neuronserve serve front` with keys
-from a file and small limits. The official openai client and huggingface_hub's, the
-text-embeddings-inference routes by model, limits, the in-flight bound, the deadline
-with frozen workers, the engine's metrics, keep-alive; answers equal the Runners in
-process (each model as if served alone). What only one engine has (TorchServe's own API
-behind the front) is tested on that engine alone, here; Triton's own (TLS, its gRPC and
-KServe API, its healer) in test_front_triton.py. Last: the run directory serves another
-model after a stop. The front's HTTP handling alone is tested in process
-(tests/unit)."""
+"""The front's contract: one real server serving three models of three tasks (MiniLM
+embeddings, a reranker, a classifier: each worker holds all three), started by
+`neuronserve serve front` with keys from a file and small limits. The official openai
+client and huggingface_hub's, the text-embeddings-inference routes by model, limits, the
+in-flight bound, the deadline with frozen workers, the workers' metrics, keep-alive;
+answers equal the Runners in process (each model as if served alone). Last: the run
+directory serves another model after a stop. The front's HTTP handling alone is tested
+in process (tests/unit); what only the workers do, in test_native.py."""
 
 from __future__ import annotations
 
 import contextlib
 import re
-import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,11 +30,11 @@ from helpers import (
     write_spec,
 )
 
-from neuronserve.registry import ENGINES
 from neuronserve.runtime import Runner
-from neuronserve.serve.deployment import running_engine
+from neuronserve.serve.deployment import running_workers
 from neuronserve.serve.front import schemas
-from neuronserve.serve.front.launch import ENGINE_DIR
+from neuronserve.serve.front.launch import WORKERS_DIR
+from neuronserve.workers.store import models_in
 
 pytestmark = pytest.mark.server
 
@@ -50,19 +46,11 @@ LIMITS = {
     "deadline_s": 4,
 }
 LONG = " ".join(["long"] * 400)  # 402 tokens: over MiniLM's largest compiled 256
-# a series of each engine's own metrics, which the front's /metrics carries behind its own
-ENGINE_SERIES = {
-    "torchserve": "ts_inference_requests_total",
-    "triton": "nv_inference_request_success",
-    # the native engine has no server of its own: its series are its workers'
-    "native": "neuronserve_requests_total",
-}
 
 
 class Front:
-    def __init__(self, work: Path, port: int, started: str, engine: str):
+    def __init__(self, work: Path, port: int, started: str):
         self.work, self.url, self.started = work, f"http://127.0.0.1:{port}", started
-        self.engine_name = engine
         self.auth = {"Authorization": f"Bearer {KEYS[1]}"}
 
     def post(self, path: str, body=None, key: bool = True, **kw) -> requests.Response:
@@ -72,25 +60,19 @@ class Front:
     def get(self, path: str, key: bool = True) -> requests.Response:
         return requests.get(f"{self.url}{path}", headers=self.auth if key else {}, timeout=60)
 
-    def engine(self):
-        return running_engine(self.work / "front" / ENGINE_DIR, self.engine_name)
-
-    def only(self, engine: str) -> None:
-        if self.engine_name != engine:
-            pytest.skip(f"{engine}'s own API")
+    def workers(self):
+        return running_workers(self.work / "front" / WORKERS_DIR)
 
 
-@pytest.fixture(scope="module", params=ENGINES)
-def front(request, tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
-    engine = request.param
-    work = tmp_path_factory.mktemp(f"front-{engine}")
+@pytest.fixture(scope="module")
+def front(tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
+    work = tmp_path_factory.mktemp("front")
     keys = work / "keys.txt"
     keys.write_text("# one key per line\n" + "\n".join(KEYS) + "\n")
     keys.chmod(0o600)
     port = free_port()
     write_spec(
         work,
-        engine=engine,
         front_port=port,
         front_run_dir="front",
         auth="on",
@@ -100,10 +82,10 @@ def front(request, tmp_path_factory, minilm_artifact, classifier_artifact, task_
     )
     models = [minilm_artifact, task_models["rerank"][1], classifier_artifact]
     out = run_cli("serve", "front", *models, "--spec", "deploy.yaml", cwd=work)
-    front = Front(work, port, out.stdout, engine)
+    front = Front(work, port, out.stdout)
     yield front
     run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=work)
-    assert front.engine() is None, "the engine outlived the front"
+    assert front.workers() is None, "the workers outlived the front"
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +99,7 @@ def runner_answer(runner, inputs, **parameters):
 
 
 def test_start_names_models_routes_and_the_key_file_never_a_key(front, tmp_path):
-    assert f"3 models on {front.engine_name} (each worker holds them all)" in front.started
+    assert "3 models on 2 worker(s), each holding them all" in front.started
     for line in ("minilm: feature-extraction", "rerank: rerank", "tiny-classifier: text-"):
         assert line in front.started, line
     assert "POST /v1/embeddings" in front.started and "POST /embed" in front.started
@@ -205,11 +187,7 @@ def test_tei_routes(front, minilm_runner, minilm_dir):
     assert tokens[0][0]["special"] and tokens[0][0]["start"] is None
 
     info = schemas.Info.model_validate(front.get("/info").json())
-    assert (info.task, info.engine, info.max_input_length) == (
-        "feature-extraction",
-        front.engine_name,
-        256,
-    )
+    assert (info.task, info.max_input_length) == ("feature-extraction", 256)
     assert info.max_client_batch_size == 16 and info.truncation is False
     assert [(m["model_id"], m["task"]) for m in info.models] == [
         ("minilm", "feature-extraction"),
@@ -266,52 +244,6 @@ def test_huggingface_inference_client(front, minilm_runner):
     assert cut.shape == (1, 16) and np.isclose(np.linalg.norm(cut), 1.0, atol=1e-5)
 
 
-def test_torchserve_behind_the_front_takes_no_request_without_its_key(front):
-    """Another local user who finds TorchServe's loopback ports gets nothing around the
-    front's keys: no embeddings, no scaling the workers to zero (token authorization,
-    its keys in the front's private run directory). Triton's: test_front_triton.py."""
-    front.only("torchserve")
-    engine = front.engine()
-    [route] = engine.instance.native_routes("models")
-    keyless = requests.post(
-        f"{route.url}/models",
-        json={"inputs": "x"},
-        headers={"X-Neuronserve-Model": "minilm"},
-        timeout=60,
-    )
-    assert keyless.status_code in (400, 401, 403), keyless.text
-    scale = requests.put(f"{engine.instance.management_url}/models/models?min_worker=0", timeout=60)
-    assert scale.status_code in (400, 401, 403), scale.text
-    key_file = engine.run_dir / "key_file.json"
-    assert stat.S_IMODE(engine.run_dir.stat().st_mode) == 0o700 and key_file.is_file()
-    assert front.post("/embed", {"inputs": "x"}).status_code == 200
-
-
-def test_answers_equal_torchserve_asked_directly(front):
-    front.only("torchserve")
-    engine = front.engine()
-    [route] = engine.instance.native_routes("models")
-    assert route.url.startswith("http://127.0.0.1:")  # the engine listens on loopback
-    url = f"{route.url}/models"
-    to_minilm = {"X-Amzn-SageMaker-Target-Model": "minilm"}
-    direct_headers = {"X-Neuronserve-Model": "minilm", **engine.instance.headers()}
-    for body in ({"inputs": SENTENCES[6]}, {"inputs": SENTENCES[:8]}):
-        ours = front.post("/invocations", body, headers=to_minilm)
-        theirs = requests.post(url, json=body, headers=direct_headers, timeout=60)
-        assert ours.status_code == theirs.status_code == 200
-        assert ours.content == theirs.content  # passed through as TorchServe wrote it
-    plain = front.post(
-        "/invocations", headers={**to_minilm, "Content-Type": "text/plain"}, data=b"hello"
-    )
-    direct = requests.post(url, data=b"hello", headers=direct_headers, timeout=60)
-    assert plain.json() == direct.json()
-    bad = front.post("/invocations", {"inputs": 3}, headers=to_minilm)
-    assert bad.status_code == 400 and bad.json() == {
-        "code": 400,
-        "error": "inputs[0] must be a string, got int",
-    }
-
-
 def test_keys_are_required_except_on_probes(front):
     for path in ("/embed", "/v1/embeddings", "/tokenize", "/invocations"):
         r = front.post(path, {"inputs": "x"}, key=False)
@@ -346,7 +278,7 @@ def test_limits_refuse_one_request_and_serve_the_next(front, minilm_runner):
 
     batch = front.post("/embed", {"inputs": ["x"] * 17})
     assert batch.status_code == 422 and "at most 16 (max_client_batch)" in batch.json()["error"]
-    # SageMaker's route answers a request over a limit 413, as the engine's own API does
+    # SageMaker's route answers a request over a limit 413
     worker = front.post(
         "/invocations", {"inputs": ["x"] * 17}, headers={"X-Amzn-SageMaker-Target-Model": "minilm"}
     )
@@ -401,14 +333,10 @@ def test_a_burst_beyond_the_in_flight_bound_gets_429_and_the_rest_answers(front,
     assert all(np.allclose(r.json()[0], want[0], atol=1e-5) for r in served)
 
 
-def test_the_deadline_answers_504_and_the_engine_serves_again(front):
-    # the engine's server frozen (TorchServe's frontend, tritonserver): nothing answers
-    # until the front gives up. Its workers are left running (Triton's backend takes a
-    # frozen stub for a dead one, and its healer replaces it: test_front_triton.py). The
-    # native engine has no server between: its workers are frozen (and its supervisor
+def test_the_deadline_answers_504_and_the_workers_serve_again(front):
+    # the workers frozen: nothing answers until the front gives up (and the supervisor
     # may take them for hung and replace them)
-    inst = front.engine().instance
-    pids = [w["pid"] for w in inst.states()] if front.engine_name == "native" else [inst.pid]
+    pids = [w["pid"] for w in front.workers().states()]
     frozen = [psutil.Process(pid) for pid in pids]
     for p in frozen:
         p.suspend()
@@ -422,7 +350,7 @@ def test_the_deadline_answers_504_and_the_engine_serves_again(front):
     wait_for(lambda: front.post("/embed", {"inputs": "awake"}).status_code == 200, 30)
 
 
-def test_metrics_count_routes_and_show_the_engines_by_model(front):
+def test_metrics_count_routes_and_show_the_workers_by_model(front):
     front.post("/embed", {"inputs": "counted"})
     front.post("/predict", {"inputs": "counted"})
     front.post("/embed", {"inputs": "refused"}, key=False)
@@ -431,12 +359,9 @@ def test_metrics_count_routes_and_show_the_engines_by_model(front):
     assert 'neuronserve_front_requests_total{model="",route="/embed",status="401"}' in text
     assert "neuronserve_front_request_duration_seconds_bucket" in text
     assert "neuronserve_front_in_flight 0.0" in text
-    assert ENGINE_SERIES[front.engine_name] in text  # the engine's own, behind ours
-    # the workers' own series, one per model (in each engine's naming style)
+    # the workers' own series, one per model, behind the front's
     wait_for(lambda: 'model="tiny-classifier"' in front.get("/metrics").text, 10, 0.1, "metrics")
-    # (the native engine's counters carry Prometheus' _total: its series are the front's)
-    workers = r'(NeuronServeRequests|neuronserve_requests(_total)?)\{[^}]*model="minilm"'
-    assert re.search(workers, front.get("/metrics").text)
+    assert re.search(r'neuronserve_requests_total\{[^}]*model="minilm"', front.get("/metrics").text)
 
 
 def test_the_front_process_never_loads_torch(front):
@@ -488,26 +413,6 @@ def test_an_idle_connection_outlives_the_retry_after(front):
         conn.close()
 
 
-def test_a_second_deployment_on_the_same_cores_is_refused_naming_this_one(front, tiny_artifact):
-    """Another `serve torchserve`, its store and run directory its own, while this front's
-    workers hold every core: its worker cannot start, and the error says whose workers
-    hold the cores and how to free them; nothing of it is left running."""
-    front.only("torchserve")
-    other = front.work / "other"
-    other.mkdir()
-    write_spec(other, artifact=tiny_artifact, model_store="store", run_dir="run", workers=1)
-    run_cli("package", "torchserve", "--spec", "deploy.yaml", cwd=other)
-    proc = run_cli(
-        "serve", "torchserve", "--spec", "deploy.yaml", "--timeout", "120", cwd=other, check=False
-    )
-    assert proc.returncode == 1 and "a worker failed to start" in proc.stderr
-    engine_run = front.work / "front" / ENGINE_DIR / "run"
-    assert f"(torchserve:models) of another deployment (run directory {engine_run})" in proc.stderr
-    assert "Stop the other deployment(s)" in proc.stderr
-    assert not (other / "run/tmp/.model_server.pid").exists()
-    assert front.post("/embed", {"inputs": "still served"}).status_code == 200
-
-
 def test_the_run_directory_serves_another_model_after_a_stop(
     front, classifier_runner, classifier_artifact
 ):
@@ -523,19 +428,18 @@ def test_the_run_directory_serves_another_model_after_a_stop(
         classifier_runner, "works", top_k=None
     )
     assert front.post("/embed", {"inputs": "gone"}).status_code == 424
-    store = front.work / "front" / ENGINE_DIR / "store"
-    assert front.engine().models_in(store) == ["tiny-classifier"]
+    assert models_in(front.work / "front" / WORKERS_DIR / "store") == ["tiny-classifier"]
 
 
 def test_stop_stops_what_a_front_that_died_left_running(front):
-    """Last: a front killed outright (no drain, no stop of its engine) may leave its
-    engine serving (TorchServe's JVM is not its child); `--stop` stops that too."""
+    """Last: a front killed outright (no drain, no stop of its workers) may leave its
+    workers serving; `--stop` stops them too."""
     pid = int((front.work / "front" / "front.pid").read_text())
     root = psutil.Process(pid)
     root.kill()
     wait_for(lambda: not root.is_running() or root.status() == psutil.STATUS_ZOMBIE, 30)
-    left = front.engine()
+    left = front.workers()
     out = run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=front.work)
     if left is not None:
-        assert f"the front left its {left.facts.server} running" in out.stdout
-    assert front.engine() is None, "the engine outlived its front's stop"
+        assert "the front left its workers running" in out.stdout
+    assert front.workers() is None, "the workers outlived their front's stop"

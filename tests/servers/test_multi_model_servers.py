@@ -1,12 +1,11 @@
-"""SageMaker's multi-model contract through the front against real engines: TorchServe,
-Triton and the native engine on CPU, and TorchServe and the native engine on a fake
-4-NeuronCore host with the stand-in SDK
-(there a model can only be loaded by the worker process that holds the cores). A budget
-of two models, three registered: requests cycling through all three answer right while
-the least recently used is evicted and loaded again on demand; 409, delete then 404,
-pagination, a swap under 16 clients with no failed request, and a killed worker replaced
-with every model while no request fails. The catalog's own logic
-(507, the admin key, eviction order) is tested in process: tests/unit/test_multi_model.py."""
+"""SageMaker's multi-model contract through a real front, on CPU and on a fake
+4-NeuronCore host with the stand-in SDK (there a model can only be loaded by the worker
+process that holds the cores). A budget of two models, three registered: requests
+cycling through all three answer right while the least recently used is evicted and
+loaded again on demand; 409, delete then 404, pagination, a swap under 16 clients with
+no failed request, and a killed worker replaced with every model while no request
+fails. The catalog's own logic (507, the admin key, eviction order) is tested in
+process: tests/unit/test_multi_model.py."""
 
 from __future__ import annotations
 
@@ -74,21 +73,15 @@ def close(got, want, tol: float = 1e-4) -> bool:
     return got == want
 
 
-# (engine, host): the CPU, or a fake 4-NeuronCore host with the stand-in SDK
-KINDS = [
-    ("torchserve", "cpu"),
-    ("triton", "cpu"),
-    ("native", "cpu"),
-    ("torchserve", "neuron"),
-    ("native", "neuron"),
-]
+# the host: the CPU, or a fake 4-NeuronCore host with the stand-in SDK
+HOSTS = ["cpu", "neuron"]
 
 
-@pytest.fixture(scope="module", params=KINDS, ids=[f"{e}-{h}" for e, h in KINDS])
+@pytest.fixture(scope="module", params=HOSTS)
 def endpoint(request, tmp_path_factory, tiny_artifact, classifier_artifact, neuronx_artifact):
-    engine, host = request.param
+    host = request.param
     neuron = host == "neuron"
-    work = tmp_path_factory.mktemp(f"multi-{engine}-{host}")
+    work = tmp_path_factory.mktemp(f"multi-{host}")
     models = work / "models"
     embedder = neuronx_artifact if neuron else tiny_artifact
     for name in ("a", "b", "c"):
@@ -104,7 +97,6 @@ def endpoint(request, tmp_path_factory, tiny_artifact, classifier_artifact, neur
     port = free_port()
     write_spec(
         work,
-        engine=engine,
         front_port=port,
         front_run_dir="front",
         multi_model=True,

@@ -1,5 +1,5 @@
-"""The native engine as only it behaves, started for real behind `serve front` (what every
-engine shares is test_front_contract.py): each worker holds its own cores and a socket
+"""neuronserve's workers as only they behave, started for real behind `serve front` (the
+front's contract is test_front_contract.py): each worker holds its own cores and a socket
 only its user may open, which another local user cannot connect to; a worker killed
 under load is replaced alone while the front sends its requests once more to the other;
 a frozen worker is taken for hung and replaced; a malformed frame closes its own
@@ -33,8 +33,8 @@ from helpers import (
     write_spec,
 )
 
-from neuronserve.serve.deployment import running_engine
-from neuronserve.serve.front.launch import ENGINE_DIR
+from neuronserve.serve.deployment import running_workers
+from neuronserve.serve.front.launch import WORKERS_DIR
 
 pytestmark = pytest.mark.server
 
@@ -47,10 +47,10 @@ class NativeFront:
         return requests.post(f"{self.url}/embed", json={"inputs": text}, timeout=timeout)
 
     def engine(self):
-        return running_engine(self.work / "front" / ENGINE_DIR, "native")
+        return running_workers(self.work / "front" / WORKERS_DIR)
 
     def states(self) -> list[dict]:
-        return self.engine().instance.states()
+        return self.engine().states()
 
     def health(self) -> dict:
         return requests.get(f"{self.url}/health", timeout=10).json()
@@ -62,7 +62,6 @@ def front(tmp_path_factory, tiny_artifact):
     port = free_port()
     write_spec(
         work,
-        engine="native",
         front_port=port,
         front_run_dir="front",
         workers=2,
@@ -93,7 +92,7 @@ def _ready(front: NativeFront) -> bool:
 
 
 def test_each_worker_holds_its_own_core_and_a_socket_of_its_users(front):
-    assert "tiny (feature-extraction" in front.started and "on native" in front.started
+    assert "tiny (feature-extraction" in front.started and "on 2 worker(s)" in front.started
     states = front.states()
     cores = [frozenset(psutil.Process(w["pid"]).cpu_affinity()) for w in states]
     assert len(cores) == 2 and len(set(cores)) == 2 and all(len(c) == 1 for c in cores)
@@ -235,15 +234,15 @@ def test_a_second_deployment_on_the_same_cores_is_refused_naming_this_one(front,
     other = front.work / "other"
     other.mkdir()
     port = free_port()
-    write_spec(other, engine="native", front_port=port, front_run_dir="run", workers=1)
+    write_spec(other, front_port=port, front_run_dir="run", workers=1)
     proc = run_cli(
         "serve", "front", tiny_artifact, "--spec", "deploy.yaml", "--timeout", "120",
         cwd=other, check=False,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    engine_run = front.work / "front" / ENGINE_DIR / "run"
+    engine_run = front.work / "front" / WORKERS_DIR / "run"
     said = proc.stdout + proc.stderr
-    assert "native worker 0 could not start" in said
+    assert "worker 0 could not start" in said
     assert f"of another deployment (run directory {engine_run})" in said
-    assert running_engine(other / "run" / ENGINE_DIR, "native") is None
+    assert running_workers(other / "run" / WORKERS_DIR) is None
     assert front.embed("still served").status_code == 200

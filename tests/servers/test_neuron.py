@@ -1,6 +1,7 @@
 """NeuronCore placement across real TorchServe workers and Triton instances on a fake
 4-core Neuron host, with the stand-in SDK on the workers' path, serving two models (the
-tiny neuronx classifier under two names). The stand-in records NEURON_RT_VISIBLE_CORES
+tiny neuronx classifier under two names), each server started as its users start it on
+what `neuronserve package` wrote. The stand-in records NEURON_RT_VISIBLE_CORES
 as each process saw it when it imported torch_neuronx, and every module load with the
 core it went to: every worker pinned itself before the SDK loaded, loaded both models
 onto its own cores, and no NeuronCore was loaded by two processes."""
@@ -10,23 +11,17 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from http.client import HTTPException
 
 import numpy as np
 import pytest
 import requests
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from helpers import NeuronServing, standin_events, standin_imports, wait_for
-from tritonclient.utils import InferenceServerException
 
-from neuronserve.engines.torchserve import process as ts
-from neuronserve.engines.triton import process as triton
-from neuronserve.engines.triton.stubs import live_stubs
+from neuronserve.worker import FAILURE_MARKER
 
 pytestmark = pytest.mark.server
 STACK = "pair"
@@ -65,6 +60,16 @@ def serving(tmp_path_factory, neuronx_artifact):
 def workers(spec) -> list[dict]:
     url = f"http://127.0.0.1:{spec['management_port']}/models/{STACK}"
     return list(requests.get(url, timeout=10).json()[0]["workers"])
+
+
+def worker_failures(log_dir) -> list[str]:
+    path = log_dir / "model_log.log"
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    return [ln.split(FAILURE_MARKER)[-1].strip() for ln in lines if FAILURE_MARKER in ln]
+
+
+def live_stubs(serving) -> set[int]:
+    return {p.pid for p in serving.server.running("triton_python_backend_stub")}
 
 
 def loads_by_core(log, pids) -> dict[int, set[int]]:
@@ -122,7 +127,7 @@ def test_a_fifth_worker_fails_with_the_documented_error(serving):
     mgmt = f"http://127.0.0.1:{spec['management_port']}/models/{STACK}"
     requests.put(f"{mgmt}?min_worker=5&max_worker=5", timeout=30)
     failures = wait_for(
-        lambda: ts.worker_failures(serving.work / "ts" / "logs"),
+        lambda: worker_failures(serving.work / "ts" / "logs"),
         timeout=120,
         what="the fifth worker's failure",
     )
@@ -176,16 +181,12 @@ def test_four_triton_instances_on_four_cores_hold_both_models(
         workers=4, cores_per_worker=1,
     )  # fmt: skip
     try:
-        # the running server's stubs: a start that stalled in Triton's Python backend is
-        # made once more (process.start), and the first server's stubs imported too
-        server = triton.running(serving.work / "tr")
-        assert server is not None
-        live = {p.pid for p in live_stubs(server.pid or 0)[STACK]}
+        live = live_stubs(serving)
         seen = {pid: v for pid, v in standin_imports(serving.log).items() if pid in live}
         assert sorted(v["NEURON_RT_VISIBLE_CORES"] for v in seen.values()) == ["0", "1", "2", "3"]
         by_core = loads_by_core(serving.log, set(seen))
         assert sorted(by_core) == [0, 1, 2, 3] and all(len(p) == 1 for p in by_core.values())
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{serving.spec['http_port']}")
+        client = httpclient.InferenceServerClient(serving.server.url.removeprefix("http://"))
         t = httpclient.InferInput("TEXT", [len(TEXTS), 1], "BYTES")
         t.set_data_from_numpy(np.array([[s.encode()] for s in TEXTS], dtype=object))
         [rows] = neuronx_runner.outputs([neuronx_runner.parse({"inputs": TEXTS})])
@@ -193,120 +194,8 @@ def test_four_triton_instances_on_four_cores_hold_both_models(
             got = client.infer(STACK, [t], parameters={"model": model}).as_numpy("LOGITS")
             assert same_rows(got, rows)
         client.close()
-        replaced_alone_on_its_core(serving, t, rows)
     finally:
         serving.stop()
-
-
-def replaced_alone_on_its_core(serving, tensor, rows) -> None:
-    """Kill one instance's stub while 4 clients ask Triton directly (HTTP and gRPC): the
-    other three serve on (at most the killed stub's batch fails), and the healer's
-    replacement loads both models onto the NeuronCore the dead process held, which the
-    runtime never refused (no process ever shared a core).
-
-    Or, when the stub died while it sent a response (tritonserver 2.51's Python backend
-    then waits for it forever, and Triton cannot take the instance out: healer.REMOVE_S),
-    the healer says so, with what to do, and the other three still serve."""
-    server = triton.running(serving.work / "tr")
-    assert server is not None
-    stubs = {p.pid: p for p in live_stubs(server.pid or 0)[STACK]}
-    victim = min(stubs)
-    freed = standin_imports(serving.log)[victim]["NEURON_RT_VISIBLE_CORES"]
-    asking = TritonAsking(serving, tensor, rows)
-    asking.start()
-
-    status = serving.work / "tr" / "instances.json"
-
-    def replacement():
-        now = {p.pid for p in live_stubs(server.pid or 0).get(STACK, [])}
-        if json.loads(status.read_text())[STACK]["state"] == "wedged":
-            return "wedged"
-        counts = server.instances()[STACK]
-        new = now - set(stubs)
-        return counts.whole and len(now) == 4 and new and new.pop()
-
-    outcomes = asking.outcomes
-    try:
-        wait_for(lambda: len(outcomes) > 8, what="traffic")
-        os.kill(victim, signal.SIGKILL)
-        # a stub starts in seconds alone, but in over a minute beside the whole suite
-        new_pid = wait_with_logs(replacement, 240, "the replacement instance", serving.work / "tr")
-        served = outcomes.count(True)
-        wait_for(lambda: outcomes.count(True) > served + 8, what="traffic after")
-    finally:
-        asking.stop()
-    # the other three were never reloaded
-    assert set(stubs) - {victim} <= {p.pid for p in live_stubs(server.pid or 0)[STACK]}
-    if new_pid == "wedged":
-        said = json.loads(status.read_text())[STACK]["last_error"]
-        assert "did not take" in said and "Restarting the server" in said, said
-        return
-    assert outcomes.count(False) <= 8, outcomes.count(False)  # the killed stub's batch
-    assert standin_imports(serving.log)[new_pid]["NEURON_RT_VISIBLE_CORES"] == freed
-    mine = [e for e in standin_events(serving.log, "load") if e["pid"] == new_pid]
-    assert {e["core"] for e in mine} == {int(freed)} and len(mine) >= 2
-    assert standin_events(serving.log, "core_busy") == []
-
-
-class TritonAsking:
-    """Four clients asking Triton directly until stopped (HTTP and gRPC, both models),
-    each answer's correctness kept in `outcomes`: daemons, so a client left asking a
-    stopped server never keeps the test process alive."""
-
-    def __init__(self, serving, tensor, rows):
-        self.urls = {
-            httpclient: f"127.0.0.1:{serving.spec['http_port']}",
-            grpcclient: f"127.0.0.1:{serving.spec['grpc_port']}",
-        }
-        self.shape, self.rows = list(tensor.shape()), rows
-        self.outcomes: list[bool] = []
-        self.done = threading.Event()
-        asked = [(httpclient, "first"), (httpclient, "second"), (grpcclient, "first"),
-                 (grpcclient, "second")]  # fmt: skip
-        self.threads = [threading.Thread(target=self.ask, args=a, daemon=True) for a in asked]
-
-    def start(self) -> None:
-        for th in self.threads:
-            th.start()
-
-    def stop(self) -> None:
-        self.done.set()
-        for th in self.threads:
-            th.join(timeout=30)
-
-    def connect(self, module):
-        # a request the killed stub held is never answered (its batch was queued for the
-        # device and `execute` had returned): the client's timeout ends it
-        if module is httpclient:
-            return module.InferenceServerClient(self.urls[module], network_timeout=10)
-        return module.InferenceServerClient(self.urls[module])
-
-    def ask(self, module, model: str) -> None:
-        client = self.connect(module)
-        timeout = {} if module is httpclient else {"client_timeout": 10}
-        inputs = module.InferInput("TEXT", self.shape, "BYTES")
-        inputs.set_data_from_numpy(np.array([[t.encode()] for t in TEXTS], dtype=object))
-        while not self.done.is_set():
-            try:
-                got = client.infer(STACK, [inputs], parameters={"model": model}, **timeout)
-                self.outcomes.append(same_rows(got.as_numpy("LOGITS"), self.rows))
-            except InferenceServerException:
-                self.outcomes.append(False)
-            except (OSError, HTTPException):  # Triton closed the killed stub's connection
-                self.outcomes.append(False)
-                client.close()
-                client = self.connect(module)
-        client.close()
-
-
-def wait_with_logs(condition, timeout: float, what: str, run_dir):
-    """wait_for, whose failure shows the ends of the healer's and tritonserver's logs."""
-    try:
-        return wait_for(condition, timeout=timeout, what=what)
-    except AssertionError as e:
-        logs = [run_dir / n for n in ("healer.log", "tritonserver.log")]
-        said = "\n".join(f"{p.name}:\n{p.read_text()[-4000:]}" for p in logs if p.exists())
-        raise AssertionError(f"{e}\n{said}") from None
 
 
 @pytest.mark.parametrize("in_flight", [2, 1])
@@ -326,7 +215,7 @@ def test_a_triton_instance_takes_its_next_batch_while_the_device_runs_one(
         workers=1, cores_per_worker=1, batches_in_flight=in_flight,
     )  # fmt: skip
     try:
-        url = f"127.0.0.1:{serving.spec['http_port']}"
+        url = serving.server.url.removeprefix("http://")
         [rows] = neuronx_runner.outputs([neuronx_runner.parse({"inputs": TEXTS})])
 
         def ask() -> tuple[float, bool]:
@@ -342,9 +231,8 @@ def test_a_triton_instance_takes_its_next_batch_while_the_device_runs_one(
         alone = [ask() for _ in range(4)]
         assert all(right for _, right in alone)
         assert min(took for took, _ in alone) >= 0.1  # the device's time was paid
-        key = (serving.work / "tr" / "admin_key").read_text().strip()  # statistics need it
         client = httpclient.InferenceServerClient(url)
-        stats = client.get_inference_statistics("alone", headers={"neuronserve-admin-key": key})
+        stats = client.get_inference_statistics("alone")
         stats = stats["model_stats"][0]
         client.close()
         compute = stats["inference_stats"]["compute_infer"]

@@ -1,5 +1,5 @@
 """The SageMaker `serve` entrypoint of a build context of several models (MiniLM, a
-reranker, QA and an image classifier), run as the image runs it, once per engine: /ping
+reranker, QA and an image classifier), run as the image runs it: /ping
 is 503 until every worker is ready, SAGEMAKER_MODEL_SERVER_WORKERS is capped at the
 host's core groups, and /invocations answers each model, named by the header SageMaker
 multi-model endpoints send (X-Amzn-SageMaker-Target-Model), like its Runner in process;
@@ -40,11 +40,10 @@ DOCS = [
 MODELS = ["rerank", "qa", "labels"]
 
 
-@pytest.fixture(scope="module", params=["torchserve", "triton", "native"])
-def serve(request, tmp_path_factory, minilm_artifact, task_models):
-    engine = request.param
+@pytest.fixture(scope="module")
+def serve(tmp_path_factory, minilm_artifact, task_models):
     artifacts = [minilm_artifact, *(task_models[n][1] for n in MODELS)]
-    serve = start_sagemaker(tmp_path_factory.mktemp(f"sagemaker-{engine}"), artifacts, engine)
+    serve = start_sagemaker(tmp_path_factory.mktemp("sagemaker"), artifacts)
     yield serve
     serve.stop()
 

@@ -1,13 +1,9 @@
-"""`neuronserve soak` as CI runs it, for each engine asked directly and through the
-front: thousands of requests at concurrency 32, a fifth of them malformed, one worker
-SIGKILLed 40% of the way through. The command checks every answer against the Runner
-and exits 1 on any defect; the report is read back here for what each path must show.
-Directly, the kill costs at most the requests the killed worker held and those the
-engine handed it before it was out of rotation (two batches), and the other workers
-serve on (Triton's healer replaces the dead instance alone); through the front it costs
-nothing (the front sends a request whose worker died once more). Either
-way the replacement serves within 30 s, 20 of 20 sequential requests succeed after it,
-and the stop leaves nothing behind."""
+"""`neuronserve soak` as CI runs it, through the front: thousands of requests at
+concurrency 32, a fifth of them malformed, one worker SIGKILLed 40% of the way through.
+The command checks every answer against the Runner and exits 1 on any defect; the report
+is read back here. The kill costs nothing (the front sends a request whose worker died
+once more), the replacement serves within 30 s, 20 of 20 sequential requests succeed
+after it, the workers' memory does not grow, and the stop leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -27,10 +23,10 @@ def two_cores():
         pytest.skip("needs two CPU cores for two workers")
 
 
-def soak(artifact, tmp_path, engine: str, via: str, requests: int) -> dict:
-    out = tmp_path / f"{engine}.json"
+def soak(artifact, tmp_path, via: str, requests: int) -> dict:
+    out = tmp_path / f"{via}.json"
     proc = run_cli(
-        "soak", artifact, "--engine", engine, "--via", via, "--requests", str(requests),
+        "soak", artifact, "--via", via, "--requests", str(requests),
         "--concurrency", "32", "--malformed", "0.2", "--kill-at", "0.4", "--out", out,
         check=False,
     )  # fmt: skip
@@ -45,31 +41,21 @@ def soak(artifact, tmp_path, engine: str, via: str, requests: int) -> dict:
     # cores, most of it): the command's own limit (60 s) is the bound, not the recovery's
     assert report["sequential"] == "20/20" and report["sequential_ok_s"] is not None
     assert report["left_processes"] == report["left_leases"] == report["left_temp"] == []
-    if via == "front":
-        # no failure at all: the front sent the killed worker's requests again
-        assert report["lost_at_kill"] == 0 and report["unavailable"] == 0
-        assert all(s == "200" or s.startswith("4") for s in report["statuses"]), report
-    else:
-        # at most what the killed worker held, and what Triton handed it before the
-        # healer had it out of rotation: two batches of the grid's largest
-        assert report["lost_at_kill"] <= report["lost_allowed"] <= 64
-        assert report["unavailable"] == 0
+    # no failure at all: the front sent the killed worker's requests again
+    assert report["lost_at_kill"] == 0 and report["unavailable"] == 0
+    assert all(s == "200" or s.startswith("4") for s in report["statuses"]), report
     return report
 
 
-def test_torchserve_direct_loses_only_the_killed_workers_batch(minilm_artifact, tmp_path):
-    report = soak(minilm_artifact, tmp_path, "torchserve", "engine", 1000)
+def test_a_real_model_through_the_front_loses_nothing_and_does_not_grow(minilm_artifact, tmp_path):
+    report = soak(minilm_artifact, tmp_path, "front", 1000)
     assert report["memory_growth_pct"] is not None and report["memory_growth_pct"] < 10
 
 
-# the tiny model below: what is tested is the replacement and the front, and a real
+# the tiny model below: what is tested is the replacement and the entrypoint, and a real
 # model's load only lengthens the wait for it
-@pytest.mark.parametrize(
-    ("engine", "via"),
-    [("torchserve", "front"), ("triton", "engine"), ("triton", "front"), ("native", "front")],
-)
-def test_a_killed_worker_costs_only_its_own_requests(tiny_artifact, tmp_path, engine, via):
-    soak(tiny_artifact, tmp_path, engine, via, 3000)
+def test_a_killed_worker_behind_the_sagemaker_entrypoint_costs_nothing(tiny_artifact, tmp_path):
+    soak(tiny_artifact, tmp_path, "sagemaker", 3000)
 
 
 def test_soak_judges_only_its_own_temporary_folder_and_shared_memory(tmp_path):

@@ -1,5 +1,5 @@
-"""text-embeddings-inference's further routes behind real engines: `neuronserve serve
-front` on TorchServe and on Triton, each serving an embedder compiled with every token's
+"""text-embeddings-inference's further routes on a real server: `neuronserve serve
+front` serving an embedder compiled with every token's
 vector and sentence-transformers prompts, and a SPLADE model. Answers equal the models
 run eagerly by transformers (a reference computed another way), every answer fits TEI's
 own OpenAPI document, and the official openai client reads /v1/embeddings with a token-id
@@ -23,12 +23,12 @@ pytestmark = pytest.mark.server
 
 
 class Front:
-    def __init__(self, port: int, work: Path, engine: str):
+    def __init__(self, port: int, work: Path):
         self.url = f"http://127.0.0.1:{port}"
-        self.work, self.engine = work, engine
+        self.work = work
 
     def processes(self) -> set[int]:
-        """The front's process and everything under it: the engine and its workers."""
+        """The front's process and everything under it: its workers."""
         pid = int((self.work / "front" / "front.pid").read_text())
         return {p.pid for p in psutil.Process(pid).children(recursive=True)} | {pid}
 
@@ -39,15 +39,15 @@ class Front:
         return r.json()
 
 
-@pytest.fixture(scope="module", params=["torchserve", "triton"])
-def front(request, tmp_path_factory, tei_models):
-    work = tmp_path_factory.mktemp(f"tei-{request.param}")
+@pytest.fixture(scope="module")
+def front(tmp_path_factory, tei_models):
+    work = tmp_path_factory.mktemp("tei")
     port = free_port()
-    write_spec(work, engine=request.param, front_port=port, front_run_dir="front", workers=2,
+    write_spec(work, front_port=port, front_run_dir="front", workers=2,
                max_answer_bytes=8 * 2**20)  # fmt: skip
     models = [tei_models["embedder"], tei_models["splade"]]
     run_cli("serve", "front", *models, "--spec", "deploy.yaml", cwd=work)
-    yield Front(port, work, request.param)
+    yield Front(port, work)
     run_cli("serve", "front", "--spec", "deploy.yaml", "--stop", cwd=work)
 
 
@@ -112,35 +112,19 @@ def test_info_names_each_models_type(front):
 
 
 def test_an_answer_too_large_to_carry_is_refused_and_no_worker_dies(front):
-    """The review's reproduction: every token's vector of many long texts, an answer over
-    what TorchServe carries (its worker died sending it, the retry killed the next).
-    Refused with the limit named, through the front and at the engine's own API, with
-    every process still the one it was; the next request is answered."""
+    """Every token's vector of many long texts, an answer over max_answer_bytes: refused
+    with the limit named, with every process still the one it was; the next request is
+    answered."""
     before = front.processes()
     long = "word " * 40
     # 1024 texts x 32 tokens x 32 numbers: about 16 MiB of JSON, over the 8 MiB allowed
     body = {"inputs": [long] * 1024, "model": "embedder", "truncate": True}
     refused = front.call("/embed_all", body, 422)
     assert "max_answer_bytes" in refused["error"]
-    if front.engine == "torchserve":
-        from neuronserve.serve.deployment import running_engine
-
-        work = front.work / "front" / "engine"
-        engine = running_engine(work, "torchserve")
-        [name] = engine.models_in(work / "store")
-        [route] = engine.instance.native_routes(name)
-        direct = requests.post(
-            f"{route.url}/{route.model}",
-            json={"inputs": body["inputs"], "parameters": {"token_embeddings": True,
-                                                          "truncate": True}},
-            headers={**route.headers, "X-Neuronserve-Model": "embedder"},
-            timeout=60,
-        )  # fmt: skip
-        assert direct.status_code == 413 and "max_answer_bytes" in direct.text, direct.text
-        # what the tokens cannot foretell (a SPLADE model's terms), the handler bounds as
-        # written: this random model weighs most of its 30,522 terms, ~0.7 MB a text
-        sparse = front.call("/embed_sparse", {"inputs": ["x"] * 16, "model": "splade"}, 422)
-        assert "max_answer_bytes" in sparse["error"]
+    # what the tokens cannot foretell (a SPLADE model's terms), the worker bounds as
+    # written: this random model weighs most of its 30,522 terms, ~0.7 MB a text
+    sparse = front.call("/embed_sparse", {"inputs": ["x"] * 16, "model": "splade"}, 422)
+    assert "max_answer_bytes" in sparse["error"]
     assert front.call("/embed_all", {"inputs": [long] * 2, "model": "embedder",
                                      "truncate": True})  # fmt: skip
     assert front.processes() == before

@@ -1,10 +1,11 @@
-"""A real TorchServe (Java frontend + Python workers) serving one deployment of every
-task: the real MiniLM model, the tiny classifier (its truncation turned on at packaging),
-fill-mask, a reranker, NER, QA and two ViTs, packaged together into one archive. Two
-workers, one per one-core group, each holding every model; token authorization on; one
-server for the module, started and stopped through the CLI from a YAML spec. Requests
-name their model in the X-Neuronserve-Model header, as a curl user sends them. Answers
-are compared with the Runners in process and with the transformers pipelines."""
+"""A real TorchServe (Java frontend + Python workers), started as its users start it
+(`torchserve --start` on the store `neuronserve package torchserve` wrote), serving one
+deployment of every task: the real MiniLM model, the tiny classifier (its truncation
+turned on at packaging), fill-mask, a reranker, NER, QA and two ViTs, packaged together
+into one archive. Two workers, one per one-core group, each holding every model; token
+authorization on; one server for the module. Requests name their model in the
+X-Neuronserve-Model header, as a curl user sends them. Answers are compared with the
+Runners in process and with the transformers pipelines."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import json
 import os
 import re
 import signal
-import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
@@ -36,11 +36,12 @@ from helpers import (
     same_answers,
     wait_for,
 )
+from plugin_servers import start_torchserve, stop_torchserve
 
 from neuronserve.cores import parse_core_list
-from neuronserve.engines.torchserve import process as ts
 from neuronserve.images import sample_images
 from neuronserve.runtime import Runner
+from neuronserve.worker import FAILURE_MARKER
 
 pytestmark = pytest.mark.server
 STACK = "stack"  # the one TorchServe model holding them all
@@ -52,6 +53,34 @@ LONG = (
 )
 DOCS = ["Paris is in France.", "naïve café 🎉", "x", "Zürich has a lake.", "東京", "a b c"]
 IMAGES = sample_images(5, seed=4)
+
+
+class TorchServe:
+    """What the tests ask of the TorchServe they started: its addresses and keys."""
+
+    def __init__(self, started, work: Path):
+        self.started, self.log_dir = started, work / "logs"
+        self.inference_url = started.url
+        self.management_url = started.management
+        props = (work / "store" / "config.properties").read_text()
+        self.metrics_url = re.search(r"^metrics_address=(\S+)", props, re.M).group(1)
+
+    def headers(self, api: str = "inference") -> dict[str, str]:
+        return dict(self.started.manage_headers if api == "management" else self.started.headers)
+
+    def workers(self, name: str) -> list[dict]:
+        r = requests.get(
+            f"{self.management_url}/models/{name}", headers=self.headers("management"), timeout=10
+        )
+        r.raise_for_status()
+        return [w for entry in r.json() for w in entry.get("workers", [])]
+
+
+def worker_failures(log_dir: Path) -> list[str]:
+    """Lines in the model log where a worker said it could not start."""
+    path = log_dir / "model_log.log"
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    return [ln.split(FAILURE_MARKER)[-1].strip() for ln in lines if FAILURE_MARKER in ln]
 
 
 @pytest.fixture(scope="module")
@@ -67,38 +96,26 @@ def server(tmp_path_factory, minilm_artifact, classifier_artifact, task_models, 
             *({"artifact": str(task_models[n][1])} for n in MODELS[2:]),
         ],
         "deployment_name": STACK,
-        "model_store": "store",
-        "run_dir": "run",
-        "workers": 2,
-        "cores_per_worker": 1,
-        "max_batch_delay_ms": 100,
-        **ports_for(
-            "inference_port",
-            "management_port",
-            "metrics_port",
-            "grpc_inference_port",
-            "grpc_management_port",
-        ),
+        "worker": {"workers": 2, "cores_per_worker": 1, "max_batch_delay_ms": 100},
+        "torchserve": {
+            "model_store": "store",
+            **ports_for(
+                "inference_port",
+                "management_port",
+                "metrics_port",
+                "grpc_inference_port",
+                "grpc_management_port",
+            ),
+        },
     }
     (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
     packaged = run_cli("package", "torchserve", "--spec", "deploy.yaml", cwd=work)
     assert "8 models" in packaged.stdout and "X-Neuronserve-Model" in packaged.stdout
-    proc = run_cli("serve", "torchserve", "--spec", "deploy.yaml", cwd=work)
-    assert f"serving 1 model(s) found in {work / 'store'}: {STACK}" in proc.stdout
-    assert "TorchServe is ready" in proc.stdout and "Authorization: Bearer <key>" in proc.stdout
-    inst = ts.running(work / "run")
-    assert inst is not None
-    # the keys are in their file, never in the output (terminals and CI logs keep it)
-    assert inst.keys and not any(k in proc.stdout for k in inst.keys.values())
-    # logs, pid and key files: this user's alone
-    for d in (work / "run", work / "run" / "logs", work / "run" / "tmp"):
-        assert stat.S_IMODE(d.stat().st_mode) == 0o700, d
-    pids = [psutil.Process(int((work / "run/tmp/.model_server.pid").read_text()))]
-    pids += pids[0].children(recursive=True)
-    yield inst
-    out = run_cli("serve", "torchserve", "--spec", "deploy.yaml", "--stop", cwd=work)
-    assert "TorchServe stopped" in out.stdout
-    # --stop returns only once the frontend and every worker are gone
+    assert "torchserve --start --model-store" in packaged.stdout
+    started = start_torchserve(work / "store", work / "run")
+    pids = [psutil.Process(started.pid), *started.children()]
+    yield TorchServe(started, work / "run")
+    stop_torchserve(started, work / "run")
     assert not [p.pid for p in pids if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
@@ -386,21 +403,6 @@ def test_concurrent_requests_are_batched_and_answered_correctly(server, runners)
         assert re.search(rf'{name}\{{[^}}]*model="minilm"', metrics), name
 
 
-def test_the_frontend_logs_each_line_once_and_no_debug(server):
-    # TorchServe's own log4j2.xml writes every frontend line to ts_log.log twice, plus
-    # two debug lines per request, and each access and worker line there as well as in its
-    # own file; ours writes each once, where it belongs (see engines/torchserve/log4j2.xml)
-    assert post(server, "minilm", {"inputs": "logged once"}).status_code == 200
-    logs = server.run_dir / "logs"
-    lines = wait_for(lambda: (logs / "ts_log.log").read_text().splitlines(), 10, 0.1, "ts_log")
-    assert not [ln for ln in lines if "[DEBUG]" in ln]
-    assert len(set(lines)) > 0.95 * len(lines), "lines written twice"
-    assert any("Backend response time" in ln for ln in lines)  # info lines are still there
-    assert not [ln for ln in lines if "ACCESS_LOG" in ln or "MODEL_LOG" in ln]
-    assert "POST /predictions/" in (logs / "access_log.log").read_text()
-    assert "MODEL_LOG" in (logs / "model_log.log").read_text()
-
-
 def test_bad_requests_fail_alone_inside_a_batch_of_several_models(server, runners):
     """Sent at once, so TorchServe batches them together: requests for four models, good
     and bad; each model's good requests are answered as alone, each bad one fails alone."""
@@ -488,7 +490,7 @@ def test_third_worker_fails_with_documented_error(server):
     )
     assert r.status_code in (200, 202), r.text
     failures = wait_for(
-        lambda: ts.worker_failures(server.log_dir),
+        lambda: worker_failures(server.log_dir),
         timeout=120,
         what="the third worker's failure in the model log",
     )

@@ -1,4 +1,4 @@
-"""Traces over OTLP, as an operator collects them: `serve front` on each engine with
+"""Traces over OTLP, as an operator collects them: `serve front` with
 `front.otlp_endpoint` pointed at an OTLP/gRPC receiver, or OpenTelemetry's own variables
 at an OTLP/HTTP one (OpenTelemetry's protocol definitions, served by grpcio or
 http.server in this test, standing where a collector would). A request
@@ -70,27 +70,26 @@ def _http_receiver(found: Receiver, port: int) -> http.server.ThreadingHTTPServe
     return server
 
 
-# the engine, and the protocol its traces travel over (each protocol once is enough)
-CASES = [("native", "grpc"), ("native", "http/protobuf"), ("triton", "grpc"),
-         ("torchserve", "http/protobuf")]  # fmt: skip
+# the protocols traces travel over
+PROTOCOLS = ["grpc", "http/protobuf"]
 
 
-@pytest.fixture(params=CASES, ids=[f"{e}-{p}" for e, p in CASES])
+@pytest.fixture(params=PROTOCOLS)
 def receiver(request):
-    """The engine, and a receiver of the protocol; gRPC is named in the spec, HTTP by
-    OpenTelemetry's own variables (the general endpoint, a base URL, and the protocol)."""
-    engine, protocol = request.param
+    """A receiver of the protocol; gRPC is named in the spec, HTTP by OpenTelemetry's own
+    variables (the general endpoint, a base URL, and the protocol)."""
+    protocol = request.param
     port, found = free_port(), Receiver()
     if protocol == "grpc":
         server = grpc.server(futures.ThreadPoolExecutor(2))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(found, server)
         server.add_insecure_port(f"127.0.0.1:{port}")
         server.start()
-        yield engine, found, protocol, f"http://127.0.0.1:{port}"
+        yield found, protocol, f"http://127.0.0.1:{port}"
         server.stop(0)
     else:
         web = _http_receiver(found, port)
-        yield engine, found, protocol, f"http://127.0.0.1:{port}"
+        yield found, protocol, f"http://127.0.0.1:{port}"
         web.shutdown()
 
 
@@ -102,10 +101,8 @@ def _attributes(span) -> dict:
     return out
 
 
-def test_a_request_is_one_trace_down_to_the_device_on_every_engine(
-    tmp_path, tiny_artifact, receiver
-):
-    engine, found, protocol, endpoint = receiver
+def test_a_request_is_one_trace_down_to_the_device(tmp_path, tiny_artifact, receiver):
+    found, protocol, endpoint = receiver
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     front = {"otlp_endpoint": endpoint, "otlp_service_name": "embeddings-test"}
@@ -118,7 +115,6 @@ def test_a_request_is_one_trace_down_to_the_device_on_every_engine(
         front, endpoint = {}, f"{endpoint}/v1/traces"
     write_spec(
         tmp_path,
-        engine=engine,
         front_port=port,
         front_run_dir="front",
         workers=1,
@@ -149,10 +145,7 @@ def test_a_request_is_one_trace_down_to_the_device_on_every_engine(
     assert root.parent_span_id.hex() == "b7ad6b7169203331"  # the client's own span
     assert _attributes(root)["http.response.status_code"] == 200
     call = by_name["neuronserve.engine.call"]
-    assert _attributes(call)["neuronserve.engine"] == engine
-    # the worker's queue is the native engine's own; Triton and TorchServe queue in theirs
-    queue = ("worker.queue",) if engine == "native" else ()
-    for stage in (*queue, "tokenize", "pad", "device", "batch"):
+    for stage in ("worker.queue", "tokenize", "pad", "device", "batch"):
         span = by_name[f"neuronserve.{stage}"]
         assert span.parent_span_id == call.span_id, stage
         # the worker's clock is the host's: its stages lie inside the call

@@ -1,10 +1,11 @@
-"""A real tritonserver (from the nvidia-pytriton wheel) serving one deployment of every
-task through triton_backend/model.py: the real MiniLM model, the tiny classifier and a
-copy of it whose module fails on one word, fill-mask, a reranker, NER, QA and two ViTs,
-as one Triton model whose two instances (one per core group) each hold them all. HTTP
-and gRPC, the `model` request parameter, dynamic batching, per-request errors and their
-statuses, metrics, the restricted APIs. One server for the module, started through the
-CLI. Answers are compared with the Runners in process and the transformers pipelines."""
+"""A real tritonserver (from the nvidia-pytriton wheel), started as its users start it
+(`tritonserver --model-repository` on what `neuronserve package triton` wrote), serving
+one deployment of every task through triton_backend/model.py: the real MiniLM model, the
+tiny classifier and a copy of it whose module fails on one word, fill-mask, a reranker,
+NER, QA and two ViTs, as one Triton model whose two instances (one per core group) each
+hold them all. HTTP and gRPC, the `model` request parameter, dynamic batching,
+per-request errors and their statuses, metrics. One server for the module. Answers are
+compared with the Runners in process and the transformers pipelines."""
 
 from __future__ import annotations
 
@@ -13,10 +14,7 @@ import json
 import os
 import re
 import shutil
-import signal
-import stat
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,8 +31,6 @@ from helpers import (
     QA_CONTEXT,
     REPO,
     SENTENCES,
-    package_for,
-    ports_for,
     qa_reference,
     run_cli,
     same_answers,
@@ -42,16 +38,13 @@ from helpers import (
     triton_rows,
     wait_for,
 )
+from plugin_servers import start_tritonserver, stop_tritonserver
 from tritonclient.utils import InferenceServerException
 
 from neuronserve.artifact import read_manifest, write_manifest
-from neuronserve.bench.servers import scrape
 from neuronserve.cores import parse_core_list
-from neuronserve.engines.triton import process as triton
-from neuronserve.engines.triton.launch import private
-from neuronserve.engines.triton.package import model_config, read_config
-from neuronserve.engines.triton.stubs import REGION_ARG
 from neuronserve.images import sample_images
+from neuronserve.packaging.triton import model_config, read_config
 from neuronserve.runtime import Runner
 from neuronserve.tasks.text_classification import softmax
 from neuronserve.tokenization import TextTokenizer
@@ -90,6 +83,25 @@ def failing_copy(artifact: Path, out: Path) -> Path:
     return out
 
 
+class Triton:
+    """What the tests ask of the tritonserver they started: its addresses and folder."""
+
+    def __init__(self, started, work: Path):
+        self.started, self.work, self.pid = started, work, started.pid
+        self.http_url, self.grpc_url = started.url, started.grpc_url
+        self.metrics_url = started.metrics_url
+
+
+def scrape(metrics_url: str, model: str) -> dict[str, float]:
+    """Triton's Prometheus series of `model`, summed over their other labels."""
+    text = requests.get(f"{metrics_url}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for m in re.finditer(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)$", text, re.M):
+        if any(f'{key}="{model}"' in m.group(2) for key in ("model", "model_name")):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(3))
+    return out
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
     if len(os.sched_getaffinity(0)) < 2:
@@ -107,27 +119,16 @@ def server(tmp_path_factory, minilm_artifact, classifier_artifact, task_models):
             )
         ],
         "deployment_name": STACK,
-        "triton_repository": "repo",
-        "triton_run_dir": "run",
-        "workers": 2,
-        "cores_per_worker": 1,
-        "max_batch_delay_ms": 50,
-        **ports_for("http_port", "grpc_port", "triton_metrics_port"),
+        "triton": {"repository": "repo"},
+        "worker": {"workers": 2, "cores_per_worker": 1, "max_batch_delay_ms": 50},
     }
     (work / "deploy.yaml").write_text(yaml.safe_dump(spec))
-    run_cli("package", "triton", "--spec", "deploy.yaml", cwd=work)
-    proc = run_cli("serve", "triton", "--spec", "deploy.yaml", cwd=work)
-    assert f"serving 1 model(s) found in {work / 'repo'}: {STACK}" in proc.stdout
-    assert "tritonserver is ready" in proc.stdout
-    inst = triton.running(work / "run")
-    # `serve` returns once the healer watches: its status answers from the start
-    healing = json.loads((work / "run" / "instances.json").read_text())
-    assert healing and {s["state"] for s in healing.values()} == {"serving"}, healing
-    procs = [psutil.Process(inst.pid), *psutil.Process(inst.pid).children(recursive=True)]
-    inst.spec, inst.work = spec, work
-    yield inst
-    out = run_cli("serve", "triton", "--spec", "deploy.yaml", "--stop", cwd=work)
-    assert "tritonserver stopped" in out.stdout
+    packaged = run_cli("package", "triton", "--spec", "deploy.yaml", cwd=work)
+    assert "tritonserver --model-repository" in packaged.stdout
+    started = start_tritonserver(work / "repo", work)
+    procs = [psutil.Process(started.pid), *started.children()]
+    yield Triton(started, work)
+    stop_tritonserver(started)
     assert not [p.pid for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
@@ -539,102 +540,3 @@ def test_bad_inputs_fail_alone_while_neighbours_succeed(server, minilm_runner):
         assert isinstance(r, InferenceServerException), r
         assert r.status() == "400" and needle in r.message(), (needle, r.message())
     assert len(stub_pids(server)) == 2  # no instance died
-
-
-def test_repository_and_config_apis_need_the_admin_key(server):
-    """Model control is explicit (the healer replaces an instance whose stub died), so
-    the repository API can load and unload: it and the config API need the key
-    neuronserve wrote (0600) into the run directory; without it an unload is refused; the
-    key is gone from tritonserver's command line once it has parsed it."""
-    import stat
-
-    base = server.http_url
-    key_file = server.work / "run" / "admin_key"
-    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
-    key = key_file.read_text().strip()
-    assert requests.post(f"{base}/v2/repository/index", timeout=10).status_code == 403
-    assert (
-        requests.post(f"{base}/v2/repository/models/{STACK}/unload", timeout=10).status_code == 403
-    )
-    assert requests.get(f"{base}/v2/models/{STACK}/ready", timeout=10).status_code == 200
-    assert requests.get(f"{base}/v2/models/{STACK}/config", timeout=10).status_code == 403
-    r = requests.post(
-        f"{base}/v2/repository/index", headers={"neuronserve-admin-key": key}, timeout=10
-    )
-    assert r.status_code == 200 and r.json()[0]["name"] == STACK
-    # another local user reads every process's command line in /proc: not the key there
-    pid = int((server.work / "run" / "tritonserver.pid").read_text())
-    assert key not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    # what clients use stays open on loopback: health and inference
-    assert requests.get(f"{base}/v2/health/ready", timeout=10).status_code == 200
-
-
-def test_no_other_user_can_read_the_request_regions(server, client):
-    """The Python backend's regions carry every request's text; Triton makes them 0644
-    (Boost's default, fchmod'ed past any umask), so any local user could read them in
-    /dev/shm. Each must now be out of their reach: in a /dev/shm only the server sees,
-    or 0600 where the server shares the host's."""
-    infer(client, "minilm", ["a secret text"])
-    stubs = [psutil.Process(pid) for pid in stub_pids(server)]
-    regions = [Path("/dev/shm") / p.cmdline()[REGION_ARG] for p in stubs]
-    assert len(regions) == 2
-    if private(server.pid):
-        # the host's /dev/shm never held them
-        assert not any(r.exists() for r in regions), regions
-    else:
-        for region in regions:
-            assert stat.S_IMODE(region.stat().st_mode) == 0o600, region
-    # and either way, seen from the server itself, they are its user's alone
-    for p, region in zip(stubs, regions, strict=True):
-        seen = Path(f"/proc/{p.pid}/root") / str(region).lstrip("/")
-        mode = seen.stat().st_mode
-        folder = seen.parent.stat().st_mode
-        assert not mode & 0o077 or not folder & 0o077, (oct(mode), oct(folder))
-
-
-def test_a_tritonserver_that_dies_during_its_start_is_started_again_with_the_cause_kept(
-    tmp_path, tiny_artifact, monkeypatch
-):
-    """A start must not fail by chance: tritonserver killed while it loads (what a crash
-    looks like) is started once more, its whole log kept and the way it ended said; a
-    model that cannot load is refused at once with Triton's reason."""
-    from neuronserve.engines.triton.process import EXITED_LOG, PID_FILE, Listen, start, stop
-    from neuronserve.spec import load_spec
-
-    spec = load_spec(None, {"artifact": tiny_artifact, "worker": {"workers": 1},
-                            "triton": {"repository": tmp_path / "repo"}})  # fmt: skip
-    package_for("triton", spec)
-    # beside the module's server, which holds both of this host's core groups
-    monkeypatch.setenv("NEURONSERVE_LEASE_DIR", str(tmp_path / "leases"))
-    run_dir = tmp_path / "run"
-    ports = ports_for("http", "grpc", "metrics")
-    listen = Listen(ports["http"], ports["grpc"], ports["metrics"])
-    killed: list[int] = []
-
-    def kill_first_server():
-        pid_file = run_dir / PID_FILE
-        deadline = time.monotonic() + 60
-        while not pid_file.is_file() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        pid = int(pid_file.read_text())
-        os.kill(pid, signal.SIGKILL)
-        killed.append(pid)
-
-    said: list[str] = []
-    killer = threading.Thread(target=kill_first_server)
-    killer.start()
-    try:
-        inst = start(tmp_path / "repo", run_dir, listen, timeout_s=300, log=said.append)
-        killer.join()
-        assert inst.pid is not None and inst.pid != killed[0]
-        assert any("killed by SIGKILL" in s and "starting it once more" in s for s in said), said
-        assert (run_dir / EXITED_LOG).is_file()
-    finally:
-        stop(run_dir, log=lambda *_: None)
-    # a model that cannot load: refused at once, with the reason, not started again
-    (tmp_path / "repo" / "tiny" / "1" / "model.py").write_text("raise ImportError('broken')\n")
-    said.clear()
-    with pytest.raises(triton.ServeError, match="could not load tiny") as refused:
-        start(tmp_path / "repo", tmp_path / "run2", listen, timeout_s=300, log=said.append)
-    assert "broken" in str(refused.value)
-    assert not any("once more" in s for s in said), said

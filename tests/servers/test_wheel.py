@@ -64,8 +64,7 @@ def test_wheel_ships_handler_and_only_neuronserve(tmp_path):
         "import neuronserve, neuronserve.resources as r; "
         "print(neuronserve.__file__); "
         "print(r.package_file('neuronserve._handlers', 'neuronserve_handler.py')); "
-        "print(r.package_file('neuronserve._triton_backend', 'model.py')); "
-        "print(r.package_file('neuronserve.engines.torchserve', 'log4j2.xml'))"
+        "print(r.package_file('neuronserve._triton_backend', 'model.py'))"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -78,7 +77,3 @@ def test_wheel_ships_handler_and_only_neuronserve(tmp_path):
     assert all(p.startswith(str(target)) for p in out), out
     assert Path(out[1]).read_text() == (REPO / "handlers" / "neuronserve_handler.py").read_text()
     assert Path(out[2]).read_text() == (REPO / "triton_backend" / "model.py").read_text()
-    assert (
-        Path(out[3]).read_text()
-        == (REPO / "neuronserve" / "engines" / "torchserve" / "log4j2.xml").read_text()
-    )

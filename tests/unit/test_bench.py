@@ -22,70 +22,19 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def test_time_split_divides_window_deltas_by_requests():
-    start = {
-        "cpu": {"workers": 10.0, "frontend": 2.0},
-        "metrics": {
-            "ts_inference_requests_total": 100,
-            "ts_queue_latency_microseconds": 5e5,
-            "ts_inference_latency_microseconds": 2e6,
-            "NeuronServeRequests": 90,
-            "NeuronServeModelMs": 900.0,
-            "NeuronServeTokenizeMs": 9.0,
-            "NeuronServeHandlerMs": 1000.0,
-        },
-    }
-    end = {
-        "cpu": {"workers": 12.0, "frontend": 2.5},
-        "metrics": {
-            "ts_inference_requests_total": 150,
-            "ts_queue_latency_microseconds": 6e5,
-            "ts_inference_latency_microseconds": 3e6,
-            "NeuronServeRequests": 140,
-            "NeuronServeModelMs": 1400.0,
-            "NeuronServeTokenizeMs": 14.0,
-            "NeuronServeHandlerMs": 1600.0,
-        },
-    }
+    start = {"cpu": {"workers": 10.0, "front": 2.0}}
+    end = {"cpu": {"workers": 12.0, "front": 2.5}}
     split = time_split(start, end, requests=40, client_cpu_s=0.2)
     assert split["cpu_ms_per_req_workers"] == pytest.approx(2000 / 40)
-    assert split["cpu_ms_per_req_frontend"] == pytest.approx(500 / 40)
+    assert split["cpu_ms_per_req_front"] == pytest.approx(500 / 40)
     assert split["cpu_ms_per_req_client"] == pytest.approx(200 / 40)
-    assert split["queue_ms"] == pytest.approx(100 / 50)  # 1e5 us over 50 served
-    assert split["server_ms"] == pytest.approx(1000 / 50)
-    assert split["model_ms"] == pytest.approx(500 / 50)
-    assert split["tokenize_ms"] == pytest.approx(5 / 50)
-    assert split["handler_ms"] == pytest.approx(600 / 50)
 
 
-def test_time_split_reads_tritons_counters_and_metric_names():
-    def scraped(served, queue_us, server_us, handled, model_ms):
-        return {
-            "cpu": {"workers": 0.0},
-            "metrics": {
-                "nv_inference_request_success": served,
-                "nv_inference_queue_duration_us": queue_us,
-                "nv_inference_request_duration_us": server_us,
-                "neuronserve_requests": handled,
-                "neuronserve_model_ms": model_ms,
-                "neuronserve_handler_ms": model_ms * 1.5,
-                "neuronserve_tokenize_ms": 0.0,
-            },
-        }
-
-    split = time_split(scraped(10, 1e3, 1e5, 10, 50.0), scraped(30, 5e3, 5e5, 30, 250.0), 20, 0.0)
-    assert split["queue_ms"] == pytest.approx(4 / 20)  # 4000 us over 20 served
-    assert split["server_ms"] == pytest.approx(400 / 20)
-    assert split["model_ms"] == pytest.approx(200 / 20)
-    assert split["handler_ms"] == pytest.approx(300 / 20)
-
-
-def test_lone_request_and_baseline_tables():
-    from neuronserve.bench.report import baseline_check, lone_request_table
+def test_baseline_table():
+    from neuronserve.bench.report import baseline_check
 
     points = [
-        {"endpoint": "ts", "seq": 8, "texts": 1, "concurrency": 1, "p50_ms": 9.5, "model_ms": 5.0},
-        {"endpoint": "ts", "seq": 8, "texts": 1, "concurrency": 16, "p50_ms": 40, "model_ms": 4},
-        {"endpoint": "tr", "seq": 8, "texts": 1, "concurrency": 1, "p50_ms": 7.0},
+        {"endpoint": "front", "seq": 8, "texts": 1, "concurrency": 1, "p50_ms": 9.5},
         {
             "endpoint": "vanilla",
             "seq": 8,
@@ -95,10 +44,6 @@ def test_lone_request_and_baseline_tables():
             "torch_threads": 2,
         },
     ]
-    lone = lone_request_table(points)
-    # concurrency 1 rows with a model time only: p50 and what it pays beyond the model
-    assert [ln for ln in lone if ln.startswith("| ts")] == ["| ts | 8 | 9.5 | 5.0 | 4.5 |"]
-    assert not [ln for ln in lone if ln.startswith("| tr")]
     check = baseline_check(points)
     assert "| vanilla | 8 | 1 | 2 | 48.0 | 50.0 | 0.960 |" in check
 
@@ -108,7 +53,7 @@ def test_ratios_are_against_vanilla_at_the_same_length_and_texts():
         {"type": "vanilla", "endpoint": "v", "seq": 8, "texts": 1, "req_per_s": 40.0},
         {"type": "vanilla", "endpoint": "v", "seq": 128, "texts": 1, "req_per_s": 10.0},
         {
-            "type": "torchserve",
+            "type": "front",
             "endpoint": "t",
             "seq": 8,
             "texts": 1,
@@ -116,7 +61,7 @@ def test_ratios_are_against_vanilla_at_the_same_length_and_texts():
             "req_per_s": 100.0,
         },
         {
-            "type": "torchserve",
+            "type": "front",
             "endpoint": "t",
             "seq": 8,
             "texts": 1,
@@ -124,7 +69,7 @@ def test_ratios_are_against_vanilla_at_the_same_length_and_texts():
             "req_per_s": 300.0,
         },
         {
-            "type": "torchserve",
+            "type": "front",
             "endpoint": "t",
             "seq": 128,
             "texts": 1,
@@ -132,7 +77,7 @@ def test_ratios_are_against_vanilla_at_the_same_length_and_texts():
             "req_per_s": 35.0,
         },
         {
-            "type": "torchserve",
+            "type": "front",
             "endpoint": "t",
             "seq": 128,
             "texts": 4,
@@ -147,14 +92,10 @@ def test_ratios_are_against_vanilla_at_the_same_length_and_texts():
 
 
 def test_endpoint_specs_parse_and_refuse_unknown_types():
-    e = parse_endpoint("base=torchserve:http://127.0.0.1:8080/predictions/m")
-    assert (e.label, e.type, e.where) == (
-        "base",
-        "torchserve",
-        "http://127.0.0.1:8080/predictions/m",
-    )
-    e = parse_endpoint("triton-grpc:127.0.0.1:8001/m")
-    assert (e.label, e.type, e.where) == ("triton-grpc", "triton-grpc", "127.0.0.1:8001/m")
+    e = parse_endpoint("base=sagemaker:http://127.0.0.1:8080/invocations")
+    assert (e.label, e.type, e.where) == ("base", "sagemaker", "http://127.0.0.1:8080/invocations")
+    e = parse_endpoint("front-native:artifacts/m")  # the name earlier commands used
+    assert (e.label, e.type, e.where) == ("front-native", "front-native", "artifacts/m")
     # a peer's OpenAI-style route gets OpenAI's body: {"input": ...}
     e = parse_endpoint("infinity=openai:http://127.0.0.1:7997/embeddings")
     (session,) = _sessions(e, BenchConfig(endpoints=[e], sequence_lengths=[8]))
@@ -163,24 +104,19 @@ def test_endpoint_specs_parse_and_refuse_unknown_types():
     assert json.loads(endpoint.payload(Batch("feature-extraction", ("a text",)))) == {
         "input": "a text"
     }
-    with pytest.raises(ValueError, match="unknown type"):
-        parse_endpoint("tgi:http://x")
+    # the servers neuronserve no longer starts or measures
+    for gone in ("tgi:http://x", "torchserve:artifacts/m", "triton-grpc:127.0.0.1:8001/m"):
+        with pytest.raises(ValueError, match="unknown type"):
+            parse_endpoint(gone)
     with pytest.raises(ValueError, match="TYPE:WHERE"):
-        parse_endpoint("torchserve")
+        parse_endpoint("front")
 
 
 def test_a_running_servers_endpoint_goes_where_the_command_line_named():
     config = BenchConfig(endpoints=[], sequence_lengths=[8])
-    ts = parse_endpoint("torchserve:http://127.0.0.1:8080/predictions/m")
-    ((endpoint,),) = [s.make() for s in _sessions(ts, config)]
-    assert (endpoint.type, endpoint.url) == ("torchserve", "http://127.0.0.1:8080/predictions/m")
-    grpc = parse_endpoint("triton-grpc:127.0.0.1:8001/m")
-    ((endpoint,),) = [s.make() for s in _sessions(grpc, config)]
-    assert (endpoint.type, endpoint.url, endpoint.model) == ("triton-grpc", "127.0.0.1:8001", "m")
-    for nameless in ("triton-grpc:127.0.0.1:8001", "triton-http:127.0.0.1:8000/"):
-        (session,) = _sessions(parse_endpoint(nameless), config)
-        with pytest.raises(ValueError, match="name the model"):
-            session.make()
+    sm = parse_endpoint("sagemaker:http://127.0.0.1:8080/invocations")
+    ((endpoint,),) = [s.make() for s in _sessions(sm, config)]
+    assert (endpoint.type, endpoint.url) == ("sagemaker", "http://127.0.0.1:8080/invocations")
 
 
 def test_wrk_output_is_read_in_its_units():
@@ -279,25 +215,22 @@ def test_load_counts_successes_and_failures_from_every_thread():
     assert len(e.threads) == 4 and r.wall_s > 0 and r.client_cpu_s >= 0
 
 
-def test_spread_compares_engines_run_by_run_and_derives_the_lone_request_cost():
+def test_spread_derives_the_lone_request_cost_run_by_run():
     from neuronserve.bench.spread import markdown
 
-    def run(ts, http, grpc, started):
-        point = {"seq": 8, "texts": 1, "concurrency": 16}
+    def run(started):
         return {
             "command": "neuronserve bench ...",
             "started": started,
             "machine": {"cpu": "cpu", "cores": 2},
             "peak_gops": {"1": {"fp32": 50.0, "int8": 100.0}},
             "points": [
-                {**point, "endpoint": "ts", "type": "torchserve", "req_per_s": ts},
-                {**point, "endpoint": "tr http", "type": "triton-http", "req_per_s": http},
-                {**point, "endpoint": "tr grpc", "type": "triton-grpc", "req_per_s": grpc},
                 {
-                    **point,
+                    "seq": 8,
+                    "texts": 1,
                     "concurrency": 1,
-                    "endpoint": "ts",
-                    "type": "torchserve",
+                    "endpoint": "front",
+                    "type": "front",
                     "req_per_s": 90.0,
                     "p50_ms": 10.0,
                     "model_ms": 6.0,
@@ -307,12 +240,10 @@ def test_spread_compares_engines_run_by_run_and_derives_the_lone_request_cost():
             ],
         }
 
-    # each run's faster Triton protocol against TorchServe of that same run
-    md = markdown([run(90, 100, 80, "a"), run(60, 50, 75, "b"), run(100, 100, 100, "c")])
-    assert "| 8 | 1 | 16 | 1.11 (1.00-1.25) |" in md
+    md = markdown([run("a"), run("b"), run("c")])
     # 0.3 GOP at the int8 peak of 100 GOP/s is 3 ms: the model's 6 ms is twice its floor
     lone = (
-        "| ts | 8 | 1 | 1 | 90.0 (90.0-90.0) | 10.0 (10.0-10.0) | 6.0 (6.0-6.0) | 4.0 (4.0-4.0) "
+        "| front | 8 | 1 | 1 | 90.0 (90.0-90.0) | 10.0 (10.0-10.0) | 6.0 (6.0-6.0) | 4.0 (4.0-4.0) "
         "| 2.0 (2.0-2.0) |"
     )
     assert lone in md
@@ -364,7 +295,7 @@ def test_floor_table_sets_model_time_against_the_probe():
     from neuronserve.bench.report import floor_table
 
     point = {
-        "endpoint": "torchserve",
+        "endpoint": "front",
         "seq": 128,
         "concurrency": 1,
         "texts": 1,
@@ -378,11 +309,11 @@ def test_floor_table_sets_model_time_against_the_probe():
         "peak_gops": {"1": {"fp32": 100.0, "bf16": 1.0, "int8": 200.0}},
     }
     table = floor_table(results)
-    (row,) = [line for line in table if line.startswith("| torchserve")]
+    (row,) = [line for line in table if line.startswith("| front")]
     # 2 GOP at 200 GOP/s int8 is 10 ms (model 2.0x that); at fp32's 100 GOP/s 20 ms (1.0x)
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells == [
-        "torchserve",
+        "front",
         "128",
         "fp32",
         "20.00",

@@ -1,13 +1,12 @@
 """The shape the code keeps (ruff and mypy check the rest): no function over 60 lines
 unless a `# long:` comment in it says why, no import cycle between modules (counting
-every import: at the top, inside functions and for type checking), and nothing outside
-the engine registry asking which engine it talks to."""
+every import: at the top, inside functions and for type checking), and nothing but the
+packagers of Triton's repository and TorchServe's store deciding by a server's name."""
 
 from __future__ import annotations
 
 import ast
 import functools
-import importlib
 from pathlib import Path
 
 from helpers import REPO
@@ -153,16 +152,22 @@ def test_the_engine_branch_finder_finds_each_form():
     assert engine_branches('if task == "rerank": pass\nname = "triton"') == []
 
 
-def test_only_the_engines_ask_which_engine_it_is():
-    """Outside engines/ (each engine's package, and the registry that lists them) no
-    code decides by an engine's name or class: it asks the Engine interface."""
+def test_only_the_packagers_decide_by_a_servers_name():
+    """neuronserve serves on its own workers only: outside packaging/ (what Triton and
+    TorchServe load) no code decides by a server's name or class, and there is no
+    engine interface, registry or managed server left to ask."""
     asking = [
         f"{path.relative_to(REPO)}:{where}"
         for path in (REPO / "neuronserve").rglob("*.py")
-        if path.relative_to(REPO / "neuronserve").parts[0] not in ("engines", "registry.py")
+        if path.relative_to(REPO / "neuronserve").parts[0] != "packaging"
         for where in engine_branches(path)
     ]
-    assert not asking, asking
+    # the one exception: the spec refuses what asks for one of their servers, naming
+    # what to run instead (served_elsewhere)
+    refusal = [a for a in asking if a.startswith("neuronserve/spec.py:")]
+    assert len(refusal) <= 1 and not set(asking) - set(refusal), asking
+    assert not (REPO / "neuronserve" / "engines").exists()
+    assert not (REPO / "neuronserve" / "registry.py").exists()
 
 
 def _node(module: str) -> str:
@@ -173,9 +178,8 @@ def _node(module: str) -> str:
 def test_the_house_imports_only_downward():
     """Each top-level module and folder of neuronserve taken as one node, the imports
     between them (every import: at the top, inside functions and for type checking) form
-    no cycle: each node can be read, changed and tested with what lies below it. The
-    engine contract and the registry sit below everything that uses them; the engines'
-    packages import nothing above them (serve, bench, platforms, cli)."""
+    no cycle: each node can be read, changed and tested with what lies below it; the
+    workers and the packagers import nothing above them (serve, bench, platforms, cli)."""
     edges: dict[str, dict[str, str]] = {}
     for module, imported in _imports().items():
         for target in imported:
@@ -199,18 +203,10 @@ def test_the_house_imports_only_downward():
 
 
 def test_no_arrow_runs_back_up():
-    """Nothing outside engines/ reaches into one engine's package (the registry and the
-    contract beside the engines are the way in), and no library module imports the
-    CLI."""
-    contract = ("base", "client", "bench")
+    """No library module imports the CLI."""
     wrong = []
     for module, imported in _imports().items():
         for target in imported:
-            one_engine = (
-                target.startswith("neuronserve.engines.") and target.split(".")[2] not in contract
-            )
-            if one_engine and not module.startswith("neuronserve.engines"):
-                wrong.append(f"{module} -> {target}")
             if target.startswith("neuronserve.cli") and not module.startswith("neuronserve.cli"):
                 wrong.append(f"{module} -> {target}")
     assert not wrong, sorted(wrong)
@@ -244,8 +240,8 @@ def test_the_compile_reads_its_sections_not_the_whole_spec():
 
 
 def test_the_adapters_import_only_the_worker_contract():
-    """What each engine loads from outside its package (the TorchServe handler, Triton's
-    model.py) reaches neuronserve through neuronserve.worker alone: the contract it
+    """What Triton and TorchServe load (the TorchServe handler, Triton's model.py)
+    reaches neuronserve through neuronserve.worker alone: the contract it
     names is the one place an adapter depends on."""
     from neuronserve import worker
 
@@ -259,22 +255,3 @@ def test_the_adapters_import_only_the_worker_contract():
     assert set(imported) == {"neuronserve.worker"}, sorted(imported)
     for name in imported["neuronserve.worker"]:
         assert getattr(worker, name) is not None, name  # each one resolves
-
-
-def test_an_engine_is_its_package_and_one_registry_line():
-    """Each registry name finds its package's Engine and section, which answer to it."""
-    from neuronserve.engines.base import engine_class
-    from neuronserve.engines.client import EngineClient
-    from neuronserve.registry import ENGINES, section_class
-
-    for name in ENGINES:
-        assert engine_class(name).name == name
-        assert section_class(name).key == name
-        assert engine_class(name).__module__ == f"neuronserve.engines.{name}.engine"
-        client = importlib.import_module(f"neuronserve.engines.{name}.client")
-        made = [
-            c
-            for c in vars(client).values()
-            if isinstance(c, type) and issubclass(c, EngineClient) and c is not EngineClient
-        ]
-        assert [c.kind for c in made] == [name], made  # fmt: skip

@@ -12,9 +12,9 @@ import yaml
 from google.protobuf import json_format
 from helpers import cli, package_for
 
-from neuronserve.engines.triton.package import read_config
+from neuronserve.packaging.triton import read_config
 from neuronserve.serve.model_source import find_models
-from neuronserve.spec import load_spec
+from neuronserve.spec import SpecError, from_environment, load_spec
 from neuronserve.worker import WorkerSettings
 
 
@@ -89,11 +89,14 @@ def test_packaging_keeps_the_artifacts_truncation_unless_given(artifacts, tmp_pa
     assert torchserve_truncation(tmp_path / "store", "strict") is want
     package_for("triton", spec)
     assert triton_truncation(tmp_path / "repo", "strict") is want
-    for engine in ("torchserve", "triton"):
-        ctx = package_sagemaker(spec, engine, "cpu", tmp_path / f"sm-{engine}")
-        # what the SageMaker entrypoint finds in /opt/ml/model, and packages again with
-        [found] = find_models(ctx / "model", tmp_path / f"work-{engine}")
-        assert found.name == "strict" and found.truncation is want, engine
+    ctx = package_sagemaker(spec, "cpu", tmp_path / "sm")
+    # what the SageMaker entrypoint finds in /opt/ml/model, and packages again with
+    [found] = find_models(ctx / "model", tmp_path / "work")
+    assert found.name == "strict" and found.truncation is want
+    # a store of either server mounted there is read back the same way
+    for store in (tmp_path / "store", tmp_path / "repo"):
+        [found] = find_models(store, tmp_path / f"work-{store.name}")
+        assert found.name == "strict" and found.truncation is want, store
 
 
 def test_the_flag_turns_a_default_artifact_strict(artifacts, tmp_path):
@@ -134,12 +137,28 @@ def test_help_says_the_flag_defaults_to_the_artifact():
         assert "package: default what the artifact recorded" in out.output, command
 
 
-def test_tritons_sagemaker_listener_is_refused_before_anything_starts(tmp_path):
-    """Triton's SageMaker listener would bind 0.0.0.0 without a key: the spec is refused
-    (in a file or as the flag), saying to use the front, and nothing is made."""
-    r = cli("serve", "triton", "--sagemaker", "--run-dir", "run2", cwd=tmp_path, check=False)
-    assert r.returncode == 2 and "serve front REPOSITORY --engine triton" in r.stderr
-    assert list(tmp_path.iterdir()) == []
-    (tmp_path / "deploy.yaml").write_text("triton:\n  sagemaker: true\n")
-    with pytest.raises(ValueError, match="Triton's own SageMaker listener"):
+def test_serving_through_triton_or_torchserve_is_refused_saying_what_to_run(
+    tmp_path, tiny_artifact
+):
+    """neuronserve serves on its own workers only: the command, the flag, a spec file
+    and the containers' variable that asked for Triton or TorchServe are refused in one
+    line naming the package command and the server's own start; nothing is made."""
+    triton = "neuronserve package triton ARTIFACT --repository REPO, then tritonserver"
+    torchserve = "torchserve --start --model-store STORE --ts-config STORE/config.properties"
+    for command, said in (("triton", triton), ("torchserve", torchserve)):
+        r = cli("serve", command, "--repository", "x", cwd=tmp_path, check=False)
+        assert r.returncode == 2 and said in r.stderr and len(r.stderr.splitlines()) == 1
+        r = cli("serve", "front", str(tiny_artifact), "--engine", command, cwd=tmp_path,
+                check=False)  # fmt: skip
+        assert r.returncode != 0 and said in r.stderr, r.stderr
+        r = cli("package", "sagemaker", str(tiny_artifact), "--engine", command, "--out",
+                tmp_path / "ctx", cwd=tmp_path, check=False)  # fmt: skip
+        assert r.returncode == 2 and said in r.stderr, r.stderr
+    (tmp_path / "deploy.yaml").write_text("front:\n  engine: torchserve\n")
+    with pytest.raises(ValueError, match="to serve with torchserve, run: neuronserve package"):
         load_spec(tmp_path / "deploy.yaml")
+    with pytest.raises(SpecError, match=r"NEURONSERVE_ENGINE=.triton.*tritonserver"):
+        from_environment({"NEURONSERVE_ENGINE": "triton"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deploy.yaml"]
+    # the one server's own name, as earlier specs wrote it, still loads
+    assert load_spec(None, {"front": {"engine": "native"}}).front.engine is None

@@ -19,10 +19,10 @@ from helpers import SENTENCES, as_sent, float32_in_fewest_digits
 from in_process_front import config_of, front
 from starlette.testclient import TestClient
 
-from neuronserve.engines.client import WorkerCounts
 from neuronserve.serve.front.app import build_app
 from neuronserve.serve.front.serving import Serving
 from neuronserve.spec import load_spec
+from neuronserve.workers.answers import WorkerCounts
 
 KEY = "front-key"
 
@@ -389,26 +389,16 @@ def test_tei_series_are_served_beside_ours(two):
     assert "te_queue_size 0.0" in text
 
 
-# what TorchServe 0.12 answers when its job queue is full (WorkLoadManager.addJob false:
-# ServiceUnavailableException, "Model ... has no worker to serve inference request")
-TORCHSERVE_FULL = orjson.dumps({
-    "code": 503,
-    "type": "ServiceUnavailableException",
-    "message": 'Model "tiny" has no worker to serve inference request. Please use scale '
-               "workers API to add workers.",
-})  # fmt: skip
-
-
-def test_an_engine_whose_queue_is_full_is_a_503_with_retry_after(two, monkeypatch):
-    """The engine refused at once (its queue full): on every route a 503 telling the
+def test_workers_whose_queue_is_full_answer_503_with_retry_after(two, monkeypatch):
+    """A worker refused at once (its queue full): on every route a 503 telling the
     client when to come back, in that route's error shape, then served again."""
-    from neuronserve.engines.client import engine_error
+    from neuronserve.tasks import RequestError
 
     client, engine = two
     ran = engine.run
 
     async def full(model, request):
-        raise engine_error(503, TORCHSERVE_FULL)
+        raise RequestError("the worker's queue is full (max_queued 4)", 503)
 
     monkeypatch.setattr(engine, "run", full)
     target = {"X-Amzn-SageMaker-Target-Model": "tiny"}
@@ -419,6 +409,6 @@ def test_an_engine_whose_queue_is_full_is_a_503_with_retry_after(two, monkeypatc
     ):
         r = client.post(path, json=body, headers=headers)
         assert r.status_code == 503 and r.headers["retry-after"] == "5", (path, r.text)
-        assert "has no worker to serve" in r.text, path
+        assert "queue is full" in r.text, path
     monkeypatch.setattr(engine, "run", ran)
     assert client.post("/embed", json={"inputs": "x"}).status_code == 200

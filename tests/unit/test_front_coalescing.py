@@ -168,16 +168,3 @@ def test_every_call_to_the_engine_is_counted_whichever_route_made_it(tmp_path, t
     assert engine.calls == 4  # the in-process engine's own count
     assert _counted(serving, "neuronserve_front_engine_calls_total") == 4
     assert _counted(serving, "neuronserve_front_engine_requests_total") == 3
-
-
-def test_an_engine_that_batches_requests_gets_each_request_as_it_came(serving, tiny_runner):
-    """TorchServe's batchSize counts requests: joined calls would make its batches
-    uneven, so in front of such an engine nothing is joined, and it batches them."""
-    serving, engine, model = serving
-    engine.batches = "requests"
-    requests = [(["a short text"], {}), (["two texts", "in one request"], {}), (["x y z"], {})]
-    answers = _together(serving, model, requests)
-    assert engine.sizes == [1, 2, 1]
-    for (texts, _), answer in zip(requests, answers, strict=True):
-        np.testing.assert_allclose(np.asarray(answer.value), _alone(tiny_runner, texts), atol=1e-5)
-    assert _counted(serving, "neuronserve_front_engine_calls_total") == 3

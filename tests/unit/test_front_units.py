@@ -174,7 +174,7 @@ def test_openapi_document_covers_every_route_and_every_reference_resolves(tmp_pa
                for op in ops.values())  # fmt: skip
 
 
-def test_what_reaches_the_engine_is_the_specs_worker_sections_not_the_fronts(
+def test_what_reaches_the_workers_is_the_specs_worker_sections_not_the_fronts(
     tmp_path, tiny_artifact
 ):
     given = load_spec(
@@ -184,11 +184,6 @@ def test_what_reaches_the_engine_is_the_specs_worker_sections_not_the_fronts(
             "truncation": False,
             "limits": {"max_text_chars": 20},
             "front": {"port": 9, "auth": "on"},
-            "torchserve": {
-                "batch_requests": 3,
-                "worker_retry_timeout_s": 30,
-                "model_store": tmp_path / "elsewhere",
-            },
         },
     )
     deployment = Deployment(given, [ModelEntry(artifact=tiny_artifact)], tmp_path / "work")
@@ -200,12 +195,9 @@ def test_what_reaches_the_engine_is_the_specs_worker_sections_not_the_fronts(
     )
     # the front's own settings (port, auth) stay with the front
     assert "port" not in behind.front.model_fields_set and behind.front.auth == "auto"
-    # the engine's own options reach it (TorchServe batches the front's requests itself);
-    # where it keeps its store and listens is the deployment's
-    own = behind.engine_named("torchserve")
-    assert own.worker_retry_timeout_s == 30 and own.model_store == tmp_path / "work" / "store"
-    assert own.batch_requests == 3
-    assert own.bind_address == "127.0.0.1" and own.token_auth
+    # where the workers keep their store and sockets is the deployment's
+    assert deployment.store == tmp_path / "work" / "store"
+    assert deployment.run_dir == tmp_path / "work" / "run"
     # a model's packaged truncation is kept, unless the deployment gives one itself
     found = [FoundModel(tmp_path / "a", "a", truncation=True)]
     assert model_entries(found, load_spec(None, {}))[0].truncation is True
@@ -259,25 +251,23 @@ class _Client:
 
 
 class _Deployment:
-    """What `_keep_whole` uses of a Deployment: its engine's word, restart, client."""
+    """What `_keep_whole` uses of a Deployment: whether it is stuck, restart, client."""
 
-    engine_name, tasks = "triton", "m (feature-extraction)"
+    tasks = "m (feature-extraction)"
 
     def __init__(self, serving) -> None:
-        from types import SimpleNamespace
 
         self.serving, self.why, self.restarts = serving, None, []
         self.closed: list[str] = []
-        self.unreadable = True  # the engine's state cannot be read at first
+        self.unreadable = True  # the workers' state cannot be read at first
         self.once = True
         self.asked = 0
-        self.engine = SimpleNamespace(stuck=self.stuck)
 
     def stuck(self) -> str | None:
         self.asked += 1
         if self.unreadable:
             self.unreadable = False
-            raise OSError("instances.json: unreadable")
+            raise OSError("supervisor.pid: unreadable")
         if self.once:  # a word said once only is not acted on
             self.once = False
             return "m: wedged, once"
@@ -287,13 +277,12 @@ class _Deployment:
         self.restarts.append(self.serving.starting)
         self.why = None
 
-    def client(self, connections: int) -> _Client:
-        name = f"after {len(self.restarts)} restart(s), {connections} connections"
-        return _Client(name, self.closed)
+    def client(self) -> _Client:
+        return _Client(f"after {len(self.restarts)} restart(s)", self.closed)
 
 
-def test_an_engine_only_a_restart_can_mend_is_restarted_and_health_says_loading():
-    """`_keep_whole` asks the engine whether it is stuck; when it says so twice running,
+def test_workers_only_a_restart_can_mend_are_restarted_and_health_says_loading():
+    """`_keep_whole` asks the deployment whether it is stuck; when it says so twice running,
     /health's `starting` is on for the restart's time, and a restart waits for the lock
     the last stop holds."""
     import asyncio
@@ -329,6 +318,6 @@ def test_an_engine_only_a_restart_can_mend_is_restarted_and_health_says_loading(
 
     asyncio.run(scenario())
     assert seen == [True] and not serving.starting
-    # the new server's client (its keys are new), the old one closed
-    assert serving.client.name == "after 1 restart(s), 8 connections"
+    # the new workers' client (their sockets are new), the old one closed
+    assert serving.client.name == "after 1 restart(s)"
     assert deployment.closed == ["first"]

@@ -6,7 +6,6 @@ without its key."""
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -34,39 +33,33 @@ def spec_of(*artifacts: Path, **fields) -> DeploySpec:
 
 
 @pytest.mark.parametrize(
-    ("engine", "target", "several"),
-    [
-        # every engine x target, TorchServe's CPU image with a set of models (one pod,
-        # every worker holding all of them), and Triton's CPU image both ways
-        *(
-            (e, t, e == "torchserve" and t == "cpu")
-            for e, t in itertools.product(("torchserve", "triton"), k8s.TARGETS)
-        ),
-        ("triton", "cpu", True),
-    ],
+    ("target", "several"),
+    # every target, and the CPU image both ways (a set of models: one pod, every worker
+    # holding all of them)
+    [*((t, False) for t in k8s.TARGETS), ("cpu", True)],
 )
 def test_every_combination_renders_and_validates(  # noqa: PLR0915 - one rendering, read whole
-    engine, target, several, tmp_path, tiny_artifact, classifier_artifact, neuronx_manifest_artifact
+    target, several, tmp_path, tiny_artifact, classifier_artifact, neuronx_manifest_artifact
 ):
     artifacts = [neuronx_manifest_artifact] if target == "neuronx" else [tiny_artifact]
     if several:  # a set of models: one pod, every worker holding all of them
         artifacts.append(classifier_artifact)
     out = tmp_path / "k8s"
     result = CliRunner().invoke(app, [
-        "package", "kubernetes", *map(str, artifacts), "--engine", engine, "--target", target,
+        "package", "kubernetes", *map(str, artifacts), "--target", target,
         "--image", "registry.example/minilm:1", "--out", str(out), "--max-replicas", "6",
         "--namespace", "serving",
     ])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "kubectl apply -f" in result.output and "create secret generic" in result.output
     assert (out / "image" / "Dockerfile").is_file() and (out / "image" / "serve").is_file()
-    # a Java runtime only where the engine's frontend is Java
-    java = 'ARG ENGINE_PACKAGES="openjdk-17-jre-headless"'
-    assert (java in (out / "image" / "Dockerfile").read_text()) == (engine == "torchserve")
+    # our server only: no Java runtime, no tritonserver
+    assert "openjdk" not in (out / "image" / "Dockerfile").read_text()
+    assert "torchserve" not in (out / "image" / "requirements.txt").read_text()
     context = json.loads((out / "image" / "neuronserve.json").read_text())
     assert context["models"] == [read_manifest(a).name for a in artifacts]
     files = sorted(p.relative_to(out).as_posix() for p in out.glob("*/*.yaml"))
-    assert files == sorted(k8s.manifests(spec_of(*artifacts), engine, target,
+    assert files == sorted(k8s.manifests(spec_of(*artifacts), target,
                                          k8s.ClusterOptions(image="x")))  # fmt: skip
     docs = {f: list(yaml.safe_load_all((out / f).read_text())) for f in files}
     kinds = []
@@ -80,14 +73,24 @@ def test_every_combination_renders_and_validates(  # noqa: PLR0915 - one renderi
                 kubernetes_validate.validate(obj, k8s.KUBERNETES_VERSION, strict=True)
     assert sorted(kinds) == sorted(
         ["Deployment", "Service", "HorizontalPodAutoscaler", "PodDisruptionBudget",
-         "ServingRuntime", "InferenceService"]
+         "ServingRuntime", "InferenceService", "InferenceService", "InferenceService"]
     )  # fmt: skip
+    # KServe's own Triton and TorchServe runtimes, on what `package triton|torchserve`
+    # wrote, with the same resources as our pod (one instance or worker per core group)
+    for server, fmt in (("triton", "triton"), ("torchserve", "pytorch")):
+        (plugin,) = docs[f"kserve-{server}/inference-service.yaml"]
+        model = plugin["spec"]["predictor"]["model"]
+        assert model["modelFormat"] == {"name": fmt} and "runtime" not in model
+        assert model["storageUri"] == f"s3://YOUR-BUCKET/neuronserve/{server}"
 
     deploy = docs["plain/deployment.yaml"][0]
     pod = deploy["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     limits = c["resources"]["limits"]
     assert c["resources"]["requests"] == limits  # Guaranteed QoS
+    for server in ("triton", "torchserve"):
+        (plugin,) = docs[f"kserve-{server}/inference-service.yaml"]
+        assert plugin["spec"]["predictor"]["model"]["resources"] == c["resources"]
     if target == "neuronx":
         assert limits[k8s.NEURONCORE] == "2" and "cpu" not in limits
         assert pod["schedulerName"] == "my-scheduler"  # more than one NeuronCore
@@ -96,7 +99,7 @@ def test_every_combination_renders_and_validates(  # noqa: PLR0915 - one renderi
         assert "schedulerName" not in pod
     env = {e["name"]: e for e in c["env"]}
     assert env["NEURONSERVE_PLATFORM"]["value"] == "kubernetes"
-    assert env["NEURONSERVE_ENGINE"]["value"] == engine
+    assert "NEURONSERVE_ENGINE" not in env
     assert env["NEURONSERVE_API_KEY"]["valueFrom"]["secretKeyRef"]["key"] == "api-key"
     # the worker count is not in the manifest: the pod plans it from its granted cores
     assert not any("WORKERS" in name for name in env)
@@ -127,7 +130,7 @@ def test_every_combination_renders_and_validates(  # noqa: PLR0915 - one renderi
 
 def test_a_claim_mounts_the_model_and_kserve_fetches_it(tiny_artifact):
     objs = k8s.manifests(
-        spec_of(tiny_artifact), "torchserve", "cpu",
+        spec_of(tiny_artifact), "cpu",
         k8s.ClusterOptions(image="x", model_claim="models", cores=4, in_flight_target=5),
     )  # fmt: skip
     deploy = objs["plain/deployment.yaml"][0]
@@ -147,7 +150,7 @@ def test_a_claim_mounts_the_model_and_kserve_fetches_it(tiny_artifact):
 
 def test_the_validators_catch_what_a_cluster_would_refuse(tiny_artifact):
     """The schemas are strict enough to matter: a misspelt field and a wrong type fail."""
-    objs = k8s.manifests(spec_of(tiny_artifact), "torchserve", "cpu", k8s.ClusterOptions("x"))
+    objs = k8s.manifests(spec_of(tiny_artifact), "cpu", k8s.ClusterOptions("x"))
     deploy = objs["plain/deployment.yaml"][0]
     deploy["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -161,18 +164,18 @@ def test_the_validators_catch_what_a_cluster_would_refuse(tiny_artifact):
 def test_bad_options_are_refused(tiny_artifact, neuronx_manifest_artifact):
     spec = spec_of(tiny_artifact, cores_per_worker=2)
     with pytest.raises(k8s.ClusterError, match="multiple of cores_per_worker"):
-        k8s.manifests(spec, "torchserve", "cpu", k8s.ClusterOptions("x", cores=3))
+        k8s.manifests(spec, "cpu", k8s.ClusterOptions("x", cores=3))
     with pytest.raises(k8s.ClusterError, match="replicas"):
         k8s.manifests(
-            spec_of(tiny_artifact), "torchserve", "cpu",
+            spec_of(tiny_artifact), "cpu",
             k8s.ClusterOptions("x", min_replicas=3, max_replicas=2),
         )  # fmt: skip
     with pytest.raises(k8s.ClusterError, match="compiled for cpu"):
-        k8s.manifests(spec_of(tiny_artifact), "torchserve", "neuronx", k8s.ClusterOptions("x"))
+        k8s.manifests(spec_of(tiny_artifact), "neuronx", k8s.ClusterOptions("x"))
     with pytest.raises(k8s.ClusterError, match="target 'cuda'"):
-        k8s.manifests(spec_of(tiny_artifact), "torchserve", "cuda", k8s.ClusterOptions("x"))
+        k8s.manifests(spec_of(tiny_artifact), "cuda", k8s.ClusterOptions("x"))
     one_core = k8s.manifests(
-        spec_of(neuronx_manifest_artifact), "triton", "neuronx", k8s.ClusterOptions("x", cores=1)
+        spec_of(neuronx_manifest_artifact), "neuronx", k8s.ClusterOptions("x", cores=1)
     )
     assert "schedulerName" not in one_core["plain/deployment.yaml"][0]["spec"]["template"]["spec"]
 

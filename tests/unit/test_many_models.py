@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from neuronserve import placement
 from neuronserve.cli import app
-from neuronserve.engines.triton.package import read_config
 from neuronserve.packaging.model import PackagingError, prepare
+from neuronserve.packaging.triton import read_config
 from neuronserve.spec import SpecError, load_spec
 from neuronserve.worker import WorkerSettings
 
@@ -93,7 +93,7 @@ def test_two_embedders_of_other_widths_share_a_variable_output(tmp_path, tiny_ar
         module_format="torchscript",
     )
     packaged = prepare(spec(tmp_path, tiny_artifact, wider))
-    from neuronserve.engines.triton.package import model_config
+    from neuronserve.packaging.triton import model_config
 
     outputs = {o.name: list(o.dims) for o in model_config(packaged).output}
     # (every token's vector travels as bytes, one element per text, whatever the width;

@@ -26,7 +26,6 @@ from starlette.testclient import TestClient
 
 from neuronserve import catalog, placement
 from neuronserve.artifact import read_manifest
-from neuronserve.engines.client import EngineClient, WorkerCounts
 from neuronserve.runtime import Runner
 from neuronserve.serve.front.app import build_app
 from neuronserve.serve.front.multi_model import ModelCatalog
@@ -34,6 +33,7 @@ from neuronserve.serve.front.serving import Serving
 from neuronserve.served import ServedModel
 from neuronserve.spec import load_spec
 from neuronserve.tasks import RequestError, TaskRequest
+from neuronserve.workers.answers import WorkerClient, WorkerCounts
 
 ADMIN = "admin-key"
 WORKERS = 2
@@ -52,7 +52,7 @@ def _runner(artifact: Path, truncation: bool | None, name: str) -> Runner:
     return _LOADED[key]
 
 
-class FollowingWorkers(EngineClient):
+class FollowingWorkers(WorkerClient):
     """Two workers, each a catalog Follower holding its own Runners; a request goes to
     the next worker, which answers 404 for a model it does not hold (as a real one)."""
 
@@ -155,7 +155,7 @@ def endpoint(tmp_path, tiny_artifact, classifier_artifact):
 
     def make(name, key, manifest, artifact):
         return ServedModel(
-            name, manifest, "in-process", False, None,
+            name, manifest, False, None,
             ServedModel.tokenizer_of(manifest, artifact), key,
         )  # fmt: skip
 

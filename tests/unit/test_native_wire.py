@@ -21,10 +21,11 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from neuronserve import metrics, tensors
-from neuronserve.engines.client import WorkerDied
-from neuronserve.engines.native.client import RETRY_S, Link, _Series
-from neuronserve.engines.native.store import QueuePolicy
-from neuronserve.engines.native.wire import (
+from neuronserve.tasks import RequestError, get_task
+from neuronserve.workers.answers import WorkerDied
+from neuronserve.workers.client import RETRY_S, Link, _Series
+from neuronserve.workers.store import QueuePolicy
+from neuronserve.workers.wire import (
     FrameError,
     FrameTooLarge,
     ask,
@@ -32,8 +33,7 @@ from neuronserve.engines.native.wire import (
     read_frame,
     request_frame,
 )
-from neuronserve.engines.native.worker import INLINE_TEXTS, Served
-from neuronserve.tasks import RequestError, get_task
+from neuronserve.workers.worker import INLINE_TEXTS, Served
 
 
 def _reader(data: bytes) -> asyncio.StreamReader:
@@ -354,7 +354,7 @@ def test_a_malformed_frame_fails_its_own_request_alone(tmp_path, monkeypatch):
     answered with its own id, and the same connection goes on serving. A frame without
     an id (no request to answer), or a stream ended inside a frame, closes its own
     connection and nothing else."""
-    monkeypatch.setattr("neuronserve.engines.native.worker.MAX_REQUEST_BYTES", 1 << 16)
+    monkeypatch.setattr("neuronserve.workers.worker.MAX_REQUEST_BYTES", 1 << 16)
     worker = FakeWorker()
     _, run = _serving(tmp_path, worker)
 
@@ -555,17 +555,17 @@ def test_a_request_too_large_for_its_worker_fails_alone_in_the_front(tmp_path, t
     in the front, it never reaches the worker, every other request is answered, and the
     connection they share stays up (before, the worker closed it under them all)."""
     from neuronserve.artifact import read_manifest
-    from neuronserve.engines.native.client import NativeClient
-    from neuronserve.engines.native.supervisor import socket_path
     from neuronserve.served import ServedModel
     from neuronserve.tasks import TaskRequest
+    from neuronserve.workers.client import NativeClient
+    from neuronserve.workers.supervisor import socket_path
 
     run_dir = tmp_path / "run"
     path = socket_path(run_dir, 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     worker = FakeWorker()
     manifest = read_manifest(tiny_artifact)
-    model = ServedModel("m", manifest, "native", False, None, None)
+    model = ServedModel("m", manifest, False, None, None)
     _, run = _serving(tmp_path, worker, path=path)
 
     async def body(path):

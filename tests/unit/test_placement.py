@@ -55,18 +55,18 @@ def test_more_workers_than_groups_is_a_warning_or_capped():
 
 def test_packagers_write_the_plan(tmp_path, tiny_artifact):
     from neuronserve.buckets import engine_batch_sizes
-    from neuronserve.engines.torchserve.package import model_config
-    from neuronserve.engines.triton.package import read_config
     from neuronserve.packaging.model import prepare
+    from neuronserve.packaging.torchserve import model_config
+    from neuronserve.packaging.triton import read_config
 
     n = len(discover("cpu"))
     latency = load_spec(None, {"layout": "latency", "batch_requests": 2, "artifact": tiny_artifact})
-    cfg = model_config(latency.engine_named("torchserve"), prepare(latency))
+    cfg = model_config(latency.torchserve, prepare(latency))
     assert (cfg["minWorkers"], cfg["neuronserve"]["cores_per_worker"]) == (1, n)
     assert cfg["batchSize"] == 2
     throughput = load_spec(None, {"artifact": tiny_artifact})
     packaged = prepare(throughput)
-    cfg = model_config(throughput.engine_named("torchserve"), packaged)
+    cfg = model_config(throughput.torchserve, packaged)
     assert (cfg["minWorkers"], cfg["neuronserve"]["cores_per_worker"]) == (n, 1)
     # the largest batch the artifact's bucket times say is worth forming
     m = packaged.models[0].manifest

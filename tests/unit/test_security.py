@@ -39,8 +39,8 @@ def _with_manifest_name(artifact: Path, dst: Path, name: str) -> Path:
     return dst
 
 
-@pytest.mark.parametrize("engine", ["torchserve", "triton", "native"])
-def test_packaging_never_removes_outside_the_store(tmp_path, tiny_artifact, engine):
+@pytest.mark.parametrize("server", ["torchserve", "triton"])
+def test_packaging_never_removes_outside_the_store(tmp_path, tiny_artifact, server):
     """A manifest naming `../victim` used to make packaging rmtree <store>/../victim."""
     victim = tmp_path / "victim"
     victim.mkdir()
@@ -54,13 +54,12 @@ def test_packaging_never_removes_outside_the_store(tmp_path, tiny_artifact, engi
         {
             "model_store": store,
             "triton_repository": store,
-            "native": {"store_dir": store},
             "workers": 1,
             "artifact": art,
         },
     )
     with pytest.raises(ArtifactError, match="not a plain name"):
-        package_for(engine, spec)
+        package_for(server, spec)
     assert (victim / "precious.txt").read_text() == "keep me"
 
 
@@ -145,16 +144,16 @@ def test_a_folder_others_can_write_is_refused_and_lock_files_are_private(tmp_pat
 
 
 def test_torchserve_loads_from_its_store_only_and_holds_the_body_limit(tmp_path):
-    from neuronserve.engines.torchserve.package import (
+    from neuronserve.packaging.model import PackagingError
+    from neuronserve.packaging.torchserve import (
         read_properties,
         store_properties,
         write_properties,
     )
-    from neuronserve.packaging.model import PackagingError
 
     store = tmp_path / "my-store.v1"
     spec = load_spec(None, {"max_body_bytes": 123456})
-    own = spec.engine_named("torchserve")
+    own = spec.torchserve
     properties = store_properties(own, spec.worker, spec.limits, store)
     write_properties(tmp_path / "config.properties", properties)
     props = read_properties(tmp_path / "config.properties")
@@ -367,8 +366,7 @@ def test_the_front_refuses_a_run_directory_that_is_not_its_users_own(
         else:
             run_dir.chmod(0o777)
     r = cli(
-        "serve", "front", tiny_artifact, "--run-dir", run_dir, "--engine", "torchserve",
-        check=False,
+        "serve", "front", tiny_artifact, "--run-dir", run_dir, check=False,
     )  # fmt: skip
     assert r.returncode != 0, r.stdout
     assert f"run directory {run_dir.resolve()}" in r.stderr + r.stdout
@@ -428,82 +426,6 @@ def test_doctor_takes_the_key_from_the_environment(monkeypatch):
     assert seen == ["k-env"]
 
 
-def test_tritons_secret_options_are_hidden_and_refused_if_not_handed_over():
-    """What the command line of tritonserver shows: each option holding the key carries
-    a placeholder tritonserver refuses to start with; the real one waits in the
-    environment (launch.hand_over points the program at it)."""
-    from neuronserve.engines.triton import launch
-    from neuronserve.engines.triton.process import restricted_api_args
-
-    key = "k" * 43
-    cmd = ["/bin/tritonserver", "--model-repository=/r", *restricted_api_args(key, True)]
-    shown, env = launch.hide(cmd, key)
-    assert not any(key in a for a in shown)
-    assert shown[2:] == ["--http-restricted-api=hidden", "--grpc-restricted-protocol=hidden"]
-    assert env == {f"{launch.HIDDEN_ENV}2": cmd[2], f"{launch.HIDDEN_ENV}3": cmd[3]}
-    with pytest.raises(ValueError, match="outside an --option=value"):
-        launch.hide(["/bin/x", key], key)
-
-
-@pytest.mark.parametrize(
-    ("options", "hidden"),
-    [("rw,relatime", False), ("rw,hidepid=2", True), ("rw,hidepid=invisible", True),
-     ("rw,hidepid=0", False), ("rw,hidepid=noaccess", True),
-     # a group that sees every process's command line: its members would read the key
-     ("rw,hidepid=2,gid=5", False), ("rw,gid=proc,hidepid=invisible", False)],
-)  # fmt: skip
-def test_proc_mounted_hidepid_hides_command_lines(options, hidden):
-    from neuronserve.engines.triton.launch import proc_hides_processes
-
-    line = f"25 30 0:23 / /proc rw,nosuid,nodev,noexec,relatime shared:14 - proc proc {options}"
-    other = "26 30 0:24 / /sys rw shared:7 - sysfs sysfs rw"
-    assert proc_hides_processes(f"{other}\n{line}\n") is hidden
-    # a /proc mounted over another: the last one is what every process sees
-    under = "24 30 0:22 / /proc rw - proc proc rw,hidepid=2"
-    assert proc_hides_processes(f"{under}\n{line}\n") is hidden
-
-
-def test_the_wrapper_refuses_triton_without_a_dev_shm_of_its_own(monkeypatch, tmp_path, capsys):
-    """Where no mount namespace can be made (no CAP_SYS_ADMIN, no user namespaces) the
-    wrapper executes nothing, and the start says why and what to do instead; with
-    `triton.host_shm` (a container of its own) it goes on."""
-    from neuronserve.engines.triton import launch
-    from neuronserve.engines.triton.process import LOG_FILE, _refused_launch
-
-    ran = []
-    monkeypatch.setattr(launch, "own_shm", lambda: "unshare(CLONE_NEWNS): not permitted")
-    monkeypatch.setattr(os, "execv", lambda program, argv: ran.append(argv))
-    with pytest.raises(SystemExit) as exited:
-        launch.main(["/bin/tritonserver", "--model-repository=/r"])
-    assert exited.value.code == launch.NO_PRIVATE_SHM and ran == []
-    (tmp_path / LOG_FILE).write_text(capsys.readouterr().err)
-    said = _refused_launch(launch.NO_PRIVATE_SHM, tmp_path)
-    assert said is not None
-    for part in ("not permitted", "--engine torchserve", "CAP_SYS_ADMIN", "triton.host_shm"):
-        assert part in said, said
-    launch.main(["--host-shm", "/bin/tritonserver", "--model-repository=/r"])
-    assert ran == [["/bin/tritonserver", "--model-repository=/r"]]
-    said = _refused_launch(launch.NO_TRACE, tmp_path)
-    assert said is not None and "hidepid=2" in said
-
-
-@pytest.mark.parametrize("engine", ["triton", "torchserve", "native"])
-def test_an_image_uses_the_containers_dev_shm_for_triton_only(engine, tmp_path, monkeypatch):
-    """The images' entrypoint runs in a container of its own (its /dev/shm is its own,
-    every process in it the image's one user): there Triton may use that /dev/shm where it
-    cannot make one of its own; nothing else about the engine is set, and a TorchServe
-    image gets no Triton section."""
-    from neuronserve.platforms.sagemaker.entrypoint import sagemaker_spec
-
-    monkeypatch.setenv("NEURONSERVE_ENGINE", engine)
-    spec = sagemaker_spec(tmp_path / "work")
-    assert spec.front.engine == engine
-    from neuronserve.engines.triton.section import TritonSection
-
-    assert spec.engine(TritonSection).host_shm is (engine == "triton")
-    assert spec.engine_named("torchserve") == type(spec.engine_named("torchserve"))()
-
-
 @pytest.mark.parametrize("path", ["/etc", "../outside", "1_Pooling/../../x"])
 def test_a_module_folder_outside_the_model_is_refused(tmp_path, path):
     """modules.json's paths are joined to the model folder: one that leaves it (absolute,
@@ -523,23 +445,3 @@ def test_a_module_folder_outside_the_model_is_refused(tmp_path, path):
         )
     )
     assert read_modules(tmp_path).normalize
-
-
-@pytest.mark.parametrize("engine", ["triton", "torchserve"])
-def test_a_restart_listens_on_ports_chosen_afresh(engine, tmp_path, tiny_artifact, monkeypatch):
-    """Between the stop and the start of a restart another local user could bind an old
-    port, and the front (which holds the engine's keys) would talk to them: the restart
-    starts on new ones, which the engine it starts listens on."""
-    from neuronserve.serve.deployment import Deployment
-    from neuronserve.spec import ModelEntry
-
-    spec = load_spec(None, {"front": {"engine": engine}})
-    deployment = Deployment(spec, [ModelEntry(artifact=tiny_artifact)], tmp_path / "work")
-    monkeypatch.setattr(type(deployment), "start", lambda self: None)
-    monkeypatch.setattr(type(deployment), "stop", lambda self: None)
-    fields = deployment.engine.section.port_fields()
-    before = [getattr(deployment.engine.section, f) for f in fields]
-    deployment.restart()
-    after = [getattr(deployment.engine.section, f) for f in fields]
-    assert not set(before) & set(after), (before, after)
-    assert after == [getattr(deployment.spec.engine_named(engine), f) for f in fields]

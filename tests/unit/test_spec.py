@@ -49,10 +49,10 @@ def test_latency_layout_refuses_explicit_workers():
 
 
 def test_every_field_has_a_description_for_the_cli():
-    from neuronserve.spec import SECTIONS, DeploySpec, engine_sections
+    from neuronserve.spec import SECTIONS, DeploySpec
 
-    models = [DeploySpec, *SECTIONS, *engine_sections().values()]
-    sections = {"compile", "accuracy", "worker", "limits", "front", "multi_model", "engines"}
+    models = [DeploySpec, *SECTIONS]
+    sections = {s.key for s in SECTIONS}
     missing = [
         f"{m.__name__}.{k}"
         for m in models
@@ -70,7 +70,7 @@ def test_a_sectioned_spec_file_loads_and_each_consumer_reads_its_section(tmp_pat
         "worker: {workers: 2, max_queued: 7}\n"
         "limits: {max_client_batch: 64}\n"
         "front: {port: 4000, run_dir: front}\n"
-        "triton: {repository: repo, http_port: 9000}\n"
+        "triton: {repository: repo}\n"
     )
     spec = load_spec(f)
     assert spec.compile.batch_sizes == [1, 8] and spec.compile.model == str(
@@ -78,10 +78,9 @@ def test_a_sectioned_spec_file_loads_and_each_consumer_reads_its_section(tmp_pat
     )
     assert (spec.worker.workers, spec.worker.max_queued, spec.limits.max_client_batch) == (2, 7, 64)
     assert spec.front.port == 4000 and spec.front.run_dir == tmp_path / "front"
-    triton = spec.engine_named("triton")
-    assert triton.store == tmp_path / "repo" and triton.http_port == 9000  # type: ignore[attr-defined]
+    assert spec.triton.repository == tmp_path / "repo"
     assert capsys.readouterr().err == ""  # no note for a sectioned file
-    # what a spec gives round-trips, engine sections at the top as in the file
+    # what a spec gives round-trips
     assert load_spec(None, spec.model_dump(exclude_unset=True)) == spec
 
 
@@ -96,10 +95,9 @@ def test_a_flat_spec_file_still_loads_and_says_where_each_field_went(tmp_path, c
     assert spec.front.port == 4000 and spec.front.run_dir == tmp_path / "front"
     assert spec.worker.workers == 2 and spec.limits.max_body_bytes == 1000
     assert spec.multi_model.enabled
-    assert spec.engine_named("triton").store == tmp_path / "repo"
-    assert spec.engine_named("torchserve").store == tmp_path / "store"
-    # a field the flat layout shared lands in every section that has it now
-    assert {e.bind_address for e in spec.engines.values()} == {"0.0.0.0"}
+    assert spec.triton.repository == tmp_path / "repo"
+    assert spec.torchserve.model_store == tmp_path / "store"
+    assert spec.torchserve.bind_address == "0.0.0.0"
     note = capsys.readouterr().err
     assert "flat layout, which is deprecated" in note
     for moved in ("front_port -> front.port", "triton_repository -> triton.repository",
@@ -114,12 +112,10 @@ def test_every_option_is_a_field_declared_once_with_its_help():
 
     from neuronserve.cli import app
     from neuronserve.cli.spec_options import cli_fields, field_help
-    from neuronserve.spec import SECTIONS, engine_sections
+    from neuronserve.spec import SECTIONS
 
     described = {
-        field_help(f)
-        for part in ["", *(s.key for s in SECTIONS), *engine_sections()]
-        for _, f in cli_fields(part)
+        field_help(f) for part in ["", *(s.key for s in SECTIONS)] for _, f in cli_fields(part)
     }
     root = typer.main.get_command(app)
     seen_spec_options = 0
@@ -170,76 +166,6 @@ def test_a_model_is_a_folder_next_to_the_spec_or_a_hub_id(tmp_path):
     )
 
 
-def test_the_default_engine_is_the_first_that_can_start_here(monkeypatch):
-    """Triton first, TorchServe (archived upstream) where Triton cannot start, the native
-    engine where neither can: a fresh machine never needs TorchServe; a spec that sets
-    one engine's options runs on it."""
-    import importlib.util
-
-    from neuronserve.engines.triton.section import INSTALL, glibc_refusal
-    from neuronserve.registry import default_engine, section_class
-
-    triton, torchserve = section_class("triton"), section_class("torchserve")
-    assert triton.missing() is None and torchserve.missing() is None  # this machine
-    assert default_engine() == "triton" and load_spec(None, {}).front.engine == "triton"
-    # each engine's own check, as a machine without it answers
-    real = importlib.util.find_spec
-    gone = {"tritonclient", "ts"}
-    monkeypatch.setattr(
-        importlib.util, "find_spec", lambda name, *a: None if name in gone else real(name, *a)
-    )
-    assert triton.missing() == INSTALL and "neuronserve[torchserve]" in torchserve.missing()
-    # neither installed: the native engine, which needs nothing beyond neuronserve
-    assert section_class("native").missing() is None and default_engine() == "native"
-    gone.discard("ts")
-    assert default_engine() == "torchserve"
-    assert load_spec(None, {}).front.engine == "torchserve"
-    assert "glibc 2.35 or newer" in glibc_refusal("glibc 2.31") and not glibc_refusal("2.35")
-    monkeypatch.undo()
-    # a spec naming no engine but setting TorchServe's options runs on TorchServe; one
-    # naming an engine keeps it
-    spec = load_spec(None, {"torchserve": {"batch_requests": 3}})
-    assert spec.front.engine == "torchserve"
-    spec = load_spec(None, {"torchserve": {"batch_requests": 3}, "front": {"engine": "triton"}})
-    assert spec.front.engine == "triton"
-
-
-def test_an_engine_that_cannot_start_here_says_what_to_install(monkeypatch, tmp_path):
-    from neuronserve.engines.base import engine_class
-    from neuronserve.engines.triton.section import TritonSection
-    from neuronserve.processes import ServeError
-
-    monkeypatch.setattr(TritonSection, "missing", classmethod(lambda cls: "pip install x"))
-    engine = engine_class("triton")(TritonSection(repository=tmp_path), tmp_path / "run")
-    with pytest.raises(ServeError, match="pip install x"):
-        engine.start(log=lambda *_: None)
-    assert not (tmp_path / "run").exists()  # refused before anything was made
-
-
-def test_a_store_is_served_on_the_engine_that_packaged_it(tmp_path):
-    from neuronserve.cli.serve_front import _what_to_serve
-    from neuronserve.serve.model_source import store_engine
-    from neuronserve.spec import DeploySpec
-
-    store, repo, artifact = tmp_path / "store", tmp_path / "repo", tmp_path / "art"
-    (store / "minilm" / "MAR-INF").mkdir(parents=True)
-    (store / "minilm" / "MAR-INF" / "MANIFEST.json").write_text("{}")
-    (repo / "rag").mkdir(parents=True)
-    (repo / "rag" / "config.pbtxt").write_text("")
-    artifact.mkdir()
-    (artifact / "manifest.json").write_text("{}")
-    assert store_engine([store]) == "torchserve" and store_engine([repo]) == "triton"
-    assert store_engine([artifact]) is None and store_engine([]) is None
-    assert store_engine([store, repo]) is None  # two engines' stores: the default decides
-    assert store_engine([store, artifact]) == "torchserve"
-    # what `serve front STORE` hands the front's process: the spec as a dump
-    spec, _ = _what_to_serve(load_spec(None, {}), [store], [])
-    handed = DeploySpec.model_validate(spec.model_dump(mode="json", exclude_unset=True))
-    assert handed.front.engine == "torchserve"
-    spec, _ = _what_to_serve(load_spec(None, {"front": {"engine": "triton"}}), [store], [])
-    assert spec.front.engine == "triton"  # told: kept
-
-
 def test_the_models_given_replace_the_specs_own_and_nothing_else():
     """One artifact is the spec's `artifact` with its name and truncation; several, or
     models named by Hub id, its `models`; every other setting stays as given."""
@@ -257,39 +183,3 @@ def test_the_models_given_replace_the_specs_own_and_nothing_else():
     hub = spec.with_models([ModelSource(model="org/m", name="m")])
     assert [(s.model, s.name) for s in hub.model_sources()] == [("org/m", "m")]
     assert hub.artifact is None and hub.front.port == 9
-
-
-def test_an_engine_section_says_on_its_fields_which_is_its_store_and_its_ports():
-    """What a deployment behind the front sets of an engine's section is read from its
-    fields' marks: the store, each port in the order declared, the front's values over the
-    user's; a section that marks no store, or a mark that means nothing, is refused."""
-    from pydantic import Field
-
-    from neuronserve.section import EngineSection, flags
-
-    class Made(EngineSection):
-        key = "made"
-        keep: Path = Field(Path("keep"), json_schema_extra=flags(role="store"))
-        api_port: int = Field(1, json_schema_extra=flags(role="port"))
-        locked: bool = Field(False, json_schema_extra=flags(behind_front=True))
-        admin_port: int = Field(2, json_schema_extra=flags("--admin", role="port"))
-        shm: bool = Field(False, json_schema_extra=flags(in_container=True))
-
-    assert (Made.store_field(), Made.port_fields()) == ("keep", ("api_port", "admin_port"))
-    assert Made.marked("in_container") == {"shm": True}
-    mine = Made(locked=False, api_port=9, bind_address="0.0.0.0")
-    own = mine.behind_a_front(Path("/s"), Path("/r"), [7001, 7002])
-    assert (own.store, own.run_dir, own.api_port, own.admin_port) == (
-        Path("/s"), Path("/r"), 7001, 7002
-    )  # fmt: skip
-    assert own.locked and own.bind_address == "127.0.0.1" and not own.shm
-    with pytest.raises(TypeError, match="role='store'"):
-
-        class NoStore(EngineSection):
-            key = "nostore"
-            keep: Path = Field(Path("keep"))
-
-    with pytest.raises(TypeError, match="marked with"):
-        flags(role="disk")
-    with pytest.raises(TypeError, match="marked with"):
-        flags(behind_the_front=True)

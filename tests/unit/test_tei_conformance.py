@@ -238,8 +238,8 @@ def test_info_carries_teis_fields(fronts, kind):
 
 
 def test_health_and_overload(tmp_path, fronts, monkeypatch):
-    from neuronserve.engines.client import WorkerCounts
     from neuronserve.serve.front import serving
+    from neuronserve.workers.answers import WorkerCounts
 
     monkeypatch.setattr(serving, "HEALTH_TTL_S", 0.0)  # every probe asks the engine
     engine = fronts["embedder"][1]

@@ -10,17 +10,15 @@ import yaml
 from helpers import as_sent
 
 from neuronserve import metrics
-from neuronserve.engines.base import engine_class
-from neuronserve.registry import ENGINES
 from neuronserve.worker import ModelSettings, WorkerSettings, start_worker
 
 
 def test_settings_round_trip_through_both_engines_formats(tmp_path, tiny_artifact):
     from google.protobuf import json_format
 
-    from neuronserve.engines.torchserve.package import model_config
-    from neuronserve.engines.triton.package import model_config as triton_config
     from neuronserve.packaging.model import prepare
+    from neuronserve.packaging.torchserve import model_config
+    from neuronserve.packaging.triton import model_config as triton_config
     from neuronserve.spec import load_spec
 
     spec = load_spec(
@@ -29,7 +27,7 @@ def test_settings_round_trip_through_both_engines_formats(tmp_path, tiny_artifac
     )
     packaged = prepare(spec)
     # TorchServe: model-config.yaml as the frontend hands it to the handler
-    own = spec.engine_named("torchserve")
+    own = spec.torchserve
     yaml_config = yaml.safe_load(yaml.safe_dump(model_config(own, packaged)))
     # Triton: config.pbtxt as the stub hands it to initialize(), JSON
     triton = json.loads(
@@ -49,14 +47,14 @@ def test_settings_round_trip_through_both_engines_formats(tmp_path, tiny_artifac
 
 
 def test_both_engines_bound_their_queues_from_the_same_fields(tiny_artifact):
-    from neuronserve.engines.torchserve.package import model_config, store_properties
-    from neuronserve.engines.triton.package import model_config as triton_config
     from neuronserve.packaging.model import prepare
+    from neuronserve.packaging.torchserve import model_config, store_properties
+    from neuronserve.packaging.triton import model_config as triton_config
     from neuronserve.spec import load_spec
 
     spec = load_spec(None, {"max_queued": 7, "queue_timeout_ms": 250, "artifact": tiny_artifact})
     packaged = prepare(spec)
-    own = spec.engine_named("torchserve")
+    own = spec.torchserve
     torchserve = model_config(own, packaged)
     assert torchserve["jobQueueSize"] == 7 and torchserve["clientTimeoutInMills"] == 250
     properties = store_properties(own, spec.worker, spec.limits, tiny_artifact)
@@ -165,11 +163,12 @@ def test_a_worker_that_cannot_load_gives_its_lease_back(tmp_path, monkeypatch):
         lease.release()
 
 
-def test_metric_names_agree_between_engines():
+def test_metric_names_agree_between_the_adapters_and_the_workers():
     assert metrics.TOKENIZE_MS.camel_name == "NeuronServeTokenizeMs"
     assert metrics.TOKENIZE_MS.snake_name == "neuronserve_tokenize_ms"
     assert metrics.BUCKET_RUNS.camel_name == "NeuronServeBucketRuns"
-    # each engine's style, as its facts name it: prometheus_client ends a counter in _total
+    # each adapter's style (TorchServe's camel, Triton's snake, the workers' prometheus):
+    # prometheus_client ends a counter in _total
     named = {s: metrics.REQUESTS.named(s) for s in ("camel", "snake", "prometheus")}
     assert named == {
         "camel": "NeuronServeRequests",
@@ -178,8 +177,6 @@ def test_metric_names_agree_between_engines():
     }
     gauge = next(m for m in metrics.METRICS if m.kind == "gauge")
     assert gauge.named("prometheus") == gauge.named("snake") == gauge.snake_name
-    styles = {engine_class(e).facts.metric_style for e in ENGINES}
-    assert styles <= set(named), styles
     # running sums are counters on both; last-batch values are gauges on both
     assert {m.name for m in metrics.METRICS if m.kind == "counter"} == {
         "requests",
@@ -213,15 +210,15 @@ def test_batch_values_from_a_report():
 
 
 def test_batch_delay_zero_means_no_wait_on_both_engines(tiny_artifact):
-    from neuronserve.engines.torchserve.package import model_config
-    from neuronserve.engines.triton.package import model_config as triton_config
     from neuronserve.packaging.model import prepare
+    from neuronserve.packaging.torchserve import model_config
+    from neuronserve.packaging.triton import model_config as triton_config
     from neuronserve.spec import load_spec
 
     default = load_spec(None, {"artifact": tiny_artifact})
     assert default.worker.max_batch_delay_ms == 0
     packaged = prepare(default)
-    own = default.engine_named("torchserve")
+    own = default.torchserve
     # Triton forms a batch of what is queued when an instance is free
     assert triton_config(packaged).dynamic_batching.max_queue_delay_microseconds == 0
     # TorchServe reads 0 as its 100 ms default: its least delay that still batches is 1 ms
@@ -267,16 +264,3 @@ def test_deferred_metrics_sum_counters_keep_the_last_gauge_and_flush_when_idle()
     # the sink's failure did not stop the thread: later batches are still written
     deferred.add([(metrics.REQUESTS, 1, {})])
     wait_for(lambda: ("requests", 1.0, {}) in emitted, 5, 0.01, "the next flush")
-
-
-def test_torchserve_sockets_fit_the_kernels_limit_under_a_deep_run_folder(tmp_path):
-    """A worker's Unix socket lives in TorchServe's temp folder: under a deep run folder
-    it moves to a short one of this user's, the same for start and stop."""
-    from neuronserve.engines.torchserve.process import SOCKET_PATH_MAX, _tmp
-
-    shallow = tmp_path / "run"
-    assert _tmp(shallow) == shallow / "tmp"
-    deep = tmp_path / ("d" * 60) / ("e" * 60) / "run"
-    moved = _tmp(deep)
-    assert len(str(moved / ".ts.sock.65535")) <= SOCKET_PATH_MAX
-    assert moved == _tmp(deep) and moved != _tmp(deep.parent / "other")

@@ -2,10 +2,9 @@
 
 SageMaker starts the container with `serve`, then polls `GET /ping` and sends
 `POST /invocations` on SAGEMAKER_BIND_TO_PORT. The front (serve/front/) answers both:
-/ping is 503 until every worker (or instance) has loaded and warmed up, because
-TorchServe's own /ping says Healthy before that. The engine runs behind it on loopback
-ports, packaged for this host's core groups so SAGEMAKER_MODEL_SERVER_WORKERS can be
-honoured (and capped). SageMaker's contract has no API key (callers reach the endpoint
+/ping is 503 until every worker has loaded and warmed up. The workers run behind it,
+packaged for this host's core groups so SAGEMAKER_MODEL_SERVER_WORKERS can be honoured
+(and capped). SageMaker's contract has no API key (callers reach the endpoint
 through AWS's authenticated API), so the front asks for none here; every other route of
 the front (OpenAI, text-embeddings-inference, /metrics) is served too.
 
@@ -26,14 +25,13 @@ from pathlib import Path
 from ...artifact import MANIFEST
 from ...compile.cache import resolved
 from ...processes import private_dir
-from ...registry import section_class
 from ...serve.deployment import Deployment, model_entries
 from ...serve.front.config import FrontConfig
 from ...serve.front.keys import ENV_KEY
 from ...serve.front.server import configure_logging, run
 from ...serve.model_source import FoundModel, ModelSourceError, find_models
 from ...spec import DeploySpec, SpecError, from_environment, load_spec
-from .container import engine_name, model_source
+from .container import model_source
 
 log = logging.getLogger("neuronserve.sagemaker")
 
@@ -86,11 +84,6 @@ def sagemaker_spec(work: Path) -> DeploySpec:
         sections.setdefault(key, {}).update(fields)
         for field, value in fields.items():
             log.info("%s.%s = %s, from the environment", key, field, _shown(value))
-    engine = str(sections["front"].setdefault("engine", engine_name()))
-    # the image's container is the deployment's own
-    in_container = section_class(engine).marked("in_container")
-    if in_container:
-        sections[engine] = {**in_container, **sections.get(engine, {})}
     hub = [m.strip() for m in os.environ.get(HUB_MODELS, "").split(",") if m.strip()]
     if not hub and not sections.get("multi_model", {}).get("enabled"):
         # model data whose root is a Hugging Face model folder (the toolkit's model.tar.gz)
@@ -202,7 +195,7 @@ def main() -> int:
     try:
         try:
             on_sagemaker = platform() == "sagemaker"
-            # NEURONSERVE_WORK_DIR holds the catalog and the engine's store: this user's
+            # NEURONSERVE_WORK_DIR holds the catalog and the workers' store: this user's
             private_dir(work)
             hub_token()
             spec = sagemaker_spec(work)
@@ -214,7 +207,7 @@ def main() -> int:
             return 1
         return run(config, lambda: sagemaker_deployment(spec, work))
     finally:
-        if not given:  # a folder of our own making goes with us (engine logs, unpacked .mar)
+        if not given:  # a folder of our own making goes with us (workers' logs, a .mar's)
             shutil.rmtree(work, ignore_errors=True)
 
 

@@ -1,14 +1,14 @@
 """The HTTP front: one ASGI application (Starlette on uvicorn) that speaks the APIs
-clients already call, in front of either engine on loopback.
+clients already call, in front of neuronserve's workers.
 
     client ─▶ guard.py (request id, API key, body limit, in-flight bound, deadline, metrics)
-           ─▶ routes.py (OpenAI, text-embeddings-inference, SageMaker, /health, /info,
-                         /metrics, /openapi.json, /docs) ─▶ schemas.py (pydantic bodies)
-           ─▶ clients.py (TorchServe's JSON and Triton's KServe v2 binary tensors,
-                          kserve.py, both on aiohttp: the engine batches, queues and runs
-                          the model)
+           ─▶ routes.py (OpenAI, text-embeddings-inference, Cohere, SageMaker, /health,
+                         /info, /metrics, /openapi.json, /docs) ─▶ schemas.py (bodies)
+           ─▶ serving.py (the table of models, limits, splitting, coalescing.py)
+           ─▶ workers/client.py (a unix socket to each worker; the workers batch, queue
+                                 and run the model)
 
-server.py runs the front and the engine it starts (`neuronserve serve front`, the
+server.py runs the front and the workers it starts (`neuronserve serve front`, the
 SageMaker entrypoint); launch.py starts and stops it in the background for the CLI.
-The front forwards: it never batches or runs a model itself.
+The front never runs a model itself.
 """

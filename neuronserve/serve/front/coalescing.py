@@ -1,23 +1,20 @@
-"""Requests that reach the front together go to the engine together: the one rule by
-which requests are joined, the same for every engine.
+"""Requests that reach the front together go to the workers together: the one rule by
+which requests are joined.
 
-A request for a model goes to the engine at once when no call with the same model,
-parameters and truncation is at the engine. While one is, requests of the same kind that
-reach the engine call in one turn of the event loop are sent together, as one call (up
-to the model's largest compiled batch of texts), at the end of that turn, and the
-results are handed back to each. So a lone request waits for nothing, and requests join
-only when the front is busy enough to have several at once, which is when the engine's
-per-request cost (HTTP, the worker's protocol) is what limits it.
-text-embeddings-inference's router batches for the same reason. Where the engine's own
-batcher counts requests rather than texts (TorchServe's batchSize: EngineClient.batches),
-joined calls would make its batches uneven and leave its other workers idle: there each
-request goes as it came, and the engine batches them.
+A request for a model goes to the workers at once when no call with the same model,
+parameters and truncation is at the workers. While one is, requests of the same kind that
+reach the front in one turn of the event loop are sent together, as one call (up to the
+model's largest compiled batch of texts), at the end of that turn, and the results are
+handed back to each. So a lone request waits for nothing, and requests join only when the
+front is busy enough to have several at once, which is when the per-request cost (the hop
+to a worker) is what limits it. text-embeddings-inference's router batches for the same
+reason.
 
-An engine gives one result per text (`EngineClient.run`), so a joined call's results
-split by count. A request the engine refuses fails only itself: when a joined call is
+A worker gives one result per text (`WorkerClient.run`), so a joined call's results
+split by count. A request a worker refuses fails only itself: when a joined call is
 refused, each of its requests is sent again alone, and each gets its own results or
-error; an engine that cannot take the call (5xx: full, failing) fails it for all,
-without sending more.
+error; workers that cannot take the call (5xx: full, failing) fail it for all, without
+sending more.
 """
 
 from __future__ import annotations
@@ -31,10 +28,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from ...engines.client import EngineClient
 from ...served import ServedModel
 from ...tasks import RequestError, TaskRequest
 from ...tracing import TRACING
+from ...workers.answers import WorkerClient
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -53,26 +50,26 @@ class _Group:
     """The requests for one model, parameters and truncation that arrived in this turn."""
 
     key: tuple[Any, ...]
-    client: EngineClient
+    client: WorkerClient
     model: ServedModel
     first: TaskRequest
     waiting: list[_Waiting] = field(default_factory=list)
 
 
 class Coalescer:
-    """`run` as `EngineClient.run`, with the requests of one turn joined."""
+    """`run` as `WorkerClient.run`, with the requests of one turn joined."""
 
     def __init__(self, on_call: Callable[[str, int], None] | None = None):
         """`on_call(model, requests)`: told of every engine call and how many requests
         it carries (the front's metrics)."""
         self._open: dict[tuple[Any, ...], _Group] = {}
-        # calls at the engine, by key
+        # calls at the workers, by key
         self._busy: dict[tuple[Any, ...], int] = {}
         self._calls: set[asyncio.Task[None]] = set()
         self._on_call = on_call
 
-    async def run(self, client: EngineClient, model: ServedModel, request: TaskRequest) -> Any:
-        if model.max_batch <= 1 or client.batches == "requests":
+    async def run(self, client: WorkerClient, model: ServedModel, request: TaskRequest) -> Any:
+        if model.max_batch <= 1:
             return await self._alone(client, model, request)
         try:
             kind = orjson.dumps(
@@ -99,14 +96,14 @@ class Coalescer:
             return await waiting.results
 
     async def _at_once(
-        self, key: tuple[Any, ...], client: EngineClient, model: ServedModel, request: TaskRequest
+        self, key: tuple[Any, ...], client: WorkerClient, model: ServedModel, request: TaskRequest
     ) -> Any:
         with self._at_engine(key):
             return await self._alone(client, model, request)
 
     @contextlib.contextmanager
     def _at_engine(self, key: tuple[Any, ...]) -> Iterator[None]:
-        """A call of this kind is at the engine while the block runs."""
+        """A call of this kind is at the workers while the block runs."""
         self._busy[key] = self._busy.get(key, 0) + 1
         try:
             yield
@@ -140,13 +137,13 @@ class Coalescer:
             answers = _split(joined, [len(w.request.texts) for w in part])
         except (RequestError, _Unsplittable) as e:
             if isinstance(e, RequestError) and e.status >= 500:
-                _fail(part, e)  # the engine's trouble (full, failing), not one request's
+                _fail(part, e)  # the workers's trouble (full, failing), not one request's
                 return
             # one of them was refused (or the answer has no result per text): each alone,
             # so that only the one at fault hears of it
             await asyncio.gather(*(self._answer(group, w) for w in part))
             return
-        except BaseException as e:  # the engine's failure is each request's
+        except BaseException as e:  # the workers's failure is each request's
             _fail(part, e)
             if not isinstance(e, Exception):
                 raise
@@ -170,7 +167,7 @@ class Coalescer:
 
     async def _alone(
         self,
-        client: EngineClient,
+        client: WorkerClient,
         model: ServedModel,
         request: TaskRequest,
         requests: int = 1,
@@ -180,7 +177,7 @@ class Coalescer:
             self._on_call(model.name, requests)
         # a joined call is a span of the trace of the request whose turn sent it, linked
         # to the traces of the requests it carries
-        with TRACING.span("engine.call", links, engine=client.kind, requests=requests,
+        with TRACING.span("engine.call", links, requests=requests,
                           texts=len(request.texts)):  # fmt: skip
             return await client.run(model, request)
 

@@ -1,6 +1,6 @@
 """`neuronserve serve front` in the background: start the front (server.py) as its own
 process, show its progress, return once /health answers 200; `--stop` stops it, and
-with it the engine, and waits until both are gone.
+with it the workers, and waits until all are gone.
 
 Everything lives in the run directory (0700): the settings the process was started
 with, its pid file and log, and a generated API key when one was needed.
@@ -27,14 +27,14 @@ from ...processes import (
     private_file,
     terminate,
 )
-from ...registry import ENGINES
 from ...spec import DeploySpec
 from ...waiting import until
-from ..deployment import running_engine
+from ...workers import process
+from ..deployment import RUN_DIR
 from .config import FrontConfig
 
-# the engine's work folder in the run folder
-ENGINE_DIR = "engine"
+# the workers' folder in the run folder
+WORKERS_DIR = "workers"
 SETTINGS_FILE = "front.json"
 PID_FILE = "front.pid"
 LOG_FILE = "front.log"
@@ -45,6 +45,8 @@ class FrontInstance:
     config: FrontConfig
     pid: int
     log: Path
+    # how many worker processes serve behind it
+    workers: int
 
 
 def _front(run_dir: Path) -> Background:
@@ -62,7 +64,7 @@ def start(
     timeout_s: float = 600,
     log: Callable[[str], None] = print,
 ) -> FrontInstance:
-    """Start the front and the engine behind it on the models in `sources` (or the
+    """Start the front and the workers behind it on the models in `sources` (or the
     spec's, when empty); return once every worker is ready."""
     # this user's own folder, before anything is read from or written to it
     run_dir = private_dir(Path(spec.front.run_dir).resolve())
@@ -93,7 +95,8 @@ def start(
     except BaseException:
         stop(run_dir, log=lambda _: None)
         raise
-    return FrontInstance(config, proc.pid, log_path)
+    running = process.running(run_dir / WORKERS_DIR / RUN_DIR)
+    return FrontInstance(config, proc.pid, log_path, running.workers if running else 0)
 
 
 def _wait_healthy(
@@ -103,7 +106,7 @@ def _wait_healthy(
     timeout_s: float,
     log: Callable[[str], None],
 ) -> None:
-    """Poll /health, echoing the front's log as it grows (the engine's progress)."""
+    """Poll /health, echoing the front's log as it grows (the workers' progress)."""
     shown = 0
     # the front's own certificate may be self-signed: this check only asks our process
     context = ssl._create_unverified_context() if config.tls_cert else None
@@ -140,17 +143,15 @@ def _listening(pid: int, port: int) -> bool:
 
 
 def stop(run_dir: Path, timeout_s: float = 180, log: Callable[[str], None] = print) -> bool:
-    """SIGTERM the front (it drains, then stops its engine) and wait until it is gone;
-    then stop its engine if it still runs: a front killed at the deadline, or one that
-    died, did not, and an engine's server may have left the front's process tree
-    (`torchserve --start` detaches its JVM)."""
+    """SIGTERM the front (it drains, then stops its workers) and wait until it is gone;
+    then stop its workers if they still run: a front killed at the deadline, or one that
+    died, did not."""
     run_dir = Path(run_dir).resolve()
     stopped = _front(run_dir).stop(terminate, timeout_s, log) is not None
-    for name in ENGINES:
-        left = running_engine(run_dir / ENGINE_DIR, name)
-        if left is not None:
-            log(f"the front left its {left.facts.server} running")
-            stopped = left.stop(log) or stopped
+    workers = run_dir / WORKERS_DIR / RUN_DIR
+    if process.running(workers) is not None:
+        log("the front left its workers running")
+        stopped = process.stop(workers, log=log) or stopped
     if not stopped:
         log(f"no front is running from {run_dir}")
         return False

@@ -20,12 +20,12 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from ...engines.client import EngineAnswer, EngineUnavailable
 from ...quantization import VectorForm, packed, typed
 from ...served import ServedModel
 from ...tasks import RequestError, TaskRequest, get_task
 from ...tasks.base import RequestLimits, Text
 from ...tasks.feature_extraction import NORMALIZE, normalized
+from ...workers.answers import Answer, WorkersUnavailable
 from . import schemas as s
 from .errors import Family, error_response
 from .observe import FrontMetrics
@@ -85,7 +85,7 @@ def guarded(family: Family, fn: Handler) -> Handler:
             return error_response(
                 family, 503, "the model is still loading", {"Retry-After": RETRY_AFTER_S}
             )
-        except EngineUnavailable as e:
+        except WorkersUnavailable as e:
             log.warning("request %s: %s", request.scope.get(REQUEST_ID, "-"), e)
             return error_response(
                 family, 503, "the model server is not answering", {"Retry-After": RETRY_AFTER_S}
@@ -591,7 +591,7 @@ class Api:
         text = generate_latest(self.metrics.registry)
         if self.serving.client is not None:
             engine = self.metrics.engine_text(await self.serving.client.metrics())
-            text += f"# the engine's own metrics ({self.serving.client.kind})\n".encode()
+            text += b"# the workers' own metrics\n"
             text += engine.encode()
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -691,7 +691,7 @@ def _invocation_quantization(
         raise RequestError(f"parameters: {s.validation_message(e)}", status=422) from None
 
 
-def _vectors(prediction: EngineAnswer) -> np.ndarray:
+def _vectors(prediction: Answer) -> np.ndarray:
     return np.asarray(prediction.value, dtype=np.float32).reshape(len(prediction.value), -1)
 
 

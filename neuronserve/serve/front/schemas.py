@@ -440,7 +440,6 @@ class Info(BaseModel):
     task: str
     target: str
     precision: str
-    engine: str
     prompts: dict[str, str] = Field(description="the prompts prompt_name chooses from")
     default_prompt_name: str | None
     batch_sizes: list[int]

@@ -1,11 +1,11 @@
-"""Run the front in this process, with the engine it starts behind it on loopback.
+"""Run the front in this process, with the workers it starts behind it.
 
-The front listens first, so probes get an honest 503 while the engine loads, and
+The front listens first, so probes get an honest 503 while the workers load, and
 answers once every worker is ready. A model that cannot load ends the process non-zero
-(SageMaker then marks the endpoint failed instead of waiting). An engine that says only a
-restart can make it whole again (Engine.stuck) is restarted. SIGTERM or SIGINT: the
+(SageMaker then marks the endpoint failed instead of waiting). Workers whose
+supervisor is gone (Deployment.stuck) are restarted. SIGTERM or SIGINT: the
 front stops accepting, lets requests in flight finish (up to the deadline), then stops
-the engine and exits (uvicorn's graceful shutdown, then the lifespan's exit).
+the workers and exits (uvicorn's graceful shutdown, then the lifespan's exit).
 
     python -m neuronserve.serve.front.server RUN_DIR/front.json
 
@@ -34,16 +34,16 @@ from ...tracing import TRACING, TracingUnavailable, settings
 from ..deployment import Deployment, deployment_for
 from .app import build_app
 from .config import FrontConfig
-from .launch import ENGINE_DIR
+from .launch import WORKERS_DIR
 from .protocol import with_deadlines
 from .serving import Serving
 
 if TYPE_CHECKING:
-    from ...engines.client import EngineClient
+    from ...workers.answers import WorkerClient
 
 log = logging.getLogger("neuronserve.front")
 
-# how often the front asks its engine whether only a restart can make it whole again
+# how often the front asks its workers whether only a restart can make it whole again
 WHOLE_CHECK_S = 5.0
 
 
@@ -84,12 +84,12 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
     server: dict[str, uvicorn.Server] = {}
     deployments: list[Deployment] = []
     # a restart (_keep_whole) and the last stop never run at once
-    engine_lock = threading.Lock()
+    workers_lock = threading.Lock()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
         bring_up = asyncio.create_task(
-            _bring_up(serving, make_deployment, deployments, server, engine_lock)
+            _bring_up(serving, make_deployment, deployments, server, workers_lock)
         )
         try:
             yield
@@ -101,8 +101,8 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
                 await serving.client.close()
             serving.metrics.close()
             for deployment in deployments:
-                log.info("stopping %s", deployment.engine_name)
-                await asyncio.to_thread(_holding, engine_lock, deployment.stop)
+                log.info("stopping the workers")
+                await asyncio.to_thread(_holding, workers_lock, deployment.stop)
             await asyncio.to_thread(TRACING.stop)  # what is left goes out before the exit
 
     _room_for_connections(config.max_connections)
@@ -112,7 +112,7 @@ def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
         " (SageMaker's contract)" if config.sagemaker else ""
     )
     until = (
-        "the engine's workers are up (models load on POST /models)"
+        "the workers are up (models load on POST /models)"
         if config.multi_model
         else "every model is loaded"
     )
@@ -135,7 +135,7 @@ def _uvicorn_config(config: FrontConfig, app: Any) -> uvicorn.Config:
         port=config.port,
         loop="uvloop",
         http=with_deadlines(config.header_timeout_s, config.keep_alive_s),
-        # beyond it new requests get 503: file descriptors stay for probes and engine
+        # beyond it new requests get 503: file descriptors stay for probes and workers
         limit_concurrency=config.max_connections,
         lifespan="on",
         log_level="warning",
@@ -155,7 +155,7 @@ def _uvicorn_config(config: FrontConfig, app: Any) -> uvicorn.Config:
 
 def _room_for_connections(connections: int) -> None:
     """Raise the open-file limit (up to the hard one) so `connections` client connections
-    leave descriptors for the engine's connections, logs and probes."""
+    leave descriptors for the workers' connections, logs and probes."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = connections + 1024
     if soft != resource.RLIM_INFINITY and soft < want:
@@ -168,11 +168,11 @@ async def _bring_up(
     make_deployment: Callable[[], Deployment],
     deployments: list[Deployment],
     server: dict[str, uvicorn.Server],
-    engine_lock: threading.Lock,
+    workers_lock: threading.Lock,
 ) -> None:
     uv = server["uvicorn"]
-    # uvicorn runs the lifespan before it binds: the engine's ports are picked from the
-    # free ones only once the front's own is taken (CI once saw TorchServe given it)
+    # uvicorn runs the lifespan before it binds: the workers start once the front's port
+    # is taken
     while not uv.started and not uv.should_exit:
         await asyncio.sleep(0.01)
     if uv.should_exit:
@@ -181,8 +181,7 @@ async def _bring_up(
         deployment = make_deployment()
         deployments.append(deployment)
         log.info(
-            "starting %s for %s, %d worker(s)",
-            deployment.engine_name,
+            "starting the workers for %s, %d worker(s)",
             deployment.tasks,
             deployment.plan.workers,
         )
@@ -193,14 +192,14 @@ async def _bring_up(
                 "utilization (install aws-neuronx-tools)"
             )
         models = deployment.served_models()
-        client = deployment.client(serving.config.max_in_flight)
+        client = deployment.client()
         if deployment.multi_model:
             await _start_catalog(serving, deployment, client)
         else:
             serving.attach(models, client)
         log.info("ready: %s serving %s", serving.config.url, deployment.tasks)
         if not deployment.multi_model:  # (a restart would lose what was loaded since)
-            await _keep_whole(serving, deployment, engine_lock)
+            await _keep_whole(serving, deployment, workers_lock)
     except Exception as e:  # noqa: BLE001 - any load failure must end the process
         log.error("neuronserve: model failed to load: %s", " | ".join(str(e).splitlines()))
         serving.exit_code = 1
@@ -210,33 +209,33 @@ async def _bring_up(
 async def _keep_whole(
     serving: Serving, deployment: Deployment, lock: threading.Lock, every_s: float = WHOLE_CHECK_S
 ) -> None:
-    """Restart the engine whenever it says only a restart can make it whole again (a
-    Triton model whose Python backend waits forever for a dead stub: the healer cannot
-    replace that instance): /health answers 503 `loading` and requests 503 with
-    Retry-After for the restart's time, instead of a worker lost until someone restarts
-    the server. A restart that fails ends the front as a failed load does."""
+    """Restart the workers whenever only a restart can make them whole again (their
+    supervisor is gone: it replaces a dead or hung worker itself): /health answers 503
+    `loading` and requests 503 with Retry-After for the restart's time, instead of
+    workers lost until someone restarts the server. A restart that fails ends the front
+    as a failed load does."""
     said_before = False
     while True:
         await asyncio.sleep(every_s)
         try:
-            why = await asyncio.to_thread(deployment.engine.stuck)
+            why = await asyncio.to_thread(deployment.stuck)
         except Exception as e:  # noqa: BLE001 - asking again is all there is to do
-            log.warning("could not tell whether %s is whole: %s", deployment.engine_name, e)
+            log.warning("could not tell whether the workers are whole: %s", e)
             continue
         # a restart costs every request for its time: only on the same word twice running
         said_before, act = why is not None, said_before and why is not None
         if not act:
             continue
         said_before = False
-        log.error("neuronserve: restarting %s: %s", deployment.engine_name, why)
+        log.error("neuronserve: restarting the workers: %s", why)
         serving.starting = True
         await asyncio.to_thread(_holding, lock, deployment.restart)
-        # a client of the new server: its keys are new too
-        old, serving.client = serving.client, deployment.client(serving.config.max_in_flight)
+        # a client of the new workers: their sockets are new too
+        old, serving.client = serving.client, deployment.client()
         if old is not None:
             await old.close()
         serving.starting = False
-        log.info("restarted %s: serving %s", deployment.engine_name, deployment.tasks)
+        log.info("restarted the workers: serving %s", deployment.tasks)
 
 
 def _holding(lock: threading.Lock, fn: Callable[[], None]) -> None:
@@ -244,7 +243,7 @@ def _holding(lock: threading.Lock, fn: Callable[[], None]) -> None:
         fn()
 
 
-async def _start_catalog(serving: Serving, deployment: Deployment, client: EngineClient) -> None:
+async def _start_catalog(serving: Serving, deployment: Deployment, client: WorkerClient) -> None:
     """Multi-model: the workers started empty; the models given at start are loaded like
     any later one, before the front says it is ready."""
     config = serving.config
@@ -266,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     saved = json.loads(Path(args[0]).read_text())
     spec = load_spec(None, saved["spec"])
     config = FrontConfig.of(spec.front, spec.limits, spec.multi_model)
-    work = config.run_dir / ENGINE_DIR
+    work = config.run_dir / WORKERS_DIR
     sources = [Path(x) for x in saved["sources"]]
     return run(config, lambda: deployment_for(spec, sources, work))
 

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...engines.client import EngineAnswer, EngineClient, WorkerCounts
 from ...served import ServedModel
 from ...tasks import RequestError, TaskRequest
 from ...tasks.base import Text
 from ...tracing import TRACING
+from ...workers.answers import Answer, WorkerClient, WorkerCounts
 from .coalescing import Coalescer
 from .config import FrontConfig
 from .observe import FrontMetrics
@@ -70,7 +70,7 @@ class Serving:
     def __init__(self, config: FrontConfig, metrics: FrontMetrics | None = None):
         self.config = config
         self.metrics = metrics or FrontMetrics()
-        self.client: EngineClient | None = None
+        self.client: WorkerClient | None = None
         self.table = ModelTable()
         self.exit_code = 0
         self._health: tuple[float, WorkerCounts] | None = None
@@ -80,7 +80,7 @@ class Serving:
         self.starting = False
         self._coalescer = Coalescer(self.metrics.engine_call)
 
-    def attach(self, models: dict[str, ServedModel], client: EngineClient) -> None:
+    def attach(self, models: dict[str, ServedModel], client: WorkerClient) -> None:
         """The engine is ready: its client, and a fixed deployment's models, pinned."""
         for model in models.values():
             self.table.pin(model)
@@ -123,7 +123,7 @@ class Serving:
             return models[named]
         return next(iter(models.values()), None)
 
-    def ready(self) -> EngineClient:
+    def ready(self) -> WorkerClient:
         if self.client is None or (not len(self.table) and self.catalog is None):
             raise NotReady
         return self.client
@@ -199,9 +199,7 @@ class Serving:
     def _served(self) -> str:
         return "served: " + ", ".join(f"{m.name} ({m.task})" for m in self.models.values())
 
-    async def predict(
-        self, model: ServedModel, inputs: Any, parameters: dict[str, Any]
-    ) -> EngineAnswer:
+    async def predict(self, model: ServedModel, inputs: Any, parameters: dict[str, Any]) -> Answer:
         """The answer to `{"inputs": inputs, "parameters": parameters}` for `model`, the
         same way whichever engine runs it: parsed and limited by the model's task here,
         its texts in calls of at most the model's largest compiled batch (joined with
@@ -223,7 +221,7 @@ class Serving:
         joined = len(request.texts) > model.max_batch
         with TRACING.span("answer"):
             value = task.respond(results, request, model.task_info)
-        return EngineAnswer(
+        return Answer(
             value=value,
             limits=self.config.answer_limits if joined else None,
             tokens=request.tokens,
@@ -267,7 +265,7 @@ class Serving:
         return self._health[1]
 
     async def count_tokens(
-        self, model: ServedModel, texts: Sequence[Text], answer: EngineAnswer | None = None
+        self, model: ServedModel, texts: Sequence[Text], answer: Answer | None = None
     ) -> int:
         """Tokens the model reads for `texts`, its default prompt included (what OpenAI's
         usage reports): as the engine's worker counted them for `answer` when it did,

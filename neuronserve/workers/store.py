@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...worker import WorkerSettings
+from ..worker import WorkerSettings
 
 if TYPE_CHECKING:
-    from ...spec import WorkerSection
+    from ..spec import WorkerSection
 
 DEPLOYMENT_FILE = "native.json"
 

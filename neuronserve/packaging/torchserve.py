@@ -19,22 +19,21 @@ from pathlib import Path
 
 import yaml
 
-from ... import metrics
-from ...packaging.model import (
+from .. import metrics
+from ..resources import package_file, tool
+from ..sources import FoundModel, ModelSourceError, UnpackLimits
+from ..spec import LimitsSection, TorchServeSection, WorkerSection
+from ..worker import MODELS_DIR, WorkerSettings
+from .model import (
     MULTI_MODEL_MAX_BATCH,
     Packaged,
     PackagingError,
     engine_batches,
+    found_in,
     put_in_place,
     retire,
     staged,
 )
-from ...resources import package_file, tool
-from ...sources import FoundModel, ModelSourceError, UnpackLimits
-from ...spec import LimitsSection, WorkerSection
-from ...worker import MODELS_DIR, WorkerSettings
-from ..base import packaged
-from .section import TorchServeSection
 
 __all__ = ["PackagingError", "model_config", "package_torchserve"]
 
@@ -115,9 +114,9 @@ def packaged_models(source: Path, work: Path) -> list[FoundModel] | None:
             total = sum(z.getinfo(n).file_size for n in wanted if n in z.NameToInfo)
             UnpackLimits(mars[0].stat().st_size, work).check(mars[0].name, len(wanted), total)
             z.extractall(out, wanted)
-        return packaged(out, _settings(out / MODEL_CONFIG))
+        return found_in(out, _settings(out / MODEL_CONFIG))
     for config in sorted(source.glob(f"*/{MODEL_CONFIG}")):
-        return packaged(config.parent, _settings(config))
+        return found_in(config.parent, _settings(config))
     return None
 
 

@@ -1,4 +1,4 @@
-"""The native engine's process control, from the front's side: start the supervisor on a
+"""The workers' process control, from the front's side: start the supervisor on a
 deployment of the store (it starts the workers), return once every worker answers on its
 socket; say how the workers are; stop them all."""
 
@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...cores import DEPLOYMENT_ENV
-from ...pids import alive
-from ...processes import Background, ServeError, private_dir, private_file, reap, terminate
-from ...waiting import until
-from ..base import NativeRoute
+from ..cores import DEPLOYMENT_ENV
+from ..pids import alive
+from ..processes import Background, ServeError, private_dir, private_file, reap, terminate
+from ..waiting import until
 from .store import models_in, read_deployment
 from .supervisor import ENGINE_FILE, SOCKETS, STATUS_FILE, log_path
 
@@ -25,13 +24,11 @@ LOG_FILE = "supervisor.log"
 
 
 @dataclass
-class NativeInstance:
-    """A running native engine: its run folder (sockets, logs, the workers' states)."""
+class RunningWorkers:
+    """The running supervisor and workers: their run folder (sockets, logs, states)."""
 
     run_dir: Path
     workers: int
-    # no endpoint of its own: the front keeps the engine's series (client.py)
-    metrics_url: str = ""
 
     @property
     def pid(self) -> int | None:
@@ -40,9 +37,6 @@ class NativeInstance:
     @property
     def log(self) -> Path:
         return self.run_dir / LOG_FILE
-
-    def native_routes(self, model: str) -> list[NativeRoute]:
-        return []  # reached through the front only
 
     def states(self) -> list[dict[str, Any]]:
         """Each worker's state as the supervisor last wrote it ([] before it did)."""
@@ -65,14 +59,16 @@ def ready(found: list[dict[str, Any]]) -> int:
 
 
 def _supervisor(run_dir: Path) -> Background:
-    return Background("native engine", Path(run_dir) / PID_FILE, "neuronserve serve front --stop")
+    return Background(
+        "workers' supervisor", Path(run_dir) / PID_FILE, "neuronserve serve front --stop"
+    )
 
 
 def deployment_dir(store: Path) -> Path:
     """The one deployment a store holds."""
     found = models_in(store)
     if not found:
-        raise ServeError(f"{store} holds no model: package one with `neuronserve package native`")
+        raise ServeError(f"{store} holds no model")
     if len(found) > 1:
         raise ServeError(
             f"{store} holds several deployments ({', '.join(found)}): package one per store"
@@ -82,7 +78,7 @@ def deployment_dir(store: Path) -> Path:
 
 def start(
     store: Path, run_dir: Path, timeout_s: float, log: Callable[[str], object]
-) -> NativeInstance:
+) -> RunningWorkers:
     """Start the supervisor and its workers on the store's deployment; return once every
     worker answers (stopping them again if that fails)."""
     model_dir = deployment_dir(store)
@@ -94,15 +90,15 @@ def start(
     _, workers, _ = read_deployment(model_dir)
     with private_file(run_dir / ENGINE_FILE) as f:
         json.dump({"model_dir": str(model_dir), "workers": workers}, f)
-    log(f"starting the native engine: {workers} worker(s) (run folder {run_dir}) ...")
+    log(f"starting {workers} worker(s) (run folder {run_dir}) ...")
     proc = server.spawn(
-        [sys.executable, "-m", "neuronserve.engines.native.supervisor", str(run_dir)],
+        [sys.executable, "-m", "neuronserve.workers.supervisor", str(run_dir)],
         run_dir / LOG_FILE,
         env=_env(run_dir),
     )
     server.record(proc.pid)
     reap(proc)
-    instance = NativeInstance(run_dir, workers)
+    instance = RunningWorkers(run_dir, workers)
     try:
         _wait_ready(instance, timeout_s, log)
     except BaseException:
@@ -127,7 +123,7 @@ def _env(run_dir: Path) -> dict[str, str]:
     return env
 
 
-def _wait_ready(instance: NativeInstance, timeout_s: float, log: Callable[[str], object]) -> None:
+def _wait_ready(instance: RunningWorkers, timeout_s: float, log: Callable[[str], object]) -> None:
     """Until every worker is ready; a worker that could not start (it said why) or the
     supervisor gone fail the start at once, with what they said."""
     said = ""
@@ -139,12 +135,12 @@ def _wait_ready(instance: NativeInstance, timeout_s: float, log: Callable[[str],
             tail = (
                 instance.log.read_text(errors="replace")[-2000:] if instance.log.is_file() else ""
             )
-            raise ServeError(f"the native engine's supervisor exited during start:\n{tail}")
+            raise ServeError(f"the workers' supervisor exited during start:\n{tail}")
         failed = [w for w in found if w.get("state") == "dead" and w.get("why")]
         if failed:
             w = failed[0]
             raise ServeError(
-                f"native worker {w['index']} could not start ({w['why']}); its log: "
+                f"worker {w['index']} could not start ({w['why']}); its log: "
                 f"{log_path(instance.run_dir, int(w['index']))}"
             )
         count = ready(found)
@@ -155,10 +151,10 @@ def _wait_ready(instance: NativeInstance, timeout_s: float, log: Callable[[str],
         return bool(found) and count == instance.workers
 
     if not until(all_ready, timeout_s):
-        raise ServeError(f"the native workers were not ready after {timeout_s:.0f}s")
+        raise ServeError(f"the workers were not ready after {timeout_s:.0f}s")
 
 
-def running(run_dir: Path) -> NativeInstance | None:
+def running(run_dir: Path) -> RunningWorkers | None:
     run_dir = Path(run_dir).resolve()
     if _supervisor(run_dir).running() is None:
         return None
@@ -166,7 +162,7 @@ def running(run_dir: Path) -> NativeInstance | None:
         config = json.loads((run_dir / ENGINE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    return NativeInstance(run_dir, int(config["workers"]))
+    return RunningWorkers(run_dir, int(config["workers"]))
 
 
 def stop(run_dir: Path, timeout_s: float = 60, log: Callable[[str], object] = print) -> bool:
@@ -174,7 +170,7 @@ def stop(run_dir: Path, timeout_s: float = 60, log: Callable[[str], object] = pr
     run_dir = Path(run_dir).resolve()
     others = _supervisor(run_dir).stop(terminate, timeout_s, log)
     if others is None:
-        log(f"no native engine is running from {run_dir}")
+        log(f"no workers are running from {run_dir}")
         return False
-    log(f"the native engine stopped ({others} worker process(es) with it)")
+    log(f"the workers stopped ({others} process(es))")
     return True

@@ -1,7 +1,7 @@
 """A native worker: one process per core group, started by the supervisor, answering the
 front on a unix socket in the engine's run folder (wire.py).
 
-    python -m neuronserve.engines.native.worker MODEL_DIR SOCKET INDEX
+    python -m neuronserve.workers.worker MODEL_DIR SOCKET INDEX
 
 It leases its core group (INDEX is the one it prefers), pins to it and loads every model
 of the deployment (neuronserve.worker.start_worker: nothing imports torch before the pin),
@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import RequestError, internal_error
-from ...tracing import BatchStages
+from ..errors import RequestError, internal_error
+from ..tracing import BatchStages
 from .wire import MAX_REQUEST_BYTES, FrameError, frame, reachable, read_frame
 
 if TYPE_CHECKING:
-    from ...tasks.base import Task, TaskRequest
-    from ...tracing import Stage
-    from ...worker import Worker, WorkerSettings
+    from ..tasks.base import Task, TaskRequest
+    from ..tracing import Stage
+    from ..worker import Worker, WorkerSettings
     from .store import QueuePolicy
 
 log = logging.getLogger("neuronserve.native")
@@ -264,7 +264,7 @@ class Served:
     def _begin(self, batch: list[Waiting], number: int) -> None:
         """Begin a batch (on the batch thread): its answers are made on the thread that
         finishes it and handed to the event loop once, with the batch's metrics."""
-        from ...metrics import batch_values
+        from ..metrics import batch_values
 
         metrics: list[Any] = []
         stages = BatchStages(len(batch))
@@ -314,7 +314,7 @@ class Served:
         its start until its answers are made (`began`), shared by its requests. A
         traced request's frame carries the worker's stages: its wait in the queue, then
         the batch's (tokenizing, padding, each device call), the batch whole last."""
-        from ...metrics import MODEL_LABEL, REQUESTS, handler_values
+        from ..metrics import MODEL_LABEL, REQUESTS, handler_values
 
         frames = [
             self._answer_frame(w, r, stages.of(w.arrived_ns) if stages and w.traced else None)
@@ -334,7 +334,7 @@ class Served:
     def _answer_frame(
         self, waiting: Waiting, result: Any, stages: list[Stage] | None = None
     ) -> bytes:
-        from ...tensors import pack
+        from ..tensors import pack
 
         traced = {"stages": stages} if stages else {}
         try:
@@ -362,7 +362,7 @@ class Served:
 def _request(task: Task, head: dict[str, Any], body: bytes) -> TaskRequest:
     """A request frame as the task's request: texts (or pairs), or an image task's
     images (the body, cut at the sizes the head gives), and the parameters."""
-    from ...tasks.base import TaskRequest, truncation_parameters
+    from ..tasks.base import TaskRequest, truncation_parameters
 
     params = head.get("parameters") or {}
     if not isinstance(params, dict):
@@ -422,7 +422,7 @@ def main(argv: list[str]) -> int:
         level=logging.INFO,
         format=f"%(asctime)s native worker {index} (pid %(process)d) %(message)s",
     )
-    from ...worker import FAILURE_MARKER, start_worker
+    from ..worker import FAILURE_MARKER, start_worker
     from .store import read_deployment
 
     settings, _, policy = read_deployment(model_dir)

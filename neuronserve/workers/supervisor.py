@@ -2,7 +2,7 @@
 says how each is (`workers.json` in the run folder: starting, ready, dead, and why), and
 replaces one that dies or hangs, alone, while the others serve.
 
-    python -m neuronserve.engines.native.supervisor RUN_DIR
+    python -m neuronserve.workers.supervisor RUN_DIR
 
 A worker is ready once its socket answers a ping (it opens the socket only after it has
 leased its cores and loaded every model). A ready worker is asked every PING_S how it is:
@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ...processes import private_file
-from ...worker import FAILURE_MARKER
+from ..processes import private_file
+from ..worker import FAILURE_MARKER
 from .store import read_deployment
 from .wire import FrameError, ask
 
@@ -105,7 +105,7 @@ class Supervisor:
             os.replace(log, log.with_name(log.name + ".previous"))
         with private_file(log) as out:
             slot.process = subprocess.Popen(
-                [sys.executable, "-m", "neuronserve.engines.native.worker",
+                [sys.executable, "-m", "neuronserve.workers.worker",
                  str(self.model_dir), str(sock), str(slot.index)],
                 stdout=out, stderr=subprocess.STDOUT,
             )  # fmt: skip

@@ -19,22 +19,22 @@ from typing import Any
 
 from google.protobuf import text_format
 
-from ... import tensors
-from ...packaging.model import (
+from .. import tensors
+from ..resources import package_file
+from ..sources import FoundModel
+from ..spec import TritonSection
+from ..tasks import TASKS, get_task
+from ..tracing import STAGES
+from ..worker import WorkerSettings, core_group_name
+from .model import (
     MULTI_MODEL_MAX_BATCH,
     Packaged,
     PackagingError,
     engine_batches,
+    found_in,
     put_in_place,
     staged,
 )
-from ...resources import package_file
-from ...tasks import TASKS, get_task
-from ...tracing import STAGES
-from ...worker import WorkerSettings
-from ..base import FoundModel, packaged
-from .section import TritonSection
-from .stubs import core_group_config
 
 CONFIG = "config.pbtxt"
 # the Python-backend model every instance runs (triton_backend/model.py)
@@ -90,7 +90,10 @@ def model_config(packaged: Packaged) -> Any:
         policy.default_timeout_microseconds = packaged.worker.queue_timeout_ms * 1000
     # one group per core group, so that one dead instance can be replaced alone
     for index in range(packaged.plan.workers):
-        name, policy = core_group_config(index)
+        # an instance group per core group, with a host policy of its own: Triton's
+        # in-place instance update tells instances apart by their group's settings, not
+        # by the group's name
+        name = policy = core_group_name(index)
         config.instance_group.append(
             mc.ModelInstanceGroup(
                 name=name, count=1, kind=mc.ModelInstanceGroup.KIND_CPU, host_policy=policy
@@ -173,7 +176,7 @@ def packaged_models(source: Path) -> list[FoundModel] | None:
         config = read_config(model_py.parents[1] / CONFIG)
         params = json_format.MessageToDict(config, preserving_proto_field_name=True)
         strings = {k: v["string_value"] for k, v in params.get("parameters", {}).items()}
-        return packaged(model_py.parent, WorkerSettings.from_parameters(strings))
+        return found_in(model_py.parent, WorkerSettings.from_parameters(strings))
     return None
 
 

@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from ... import metrics, tensors
-from ...tasks import RequestError
-from ...tracing import TRACING, parse_stages
-from ...worker import MODEL_PARAMETER
-from ..client import EngineClient, EngineUnavailable, WorkerCounts, WorkerDied, once_more
+from .. import metrics, tensors
+from ..tasks import RequestError
+from ..tracing import TRACING, parse_stages
+from ..worker import MODEL_PARAMETER
+from .answers import WorkerClient, WorkerCounts, WorkerDied, WorkersUnavailable, once_more
 from .process import ready, states
 from .supervisor import socket_path
 from .wire import MAX_ANSWER_BYTES, FrameError, FrameTooLarge, reachable, read_frame, request_frame
 
 if TYPE_CHECKING:
-    from ...served import ServedModel
-    from ...tasks import TaskRequest
+    from ..served import ServedModel
+    from ..tasks import TaskRequest
 
 # how often a worker that is down is tried again (its replacement's socket)
 RETRY_S = 0.2
@@ -131,7 +131,7 @@ class Link:
         self.waiting.clear()
 
 
-class NativeClient(EngineClient):
+class NativeClient(WorkerClient):
     def __init__(self, name: str, run_dir: Path, workers: int):
         self._name, self._run_dir, self._workers = name, Path(run_dir), workers
         self._keeping = _Series()
@@ -192,7 +192,7 @@ class NativeClient(EngineClient):
             if any(tried):
                 up = [link for link in self._links if link.up]
         if not up:
-            raise EngineUnavailable("no native worker answers")
+            raise WorkersUnavailable("no native worker answers")
         return min(up, key=lambda link: len(link.waiting))
 
     async def health(self) -> WorkerCounts:
