@@ -467,8 +467,9 @@ def _none_free(
             "minWorkers/maxWorkers, Triton instance count) or lower `cores_per_worker`."
             + (
                 f" Every model of a deployment starts its own workers ({', '.join(models)}): "
-                "package them together (`neuronserve package torchserve A B ...`), so that "
-                "each worker holds them all, or serve fewer."
+                "serve them together (`neuronserve serve front A B ...`, or `neuronserve "
+                "package triton|torchserve A B ...`), so that each worker holds them all, or "
+                "serve fewer."
                 if len(models) > 1
                 else ""
             )

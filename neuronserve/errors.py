@@ -1,5 +1,5 @@
 """The error a request fails alone with: raised anywhere a request is read, checked or
-answered (tasks, images, the front, the engines' clients), it becomes that request's
+answered (tasks, images, the front), it becomes that request's
 4xx (or a 500 that names no internals) while its batch neighbours are served."""
 
 from __future__ import annotations

@@ -196,9 +196,7 @@ def pace(neuroncores_busy: float | None, host_busy: float) -> str:
         return "neither is saturated (no NeuronCore utilization to compare)"
     return (
         "neither: the NeuronCores and the CPUs both have room, so requests wait on each "
-        "other in turn; raise the concurrency or the batch (max_batch_delay_ms), and "
-        "serve on Triton, whose instances hold two batches at once (batches_in_flight), "
-        "where TorchServe's workers hold one"
+        "other in turn; raise the concurrency or the batch (max_batch_delay_ms)"
     )
 
 

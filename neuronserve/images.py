@@ -64,7 +64,10 @@ class ImagePreprocessor:
         from transformers import AutoImageProcessor
 
         # Pillow, whether or not torchvision is installed: one backend, the same answers
-        self.processor = AutoImageProcessor.from_pretrained(folder, backend="pil")
+        # the artifact holds the processor: nothing is fetched (a worker may have no network)
+        self.processor = AutoImageProcessor.from_pretrained(
+            folder, backend="pil", local_files_only=True
+        )
         self.shape = image_shape(self.processor)
 
     @classmethod

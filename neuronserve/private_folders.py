@@ -110,23 +110,3 @@ def _open_to_others(folder: Path) -> str | None:
             "folders it makes)"
         )
     return None
-
-
-def shared_entry(root: Path) -> tuple[Path, str] | None:
-    """The first file or folder in `root` (itself included, and every folder above it)
-    that another user owns or can write, with what is wrong; None when only this user (or
-    root) can change anything there. For stores a user gives (a TorchServe model store, a
-    Triton repository): their handlers and configs are code and instructions."""
-    root = Path(os.path.realpath(root))
-    for folder in [*reversed(root.parents)]:
-        problem = shared_above(folder)
-        if problem:
-            return folder, problem
-    for walked, _, files in os.walk(root):
-        for p in [Path(walked), *(Path(walked) / f for f in files)]:
-            st = os.lstat(p)
-            if st.st_uid not in (0, os.getuid()):
-                return p, f"is owned by uid {st.st_uid}, not this user ({os.getuid()}) or root"
-            if not stat.S_ISLNK(st.st_mode) and st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                return p, f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
-    return None

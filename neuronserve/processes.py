@@ -20,7 +20,7 @@ from typing import Any
 
 import psutil
 
-from .private_folders import NotPrivate, private_folder, shared_entry
+from .private_folders import NotPrivate, private_folder
 from .waiting import until
 
 
@@ -44,20 +44,6 @@ def private_dir(path: Path) -> Path:
             f"run directory {e}: neuronserve keeps keys, settings, catalogs and pid files "
             "there; remove it, make it this user's own (chmod 700), or choose another"
         ) from None
-
-
-def trusted_store(store: Path, what: str) -> None:
-    """Refuse to serve `store` (a model store, a Triton repository) if another local user
-    could change what the engine loads from it: its handler or model.py runs as this
-    user, and its config tells the engine what to start."""
-    found = shared_entry(store)
-    if found is not None:
-        path, problem = found
-        raise ServeError(
-            f"{what} {store}: {path} {problem}; the engine runs what it finds there as "
-            f"this user: make it this user's alone (chmod -R go-w {store}) or package "
-            "into another folder"
-        )
 
 
 def private_file(path: Path) -> Any:
@@ -268,31 +254,6 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def thread_states(pid: int) -> str:
-    """What each process of `pid`'s tree and each of its threads is doing: name, state
-    and the kernel function it waits in (/proc's wchan), identical threads counted once.
-    For a server that stopped making progress without exiting."""
-    lines = []
-    for p in process_tree(pid):
-        try:
-            head = f"pid {p.pid} {p.name()} ({' '.join(p.cmdline()[:2])})"
-        except psutil.Error:
-            continue
-        seen: dict[str, int] = {}
-        for task in sorted(Path(f"/proc/{p.pid}/task").glob("*")):
-            try:
-                comm = (task / "comm").read_text().strip()
-                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                wchan = (task / "wchan").read_text().strip() or "-"
-            except OSError:
-                continue
-            key = f"{comm} {state} {wchan}"
-            seen[key] = seen.get(key, 0) + 1
-        lines.append(head)
-        lines.extend(f"  {n} x {key}" for key, n in seen.items())
-    return "\n".join(lines)
 
 
 def port_taken(address: str, port: int) -> str | None:

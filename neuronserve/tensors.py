@@ -201,7 +201,7 @@ def first_output(task: str, output_dim: int, labels: list[str] | None) -> str:
     return of(task).outputs(output_dim, labels)[0].name
 
 
-# How named tensors travel in one HTTP body (an engine's answer of results to the front):
+# How named tensors travel in one HTTP body (a worker's answer of results to the front):
 # KServe v2's binary tensor layout, its JSON header first, its length in this header
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _WIRE_TYPES = {"float32": "FP32", "float64": "FP64", "int64": "INT64", "int32": "INT32"}

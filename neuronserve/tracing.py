@@ -1,12 +1,12 @@
 """OpenTelemetry traces of the requests the front serves, exported over OTLP (as
 text-embeddings-inference's `--otlp-endpoint` does): one trace per request, continuing
 the client's own (W3C `traceparent`), with a span for each stage a slow request can be
-explained by: the front's guard and body read, parsing, the wait for the engine (joined
-with others or alone), the engine call, and on the native engine the worker's own
-stages (its queue, tokenizing and padding, each device call with its bucket, the
-answer) on every engine, which the worker times and sends back with its answer (the
-native engine's answer frame, Triton's STAGES output, TorchServe's response header);
-the front makes them spans of the call, so only the front's process exports anything.
+explained by: the front's guard and body read, parsing, the wait for the workers (joined
+with others or alone), the call, and the worker's own stages (its queue, tokenizing and
+padding, each device call with its bucket, the answer), which the worker times and
+sends back with its answer frame (Triton's repository answers them as its STAGES output,
+TorchServe's handler in a response header); the front makes them spans of the call, so
+only the front's process exports anything.
 
 Off unless `front.otlp_endpoint` is set: then nothing imports OpenTelemetry and each
 stage costs one attribute lookup. A worker records its stages on every batch (a few
@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
 # (name, start_ns, end_ns, attributes): a stage timed where it ran
 Stage = tuple[str, int, int, dict[str, Any]]
-# how the front asks an engine's worker for its stages: a Triton request parameter, a
-# TorchServe request header; the stages come back as Triton's STAGES output (one JSON
-# element) or TorchServe's response header
+# how a Triton or TorchServe client asks the adapter for its stages: a Triton request
+# parameter, a TorchServe request header; the stages come back as Triton's STAGES output
+# (one JSON element) or TorchServe's response header
 TRACE_ASK = "neuronserve_trace"
 STAGES = "STAGES"
 TRACE_HEADER = "neuronserve-trace"

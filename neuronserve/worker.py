@@ -1,9 +1,10 @@
-"""The contract between packaging and the engines' adapters (each engine's file its
-workers run: handlers/, triton_backend/): the settings a packaged deployment carries,
-under one set of names, one worker start, and how a worker serves the several models it
-holds. The adapters import this module and nothing of the engines' packages.
+"""The contract between packaging and the workers: neuronserve's own (workers/) and the
+adapters Triton and TorchServe run (handlers/, triton_backend/): the settings a packaged
+deployment carries, under one set of names, one worker start, and how a worker serves
+the several models it holds. The adapters import this module and nothing else of
+neuronserve.
 
-Packaging writes `WorkerSettings` into what the engine loads (a `neuronserve` section
+Packaging writes `WorkerSettings` into what the server loads (a `neuronserve` section
 of a config that nests values, `as_section`; `neuronserve_*` string parameters of one
 that does not, `as_parameters`) and the adapter reads it back with the same class.
 `start_worker` then leases a core group, pins to it and only then loads a Runner per
@@ -44,24 +45,24 @@ log = logging.getLogger(__name__)
 
 # TorchServe: the section of model-config.yaml holding the settings
 CONFIG_SECTION = "neuronserve"
-# an engine config of flat string parameters: the prefix of those holding them
+# a config of flat string parameters (Triton's): the prefix of those holding them
 PARAM_PREFIX = "neuronserve_"
-# where each model's artifact sits in an engine's model folder: models/<name>/
+# where each model's artifact sits in a packaged model folder: models/<name>/
 MODELS_DIR = "models"
-# how a request names its model: a request header (HTTP engines) or a request parameter
-# (tensor engines)
+# how a request names its model: a request header (TorchServe) or a request parameter
+# (Triton)
 MODEL_HEADER = "X-Neuronserve-Model"
 MODEL_PARAMETER = "model"
-# the header by which the front asks an HTTP engine's worker for a request's results as
+# the header by which a TorchServe client asks the handler for a request's results as
 # named tensors (neuronserve.tensors.pack) instead of the task's JSON: the front answers
 ANSWER_HEADER = "X-Neuronserve-Answer"
 ANSWER_TENSORS = "tensors"
 # a worker that cannot start logs one line with this; `serve` reports it
 FAILURE_MARKER = "neuronserve: worker failed to start:"
-# the signal on which a worker prints its Python threads' stacks into its log (a start
-# that stalls asks for them)
+# the signal on which a Triton stub prints its Python threads' stacks into its log (for a
+# start that stalls)
 STACKS_SIGNAL = signal.SIGUSR1
-# an engine's group of workers named after the core group it serves: "cores<k>", its
+# a group of workers (Triton's instance group) named after the core group it serves: "cores<k>", its
 # workers "cores<k>_<i>" (such a group's workers prefer that core group)
 CORE_GROUP = "cores"
 

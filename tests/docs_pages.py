@@ -134,8 +134,6 @@ stop_all() {
   for d in $(find . -name front.pid -printf '%h\n' 2>/dev/null); do
     neuronserve serve front --stop --run-dir "$d" >/dev/null 2>&1 || true
   done
-  neuronserve serve torchserve --stop >/dev/null 2>&1 || true
-  neuronserve serve triton --stop >/dev/null 2>&1 || true
   # what a page started itself, as its readers do (tritonserver in the background)
   torchserve --stop >/dev/null 2>&1 || true
   for pid in $(jobs -p); do kill "$pid" 2>/dev/null || true; done

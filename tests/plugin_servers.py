@@ -55,6 +55,9 @@ def triton_env(base: dict[str, str] | None = None) -> dict[str, str]:
     ]
     env["LD_LIBRARY_PATH"] = os.pathsep.join([*libs, env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
     env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    # the stub ignores PYTHONPATH; neuronserve's model.py puts this variable's folders in
+    # front of sys.path (the Neuron SDK stand-in's, in the tests that use it)
+    env["NEURONSERVE_PYTHONPATH"] = env.get("PYTHONPATH", "")
     return env
 
 

@@ -16,8 +16,9 @@ import typer
 from . import autoscale, bench, compile, doctor, package, serve, sign, soak, validate
 
 app = typer.Typer(
-    help="Compile Hugging Face encoders ahead of time and serve them behind TorchServe or "
-    "Triton with one pinned worker per core group.",
+    help="Compile Hugging Face encoders ahead of time and serve them with one pinned worker "
+    "per core group: on neuronserve's own server (serve front), or in your Triton or "
+    "TorchServe (package triton|torchserve).",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     rich_markup_mode="markdown",

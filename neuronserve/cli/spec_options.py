@@ -1,5 +1,5 @@
 """Command-line options generated from the spec's fields, as vLLM generates its CLI from
-its config classes: a field is declared once (spec.py, or its engine's section) and
+its config classes: a field is declared once (spec.py) and
 every command that takes its section gets an option for it, with the field's
 description as help and its `flags` (or --<field-name>) as the option's name. The
 command receives the spec built from `--spec FILE` with the flags given on top.
@@ -111,7 +111,7 @@ def _parameter(part: str, name: str, info: FieldInfo) -> inspect.Parameter:
 
 def spec_command(*parts: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
     """Give the decorated command `--spec` and one option per field of `parts` (TOP for
-    the deployment's own fields, else section or engine keys, or `key.field` for one
+    the deployment's own fields, else section keys, or `key.field` for one
     field), except `skip` (field names); it is called with `spec`, the DeploySpec of the
     file and the flags given.
     A command that also takes `spec_file` gets the file's path (None: no file)."""

@@ -3,8 +3,7 @@
 An endpoint builds a request body once per point (`payload`) and gives every load
 thread its own connection (`connect`), a callable that sends one request and raises
 `RequestFailed` unless the server answered with success. Clients are the ones users
-use: `http.client` keep-alive connections for JSON over HTTP, each engine's own client
-for its own API (engines/<engine>/bench.py, behind `EngineBench`), the Runner and the
+use: `http.client` keep-alive connections for JSON over HTTP, the Runner and the
 `transformers` pipeline called in this process.
 """
 
@@ -36,12 +35,12 @@ class Endpoint:
     # set by endpoints whose clients all run on one asyncio loop (see load.py)
     async_connect: Callable[[], AsyncSend] | None = None
 
-    # torchserve, sagemaker, triton-http, triton-grpc, runner, vanilla
+    # front, sagemaker, openai, runner, vanilla
     type: str
     # in-process endpoints hold one model in this process: measured one request at a time
     in_process = False
-    # the engine asked directly, in a session that also measures the front before it:
-    # the front's routes in that session are reported as a ratio to this one
+    # the session's baseline route (the front's /invocations): the other routes in that
+    # session are reported as a ratio to this one
     baseline = False
 
     def __init__(self, label: str):

@@ -20,8 +20,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 QUERY = "which of these is about the river bank?"
 QUESTION = "What did the committee decide?"
 
@@ -55,19 +53,6 @@ class Batch:
         else:
             body = {"inputs": items[0] if len(items) == 1 else items}
         return json.dumps(body).encode()
-
-    @cached_property
-    def columns(self) -> dict[str, np.ndarray]:
-        """Triton's input tensors (BYTES, [n, 1])."""
-        from ..tensors import bytes_rows as column
-
-        items = list(self.items)
-        if self.task in ("rerank", "question-answering"):
-            return {
-                "TEXT": column([a for a, _ in items]),
-                "TEXT_PAIR": column([b for _, b in items]),
-            }
-        return {("IMAGE" if self.task.startswith("image-") else "TEXT"): column(items)}
 
 
 def with_mask(text: str, mask: str) -> str:

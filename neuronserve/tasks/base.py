@@ -137,7 +137,7 @@ class TaskRequest:
     truncate: bool | None = None
     truncation_direction: str = "right"
     # the tokens the model read of each text (its prompt included; every window of a
-    # windowed task): set by the worker that tokenized it, and by an engine's client from
+    # windowed task): set by the worker that tokenized it, and by the workers' client from
     # the worker's answer, so that the front need not tokenize again to report them
     tokens: list[int] | None = None
 

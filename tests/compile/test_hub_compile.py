@@ -178,7 +178,7 @@ def test_packaging_a_spec_that_names_models_by_hub_id(offline_hub, tmp_path):
     assert f"{REPO_ID}: compiling for feature-extraction on cpu" in first.stdout
     assert (tmp_path / "k8s" / "plain").is_dir()
     # the compiled model is baked into the image's context, under the Hub name's last part,
-    # as the image's engine (Triton unless told) reads it
-    assert (tmp_path / "k8s" / "image" / "model" / "tiny-embedder" / "config.pbtxt").is_file()
+    # as the workers' store holds it
+    assert (tmp_path / "k8s" / "image" / "model" / "tiny-embedder" / "native.json").is_file()
     again = run_cli("package", "triton", "--spec", "deploy.yaml", cwd=tmp_path, env=env)
     assert "compiled before, from the cache" in again.stdout

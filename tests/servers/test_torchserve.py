@@ -58,11 +58,11 @@ IMAGES = sample_images(5, seed=4)
 class TorchServe:
     """What the tests ask of the TorchServe they started: its addresses and keys."""
 
-    def __init__(self, started, work: Path):
+    def __init__(self, started, store: Path, work: Path):
         self.started, self.log_dir = started, work / "logs"
         self.inference_url = started.url
         self.management_url = started.management
-        props = (work / "store" / "config.properties").read_text()
+        props = (store / "config.properties").read_text()
         self.metrics_url = re.search(r"^metrics_address=(\S+)", props, re.M).group(1)
 
     def headers(self, api: str = "inference") -> dict[str, str]:
@@ -114,7 +114,7 @@ def server(tmp_path_factory, minilm_artifact, classifier_artifact, task_models, 
     assert "torchserve --start --model-store" in packaged.stdout
     started = start_torchserve(work / "store", work / "run")
     pids = [psutil.Process(started.pid), *started.children()]
-    yield TorchServe(started, work / "run")
+    yield TorchServe(started, work / "store", work / "run")
     stop_torchserve(started, work / "run")
     assert not [p.pid for p in pids if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
@@ -497,7 +497,8 @@ def test_third_worker_fails_with_documented_error(server):
     msg = failures[0]
     assert "no free cpu core group" in msg and "2 group(s) of 1 core(s)" in msg
     assert "Run at most 2 worker(s)" in msg and "cores_per_worker" in msg
-    assert f"(torchserve:{STACK}) of this deployment" in msg
+    # who holds each group: this server's workers, named by their model
+    assert "held by pid" in msg and f"(torchserve:{STACK})" in msg.split("[", 1)[1]
     assert len(ready_workers(server)) == 2
     assert post(server, "minilm", {"inputs": "still serving"}).status_code == 200
     # Last test of the module on purpose: scaling back down while the failed worker

@@ -13,8 +13,8 @@ import pytest
 from helpers import package_for
 
 from neuronserve import catalog
-from neuronserve.private_folders import NotPrivate, private_folder, shared_entry
-from neuronserve.processes import ServeError, private_dir, trusted_store
+from neuronserve.private_folders import NotPrivate, private_folder
+from neuronserve.processes import ServeError, private_dir
 from neuronserve.worker import make_shared_memory_private
 
 NOBODY = 65534
@@ -96,18 +96,6 @@ def test_the_catalog_is_written_and_followed_only_from_a_private_folder(tmp_path
     with pytest.raises(NotPrivate):
         follower.start()
     assert loaded == []
-
-
-def test_a_store_others_can_write_is_not_served(tmp_path):
-    store = tmp_path / "store"
-    (store / "m").mkdir(parents=True)
-    handler = store / "m" / "handler.py"
-    handler.write_text("")
-    trusted_store(store, "model store")
-    handler.chmod(0o666)
-    with pytest.raises(ServeError, match=r"handler.py is writable by other users"):
-        trusted_store(store, "model store")
-    assert shared_entry(store) == (handler, "is writable by other users (mode 666)")
 
 
 def test_where_it_cannot_each_stub_makes_its_region_private(tmp_path):

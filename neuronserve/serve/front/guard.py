@@ -47,7 +47,7 @@ _GOOD_ID = re.compile(rb"[A-Za-z0-9._-]{1,64}")
 # how long loading, swapping or unloading a model may take on every worker: the load's
 # own limit, and a margin for its answer to be the load's error rather than a 504
 LOAD_DEADLINE_S = LOAD_TIMEOUT_S + 60
-# seconds a client told 429 should wait: the engine clears a full front within this at
+# seconds a client told 429 should wait: the workers clear a full front within this at
 # any throughput these machines reach
 RETRY_AFTER_BUSY = b"1"
 

@@ -340,7 +340,7 @@ class ModelCatalog:
         self._count()
 
     async def _drop(self, version: Version) -> None:
-        """Unload a version once no request holds it; the engine's metrics of it are
+        """Unload a version once no request holds it; the workers' metrics of it are
         no longer passed on."""
         await self.table.drained(version)
         if version.state != EVICTED:

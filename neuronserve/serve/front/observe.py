@@ -2,7 +2,7 @@
 by route, status and model, latency by route and model, requests in flight, and how busy
 the host and the chip are (the deployment's CPU seconds by role; on a Neuron host each
 NeuronCore's utilization from neuron-monitor). /metrics serves them followed by the
-engine's own metrics. `model` is empty for a request that reached no model (a probe, or
+workers' own metrics. `model` is empty for a request that reached no model (a probe, or
 one refused before its model was known)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 
 
-# a sample's `model` label (the one label every engine's per-model series carry, ours as
+# a sample's `model` label (the one label every per-model series carry, ours as
 # metrics.MODEL_LABEL, Triton's own), its value unescaped enough to compare a model name
 _MODEL_LABEL = re.compile(rf'[{{,]\s*{MODEL_LABEL}="((?:[^"\\]|\\.)*)"')
 
@@ -61,23 +61,23 @@ class FrontMetrics:
             "Requests the front is working on (counted against max_in_flight)",
             registry=self.registry,
         )
-        # requests that arrive together go to the engine as one call (coalescing.py)
+        # requests that arrive together go to the workers as one call (coalescing.py)
         self.engine_calls, self.engine_requests = (
             Counter(name, doc, ["model"], registry=self.registry)
             for name, doc in (
-                ("neuronserve_front_engine_calls", "Calls the front made to the engine"),
+                ("neuronserve_front_engine_calls", "Calls the front made to the workers"),
                 ("neuronserve_front_engine_requests", "Requests those calls carried"),
             )
         )
 
         self._add_model_metrics()
         self._add_tei_metrics()
-        # set on a Neuron host once the engine is up (watch_neuron_cores)
+        # set on a Neuron host once the workers are up (watch_neuron_cores)
         self.monitor: NeuronMonitor | None = None
         self.registry.register(HostLoad(self))
 
         # what the workers held models as (worker keys) that are unloaded for good: the
-        # engine's own series of them are not passed on
+        # workers' own series of them are not passed on
         self.gone: set[str] = set()
         # label lookups cost more than the update: each series is looked up once
         self._series: dict[tuple[str, int, str], tuple[Any, Any]] = {}
@@ -120,7 +120,7 @@ class FrontMetrics:
         and alerts written for TEI work unchanged (its router's metrics: request count,
         success, failure by error type, duration, inference duration, queue size). TEI's
         tokenization and queue durations and its batch series have no counterpart here:
-        the engine batches, and its own series (/metrics, after ours) say how."""
+        the workers batch, and their own series (/metrics, after ours) say how."""
         r = self.registry
         self.te_count = Counter("te_request_count", "Inference requests received", registry=r)
         self.te_success = Counter("te_request_success", "Inference requests answered", registry=r)
@@ -133,7 +133,7 @@ class FrontMetrics:
             buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.te_inference = Histogram(
-            "te_request_inference_duration", "Seconds a request waited on the engine",
+            "te_request_inference_duration", "Seconds a request waited on the workers",
             buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.te_queue = Gauge("te_queue_size", "Inference requests in flight", registry=r)
@@ -182,7 +182,7 @@ class FrontMetrics:
         series[1].inc(requests)
 
     def serving(self, key: str) -> None:
-        """The workers hold a model as `key` (again): the engine's series of it are
+        """The workers hold a model as `key` (again): the workers' series of it are
         passed on."""
         self.gone.discard(key)
 
@@ -192,8 +192,8 @@ class FrontMetrics:
         self.gone.add(key)
 
     def engine_text(self, text: str) -> str:
-        """The engine's own Prometheus text without the series of models no longer
-        served (the engine keeps counting a model it was told to drop)."""
+        """The workers' own Prometheus text without the series of models no longer
+        served (the workers keep counting a model it was told to drop)."""
         if not self.gone:
             return text
         kept = []
@@ -227,7 +227,7 @@ class FrontMetrics:
 
 
 def _deployment_pids() -> set[int]:
-    """This front's processes: itself and what it started (the engine, its workers)."""
+    """This front's processes: itself and what it started (its workers)."""
     me = psutil.Process()
     try:
         return {me.pid, *(p.pid for p in me.children(recursive=True))}
@@ -236,7 +236,7 @@ def _deployment_pids() -> set[int]:
 
 
 class HostLoad(Collector):
-    """Read at each scrape: the CPU seconds of the front and of the engine's processes
+    """Read at each scrape: the CPU seconds of the front and of the workers' processes
     (its server and workers: the front's children), and the NeuronCores' utilization.
     CPU per request is rate(neuronserve_host_cpu_seconds_total) over
     rate(neuronserve_front_requests_total); next to the NeuronCores' utilization it says
@@ -250,7 +250,7 @@ class HostLoad(Collector):
         cpu = CounterMetricFamily(
             "neuronserve_host_cpu_seconds",
             "CPU seconds (user + system) of this deployment's processes, by role: the "
-            "front, and the engine with its workers",
+            "front, and the workers",
             labels=["role"],
         )
         cpu.add_metric(["front"], front)

@@ -1,5 +1,5 @@
 """The front's routes: each turns one API's request into a native request for the
-engine (`Serving.predict`) and the engine's answer into that API's response.
+workers (`Serving.predict`) and their answer into that API's response.
 
 The table at the bottom (`endpoints`, of `route.Route`s) is the one list of routes:
 Starlette routes by it,
@@ -78,7 +78,7 @@ def guarded(family: Family, fn: Handler) -> Handler:
         try:
             return await fn(request)
         except RequestError as e:
-            # the engine's queue is full (or a request waited past its queue timeout)
+            # a worker's queue is full (or a request waited past its queue timeout)
             busy = {"Retry-After": RETRY_AFTER_S} if e.status in (429, 503) else None
             return error_response(family, e.status, e.message, busy, e.kind)
         except NotReady:
@@ -278,7 +278,7 @@ class Api:
         vector of term weights)."""
         if model.task != "sparse-embedding":
             return _vectors(await self.serving.predict(model, texts, params))
-        # a whole vector of term weights per text: bounded before and after the engine
+        # a whole vector of term weights per text: bounded before and after the workers
         # call (texts x vocabulary float32 in the front, and as JSON)
         size, limits = model.manifest.output_dim, self.serving.config.answer_limits
         what = f"{len(texts)} texts x {size} term weights"
@@ -304,7 +304,7 @@ class Api:
         texts = await _texts(model, body.inputs, "inputs", body.parameters())
         params = {**body.parameters(), **_prompt(body.prompt_name), "token_embeddings": True}
         # every token's vector: a 200 KB request could ask for hundreds of MB, which no
-        # engine should build (TorchServe's worker dies sending what it cannot carry)
+        # worker should build
         counts = await self.serving.token_counts(model, texts)
         found = get_task(model.task).answer_bytes(counts, params, model.manifest.task_info())
         refused = self.serving.config.answer_limits.check_answer(*found) if found else None
@@ -858,7 +858,7 @@ def _routes(api: Api, metrics_auth: bool) -> list[Route]:
         e("/models/{name}/invoke", "POST", api.invoke_model, "native", "Inference on one "
           "model, as /invocations", "models", s.NativeRequest, None, s.NativeError, infers=True),
         e("/metrics", "GET", api.prometheus, "native", "Prometheus metrics of the front "
-          "and of the engine behind it", "operations",
+          "and of the workers behind it", "operations",
           open=not metrics_auth, probe=True),
         e("/openapi.json", "GET", api.openapi, "native", "This document", "operations",
           open=True),

@@ -471,7 +471,7 @@ class Health(BaseModel):
     error_type: ErrorType | None = None
 
 
-# SageMaker and the engines' own contract
+# SageMaker's and the native request's contract
 
 
 class NativeRequest(BaseModel):

@@ -74,7 +74,7 @@ def _start_tracing(config: FrontConfig) -> None:
 def run(config: FrontConfig, make_deployment: Callable[[], Deployment]) -> int:
     """Serve until told to stop; the exit status (1 if the model failed to load). A run
     folder another local user owns or can write is refused first (ServeError): the
-    engine's store and the catalog the workers follow live in it."""
+    workers' store and the catalog the workers follow live in it."""
     private_dir(config.run_dir)
     taken = port_taken(config.address, config.port)
     if taken:

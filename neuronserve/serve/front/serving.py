@@ -1,6 +1,6 @@
-"""What the front's routes share: the engine's client once the engine is ready, the
+"""What the front's routes share: the workers' client once the workers are ready, the
 served model's facts (read once from its manifest), the limits, and a short-lived
-health answer so probes do not each call the engine."""
+health answer so probes do not each call the workers."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from .table import ModelTable, Version
 if TYPE_CHECKING:
     from .multi_model import ModelCatalog
 
-# how long one health answer from the engine is reused
+# how long one health answer from the workers is reused
 HEALTH_TTL_S = 1.0
 # texts with more characters than this in all are tokenized off the event loop
 _INLINE_CHARS = 4096
@@ -36,7 +36,7 @@ RELEASE = "neuronserve.model_release"
 
 
 class NotReady(Exception):
-    """The engine is still loading (or failed): answered 503 with Retry-After."""
+    """The workers are still loading (or failed): answered 503 with Retry-After."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ ANY_MODEL = Need()
 
 
 class Serving:
-    """The table of served models and the engine's client once the engine is ready."""
+    """The table of served models and the workers' client once the workers are ready."""
 
     def __init__(self, config: FrontConfig, metrics: FrontMetrics | None = None):
         self.config = config
@@ -81,7 +81,7 @@ class Serving:
         self._coalescer = Coalescer(self.metrics.engine_call)
 
     def attach(self, models: dict[str, ServedModel], client: WorkerClient) -> None:
-        """The engine is ready: its client, and a fixed deployment's models, pinned."""
+        """The workers are ready: their client, and a fixed deployment's models, pinned."""
         for model in models.values():
             self.table.pin(model)
         self.client = client
@@ -201,10 +201,10 @@ class Serving:
 
     async def predict(self, model: ServedModel, inputs: Any, parameters: dict[str, Any]) -> Answer:
         """The answer to `{"inputs": inputs, "parameters": parameters}` for `model`, the
-        same way whichever engine runs it: parsed and limited by the model's task here,
+        same way on every route: parsed and limited by the model's task here,
         its texts in calls of at most the model's largest compiled batch (joined with
         other requests that arrive at once: coalescing.py; a request over
-        max_client_batch refused, or split when the spec allows), the engine's results
+        max_client_batch refused, or split when the spec allows), the workers' results
         answered by the task here."""
         task = model.handler
         with TRACING.span("parse", model=model.name):
@@ -216,7 +216,7 @@ class Serving:
         with TRACING.span("engine", model=model.name, texts=len(request.texts)):
             results = await self.results(model, request)
         self.metrics.te_inference.observe(time.perf_counter() - started)
-        # each engine call bounded its own answer (max_answer_bytes); what no one foretold
+        # each call to the workers bounded its own answer (max_answer_bytes); what no one foretold
         # (a SPLADE model's terms) is bounded once the calls are joined, when written
         joined = len(request.texts) > model.max_batch
         with TRACING.span("answer"):
@@ -228,7 +228,7 @@ class Serving:
         )
 
     async def results(self, model: ServedModel, request: TaskRequest) -> Any:
-        """`request`'s results (Task.finish's, one per text) from the engine."""
+        """`request`'s results (Task.finish's, one per text) from the workers."""
         client = self.ready()
         texts = request.texts
         if len(texts) > self.config.max_client_batch and not self.config.split_client_batches:
@@ -268,7 +268,7 @@ class Serving:
         self, model: ServedModel, texts: Sequence[Text], answer: Answer | None = None
     ) -> int:
         """Tokens the model reads for `texts`, its default prompt included (what OpenAI's
-        usage reports): as the engine's worker counted them for `answer` when it did,
+        usage reports): as the worker counted them for `answer` when it did,
         else counted here."""
         if answer is not None and answer.tokens is not None:
             return sum(answer.tokens)
