@@ -49,10 +49,23 @@ def _cli_reference() -> str:
     from neuronserve.cli import app
 
     command = typer.main.get_command(app)
+    _drop_hidden(command)
     ctx = typer.Context(command)
     text = typer.cli.get_docs_for_click(obj=command, ctx=ctx, name="neuronserve")
     # the page has its own title; typer's starts at level 1
     return text.replace("\n# ", "\n## ").removeprefix("# ")
+
+
+def _drop_hidden(command: Any) -> None:
+    """Leave out the commands kept only to refuse what they once did (`serve triton`)."""
+    commands = getattr(command, "commands", None)
+    if commands is None:
+        return
+    for name, sub in list(commands.items()):
+        if sub.hidden:
+            del commands[name]
+        else:
+            _drop_hidden(sub)
 
 
 def _type_name(annotation: Any) -> str:

@@ -287,8 +287,13 @@ class SageMakerServe:
             *psutil.Process(self.proc.pid).children(recursive=True),
         ]
         self.proc.send_signal(signal.SIGTERM)
-        assert self.proc.wait(120) == 0
+        status = self.proc.wait(120)
         _, alive = psutil.wait_procs(procs, timeout=30)
+        if status != 0 or alive:  # what it left must not hold cores for the next tests
+            for p in alive:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+        assert status == 0, (status, self.log.read_text()[-3000:])
         assert not alive, alive
 
 

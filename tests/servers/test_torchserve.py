@@ -114,8 +114,10 @@ def server(tmp_path_factory, minilm_artifact, classifier_artifact, task_models, 
     assert "torchserve --start --model-store" in packaged.stdout
     started = start_torchserve(work / "store", work / "run")
     pids = [psutil.Process(started.pid), *started.children()]
-    yield TorchServe(started, work / "store", work / "run")
-    stop_torchserve(started, work / "run")
+    try:
+        yield TorchServe(started, work / "store", work / "run")
+    finally:  # a fixture that fails after the start leaves no JVM behind either
+        stop_torchserve(started, work / "run")
     assert not [p.pid for p in pids if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
