@@ -488,6 +488,9 @@ def pin_cpu(cores: tuple[int, ...]) -> None:
     ran ~5x slower than one here.
     """
     n = str(len(cores))
+    # the Rust tokenizer's own thread pool besides the worker's: off, as every server's
+    # workers had it when neuronserve started them (Triton's and TorchServe's too)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[var] = n
     for tid in os.listdir("/proc/self/task"):
