@@ -342,12 +342,19 @@ def inference_service(pod: Pod, namespace: str, claim: str | None) -> dict[str, 
         "terminationGracePeriodSeconds": pod.grace_s,
         "model": model,
     }
+    return _inference_service(pod, namespace, pod.name, predictor)
+
+
+def _inference_service(
+    pod: Pod, namespace: str, name: str, predictor: dict[str, Any]
+) -> dict[str, Any]:
+    """An InferenceService of `predictor`, on the Neuron scheduler where the pod needs it."""
     if pod.scheduler:
         predictor["schedulerName"] = pod.scheduler
     return {
         "apiVersion": "serving.kserve.io/v1beta1",
         "kind": "InferenceService",
-        "metadata": {"name": pod.name, "namespace": namespace, "labels": pod.labels},
+        "metadata": {"name": name, "namespace": namespace, "labels": pod.labels},
         "spec": {"predictor": predictor},
     }
 
@@ -377,14 +384,7 @@ def plugin_inference_service(
         "maxReplicas": pod.options.max_replicas,
         "model": model,
     }
-    if pod.scheduler:
-        predictor["schedulerName"] = pod.scheduler
-    return {
-        "apiVersion": "serving.kserve.io/v1beta1",
-        "kind": "InferenceService",
-        "metadata": {"name": f"{pod.name}-{server}", "namespace": namespace, "labels": pod.labels},
-        "spec": {"predictor": predictor},
-    }
+    return _inference_service(pod, namespace, f"{pod.name}-{server}", predictor)
 
 
 def adapter_values(namespace: str) -> dict[str, Any]:
