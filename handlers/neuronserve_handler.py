@@ -9,9 +9,7 @@ handle:      one batch TorchServe formed, answered in place:
              X-Neuronserve-Model header names (optional when the archive holds one); bad
              requests become errors in place.
   serve:     `Worker.serve`: one Runner call per model for the batch.
-  _answer:   per request, the task's JSON (a client of TorchServe's own API), or the
-             results as named tensors when the front asks (X-Neuronserve-Answer:
-             tensors: the front answers), and the HTTP status (a RequestError keeps its
+  _answer:   per request, the task's JSON and the HTTP status (a RequestError keeps its
              own: 400, 404, 413, 500).
              The batch's metrics (`neuronserve.metrics`, labelled by model) are written
              by a thread of their own once the response has gone.
@@ -32,7 +30,7 @@ import orjson
 from ts.metrics.dimension import Dimension
 from ts.metrics.metric_type_enum import MetricTypes
 
-from neuronserve.worker import ANSWER_HEADER, ANSWER_TENSORS, MODEL_HEADER
+from neuronserve.worker import MODEL_HEADER
 
 logger = logging.getLogger(__name__)
 
@@ -71,37 +69,32 @@ class NeuronServeHandler:
 
     def handle(self, data, context):
         """TorchServe's entry point: the batch's answers, in its order."""
-        from neuronserve.worker import BatchStages, batch_values, handler_values
+        from neuronserve.worker import batch_values, handler_values
 
         # Timed around everything, decoding and JSON encoding included; `neuronserve
         # bench` divides it by the request count. The metrics are written after the
         # response has left (DeferredMetrics says why).
         t0 = time.perf_counter()
         served = {}
-        stages = BatchStages(len(data))
 
         def report(model, run):
             served[model] = run.requests
             self.metrics.add(batch_values(run, model))
-            stages.add(model, run.stages)
 
-        requests, tensors = self._parse(data, context)
+        requests = self._parse(data, context)
         results = self.worker.serve(requests, report, respond=False)
-        out = self._answer(results, requests, tensors, context)
-        self._traced(context, len(data), stages)
+        out = self._answer(results, requests, context)
         self.metrics.add(handler_values((time.perf_counter() - t0) * 1e3, served))
         return out
 
     def _parse(self, data, context):
         from neuronserve.worker import RequestError, internal_error
 
-        tensors = []  # whether each request asked for its results as tensors
         requests = []
         for idx, row in enumerate(data):
             field, body = _body(row)
             content_type = _content_type(context, idx, field, body)
             model = _header(context, idx, MODEL_HEADER)
-            tensors.append(_header(context, idx, ANSWER_HEADER) == ANSWER_TENSORS)
             try:
                 if body is None:
                     raise RequestError(
@@ -113,24 +106,19 @@ class NeuronServeHandler:
                 requests.append((None, e))
             except Exception:  # noqa: BLE001 - a decoding bug fails this request, not the batch
                 requests.append((None, internal_error("decoding the request")))
-        return requests, tensors
+        return requests
 
-    def _answer(self, results, requests, tensors, context):
-        from neuronserve.worker import HEADER_LENGTH, RequestError, pack
+    def _answer(self, results, requests, context):
+        from neuronserve.worker import RequestError
 
         out = []
         for idx, result in enumerate(results):
             model, request = requests[idx]
             content_type = "application/json"
             if not isinstance(result, RequestError):
-                if tensors[idx]:  # the front answers: its results as they are
-                    body, head = pack(self.worker.tensors(model, result, request))
-                    content_type = "application/octet-stream"
-                    context.set_response_header(idx, HEADER_LENGTH, str(head))
-                else:
-                    # orjson: json's encoder was a visible share of a lone request
-                    answer = self.worker.respond(model, request, result)
-                    body = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
+                # orjson: json's encoder was a visible share of a lone request
+                answer = self.worker.respond(model, request, result)
+                body = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
                 # an answer over TorchServe's max_response_size kills this worker (its
                 # frame decoder refuses it): what the Runner could not foresee fails alone
                 result = self._too_large(len(body)) or body
@@ -143,15 +131,6 @@ class NeuronServeHandler:
             context.set_response_content_type(idx, content_type)
             out.append(result)
         return out
-
-    def _traced(self, context, requests, stages):
-        """The batch's stages, in a response header of each request the front traces
-        (the header it asks with)."""
-        from neuronserve.worker import STAGES_HEADER, TRACE_HEADER
-
-        for idx in range(requests):
-            if _header(context, idx, TRACE_HEADER) == "1":
-                context.set_response_header(idx, STAGES_HEADER, orjson.dumps(stages.of()).decode())
 
     def _too_large(self, size):
         limits = self.worker.limits

@@ -4,9 +4,8 @@ the client's own (W3C `traceparent`), with a span for each stage a slow request 
 explained by: the front's guard and body read, parsing, the wait for the workers (joined
 with others or alone), the call, and the worker's own stages (its queue, tokenizing and
 padding, each device call with its bucket, the answer), which the worker times and
-sends back with its answer frame (Triton's repository answers them as its STAGES output,
-TorchServe's handler in a response header); the front makes them spans of the call, so
-only the front's process exports anything.
+sends back with its answer frame; the front makes them spans of the call, so only the
+front's process exports anything.
 
 Off unless `front.otlp_endpoint` is set: then nothing imports OpenTelemetry and each
 stage costs one attribute lookup. A worker records its stages on every batch (a few
@@ -29,14 +28,6 @@ if TYPE_CHECKING:
 
 # (name, start_ns, end_ns, attributes): a stage timed where it ran
 Stage = tuple[str, int, int, dict[str, Any]]
-# how a Triton or TorchServe client asks the adapter for its stages: a Triton request
-# parameter, a TorchServe request header; the stages come back as Triton's STAGES output
-# (one JSON element) or TorchServe's response header
-TRACE_ASK = "neuronserve_trace"
-STAGES = "STAGES"
-TRACE_HEADER = "neuronserve-trace"
-STAGES_HEADER = "neuronserve-stages"
-
 _NAMESPACE = "neuronserve."
 PROTOCOLS = ("grpc", "http/protobuf")
 

@@ -53,14 +53,10 @@ MODELS_DIR = "models"
 # (Triton)
 MODEL_HEADER = "X-Neuronserve-Model"
 MODEL_PARAMETER = "model"
-# the header by which a TorchServe client asks the handler for a request's results as
-# named tensors (neuronserve.tensors.pack) instead of the task's JSON: the front answers
-ANSWER_HEADER = "X-Neuronserve-Answer"
-ANSWER_TENSORS = "tensors"
-# a worker that cannot start logs one line with this; `serve` reports it
+# a worker that cannot start logs one line with this, as the adapters' logs show it
 FAILURE_MARKER = "neuronserve: worker failed to start:"
-# the signal on which a Triton stub prints its Python threads' stacks into its log (for a
-# start that stalls)
+# the signal on which a Triton stub prints its Python threads' stacks into its log (a
+# start that stalls: kill -USR1 <stub pid>)
 STACKS_SIGNAL = signal.SIGUSR1
 # a group of workers (Triton's instance group) named after the core group it serves: "cores<k>", its
 # workers "cores<k>_<i>" (such a group's workers prefer that core group)
@@ -450,13 +446,6 @@ _FOR_ADAPTERS = {
     "batch_values": "neuronserve.metrics",
     "camel": "neuronserve.metrics",
     "handler_values": "neuronserve.metrics",
-    "HEADER_LENGTH": "neuronserve.tensors",
-    "pack": "neuronserve.tensors",
-    "BatchStages": "neuronserve.tracing",
-    "STAGES": "neuronserve.tracing",
-    "STAGES_HEADER": "neuronserve.tracing",
-    "TRACE_ASK": "neuronserve.tracing",
-    "TRACE_HEADER": "neuronserve.tracing",
 }
 
 

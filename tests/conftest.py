@@ -69,6 +69,8 @@ def lease_dir(tmp_path_factory) -> Path:
     from its xdist siblings). Server processes inherit the variables."""
     path = tmp_path_factory.mktemp("leases")
     os.environ["NEURONSERVE_LEASE_DIR"] = str(path)
+    # and its own artifact cache: `neuronserve compile` keeps what it compiles there
+    os.environ["NEURONSERVE_CACHE"] = str(tmp_path_factory.mktemp("ns-cache"))
     os.environ["NEURON_STANDIN_DEVICE_DIR"] = str(tmp_path_factory.mktemp("neuron-devices"))
     return path
 
@@ -103,7 +105,8 @@ def minilm_dir() -> Path:
 
 
 def _compile(out: Path, **fields) -> Path:
-    from neuronserve.compile import compile_model
+    from helpers import compile_model
+
     from neuronserve.spec import load_spec
 
     return compile_model(load_spec(None, {"artifact": out, **fields}), progress=False)

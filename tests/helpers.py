@@ -562,10 +562,18 @@ def tiny_model(
     return out
 
 
+def compile_model(spec, progress: bool = True) -> Path:
+    """A deployment spec's compile, as `neuronserve compile` runs it but without the
+    artifact cache (each test builds its own)."""
+    from neuronserve.compile.driver import compile_job
+    from neuronserve.compile.job import CompileJob
+
+    return compile_job(CompileJob.of(spec), progress)
+
+
 def compile_artifact(out: Path, model_dir: Path, task: str, **fields) -> Path:
     """`model_dir` compiled for the CPU at fp32 over a small grid (batch 1 and 4, 16 and
     32 tokens, so long texts and large requests cross buckets), truncation off."""
-    from neuronserve.compile import compile_model
     from neuronserve.spec import load_spec
 
     spec = {

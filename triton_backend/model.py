@@ -86,14 +86,12 @@ def restore_pythonpath() -> None:
 
 
 class _Batch:
-    """A batch `execute` took: each request's (model, TaskRequest or its error), whether
-    the front traces it, the batch's stages, when it began, and requests served per model.
-    (A plain class: Triton's stub loads this file under a name of its own, which a
-    dataclass's annotations cannot be resolved in.)"""
+    """A batch `execute` took: each request's (model, TaskRequest or its error), when it
+    began, and requests served per model. (A plain class: Triton's stub loads this file
+    under a name of its own, which a dataclass's annotations cannot be resolved in.)"""
 
-    def __init__(self, parsed, traced, stages, t0, served):
-        self.parsed, self.traced, self.stages = parsed, traced, stages
-        self.t0, self.served = t0, served
+    def __init__(self, parsed, t0, served):
+        self.parsed, self.t0, self.served = parsed, t0, served
 
 
 class TritonPythonModel:
@@ -105,8 +103,8 @@ class TritonPythonModel:
         # /dev/shm, the region requests come through is 0644 until made private here
         make_shared_memory_private()
 
-        # `neuronserve serve triton` asks for every thread's stack when a start stalls
-        # (engines/triton/process.py); the stub's stderr is the server log
+        # every thread's stack on SIGUSR1, for a start that stalls (the stub's stderr
+        # is the server log)
         faulthandler.register(STACKS_SIGNAL, all_threads=True)
         from neuronserve.worker import MODEL_PARAMETER, WorkerSettings, start_worker
 
@@ -131,17 +129,14 @@ class TritonPythonModel:
         pb_utils.Logger.log_info(f"neuronserve: {self.instance_name} {self.worker.describe()}")
 
     def execute(self, requests):
-        from neuronserve.worker import TRACE_ASK, BatchStages, RequestError
+        from neuronserve.worker import RequestError
 
         t0 = time.perf_counter()
-        parsed, traced = [], []
+        parsed = []
         for request in requests:
             model = None
-            traced.append(False)
             try:
                 params = _parameters(request)
-                # the front traces this request: the batch's stages go back as STAGES
-                traced[-1] = params.pop(TRACE_ASK, False) is True
                 model = params.pop(self.model_parameter, None)
                 if model is not None and not isinstance(model, str):
                     raise RequestError(f'"{self.model_parameter}" must be a model name')
@@ -149,12 +144,10 @@ class TritonPythonModel:
             except RequestError as e:
                 parsed.append((None, e))
         served = {}
-        stages = BatchStages(len(requests))
 
         def report(model, run):
             served[model] = run.requests
             self._metrics.record(model, run)
-            stages.add(model, run.stages)
 
         if self.wait:
             started = Future()
@@ -164,7 +157,7 @@ class TritonPythonModel:
                 started.set_exception(e)
         else:
             started = self.worker.start(parsed, report, respond=False)
-        batch = _Batch(parsed, traced, stages, t0, served)
+        batch = _Batch(parsed, t0, served)
         if started.done():  # served on this thread (CPU, or one batch at a time)
             return self._responses(batch, started)
         # a pipelined target: the batch runs on, and this instance takes the next one
@@ -173,9 +166,8 @@ class TritonPythonModel:
         return None
 
     def _responses(self, batch, started):
-        """One response per request: its tensors (and, when the front traces it, the
-        batch's stages as STAGES), or its error."""
-        from neuronserve.worker import STAGES, RequestError, internal_error
+        """One response per request: its tensors, or its error."""
+        from neuronserve.worker import RequestError, internal_error
 
         try:
             results = started.result()
@@ -183,14 +175,11 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"neuronserve: {self.instance_name} failed a batch")
             results = [internal_error("serving the batch")] * len(batch.parsed)
         responses = []
-        zipped = zip(batch.parsed, results, batch.traced, strict=True)
-        for (model, request), result, trace in zipped:
+        for (model, request), result in zip(batch.parsed, results, strict=True):
             try:
                 if isinstance(result, RequestError):
                     raise result
                 tensors = self.worker.tensors(model, result, request)
-                if trace:
-                    tensors[STAGES] = _stages_tensor(batch.stages.of(), len(request.texts))
                 outputs = [pb_utils.Tensor(name, arr) for name, arr in tensors.items()]
                 responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
             except Exception as e:  # noqa: BLE001 - this request fails, the others do not
@@ -287,15 +276,6 @@ def _parameters(request) -> dict:
         raise RequestError("request parameters are not valid JSON") from None
     params = params if isinstance(params, dict) else {}
     return {k: v for k, v in params.items() if k not in TRITON_RESERVED}
-
-
-def _stages_tensor(stages, rows: int):
-    """The stages as STAGES: one JSON element in the first row (the output has a row
-    per text, as every output of a batched model)."""
-    import numpy as np
-
-    column = [json.dumps(stages).encode()] + [b""] * (rows - 1)
-    return np.array([[v] for v in column], dtype=object)
 
 
 def _images(tensor) -> list[bytes]:

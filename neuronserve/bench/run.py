@@ -39,12 +39,13 @@ from .servers import (
     SageMakerServer,
     cpu_by_role,
     keep_logs,
+    model_ms,
 )
 from .stats import summarize
 from .texts import text_with_tokens
 
 if TYPE_CHECKING:
-    from ..spec import DeploySpec
+    from ..spec import WorkerSection
 
 # the front, as `front`, and as `front-native`, the name earlier BENCHMARKS commands used
 FRONTS = ("front", "front-native")
@@ -84,8 +85,8 @@ class BenchConfig:
     window: Window = field(default_factory=Window)
     # load on each started server before its first point, unmeasured
     server_warmup_s: float = 0.0
-    # the workers and batching of the servers bench starts (the command's spec)
-    spec: DeploySpec | None = None
+    # the workers and batching of the servers bench starts (the command's)
+    worker: WorkerSection | None = None
     headers: dict[str, str] = field(default_factory=dict)
     tokenizer: Path | None = None  # tokenizer.json that counts tokens (default: an artifact's)
     task: str | None = None
@@ -230,7 +231,7 @@ def _sessions(spec: EndpointSpec, config: BenchConfig) -> Iterator[Session]:
 def _front_session(spec: EndpointSpec, config: BenchConfig, layout: str) -> Session:
     """The front's routes, on one server; /invocations is the session's baseline."""
     label, artifact = f"{spec.label}/{layout}", Path(spec.where)
-    server = FrontServer(artifact, layout, config.spec)
+    server = FrontServer(artifact, layout, config.worker)
     embeds = _task(config) == "feature-extraction"
 
     def make() -> list[Endpoint]:
@@ -422,10 +423,11 @@ class Sweep:
         server = session.server
 
         def probe() -> dict[str, Any]:
+            if server is None:
+                return {"cpu": {}, "t": time.monotonic()}
             return {
-                "cpu": cpu_by_role(server.root_pids(), server.front_pid)
-                if server is not None
-                else {},
+                "cpu": cpu_by_role(server.root_pids(), server.front_pid),
+                "model_ms": model_ms(server.url),
                 "t": time.monotonic(),
             }
 
@@ -561,12 +563,15 @@ def time_split(
     start: dict[str, Any], end: dict[str, Any], requests: int, client_cpu_s: float
 ) -> dict[str, Any]:
     """The CPU time each process role used per request over the measuring window (a
-    server at saturation serves at most cores / CPU-per-request)."""
+    server at saturation serves at most cores / CPU-per-request), and the model's time
+    per request where the server reports it."""
     out: dict[str, Any] = {"cpu_ms_per_req_client": client_cpu_s * 1e3 / requests}
     if "t" in start and "t" in end:
         out["window"] = (start["t"], end["t"])
     for role, t in end["cpu"].items():
         out[f"cpu_ms_per_req_{role}"] = (t - start["cpu"].get(role, 0.0)) * 1e3 / requests
+    if start.get("model_ms") is not None and end.get("model_ms") is not None:
+        out["model_ms"] = (end["model_ms"] - start["model_ms"]) / requests
     return out
 
 
@@ -595,8 +600,10 @@ def _config_dict(config: BenchConfig) -> dict[str, Any]:
     d["tokenizer"] = str(config.tokenizer) if config.tokenizer else None
     d["logs"] = str(config.logs) if config.logs else None
     d["headers"] = sorted(config.headers)  # names only: values may be secrets
-    # what the command's spec set for the servers bench starts
-    d["spec"] = config.spec.model_dump(mode="json", exclude_unset=True) if config.spec else None
+    # what the command set for the workers of the servers bench starts
+    d["worker"] = (
+        config.worker.model_dump(mode="json", exclude_unset=True) if config.worker else None
+    )
     return d
 
 

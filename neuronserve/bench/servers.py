@@ -19,7 +19,7 @@ from ..artifact import read_manifest
 from ..cores import LEASE_DIR_ENV
 from ..processes import free_ports, stop_tree
 from ..serve.deployment import RUN_DIR
-from ..spec import DeploySpec, env_of, load_spec
+from ..spec import WorkerSection, env_of, load_spec
 from ..waiting import until
 from ..workers import process
 
@@ -42,11 +42,11 @@ class _OwnLeases:
             os.environ[LEASE_DIR_ENV] = self._before
 
 
-def bench_spec(layout: str, given: DeploySpec | None = None) -> DeploySpec:
-    """The spec of a server bench starts: the workers and batching `given` (the bench
-    command's spec), `layout`, and room for slow points."""
-    spec = given if given is not None else load_spec(None, {})
-    return spec.with_section("worker", layout=layout, response_timeout_s=300)
+def bench_worker(layout: str, worker: WorkerSection | None = None) -> WorkerSection:
+    """The workers of a server bench starts: their batching as `worker` (the bench
+    command's) says, `layout`, and room for slow points."""
+    given = worker.model_dump(exclude_unset=True) if worker is not None else {}
+    return WorkerSection.model_validate({**given, "layout": layout, "response_timeout_s": 300})
 
 
 def _supervisor_pid(work: Path) -> int | None:
@@ -71,36 +71,35 @@ def keep_logs(tmp: Path, into: Path, most_bytes: int = 1 << 20) -> list[Path]:
     return kept
 
 
-def layout_plan(artifact: Path, spec: DeploySpec) -> placement.WorkerPlan:
-    """The worker plan `neuronserve package` makes for `spec` on this host."""
-    return placement.plan(
-        placement.PlanRequest.of(spec.worker, [read_manifest(artifact, verify=False)])
-    )
+def layout_plan(artifact: Path, worker: WorkerSection) -> placement.WorkerPlan:
+    """The worker plan `neuronserve package` makes for `worker` on this host."""
+    return placement.plan(placement.PlanRequest.of(worker, [read_manifest(artifact, verify=False)]))
 
 
 class FrontServer:
     """neuronserve's front and its workers, started as `neuronserve serve front` starts
     them, so one session measures each of its routes on the same running processes."""
 
-    def __init__(self, artifact: Path, layout: str, given: DeploySpec | None = None):
+    def __init__(self, artifact: Path, layout: str, worker: WorkerSection | None = None):
         from ..serve.front.launch import WORKERS_DIR
 
         self.artifact, self.layout = Path(artifact), layout
-        spec = bench_spec(layout, given)
-        plan = layout_plan(self.artifact, spec)
+        workers = bench_worker(layout, worker)
+        plan = layout_plan(self.artifact, workers)
         self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
         self.name = read_manifest(self.artifact, verify=False).name
         self.tmp = tempfile.TemporaryDirectory(prefix="ns-bench-front-")
         self.run_dir = Path(self.tmp.name) / "front"
         self.workers_work = self.run_dir / WORKERS_DIR
-        self.spec = spec.with_section(
-            "front",
-            port=free_ports(1)[0],
-            run_dir=self.run_dir,
+        front = {
+            "port": free_ports(1)[0],
+            "run_dir": self.run_dir,
             # the load generator decides the load: no limit of the front's may refuse it
-            max_in_flight=100_000,
-            deadline_s=600,
-        )
+            "max_in_flight": 100_000,
+            "deadline_s": 600,
+        }
+        worker_fields = workers.model_dump(exclude_unset=True)
+        self.spec = load_spec(None, {"worker": worker_fields, "front": front})
         self.url = f"http://127.0.0.1:{self.spec.front.port}"
         self._leases = _OwnLeases(Path(self.tmp.name))
         self.pid: int | None = None
@@ -141,7 +140,7 @@ class SageMakerServer:
 
     def __init__(self, artifact: Path, layout: str):
         self.artifact, self.layout = Path(artifact), layout
-        plan = layout_plan(self.artifact, load_spec(None, {"worker": {"layout": layout}}))
+        plan = layout_plan(self.artifact, WorkerSection(layout=layout))
         self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
         self.tmp = tempfile.TemporaryDirectory(prefix="ns-bench-sagemaker-")
         self.port = free_ports(1)[0]
@@ -228,3 +227,20 @@ def cpu_by_role(roots: list[int], front: int | None = None) -> dict[str, float]:
         role = "front" if p.pid == front else "workers"
         out[role] = out.get(role, 0.0) + seconds
     return out
+
+
+MODEL_MS_SERIES = "neuronserve_model_ms_total"
+
+
+def model_ms(url: str) -> float | None:
+    """The time the workers behind `url` have spent in the model so far (ms, every model
+    and worker), read from its /metrics; None where it cannot be read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        got = requests.get(f"{url}/metrics", timeout=10)
+        got.raise_for_status()
+        families = list(text_string_to_metric_families(got.text))
+    except (requests.RequestException, ValueError):
+        return None
+    return sum(s.value for f in families for s in f.samples if s.name == MODEL_MS_SERIES)

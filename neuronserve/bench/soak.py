@@ -46,14 +46,13 @@ import aiohttp
 import numpy as np
 import psutil
 
-from ..load.protocols import NATIVE, SoakProtocol
 from ..pids import alive
 from ..processes import ServeError
 
 if TYPE_CHECKING:
-    from ..spec import DeploySpec
+    from ..spec import WorkerSection
 
-__all__ = ["NATIVE", "SoakProtocol", "SoakTarget"]
+__all__ = ["SoakTarget"]
 
 SEQUENTIAL = 20
 RETRY_CAP_S = 5.0
@@ -155,23 +154,21 @@ class SoakReport:
 
 @dataclass
 class SoakTarget:
-    """Where soak sends requests, in which protocol, and what it knows of the processes
-    behind it (`worker_process`: what its workers' command lines hold)."""
+    """Where soak sends requests (the front's or SageMaker's /invocations: `{"inputs",
+    "parameters"}` JSON, the task's JSON answer) and what it knows of the processes
+    behind it."""
 
     label: str
     url: str
-    protocol: SoakProtocol = NATIVE
     roots: Callable[[], list[int]] = list
     workers_ready: Callable[[], tuple[int, int]] | None = None
     # what a killed worker may cost (SoakReport.lost_allowed); None: one per client
     lost_allowed: int | None = None
     # what every request carries besides its body (a key)
     headers: dict[str, str] = field(default_factory=dict)
-    worker_marks: tuple[str, ...] = ()
 
     def workers(self) -> list[psutil.Process]:
         """The live worker processes under the target's root processes."""
-        marks = self.worker_marks or (WORKER_PROCESS,)
         out: dict[int, psutil.Process] = {}
         for pid in self.roots():
             try:
@@ -185,15 +182,30 @@ class SoakTarget:
                     cmd = " ".join(p.cmdline()[:3])
                 except psutil.Error:
                     continue
-                if any(m in cmd for m in marks):
+                if WORKER_PROCESS in cmd:
                     out[p.pid] = p
         return [out[k] for k in sorted(out)]
 
-    def body(self, texts: list[str]) -> bytes:
-        return self.protocol.body(texts)
 
-    def malformed_bodies(self, max_text_chars: int) -> list[bytes]:
-        return self.protocol.malformed_bodies(max_text_chars)
+def body(texts: list[str]) -> bytes:
+    return json.dumps({"inputs": texts}).encode()
+
+
+def malformed_bodies(max_text_chars: int) -> list[bytes]:
+    """Bodies every server must refuse with a 4xx, its neighbours still served."""
+    return [
+        b"{not json",
+        b"\xff\xfe\x00 not utf-8",
+        b"[1, 2",
+        b"",
+        b'{"inputs": 5}',
+        b'{"inputs": []}',
+        b'{"inputs": [1, 2]}',
+        b'{"inputs": {"a": "b"}}',
+        b'{"inputs": "x", "parameters": {"truncate": "yes"}}',
+        json.dumps({"inputs": "y" * (max_text_chars + 1)}).encode(),
+        b'{"inputs": ' + b"[" * 200 + b"]" * 200 + b"}",
+    ]
 
 
 # what a worker process's command line holds
@@ -204,29 +216,23 @@ class Checker:
     """The Runner's answer for each valid body, computed once in this process; a served
     answer must equal it (labels and strings exactly, numbers within `atol`)."""
 
-    def __init__(self, artifact: Path, target: SoakTarget):
+    def __init__(self, artifact: Path):
         from ..runtime import Runner
 
         self.runner = Runner(artifact)
-        self.target = target
         self.atol = 1e-3 if self.runner.manifest.precision == "fp32" else 2e-2
         self.expected: dict[bytes, Any] = {}
-        self.texts: dict[bytes, list[str]] = {}
 
     def add(self, texts: list[str]) -> bytes:
-        body = self.target.body(texts)
-        if body not in self.expected:
-            native = json.dumps({"inputs": texts}).encode()
-            answer = self.runner.responses_for_bodies([(native, "application/json")])[0]
-            self.expected[body], self.texts[body] = answer, texts
-        return body
+        sent = body(texts)
+        if sent not in self.expected:
+            answer = self.runner.responses_for_bodies([(sent, "application/json")])[0]
+            self.expected[sent] = answer
+        return sent
 
-    def served(self, body: bytes, data: bytes) -> Any:
-        return self.target.protocol.served(data, self.texts[body], self.runner)
-
-    def right(self, body: bytes, data: bytes) -> bool:
+    def right(self, sent: bytes, data: bytes) -> bool:
         try:
-            return _close(self.served(body, data), self.expected[body], self.atol)
+            return _close(json.loads(data), self.expected[sent], self.atol)
         except (ValueError, KeyError, StopIteration, TypeError):
             return False
 
@@ -306,7 +312,7 @@ class _Run:
         self.o, self.target, self.checker = options, target, checker
         rng = random.Random(options.seed)
         valid = [checker.add(rng.sample(TEXTS, rng.randint(1, 3))) for _ in range(4 * len(TEXTS))]
-        bad = target.malformed_bodies(max_chars)
+        bad = malformed_bodies(max_chars)
         self.plan = [
             (True, rng.choice(bad))
             if rng.random() < options.malformed
@@ -513,7 +519,7 @@ def run_soak(
 ) -> SoakReport:
     """Drive `target` (already serving `artifact`) with the soak mix; `on_sample` is
     called beside each memory sample (once a second, off the event loop)."""
-    checker = Checker(artifact, target)
+    checker = Checker(artifact)
     run = _Run(options, target, checker, max_text_chars)
     run.on_sample = on_sample
     return asyncio.run(run.run())
@@ -570,19 +576,19 @@ VIAS = ("front", "sagemaker")
 
 
 def start_target(
-    artifact: Path, via: str, spec: DeploySpec | None = None
+    artifact: Path, via: str, worker: WorkerSection | None = None
 ) -> tuple[Any, SoakTarget]:
     """Start neuronserve serving `artifact` through the front (`serve front`) or through
-    the SageMaker entrypoint, its workers as `spec` says; return the server and its
+    the SageMaker entrypoint, its workers as `worker` says; return the server and its
     SoakTarget."""
     from ..artifact import read_manifest
     from .servers import FrontServer, SageMakerServer
 
     manifest = read_manifest(artifact, verify=False)
-    layout = spec.worker.layout if spec is not None else "throughput"
+    layout = worker.layout if worker is not None else "throughput"
     server: Any
     if via == "front":
-        server = FrontServer(artifact, layout, spec)
+        server = FrontServer(artifact, layout, worker)
     elif via == "sagemaker":
         server = SageMakerServer(artifact, layout)
     else:
@@ -605,7 +611,6 @@ def _target(server: Any, via: str, manifest: Any) -> SoakTarget:
         roots=server.root_pids,
         workers_ready=_ready_workers(run_dir, manifest.name, server.workers),
         lost_allowed=0,
-        worker_marks=(WORKER_PROCESS,),
     )
 
 
@@ -651,7 +656,7 @@ def _own_temp_folder() -> Iterator[Path]:
 
 def soak_started(
     artifact: Path,
-    spec: DeploySpec,
+    worker: WorkerSection,
     via: str,
     options: SoakOptions,
     log: Callable[[str], object] = print,
@@ -660,7 +665,7 @@ def soak_started(
     report what the stop left behind: processes of the run, leases, temporary files."""
     with _own_temp_folder() as temp_dir:
         log(f"starting neuronserve via {via} for {artifact} ...")
-        server, target = start_target(artifact, via, spec)
+        server, target = start_target(artifact, via, worker)
         pids: set[int] = set()
         shm: set[str] = set()
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..spec import DeploySpec
+from ..spec import WorkerSection
 from .options import fail, ints
 from .spec_options import spec_command
 
@@ -17,7 +17,7 @@ from .spec_options import spec_command
 # (their response timeout is bench's own: room for slow points; the layouts are swept)
 @spec_command("worker", skip=("layout", "response_timeout_s"))
 def bench_cmd(
-    spec: DeploySpec,
+    worker: WorkerSection,
     endpoint: Annotated[
         list[str],
         typer.Option(
@@ -108,7 +108,7 @@ def bench_cmd(
         if not sep:
             fail(f"--header {h!r}: expected 'Name: value'")
         headers[name.strip()] = value.strip()
-    layouts = layouts or spec.worker.layout
+    layouts = layouts or worker.layout
     bad = [x for x in layouts.split(",") if x not in ("throughput", "latency")]
     if bad:
         fail(f"--layouts: unknown {bad}; use throughput and/or latency")
@@ -126,7 +126,7 @@ def bench_cmd(
                 max_duration_s=max_duration,
             ),
             server_warmup_s=server_warmup,
-            spec=spec,
+            worker=worker,
             headers=headers,
             tokenizer=tokenizer,
             task=task,

@@ -9,14 +9,14 @@ from typing import Annotated
 import typer
 
 from ..serve.front.keys import ENV_KEY
-from ..spec import DeploySpec
+from ..spec import WorkerSection
 from .options import fail
 from .spec_options import spec_command
 
 
 @spec_command("worker")
 def doctor_cmd(
-    spec: DeploySpec,
+    worker: WorkerSection,
     artifacts: Annotated[
         list[Path] | None,
         typer.Argument(
@@ -68,7 +68,7 @@ def doctor_cmd(
         fail("name an artifact to check, or a running front with --url", 2)
         return
     try:
-        findings = run_doctor(artifacts[0], others=artifacts[1:], worker=spec.worker)
+        findings = run_doctor(artifacts[0], others=artifacts[1:], worker=worker)
     except (ArtifactError, OSError) as e:
         fail(str(e), 1)
     for f in findings:

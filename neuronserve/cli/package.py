@@ -11,8 +11,8 @@ from typing import Annotated
 
 import typer
 
-from ..spec import DeploySpec, served_elsewhere
-from .options import ArtifactsArg, fail, require_artifacts, with_artifacts
+from ..spec import DeploySpec, ModelEntry, served_elsewhere
+from .options import ArtifactsArg, fail
 from .spec_options import TOP, spec_command
 
 app = typer.Typer(
@@ -23,6 +23,38 @@ app = typer.Typer(
 
 # an image runs neuronserve's server only; --engine is kept to say what to do instead
 EngineOption = Annotated[str | None, typer.Option(hidden=True)]
+
+
+def with_artifacts(spec: DeploySpec, artifacts: list[Path] | None) -> DeploySpec:
+    """`spec` with the artifacts given on the command line in place of its own: one is
+    the spec's `artifact` (under the spec's `name`), several its `models`."""
+    if not artifacts:
+        return spec
+    name = spec.name if len(artifacts) == 1 else None
+    try:
+        return spec.with_models([ModelEntry(artifact=a, name=name) for a in artifacts])
+    except ValueError as e:
+        fail(str(e))
+
+
+def require_artifacts(spec: DeploySpec, target: str | None = None) -> DeploySpec:
+    """`spec` with artifacts for every model it deploys: those it names by Hub id or
+    folder (`models: [{model: ...}]`) compiled first, for `target` (the package's) unless
+    the compile section names one, else this host's; fails when it names none."""
+    if spec.model_sources():
+        from ..compile import CompileError
+        from ..compile.cache import resolved
+
+        try:
+            spec = resolved(spec, log=typer.echo, target=target)
+        except (CompileError, ValueError, OSError) as e:
+            fail(str(e), 1)
+    if not spec.model_entries():
+        fail(
+            "no artifact: pass the artifact directory (or several), or set `artifact` "
+            "(or `models`) in the spec"
+        )
+    return spec
 
 
 def _holding(spec: DeploySpec, named_by: str) -> str:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ..spec import DeploySpec
+from ..spec import WorkerSection
 from .options import fail
 from .spec_options import spec_command
 
@@ -16,7 +16,7 @@ from .spec_options import spec_command
 # the workers come from the spec, as for `serve` (their response timeout is the soak's own)
 @spec_command("worker", skip=("response_timeout_s",))
 def soak_cmd(  # long: typer declares one parameter per command-line option
-    spec: DeploySpec,
+    worker: WorkerSection,
     artifact: Annotated[
         Path, typer.Argument(help="artifact directory (answers are checked against its Runner)")
     ],
@@ -76,7 +76,7 @@ def soak_cmd(  # long: typer declares one parameter per command-line option
             report = run_soak(options, target, artifact)
         else:
             options = SoakOptions(requests, concurrency, malformed, kill_at or None, seed)
-            report = soak_started(artifact, spec, via, options, log=typer.echo)
+            report = soak_started(artifact, worker, via, options, log=typer.echo)
     except (ServeError, ArtifactError, ValueError, OSError) as e:
         fail(str(e), 1)
     typer.echo(format_report(report))

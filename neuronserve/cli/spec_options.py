@@ -2,10 +2,14 @@
 its config classes: a field is declared once (spec.py) and
 every command that takes its section gets an option for it, with the field's
 description as help and its `flags` (or --<field-name>) as the option's name. The
-command receives the spec built from `--spec FILE` with the flags given on top.
+command receives the spec built from `--spec FILE` with the flags given on top, or
+only the section it reads (a parameter named after the section's key):
 
     @spec_command("", "worker", "limits", "torchserve")
     def package_torchserve(spec: DeploySpec, artifacts: ArtifactsArg = None) -> None: ...
+
+    @spec_command("worker")
+    def doctor(worker: WorkerSection) -> None: ...
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ..section import declared
 from ..spec import SECTIONS, DeploySpec, SpecError, load_spec
 
 F = TypeVar("F", bound=Callable[..., Any])
+SECTION_KEYS = frozenset(s.key for s in SECTIONS)
 TOP = ""
 SEP = "__"
 
@@ -111,20 +116,19 @@ def _parameter(part: str, name: str, info: FieldInfo) -> inspect.Parameter:
 
 def spec_command(*parts: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
     """Give the decorated command `--spec` and one option per field of `parts` (TOP for
-    the deployment's own fields, else section keys, or `key.field` for one
-    field), except `skip` (field names); it is called with `spec`, the DeploySpec of the
-    file and the flags given.
-    A command that also takes `spec_file` gets the file's path (None: no file)."""
+    the deployment's own fields, else section keys, or `key.field` for one field), except
+    `skip` (field names); it gets `spec` (the file's DeploySpec, the flags on top) or the
+    sections its parameters are named after, and `spec_file` if it asks (None: no file)."""
 
     def decorate(fn: F) -> F:
         own = inspect.signature(fn)
         # the command's own annotations, resolved (its module may defer them as strings)
         hints = get_type_hints(fn, include_extras=True)
-        wants_file = "spec_file" in own.parameters
+        given = [n for n in own.parameters if n in ("spec", "spec_file") or n in SECTION_KEYS]
         kept = [
             p.replace(annotation=hints.get(n, p.annotation))
             for n, p in own.parameters.items()
-            if n not in ("spec", "spec_file")
+            if n not in given
         ]
         generated = [
             _parameter(part.partition(".")[0], name, info)
@@ -160,9 +164,9 @@ def spec_command(*parts: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
                 else:
                     fields.setdefault(part, {})[name] = value
             spec = load(spec_file, fields)
-            if wants_file:
-                kwargs["spec_file"] = spec_file
-            return fn(*args, spec=spec, **kwargs)
+            parts = {"spec": spec, "spec_file": spec_file}
+            kwargs.update({n: parts[n] if n in parts else getattr(spec, n) for n in given})
+            return fn(*args, **kwargs)
 
         command.__signature__ = signature  # type: ignore[attr-defined]
         command.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}

@@ -12,14 +12,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..targets import get_target
     from .base import CompileError, Target
-    from .driver import compile_model
 
-__all__ = ["CompileError", "Target", "compile_model", "get_target"]
+__all__ = ["CompileError", "Target", "get_target"]
 
 _WHERE = {
     "CompileError": ".errors",
     "Target": ".base",
-    "compile_model": ".driver",
     "get_target": ".targets",
 }
 

@@ -1,8 +1,8 @@
 """Compiled artifacts kept for the next start: a model named by Hub id or folder is
 compiled once per everything that decides the artifact, and found again after.
 
-The key is a digest of: the model (its Hub id and the commit of the snapshot, or a local
-folder's path and each file's size and modification time), the compile and accuracy
+The key is a digest of: the model (its Hub id and the commit of the snapshot, or each
+file of a local folder with the digest of its contents), the compile and accuracy
 sections (task, target, buckets, precision, ...), the name and truncation the artifact
 records, the NeuronCores a module spans, and the versions of what compiles and runs it
 (neuronserve, Python, torch, transformers, tokenizers, the target's compiler and the
@@ -20,20 +20,24 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import multiprocessing
 import os
 import platform
+import shutil
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..artifact import MANIFEST, ArtifactError, read_manifest
+from ..artifact import MANIFEST, ArtifactError, read_manifest, sha256_file
 from ..names import safe_name
 from ..private_folders import NotPrivate, private_folder
 from .errors import CompileError
 from .hub import ModelFolder, config_task, model_folder
 
 if TYPE_CHECKING:
+    from ..artifact import Manifest
     from ..spec import DeploySpec
     from .job import CompileJob
 
@@ -89,14 +93,14 @@ def installed(name: str) -> str | None:
 def _model_identity(model: ModelFolder) -> dict[str, Any]:
     if model.repo_id:
         return {"hub": model.repo_id, "commit": model.revision}
-    folder = model.folder.resolve()
-    return {"folder": str(folder), "files": _files(folder)}
+    # what the folder holds, wherever it is: a copy elsewhere is the same model
+    return {"files": _files(model.folder.resolve())}
 
 
 def _files(folder: Path) -> list[list[Any]]:
-    """Every file the model folder reads as, with its size and its modification and
-    change times: through symlinked folders too (sentence-transformers' modules are often
-    linked in), each real folder once."""
+    """Every file the model folder reads as, with the digest of its contents: through
+    symlinked folders too (sentence-transformers' modules are often linked in), each real
+    folder once."""
     found, seen = [], set()
     for walked, dirs, names in os.walk(folder, followlinks=True):
         st = os.stat(walked)
@@ -107,8 +111,7 @@ def _files(folder: Path) -> list[list[Any]]:
         for name in names:
             p = Path(walked) / name
             with contextlib.suppress(OSError):
-                f = p.stat()
-                found.append([str(p.relative_to(folder)), f.st_size, f.st_mtime_ns, f.st_ctime_ns])
+                found.append([str(p.relative_to(folder)), sha256_file(p)])
     return sorted(found)
 
 
@@ -160,10 +163,16 @@ def _static_shape(job: CompileJob, folder: Path, log: Callable[[str], None]) -> 
     return replace(job, compile=job.compile.model_copy(update=update)) if update else job
 
 
-def compiled(job: CompileJob, log: Callable[[str], None] = print, progress: bool = True) -> Path:
+def compiled(
+    job: CompileJob,
+    log: Callable[[str], None] = print,
+    progress: bool = True,
+    in_child: bool = False,
+) -> Path:
     """The artifact of `job.compile.model` (a Hub id or a folder) from the cache, compiled
-    into it first when it is not there. The task is the model config's when the job
-    gives none; the name the Hub name's last part (or the folder's) when it gives none."""
+    into it first when it is not there (`in_child`: in a process of its own). The task is
+    the model config's when the job gives none; the name the Hub name's last part (or the
+    folder's) when it gives none."""
     from .driver import compile_job
     from .optimum_export import read_export, refuse_unless_allowed
 
@@ -203,15 +212,49 @@ def compiled(job: CompileJob, log: Callable[[str], None] = print, progress: bool
         )
         log(f"{job.compile.model}: {doing} (kept in {root} for the next start)")
         (root / key).mkdir(mode=0o700, exist_ok=True)
-        return compile_job(
-            replace(
-                job,
-                compile=job.compile.model_copy(update={"model": str(model.folder)}),
-                out=out,
-            ),
-            progress,
-            log=None,  # said above
+        job = replace(
+            job, compile=job.compile.model_copy(update={"model": str(model.folder)}), out=out
         )
+        if not in_child:
+            return compile_job(job, progress, log=None)  # said above
+        # a server compiling at start keeps torch and its thread pools out of its own
+        # process: loaded there, they crashed its exit on SIGTERM (SIGSEGV)
+        spawn = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as child:
+            return child.submit(compile_job, job, progress, None).result()
+
+
+def compiled_to(job: CompileJob, progress: bool = True, log: Callable[[str], None] = print) -> Path:
+    """`neuronserve compile`: the artifact of `job` in `job.out`, copied from the cache
+    where the same inputs were compiled before, else compiled into the cache first (so
+    that the next compile of them, or a start naming them, compiles nothing)."""
+    from .driver import compile_job, staged
+
+    out = job.out
+    if job.compile.model is None or out is None:
+        return compile_job(job, progress)  # which says what is missing
+    model = model_folder(job.compile.model, job.compile.revision, job.compile.allow_pickle_weights)
+    job = replace(job, name=job.name or Path(out).resolve().name)
+    key = cache_key(job, model)
+    try:
+        root = private_folder(cache_root() / "artifacts", own=2)
+    except NotPrivate as e:
+        log(f"artifact cache {e}: not used (chmod 700 it, or set {CACHE_ENV})")
+        return compile_job(job, progress)
+    cached = root / key / str(job.name)
+    with _locked(root / f"{key}.lock"):
+        if _usable(cached):
+            log(f"{job.compile.model}: compiled before with these options; copied from {cached}")
+        else:
+            (root / key).mkdir(mode=0o700, exist_ok=True)
+            compile_job(replace(job, out=cached), progress)
+        return staged(Path(out), lambda into: _copy(cached, into))
+
+
+def _copy(artifact: Path, into: Path) -> Manifest:
+    shutil.copytree(artifact, into, dirs_exist_ok=True)
+    (into / MANIFEST).unlink()  # written again, whole, once the copy is
+    return read_manifest(artifact, verify=False)
 
 
 def _default_name(model: ModelFolder) -> str:
@@ -250,9 +293,10 @@ def resolved(
     target: str | None = None,
 ) -> DeploySpec:
     """`spec` with every model it names by Hub id or folder (spec.model_sources) replaced
-    by its compiled artifact, from the cache or compiled into it now, for the target the
-    compile section names, else `target` (a package's), else this host's; `spec` itself
-    when it names none."""
+    by its compiled artifact, from the cache or compiled into it now (in a process of its
+    own: a server starting never holds the compiler), for the target the compile section
+    names, else `target` (a package's), else this host's; `spec` itself when it names
+    none."""
     from ..spec import ModelEntry, ModelSource
     from ..targets import host_target
     from .job import CompileJob
@@ -278,7 +322,7 @@ def resolved(
             name=m.name,
             truncation=m.truncation if m.truncation is not None else spec.truncation,
         )
-        artifact = compiled(job, log, progress)
+        artifact = compiled(job, log, progress, in_child=True)
         entries.append(ModelEntry(artifact=artifact, name=artifact.name, truncation=m.truncation))
     # what it compiled is served: the compile section's model no longer names one
     compiled_from = spec.with_section("compile", model=None)

@@ -30,7 +30,7 @@ from ..artifact import (
 from ..buckets import BucketGrid
 from ..execution import InputLayout, token_rows
 from ..images import PROCESSOR_FILE, ImagePreprocessor
-from ..spec import TRUNCATION_AT_COMPILE, DeploySpec
+from ..spec import TRUNCATION_AT_COMPILE
 from ..targets import get_target
 from ..tasks import Task, WrappedModel, get_task, task_for
 from ..tokenization import TextTokenizer
@@ -45,12 +45,6 @@ from .saved import save_tokenizer, versions
 
 INPUT_ORDER = ("input_ids", "attention_mask", "token_type_ids")
 CANDIDATES = ".candidates"
-
-
-def compile_model(spec: DeploySpec, progress: bool = True) -> Path:
-    """Compile `spec.model` for `spec.target` over the spec's bucket grid into `spec.artifact`
-    (what a compile reads of the spec: CompileJob)."""
-    return compile_job(CompileJob.of(spec), progress)
 
 
 def compile_job(
@@ -82,13 +76,13 @@ def compile_job(
         refuse_unless_allowed(job, export)
         if log is not None:
             log(f"{export.said}: served as it is (--recompile compiles its source model)")
-        return _staged(job.out, lambda staging: import_export(job, export, staging))
+        return staged(job.out, lambda staging: import_export(job, export, staging))
     model_dir = model.folder
     _check_model_dir(model_dir)
-    return _staged(job.out, lambda staging: _compile_into(job, model_dir, staging, progress))
+    return staged(job.out, lambda staging: _compile_into(job, model_dir, staging, progress))
 
 
-def _staged(out: Path, build: Callable[[Path], Manifest]) -> Path:
+def staged(out: Path, build: Callable[[Path], Manifest]) -> Path:
     """The artifact `build` writes into a staging folder (returning its manifest),
     renamed to `out` only once whole."""
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).is_file():

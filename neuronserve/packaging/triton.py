@@ -24,7 +24,6 @@ from ..resources import package_file
 from ..sources import FoundModel
 from ..spec import TritonSection
 from ..tasks import TASKS, get_task
-from ..tracing import STAGES
 from ..worker import WorkerSettings, core_group_name
 from .model import (
     MULTI_MODEL_MAX_BATCH,
@@ -74,8 +73,6 @@ def model_config(packaged: Packaged) -> Any:
         config.output.append(
             mc.ModelOutput(name=name, data_type=mc.DataType.Value(_DTYPES[dtype]), dims=dims)
         )
-    # a traced request's worker stages (JSON), answered only when the front asks
-    config.output.append(mc.ModelOutput(name=STAGES, data_type=mc.TYPE_STRING, dims=[1]))
     # max_batch_size is the largest grid's (the worker splits a model's batch beyond its
     # own); the batches Triton aims for are those the bucket times say are worth forming
     preferred = {size for m in packaged.models for size in engine_batches(m.manifest)}

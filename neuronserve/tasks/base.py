@@ -244,16 +244,6 @@ def _fields(body: Any, fields: tuple[str, ...] = ()) -> tuple[Any, dict[str, Any
     return body.get("inputs", own), params
 
 
-def _json_input(text: Text) -> Any:
-    if isinstance(text, tuple):
-        return {"text": text[0], "text_pair": text[1]}
-    if isinstance(text, bytes):
-        import base64
-
-        return base64.b64encode(text).decode()
-    return text
-
-
 def _check_text(value: Any, where: str) -> str:
     if not isinstance(value, str):
         raise RequestError(f"{where} must be a string, got {type(value).__name__}")
@@ -352,11 +342,6 @@ class Task:
             truncate=truncate,
             truncation_direction=direction,
         )
-
-    def inputs_of(self, texts: Sequence[Text]) -> list[Any]:
-        """`texts` as this task's JSON `inputs` (what `parse` reads back, as a list): a
-        text as it is, a pair as {"text", "text_pair"}, an image as base64."""
-        return [_json_input(t) for t in texts]
 
     def own_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         """The task's own parameters of a request, checked (`check_parameters`)."""

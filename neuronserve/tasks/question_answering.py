@@ -63,9 +63,6 @@ class QuestionAnswering(JsonResultsTask):
             truncation_direction=direction,
         )
 
-    def inputs_of(self, texts: Sequence[Text]) -> list[Any]:
-        return [{"question": t[0], "context": t[1]} for t in texts if isinstance(t, tuple)]
-
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
         return {
             "top_k": positive_int(parameters, "top_k", 1),

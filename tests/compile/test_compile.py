@@ -6,9 +6,10 @@ import shutil
 
 import pytest
 import torch
+from helpers import compile_model
 
 from neuronserve.artifact import ArtifactError, read_manifest, sha256_file
-from neuronserve.compile import CompileError, compile_model
+from neuronserve.compile import CompileError
 from neuronserve.compile.cpu import CpuTarget
 from neuronserve.runtime import Runner
 from neuronserve.spec import load_spec

@@ -8,9 +8,9 @@ import zipfile
 
 import numpy as np
 import pytest
-from helpers import SENTENCES, cosine, eager_classifier_scores, reference_embeddings
+from helpers import SENTENCES, compile_model, cosine, eager_classifier_scores, reference_embeddings
 
-from neuronserve.compile import CompileError, compile_model, openvino
+from neuronserve.compile import CompileError, openvino
 from neuronserve.compile.cpu import native_bf16
 from neuronserve.compile.driver import describe
 from neuronserve.compile.texts import accuracy_texts, calibration_texts

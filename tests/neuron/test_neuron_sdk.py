@@ -14,11 +14,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, STANDIN, run_cli, standin_env, standin_events, standin_process
+from helpers import (
+    REPO,
+    STANDIN,
+    compile_model,
+    run_cli,
+    standin_env,
+    standin_events,
+    standin_process,
+)
 
 from neuronserve import cores, placement
 from neuronserve.artifact import read_manifest
-from neuronserve.compile import CompileError, compile_model, neuronx
+from neuronserve.compile import CompileError, neuronx
 from neuronserve.compile import neuron as inf1
 from neuronserve.spec import load_spec
 

@@ -11,11 +11,11 @@ import sys
 import numpy as np
 import pytest
 import torch
-from helpers import HUB_TEST_ID, standin_events, standin_process
+from helpers import HUB_TEST_ID, compile_model, standin_events, standin_process
 from optimum_exports import optimum_export
 
 from neuronserve.artifact import read_manifest
-from neuronserve.compile import CompileError, compile_model
+from neuronserve.compile import CompileError
 from neuronserve.spec import load_spec
 
 TEXTS = ["a short one", "the second text is a little longer than the first", "x", "four", "5"]

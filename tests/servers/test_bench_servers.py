@@ -75,6 +75,10 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(
     assert [p["endpoint"] for p in baseline] == ["front/throughput /invocations"] * 2
     for p in front:
         assert p["cpu_ms_per_req_front"] >= 0 and p["cpu_ms_per_req_workers"] > 0
+        # the model's time per request, from the workers' counter on /metrics: some of
+        # what a request took, never more (a lone request waits for nothing else)
+        if p["concurrency"] == 1:
+            assert 0 < p["model_ms"] < p["p50_ms"], p
         if p["baseline"]:
             continue
         match = [

@@ -4,9 +4,11 @@ load ends `serve` non-zero (no worker ever starts here)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -118,3 +120,50 @@ def test_tampered_artifact_exits_non_zero(context, tmp_path, minilm_artifact):
     assert serve.proc.wait(120) != 0
     assert "config.json does not match its sha256" in serve.log.read_text()
     wait_for(lambda: serve.proc.poll() is not None, timeout=5, what="exit")
+
+
+def test_hf_model_id_is_served_and_sigterm_leaves_nothing(context, offline_hub, tmp_path,
+                                                          tiny_embedder_dir):  # fmt: skip
+    """HF_MODEL_ID names a Hub model (here from an offline cache, as a mounted one would
+    be): compiled when the container starts, /ping 200 once it serves, its answers the
+    eager model's; SIGTERM, as SageMaker stops an instance, ends the entrypoint with
+    status 0 within SageMaker's grace with every process it started gone."""
+    import time
+
+    import numpy as np
+    import psutil
+    import requests
+    from helpers import HUB_TEST_ID
+
+    from neuronserve.runtime import Runner
+
+    empty = tmp_path / "opt_ml_model"
+    empty.mkdir()
+    serve = SageMakerServe(
+        context, empty, tmp_path, HF_MODEL_ID=HUB_TEST_ID, HF_TASK="feature-extraction"
+    )
+    try:
+        seen = serve.watch_until_ready()
+        assert 503 in seen or None in seen, seen  # it answered, not ready, while compiling
+        got = requests.post(
+            f"{serve.url}/invocations", json={"inputs": ["hello", "a text"]}, timeout=60
+        )
+        assert got.status_code == 200, got.text
+        # the artifact compiled into the container's cache, asked in this process
+        [manifest] = list((offline_hub.parents[1] / "ns-cache").rglob("manifest.json"))
+        want = Runner(manifest.parent).responses_for_bodies(
+            [({"inputs": ["hello", "a text"]}, None)]
+        )
+        np.testing.assert_allclose(np.array(got.json()), np.array(want[0]), atol=1e-5)
+        tree = [
+            psutil.Process(serve.proc.pid),
+            *psutil.Process(serve.proc.pid).children(recursive=True),
+        ]
+        assert len(tree) >= 3  # the entrypoint, the supervisor, a worker
+        started = time.monotonic()
+        serve.stop()  # SIGTERM; exit status 0 and the whole tree gone, asserted there
+        assert time.monotonic() - started < 30  # SageMaker's grace before it kills
+        assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:  # the whole session it started (supervisor and workers hold cores)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(serve.proc.pid, signal.SIGKILL)

@@ -36,14 +36,6 @@ def test_functions_are_short_or_say_why():
     assert not long, long
 
 
-def test_compile_model_keeps_its_signature():
-    import inspect
-
-    from neuronserve.compile import compile_model
-
-    assert list(inspect.signature(compile_model).parameters) == ["spec", "progress"]
-
-
 @functools.cache
 def _imports() -> dict[str, set[str]]:
     """Every neuronserve module -> the neuronserve modules it imports, anywhere in it."""
@@ -215,28 +207,16 @@ def test_no_arrow_runs_back_up():
 def test_the_compile_reads_its_sections_not_the_whole_spec():
     """The compile package is handed a CompileJob (its compile and accuracy sections and
     the few facts it records); the whole spec appears only where jobs are made of it: a
-    compile's (job.py, driver.compile_model) and the models a deployment names by Hub id
-    or folder, one job each (cache.resolved)."""
+    compile's (job.py: CompileJob.of) and the models a deployment names by Hub id or
+    folder, one job each (cache.resolved)."""
     reading = [
         f"{path.relative_to(REPO)}:{node.lineno}"
         for path in (REPO / "neuronserve" / "compile").rglob("*.py")
         for node in _nodes(path)
         if isinstance(node, ast.Name) and node.id == "DeploySpec"
     ]
-    allowed = {
-        "neuronserve/compile/job.py",
-        "neuronserve/compile/driver.py",
-        "neuronserve/compile/cache.py",
-    }
+    allowed = {"neuronserve/compile/job.py", "neuronserve/compile/cache.py"}
     assert {r.split(":")[0] for r in reading} <= allowed, reading
-    driver = ast.parse((REPO / "neuronserve/compile/driver.py").read_text())
-    uses = [
-        f.name
-        for f in ast.walk(driver)
-        if isinstance(f, ast.FunctionDef)
-        and any(isinstance(n, ast.Name) and n.id == "DeploySpec" for n in ast.walk(f))
-    ]
-    assert uses == ["compile_model"], uses
 
 
 def test_the_adapters_import_only_the_worker_contract():

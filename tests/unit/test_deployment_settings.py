@@ -21,10 +21,10 @@ from neuronserve.worker import WorkerSettings
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory, classifier_dir):
     """The tiny classifier compiled with truncation off (by the CLI) and by default."""
+    from helpers import compile_model
     from typer.testing import CliRunner
 
     from neuronserve.cli import app
-    from neuronserve.compile import compile_model
 
     work = tmp_path_factory.mktemp("settings")
     grid = {

@@ -76,7 +76,7 @@ def test_triton_gets_one_model_taking_what_every_model_takes(
     assert inputs == {"TEXT": False, "TEXT_PAIR": True}
     outputs = {o.name: list(o.dims) for o in config.output}
     assert outputs["EMBEDDING"] == [32] and outputs["SCORES"] == [3]
-    # one group per core group, each its own host policy (so the healer can replace one)
+    # one group per core group, each its own host policy (its cores)
     groups = [(g.name, g.count, g.host_policy) for g in config.instance_group]
     assert groups == [("cores0", 1, "cores0"), ("cores1", 1, "cores1")]
     assert (model_dir / "1" / "models" / "tiny" / "manifest.json").is_file()
@@ -96,9 +96,8 @@ def test_two_embedders_of_other_widths_share_a_variable_output(tmp_path, tiny_ar
     from neuronserve.packaging.triton import model_config
 
     outputs = {o.name: list(o.dims) for o in model_config(packaged).output}
-    # (every token's vector travels as bytes, one element per text, whatever the width;
-    # STAGES: a traced request's worker stages, every model's)
-    assert outputs == {"EMBEDDING": [-1], "TOKEN_EMBEDDINGS": [1], "TOKENS": [1], "STAGES": [1]}
+    # (every token's vector travels as bytes, one element per text, whatever the width)
+    assert outputs == {"EMBEDDING": [-1], "TOKEN_EMBEDDINGS": [1], "TOKENS": [1]}
 
 
 def test_two_models_of_one_name_and_two_targets_are_refused(

@@ -123,9 +123,9 @@ def test_an_export_whose_load_writes_a_file_is_never_loaded_unasked(
     writes a file when loaded: refused, naming the risk, by compile, by the cache that
     `serve front --model` and HF_MODEL_ID compile through, and by the containers'
     entrypoint; nothing loads it, so the file is never written."""
+    from helpers import compile_model
     from optimum_exports import export_writing_at_load
 
-    from neuronserve.compile import compile_model
     from neuronserve.compile.cache import compiled
     from neuronserve.compile.job import CompileJob
     from neuronserve.platforms.sagemaker.entrypoint import sagemaker_deployment, sagemaker_spec
@@ -157,10 +157,10 @@ def test_an_export_allowed_is_imported_and_claims_no_check_neuronserve_did_not_m
     """With the opt-in (the flag, or NEURONSERVE_ALLOW_EXPORTED_MODULE in a container) the
     export is imported as it is, not loaded at compile; its manifest says neuronserve did
     not check it. An artifact imported without that record is refused before any load."""
+    from helpers import compile_model
     from optimum_exports import export_writing_at_load
 
     from neuronserve.artifact import ArtifactError, read_manifest
-    from neuronserve.compile import compile_model
     from neuronserve.runtime import Runner
     from neuronserve.spec import from_environment, load_spec
 

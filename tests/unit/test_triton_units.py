@@ -31,7 +31,7 @@ def test_instance_index_counts_across_groups(model_py):
     assert model_py.instance_index("minilm_1_0", config) == 2
     assert model_py.instance_index("my_model_x_1_2", config) == 4  # underscores in the name
     # the groups neuronserve writes, one per core group: the group's own, whatever the
-    # config holds now (the healer reloads with a dead instance's group left out)
+    # config holds now (a config edited to leave a group out)
     ours = {"instance_group": [{"name": "cores0", "count": 1}, {"name": "cores3", "count": 1}]}
     assert model_py.instance_index("cores3_0", ours) == 3
     assert model_py.instance_index("cores12_0", ours) == 12
