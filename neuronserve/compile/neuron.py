@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .. import cores
-from .neuron_sdk import NeuronTargetBase, import_sdk, sdk_version, weight_bytes
+from .neuron_sdk import NeuronTargetBase, import_sdk, weight_bytes
 from .neuronx import _refuse_cast_flags
 
 FAST_MATH = {
@@ -111,9 +111,6 @@ class NeuronTarget(NeuronTargetBase):
             compiler_args=compiler_args(options, module),
             compiler_workdir=str(workdir) if workdir else None,
         )
-
-    def versions(self) -> dict[str, str]:
-        return {"compiler": f"torch_neuron {sdk_version(import_sdk(self.sdk))}"}
 
     def describe(self, options: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
         args = compiler_args(options, model)

@@ -23,6 +23,7 @@ import contextlib
 import importlib
 import io
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -77,6 +78,16 @@ class NeuronTargetBase:
     # auto keeps the first precision that meets the floor: BF16 matmuls are the
     # NeuronCore's fast path, and a build host cannot time anything
     auto_times_candidates = False
+
+    def versions(self) -> dict[str, str]:
+        # the installed distribution's, or the module's once a compile imported it: the
+        # artifact cache asks before a compile has pinned its NeuronCores, and importing
+        # the SDK then would claim them
+        from .cache import installed
+
+        module = sys.modules.get(self.sdk)
+        found = installed(self.sdk.replace("_", "-")) or (sdk_version(module) if module else None)
+        return {"compiler": f"{self.sdk} {found or 'unknown'}"}
 
     def save(self, compiled: torch.nn.Module, path: Path) -> None:
         torch.jit.save(compiled, str(path))

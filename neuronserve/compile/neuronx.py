@@ -112,9 +112,6 @@ class NeuronxTarget(NeuronTargetBase):
             **extra,
         )
 
-    def versions(self) -> dict[str, str]:
-        return {"compiler": f"torch_neuronx {sdk_version(import_sdk(self.sdk))}"}
-
     def describe(self, options: dict[str, Any], model: torch.nn.Module) -> dict[str, Any]:
         args = compiler_args(options)
         precision = cast_args(options)[1]
