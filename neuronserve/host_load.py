@@ -189,8 +189,8 @@ def pace(neuroncores_busy: float | None, host_busy: float) -> str:
     if host_busy >= SATURATED:
         return (
             "the host: its CPUs are busy while the NeuronCores wait; give each NeuronCore "
-            "more vCPUs (a larger instance), or cut CPU per request (larger batches, the "
-            "engine's own API instead of the front's, fewer texts per request's overhead)"
+            "more vCPUs (a larger instance), or cut CPU per request (more texts per "
+            "request, so that each request's overhead is shared)"
         )
     if neuroncores_busy is None:
         return "neither is saturated (no NeuronCore utilization to compare)"

@@ -5,12 +5,6 @@ utilization and the host's CPU per request at the best point, and the errors at 
 concurrency; median (min-max) over the rounds.
 
     .venv/bin/python scripts/inferentia_sim_summary.py benchmarks/inferentia-sim "<new>" "<base>"
-
-or, for the engines against each other on one revision (rounds in `run-<n>`), the same
-table by endpoint and each route's best req/s on one engine over another's, round by
-round:
-
-    .venv/bin/python scripts/inferentia_sim_summary.py --engines OUT "<revision>" native triton
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from neuronserve.bench.spread import spread
 CHIP_PER_CORE = 2674 / 2
 # the device's own time for one text at batch 1 (the same tables' p50)
 DEVICE_MS = 1.00
-CPU = ("workers", "frontend", "front", "client")
+CPU = ("workers", "front", "client")
 
 
 def rounds(out: Path, who: str) -> list[list[dict[str, Any]]]:
@@ -56,12 +50,6 @@ def row(endpoint: str, label: str, found: list[dict[str, Any]]) -> str | None:
     conc = sorted({b["concurrency"] for b in best})
     busy = [b["neuroncore_busy"] * 100 for b in best if "neuroncore_busy" in b]
     cpu = [sum(b.get(f"cpu_ms_per_req_{k}") or 0.0 for k in CPU) for b in best]
-    front = [(b.get("cpu_ms_per_req_front") or 0.0) for b in best]
-    # the engine's side: its workers and its server process (tritonserver, TorchServe's
-    # Java frontend; the native engine has none), so the engines compare like for like
-    engine = [
-        sum(b.get(f"cpu_ms_per_req_{k}") or 0.0 for k in ("workers", "frontend")) for b in best
-    ]
     lone = [e["lone"] for e in here if e["lone"] is not None]
     return (
         f"| {endpoint} | {label} | {spread([b['req_per_s'] for b in best], 0)} "
@@ -69,54 +57,8 @@ def row(endpoint: str, label: str, found: list[dict[str, Any]]) -> str | None:
         f"{spread([b['req_per_s'] / CHIP_PER_CORE for b in best], 2)} | "
         f"{spread(lone, 1) if lone else ''} | "
         f"{spread(busy, 0) + '%' if busy else ''} | {spread(cpu, 2)} | "
-        f"{spread(front, 2)} | {spread(engine, 2)} | "
         f"{sum(e['errors'] for e in here)} |"
     )
-
-
-HEADER = [
-    "| endpoint | revision | best req/s | of the chip | lone p50 ms | NeuronCore busy "
-    "| CPU ms/req | front | engine | errors |",
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-]
-
-
-def engines(out: Path, revision: str, first: str, other: str) -> str:
-    """The engines against each other: every endpoint, then each route of the front on
-    `first` over the same route on `other`, round by round."""
-    found = [per_endpoint(r) for r in rounds(out, "run")]
-    lines = [
-        f"## The engines behind the front on the simulated inf2 NeuronCore ({revision})",
-        "",
-        f"Best req/s over the concurrencies measured (in brackets), its share of the chip's "
-        f"batched limit ({CHIP_PER_CORE:.0f}/s per NeuronCore), the lone request's p50 (the "
-        f"device's own time: {DEVICE_MS:.2f} ms), the NeuronCore's utilization, the CPU ms "
-        "per request of every process, of the front and of the engine (its workers and "
-        "server process) at the best point, "
-        "and errors (non-2xx) over all points; median (min-max) over "
-        f"{len(found)} rounds.",
-        "",
-        *HEADER,
-    ]
-    endpoints = sorted({e for r in found for e in r})
-    lines += [line for e in endpoints if (line := row(e, revision, found))]
-    lines += ["", f"| route | {first} / {other}, best req/s | {first} / {other}, lone p50 |",
-              "|---|---:|---:|"]  # fmt: skip
-    routes = sorted({e.split(" ", 1)[1] for e in endpoints if " /" in e})
-    for route in routes:
-        speed, lone = [], []
-        for r in found:
-            mine = next((v for k, v in r.items() if k.startswith(f"front-{first}/") and
-                         k.endswith(f" {route}")), None)  # fmt: skip
-            theirs = next((v for k, v in r.items() if k.startswith(f"front-{other}/") and
-                           k.endswith(f" {route}")), None)  # fmt: skip
-            if mine and theirs and mine["best"] and theirs["best"]:
-                speed.append(mine["best"]["req_per_s"] / theirs["best"]["req_per_s"])
-            if mine and theirs and mine["lone"] and theirs["lone"]:
-                lone.append(mine["lone"] / theirs["lone"])
-        if speed:
-            lines.append(f"| {route} | {spread(speed, 2)} | {spread(lone, 2) if lone else ''} |")
-    return "\n".join(lines) + "\n"
 
 
 def main(out: Path, new_label: str, base_label: str) -> str:
@@ -137,28 +79,9 @@ def main(out: Path, new_label: str, base_label: str) -> str:
             for who, label in (("base", base_label), ("new", new_label))}  # fmt: skip
     endpoints = sorted({e for found in runs.values() for r in found for e in r})
     for endpoint in endpoints:
-        for label, found in runs.items():
-            here = [r[endpoint] for r in found if endpoint in r and r[endpoint]["best"]]
-            if not here:
-                continue
-            best = [e["best"] for e in here]
-            conc = sorted({b["concurrency"] for b in best})
-            busy = [b["neuroncore_busy"] * 100 for b in best if "neuroncore_busy" in b]
-            cpu = [sum(b.get(f"cpu_ms_per_req_{k}") or 0.0 for k in CPU) for b in best]
-            lone = [e["lone"] for e in here if e["lone"] is not None]
-            lines.append(
-                f"| {endpoint} | {label} | {spread([b['req_per_s'] for b in best], 0)} "
-                f"[c{'/'.join(map(str, conc))}] | "
-                f"{spread([b['req_per_s'] / CHIP_PER_CORE for b in best], 2)} | "
-                f"{spread(lone, 1) if lone else ''} | "
-                f"{spread(busy, 0) + '%' if busy else ''} | {spread(cpu, 2)} | "
-                f"{sum(e['errors'] for e in here)} |"
-            )
+        lines += [line for label, found in runs.items() if (line := row(endpoint, label, found))]
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--engines":
-        print(engines(Path(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]), end="")
-    else:
-        print(main(Path(sys.argv[1]), sys.argv[2], sys.argv[3]), end="")
+    print(main(Path(sys.argv[1]), sys.argv[2], sys.argv[3]), end="")

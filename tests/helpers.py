@@ -573,9 +573,14 @@ def compile_model(spec, progress: bool = True) -> Path:
 
 def compile_artifact(out: Path, model_dir: Path, task: str, **fields) -> Path:
     """`model_dir` compiled for the CPU at fp32 over a small grid (batch 1 and 4, 16 and
-    32 tokens, so long texts and large requests cross buckets), truncation off."""
+    32 tokens, so long texts and large requests cross buckets), truncation off, one
+    module format (TorchScript's) unless `fields` name a target or a format: the builds
+    of each format and precision have tests of their own (compile/test_precision.py)."""
     from neuronserve.spec import load_spec
 
+    one_format = (
+        {} if "target" in fields or "precision" in fields else {"module_format": "torchscript"}
+    )
     spec = {
         "artifact": out,
         "model": model_dir,
@@ -584,6 +589,7 @@ def compile_artifact(out: Path, model_dir: Path, task: str, **fields) -> Path:
         "sequence_lengths": [16, 32],
         "precision": "fp32",
         "truncation": False,
+        **one_format,
         **fields,
     }
     return compile_model(load_spec(None, spec), progress=False)

@@ -255,12 +255,24 @@ def test_a_killed_torchserve_worker_is_replaced_on_its_core_group(torchserve, ti
             return False
 
     wait_for(replaced, 180, what="TorchServe's replacement worker")
-    after = {p.pid: affinity(p.pid) for p in _workers(server)}
-    assert sorted(after.values()) == sorted(before.values()), (before, after)
     want = reference_embeddings(tiny_embedder_dir, TEXTS[:1])
 
     def answers() -> bool:
         r = _predict(server, "tiny", {"inputs": TEXTS[0]})
         return r.status_code == 200 and np.allclose(r.json(), want[0], atol=1e-5)
 
-    wait_for(lambda: all(answers() for _ in range(4)), 180, what="both workers answering")
+    wait_for(lambda: all(answers() for _ in range(4)), 180, what="answers again")
+
+    def both_ready() -> bool:  # as TorchServe's management API says
+        got = requests.get(
+            f"{server.management}/models/models", headers=server.manage_headers, timeout=5
+        ).json()
+        ready = [w for w in got[0].get("workers", []) if w.get("status") == "READY"]
+        return len(ready) == 2 and len(_workers(server)) == 2
+
+    # read once both are READY: a replacement TorchServe restarted again (its own
+    # backoff) is unpinned until it has started
+    wait_for(both_ready, 180, what="both workers READY")
+    after = {p.pid: affinity(p.pid) for p in _workers(server)}
+    logs = "".join(f.read_text(errors="replace")[-3000:] for f in server.log.parent.glob("*.log"))
+    assert sorted(after.values()) == sorted(before.values()), (before, after, logs)

@@ -144,7 +144,7 @@ def test_a_request_is_one_trace_down_to_the_device(tmp_path, tiny_artifact, rece
     root = by_name["POST /embed"]
     assert root.parent_span_id.hex() == "b7ad6b7169203331"  # the client's own span
     assert _attributes(root)["http.response.status_code"] == 200
-    call = by_name["neuronserve.engine.call"]
+    call = by_name["neuronserve.workers.call"]
     for stage in ("worker.queue", "tokenize", "pad", "device", "batch"):
         span = by_name[f"neuronserve.{stage}"]
         assert span.parent_span_id == call.span_id, stage

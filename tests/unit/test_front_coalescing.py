@@ -68,8 +68,8 @@ def test_requests_that_arrive_together_go_as_one_call_and_each_gets_its_own_rows
         assert len(answer.value) == len(texts)
         # its bytes, as a route passes them on, hold the same numbers
         np.testing.assert_allclose(orjson.loads(answer.raw), answer.value, atol=1e-6)
-    assert _counted(serving, "neuronserve_front_engine_calls_total") == 2
-    assert _counted(serving, "neuronserve_front_engine_requests_total") == 3
+    assert _counted(serving, "neuronserve_front_worker_calls_total") == 2
+    assert _counted(serving, "neuronserve_front_worker_requests_total") == 3
 
 
 def test_a_lone_request_is_sent_alone_and_different_parameters_are_not_joined(serving):
@@ -166,5 +166,5 @@ def test_every_call_to_the_engine_is_counted_whichever_route_made_it(tmp_path, t
     assert client.post("/embed", json={"inputs": texts}).status_code == 200
     assert client.post("/invocations", json={"inputs": "sagemaker's"}).status_code == 200
     assert engine.calls == 4  # the in-process engine's own count
-    assert _counted(serving, "neuronserve_front_engine_calls_total") == 4
-    assert _counted(serving, "neuronserve_front_engine_requests_total") == 3
+    assert _counted(serving, "neuronserve_front_worker_calls_total") == 4
+    assert _counted(serving, "neuronserve_front_worker_requests_total") == 3

@@ -59,12 +59,12 @@ def test_a_request_is_one_trace_continuing_the_clients_with_a_span_per_stage(
     assert {
         "neuronserve.read",
         "neuronserve.parse",
-        "neuronserve.engine",
-        "neuronserve.engine.call",
+        "neuronserve.workers",
+        "neuronserve.workers.call",
         "neuronserve.answer",
     } <= names
-    engine = next(s for s in trace if s.name == "neuronserve.engine")
-    call = next(s for s in trace if s.name == "neuronserve.engine.call")
+    engine = next(s for s in trace if s.name == "neuronserve.workers")
+    call = next(s for s in trace if s.name == "neuronserve.workers.call")
     assert call.parent.span_id == engine.context.span_id
     assert engine.attributes["neuronserve.texts"] == 2
     assert call.attributes["neuronserve.requests"] == 1
@@ -81,7 +81,7 @@ def test_a_refused_request_has_its_trace_and_status_and_nothing_is_traced_when_o
     [trace] = _by_trace(spans).values()
     root = next(s for s in trace if s.kind == SpanKind.SERVER)
     assert root.attributes["http.response.status_code"] == 400
-    assert "neuronserve.engine.call" not in {s.name for s in trace}
+    assert "neuronserve.workers.call" not in {s.name for s in trace}
     TRACING.stop()
     spans.clear()
     assert client.post("/embed", json={"inputs": "untraced"}).status_code == 200
@@ -103,7 +103,7 @@ def test_requests_joined_in_one_engine_call_each_have_their_trace(tmp_path, tiny
     assert len(asyncio.run(together())) == 4
     traces = _by_trace(spans)
     assert len(traces) == 4
-    calls = [s for t in traces.values() for s in t if s.name == "neuronserve.engine.call"]
+    calls = [s for t in traces.values() for s in t if s.name == "neuronserve.workers.call"]
     joined = [s for t in traces.values() for s in t if s.name == "neuronserve.joined"]
     # the first went at once, alone; the three that came while it was at the engine went
     # as one call, in the trace of the first of them, and each of them waited for it
@@ -117,7 +117,7 @@ def test_requests_joined_in_one_engine_call_each_have_their_trace(tmp_path, tiny
     assert shared.context.trace_id in {s.context.trace_id for s in joined}
     for trace in traces.values():
         names = {s.name for s in trace}
-        assert "neuronserve.engine" in names and "neuronserve.answer" in names
+        assert "neuronserve.workers" in names and "neuronserve.answer" in names
 
 
 class _Reporting(FakeWorker):

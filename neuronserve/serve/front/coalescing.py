@@ -60,7 +60,7 @@ class Coalescer:
     """`run` as `WorkerClient.run`, with the requests of one turn joined."""
 
     def __init__(self, on_call: Callable[[str, int], None] | None = None):
-        """`on_call(model, requests)`: told of every engine call and how many requests
+        """`on_call(model, requests)`: told of every call to the workers and how many requests
         it carries (the front's metrics)."""
         self._open: dict[tuple[Any, ...], _Group] = {}
         # calls at the workers, by key
@@ -88,7 +88,7 @@ class Coalescer:
             group = _Group(key, client, model, request)
             self._open[key] = group
             loop.call_soon(self._send, key)
-        # its engine call is in the trace of the request that opened the group, linked
+        # its call to the workers is in the trace of the request that opened the group, linked
         # to this request's
         with TRACING.span("joined"):
             waiting = _Waiting(request, loop.create_future(), TRACING.here())
@@ -98,11 +98,11 @@ class Coalescer:
     async def _at_once(
         self, key: tuple[Any, ...], client: WorkerClient, model: ServedModel, request: TaskRequest
     ) -> Any:
-        with self._at_engine(key):
+        with self._at_workers(key):
             return await self._alone(client, model, request)
 
     @contextlib.contextmanager
-    def _at_engine(self, key: tuple[Any, ...]) -> Iterator[None]:
+    def _at_workers(self, key: tuple[Any, ...]) -> Iterator[None]:
         """A call of this kind is at the workers while the block runs."""
         self._busy[key] = self._busy.get(key, 0) + 1
         try:
@@ -122,7 +122,7 @@ class Coalescer:
             call.add_done_callback(self._calls.discard)
 
     async def _call(self, group: _Group, part: list[_Waiting]) -> None:
-        with self._at_engine(group.key):
+        with self._at_workers(group.key):
             await self._join(group, part)
 
     async def _join(self, group: _Group, part: list[_Waiting]) -> None:
@@ -177,7 +177,7 @@ class Coalescer:
             self._on_call(model.name, requests)
         # a joined call is a span of the trace of the request whose turn sent it, linked
         # to the traces of the requests it carries
-        with TRACING.span("engine.call", links, requests=requests,
+        with TRACING.span("workers.call", links, requests=requests,
                           texts=len(request.texts)):  # fmt: skip
             return await client.run(model, request)
 

@@ -33,7 +33,7 @@ _OPENAI = {
     404: ("invalid_request_error", "not_found"),
     413: ("invalid_request_error", "request_too_large"),
     429: ("rate_limit_error", "rate_limit_exceeded"),
-    503: ("server_error", "engine_unavailable"),
+    503: ("server_error", "workers_unavailable"),
     504: ("server_error", "timeout"),
 }
 

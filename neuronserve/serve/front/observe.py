@@ -62,11 +62,11 @@ class FrontMetrics:
             registry=self.registry,
         )
         # requests that arrive together go to the workers as one call (coalescing.py)
-        self.engine_calls, self.engine_requests = (
+        self.worker_calls, self.worker_requests = (
             Counter(name, doc, ["model"], registry=self.registry)
             for name, doc in (
-                ("neuronserve_front_engine_calls", "Calls the front made to the workers"),
-                ("neuronserve_front_engine_requests", "Requests those calls carried"),
+                ("neuronserve_front_worker_calls", "Calls the front made to the workers"),
+                ("neuronserve_front_worker_requests", "Requests those calls carried"),
             )
         )
 
@@ -173,10 +173,10 @@ class FrontMetrics:
         series[0].inc()
         series[1].observe(seconds)
 
-    def engine_call(self, model: str, requests: int) -> None:
+    def worker_call(self, model: str, requests: int) -> None:
         series = self._call_series.get(model)
         if series is None:
-            series = (self.engine_calls.labels(model), self.engine_requests.labels(model))
+            series = (self.worker_calls.labels(model), self.worker_requests.labels(model))
             self._call_series[model] = series
         series[0].inc()
         series[1].inc(requests)
@@ -191,7 +191,7 @@ class FrontMetrics:
         version of a swap)."""
         self.gone.add(key)
 
-    def engine_text(self, text: str) -> str:
+    def workers_text(self, text: str) -> str:
         """The workers' own Prometheus text without the series of models no longer
         served (the workers keep counting a model it was told to drop)."""
         if not self.gone:
@@ -211,8 +211,8 @@ class FrontMetrics:
             self.model_evictions,
             self.model_load_seconds,
             self.model_waited,
-            self.engine_calls,
-            self.engine_requests,
+            self.worker_calls,
+            self.worker_requests,
         ):
             with contextlib.suppress(KeyError):
                 metric.remove(model)
@@ -246,7 +246,7 @@ class HostLoad(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        front, engine = cpu_seconds()
+        front, workers = cpu_seconds()
         cpu = CounterMetricFamily(
             "neuronserve_host_cpu_seconds",
             "CPU seconds (user + system) of this deployment's processes, by role: the "
@@ -254,7 +254,7 @@ class HostLoad(Collector):
             labels=["role"],
         )
         cpu.add_metric(["front"], front)
-        cpu.add_metric(["engine"], engine)
+        cpu.add_metric(["workers"], workers)
         yield cpu
         monitor = self.metrics.monitor
         if monitor is None:

@@ -590,9 +590,9 @@ class Api:
     async def prometheus(self, request: Request) -> Response:
         text = generate_latest(self.metrics.registry)
         if self.serving.client is not None:
-            engine = self.metrics.engine_text(await self.serving.client.metrics())
+            workers = self.metrics.workers_text(await self.serving.client.metrics())
             text += b"# the workers' own metrics\n"
-            text += engine.encode()
+            text += workers.encode()
         return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     async def openapi(self, request: Request) -> Response:

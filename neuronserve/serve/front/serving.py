@@ -78,7 +78,7 @@ class Serving:
         self.catalog: ModelCatalog | None = None
         # multi-model: loading the models given at start (health says loading meanwhile)
         self.starting = False
-        self._coalescer = Coalescer(self.metrics.engine_call)
+        self._coalescer = Coalescer(self.metrics.worker_call)
 
     def attach(self, models: dict[str, ServedModel], client: WorkerClient) -> None:
         """The workers are ready: their client, and a fixed deployment's models, pinned."""
@@ -213,7 +213,7 @@ class Serving:
         if refused is not None:
             raise refused
         started = time.perf_counter()
-        with TRACING.span("engine", model=model.name, texts=len(request.texts)):
+        with TRACING.span("workers", model=model.name, texts=len(request.texts)):
             results = await self.results(model, request)
         self.metrics.te_inference.observe(time.perf_counter() - started)
         # each call to the workers bounded its own answer (max_answer_bytes); what no one foretold
@@ -238,7 +238,7 @@ class Serving:
             return await self._coalescer.run(client, model, request)
         starts = range(0, len(texts), step)
         for i in starts:  # one request, in as many calls
-            self.metrics.engine_call(model.name, 1 if i == 0 else 0)
+            self.metrics.worker_call(model.name, 1 if i == 0 else 0)
         pieces = [
             dataclasses.replace(request, texts=texts[i : i + step], single=False) for i in starts
         ]
