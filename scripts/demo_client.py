@@ -128,7 +128,7 @@ def show_latency(post) -> None:
     q = statistics.quantiles(lat, n=100)
     print(
         f"{conc} concurrent clients: {n / wall:.0f} req/s, p50 {q[49]:.1f} ms, "
-        f"p95 {q[94]:.1f} ms (Triton batches them)"
+        f"p95 {q[94]:.1f} ms (the front joins those that arrive together into batches)"
     )
 
 
@@ -136,7 +136,8 @@ def show_buckets(url: str) -> None:
     metrics = requests.get(f"{url}/metrics", timeout=10).text
     # one series per instance: summed by bucket and rows in it
     runs: dict[tuple[str, str], float] = {}
-    for labels, count in re.findall(r"^neuronserve_bucket_runs\{([^}]*)\} (\S+)$", metrics, re.M):
+    series = r"^neuronserve_bucket_runs_total\{([^}]*)\} (\S+)$"
+    for labels, count in re.findall(series, metrics, re.M):
         label = dict(re.findall(r'(\w+)="([^"]*)"', labels))
         if label.get("model") == "minilm":
             key = (label["bucket"], label["batch_size"])
