@@ -13,7 +13,7 @@ Loading happens inside the worker processes that already hold the core groups: o
 new process cannot reach a NeuronCore a live one holds ("Processes do not share
 NeuronCores", https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/explore/core-allocation.html),
 and one process may load many models onto its cores. A file rather than a request: the
-engines (TorchServe, Triton) give no way to address one particular worker, and a worker
+servers (TorchServe, Triton) give no way to address one particular worker, and a worker
 started later (a replacement) reads the same file and comes up holding the same models.
 """
 

@@ -26,8 +26,8 @@ from .private_folders import NotPrivate, private_folder
 from .waiting import until
 
 LEASE_DIR_ENV = "NEURONSERVE_LEASE_DIR"
-# the deployment a worker serves (its engine's run directory), set by `serve` for the
-# engine's processes and recorded in each lease: a worker that finds every group taken
+# the deployment a worker serves (its workers' run directory), set by `serve` for the
+# workers and recorded in each lease: a worker that finds every group taken
 # says whether its own deployment or another one holds them
 DEPLOYMENT_ENV = "NEURONSERVE_DEPLOYMENT"
 CORES_ENV = "NEURONSERVE_CORES"  # restrict discovery, e.g. "0-3" or "0,2"

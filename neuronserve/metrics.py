@@ -31,27 +31,18 @@ class Metric:
 
     @property
     def camel_name(self) -> str:
-        """Its name in an engine's metrics that are CamelCase (TorchServe's)."""
+        """Its name among metrics that are CamelCase (TorchServe's)."""
         return "NeuronServe" + camel(self.name)
 
     @property
     def snake_name(self) -> str:
-        """Its name in Prometheus's own style (Triton's metrics)."""
+        """Its name in Prometheus's own style (Triton's metrics, the workers' series on the
+        front's /metrics, where a counter's series ends in _total)."""
         return "neuronserve_" + self.name
-
-    def named(self, style: str) -> str:
-        """Its name in an engine's metrics of `style` (EngineFacts.metric_style): camel
-        (TorchServe's), snake (Triton's), or prometheus (prometheus_client's: a counter's
-        series ends in _total)."""
-        if style == "camel":
-            return self.camel_name
-        if style == "prometheus" and self.kind == "counter":
-            return self.snake_name + "_total"
-        return self.snake_name
 
 
 # the label every series of a model's work carries: which served model it concerns (a
-# worker holds several); named the same on both engines
+# worker holds several); named the same by every server
 MODEL_LABEL = "model"
 
 
@@ -94,7 +85,7 @@ METRICS = (
     BATCH_MODEL_MS,
     PADDING_RATIO,
 )
-# each metric by its name (how a worker's report names it on the native engine's wire)
+# each metric by its name (how a worker's report names it on the workers' wire)
 BY_NAME = {m.name: m for m in METRICS}
 
 

@@ -207,7 +207,7 @@ def device_memory_problem(
 CPU_WORKER_OVERHEAD = 400 * 2**20
 # a CPU runtime keeps the file it read and its own compiled copy of the weights
 CPU_WEIGHT_COPIES = 2
-# what the engine's own process and the front need beside the workers
+# what the front and the workers' supervisor need beside the workers
 HOST_RESERVE = 1 * GIB
 # bytes of one activation value (float32 on every target's host side)
 ACTIVATION_BYTES = 4
@@ -289,7 +289,7 @@ def memory_plan(
     weights from the artifacts' modules (on Neuron the manifest's weight bytes, inlined in
     every bucket's module), the largest bucket's activations from the model's config, and
     the runtime's own; against the device memory of a NeuronCore of the instance family,
-    or on CPU the host memory (less what the engine and the front need) per worker."""
+    or on CPU the host memory (less what the front and the supervisor need) per worker."""
     kind = worker_plan.kind
     found = [model_memory(name, m, path, kind) for name, m, path in models]
     if kind == "neuron":
@@ -302,8 +302,8 @@ def memory_plan(
     total = _host_memory()
     budget = (total - HOST_RESERVE) // max(worker_plan.workers, 1) if total else None
     where = (
-        f"host memory {total / GIB:.1f} GiB less {HOST_RESERVE / GIB:.0f} GiB for the engine "
-        f"and the front, over {worker_plan.workers} worker(s)"
+        f"host memory {total / GIB:.1f} GiB less {HOST_RESERVE / GIB:.0f} GiB for the front "
+        f"and the supervisor, over {worker_plan.workers} worker(s)"
         if total
         else "host memory unknown"
     )

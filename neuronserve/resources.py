@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def package_file(package: str, name: str) -> Path:
-    """File `name` installed with neuronserve's package `package` (an engine's adapter,
+    """File `name` installed with neuronserve's package `package` (a server's adapter,
     package data such as `neuronserve._handlers`, mapped from the repository's top-level
     folders, so wheel installs find it too)."""
     path = Path(str(resources.files(package) / name))

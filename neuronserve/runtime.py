@@ -78,7 +78,7 @@ class Runner:
         )
         self.info = {**m.task_info(), "tokenizer": self.tokenizer}
         # texts per pipelined group (0: not pipelined): the largest batch the device's
-        # own cost curve says is worth a call (the bucket times), as engines form them
+        # own cost curve says is worth a call (the bucket times), as servers form them
         pipelined = pipeline_depth(m.target) > 1 if pipeline is None else pipeline
         self.group_rows = max(engine_batch_sizes(self.grid, m.bucket_ms)) if pipelined else 0
         self._flight = InFlight(in_flight)
@@ -228,8 +228,8 @@ class Runner:
         unpads each one as the device returns it. The future completes when the last
         group is finished, so the caller may parse and start the next batch while the
         device runs this one: two batches in flight keep the device busy through one
-        batch's host work (parse, answers, the engine's hand-offs). A third waits here
-        for a slot, so the engine's own queue, not this process's memory, holds the
+        batch's host work (parse, answers, the server's hand-offs). A third waits here
+        for a slot, so the server's own queue, not this process's memory, holds the
         backlog. A batch that finds the device idle goes in groups of `group_rows`
         texts (the efficient batch), so the device starts on its first group soon; one
         that finds another batch in flight cannot start before that one ends, so its

@@ -98,9 +98,9 @@ def core_kind(name: str) -> str:
     return _entry(name)[2]
 
 
-# device calls an engine batch holds on a target whose calls leave the host's CPU free
+# device calls a worker's batch holds on a target whose calls leave the host's CPU free
 # (a NeuronCore): the worker tokenizes and answers one group while the device runs
-# another, so the engine's batch is several of the device's (Runner.outputs). On CPU
+# another, so the worker's batch is several of the device's (Runner.outputs). On CPU
 # the same cores do both, and one call per batch is best.
 PIPELINE_DEPTH = {"cpu": 1, "neuron": 4}
 

@@ -103,7 +103,7 @@ class ModelSettings(BaseModel):
     """One model a worker holds."""
 
     name: str
-    # its artifact folder, relative to the model directory the engine hands the worker
+    # its artifact folder, relative to the model directory the server hands the worker
     artifact: str
     # None: what the artifact's manifest recorded
     truncation: bool | None = None
@@ -241,7 +241,7 @@ class Worker:
         report: Callable[[str, RunReport], None],
         respond: bool = True,
     ) -> list[Any]:
-        """One batch of (model name, parsed request or RequestError) pairs as the engine
+        """One batch of (model name, parsed request or RequestError) pairs as the server
         formed it (an error is answered as it is), served on this thread: each model's
         requests go through its Runner in one call of their own (requests for different
         models never share a module run), the models taking turns at going first from
@@ -271,7 +271,7 @@ class Worker:
     ) -> Future[list[Any]]:
         """`serve`, begun: the future is done on return where every Runner serves on
         the caller's thread (CPU); on a pipelined target it completes on the Runner's
-        finishing thread, and the engine may take its next batch meanwhile
+        finishing thread, and the server may take its next batch meanwhile
         (`Runner.start`). A model that cannot begin (dropped since the parse) fails its
         requests alone."""
         from .errors import internal_error
@@ -353,8 +353,8 @@ class Worker:
         self, model: str | None, result: Any, request: TaskRequest | None = None
     ) -> dict[str, Any]:
         """One request's results as its task's named tensors (neuronserve.tensors): what
-        a tensor engine's own API answers, and what the front asks for of any engine;
-        with the tokens the model read of each text when `request` was tokenized here."""
+        Triton answers, and what a worker sends the front; with the tokens the model read
+        of each text when `request` was tokenized here."""
         from . import tensors
 
         runner = self.runner(model)

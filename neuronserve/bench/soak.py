@@ -617,10 +617,10 @@ def _target(server: Any, via: str, manifest: Any) -> SoakTarget:
 def _ready_workers(run_dir: Path, model: str, workers: int) -> Callable[[], tuple[int, int]]:
     """(workers ready, `workers` planned), as the front's client of the workers counts
     them (the workers gone: none)."""
-    from ..workers.client import NativeClient
+    from ..workers.client import SocketClient
 
     async def ask() -> tuple[int, int]:
-        client = NativeClient(model, run_dir, workers)
+        client = SocketClient(model, run_dir, workers)
         try:
             counts = await client.health()
         finally:

@@ -164,8 +164,8 @@ def spec_command(*parts: str, skip: tuple[str, ...] = ()) -> Callable[[F], F]:
                 else:
                     fields.setdefault(part, {})[name] = value
             spec = load(spec_file, fields)
-            parts = {"spec": spec, "spec_file": spec_file}
-            kwargs.update({n: parts[n] if n in parts else getattr(spec, n) for n in given})
+            whole = {"spec": spec, "spec_file": spec_file}
+            kwargs.update({n: whole[n] if n in whole else getattr(spec, n) for n in given})
             return fn(*args, **kwargs)
 
         command.__signature__ = signature  # type: ignore[attr-defined]

@@ -1,3 +1,3 @@
-"""The platforms a deployment runs on that are not engines: SageMaker (its container
-build context, entrypoint and scaling policy) and Kubernetes (plain and KServe
-manifests). Each reads the deployment as every engine offers it, above the engines."""
+"""The platforms a deployment runs on: SageMaker (its container build context,
+entrypoint and scaling policy) and Kubernetes (plain and KServe manifests), each running
+neuronserve's server."""

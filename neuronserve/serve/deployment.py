@@ -27,7 +27,7 @@ from .model_source import find_models
 if TYPE_CHECKING:
     from ..artifact import Manifest
     from ..served import ServedModel
-    from ..workers.client import NativeClient
+    from ..workers.client import SocketClient
     from .front.multi_model import ModelCatalog
     from .front.serving import Serving
     from .model_source import FoundModel
@@ -230,7 +230,7 @@ class Deployment:
             idle_unload_s,
         )
 
-    def client(self) -> NativeClient:
-        from ..workers.client import NativeClient
+    def client(self) -> SocketClient:
+        from ..workers.client import SocketClient
 
-        return NativeClient(self.name, self.run_dir, self.plan.workers)
+        return SocketClient(self.name, self.run_dir, self.plan.workers)

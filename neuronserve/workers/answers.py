@@ -113,7 +113,7 @@ class WorkerClient(ABC):
         """`model`'s results for `request` (what `Task.finish` gives: one per text, in
         order): its texts, their truncation and the task's own parameters, in one call of
         at most the model's largest compiled batch (Serving splits beyond it); raises
-        RequestError with the engine's status for a request it refused."""
+        RequestError with the worker's status for a request it refused."""
 
     @abstractmethod
     async def health(self) -> WorkerCounts:

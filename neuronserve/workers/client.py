@@ -1,8 +1,8 @@
-"""The front's client of the native engine: one connection to each worker's socket, many
+"""The front's client of its workers: one connection to each worker's socket, many
 requests in flight on it (each frame carries its id), a request sent to the worker with
 the fewest waiting. A worker that dies with requests fails them with WorkerDied, and the
-front sends each once more to another (engines/client.py: once_more); the supervisor's
-replacement is connected to once its socket answers. The engine's series (what each
+front sends each once more to another (answers.py: once_more); the supervisor's
+replacement is connected to once its socket answers. The workers' series (what each
 batch did, neuronserve.metrics) arrive with the answers and are kept here."""
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class Link:
             # down now, before the reader notices: the request's second try must not
             # come back here
             self._down(writer, f"broke its connection ({e})")
-            raise WorkerDied(f"native worker {self.index} is gone", str(self.index)) from None
+            raise WorkerDied(f"worker {self.index} is gone", str(self.index)) from None
         return await answer
 
     async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -124,14 +124,14 @@ class Link:
         # for RETRY_S, or a request's second try could reach the same dying process
         self.tried = time.monotonic()
         writer.close()
-        died = WorkerDied(f"native worker {self.index} {why}", str(self.index))
+        died = WorkerDied(f"worker {self.index} {why}", str(self.index))
         for answer in self.waiting.values():
             if not answer.done():
                 answer.set_exception(died)
         self.waiting.clear()
 
 
-class NativeClient(WorkerClient):
+class SocketClient(WorkerClient):
     def __init__(self, name: str, run_dir: Path, workers: int):
         self._name, self._run_dir, self._workers = name, Path(run_dir), workers
         self._keeping = _Series()
@@ -192,7 +192,7 @@ class NativeClient(WorkerClient):
             if any(tried):
                 up = [link for link in self._links if link.up]
         if not up:
-            raise WorkersUnavailable("no native worker answers")
+            raise WorkersUnavailable("no worker answers")
         return min(up, key=lambda link: len(link.waiting))
 
     async def health(self) -> WorkerCounts:
@@ -209,7 +209,7 @@ class NativeClient(WorkerClient):
 
 
 class _Series:
-    """The engine's series (neuronserve.metrics, Prometheus' names), from what each
+    """The workers' series (neuronserve.metrics, Prometheus' names), from what each
     batch reported: counters summed, gauges at the last value."""
 
     def __init__(self) -> None:

@@ -17,7 +17,7 @@ from ..pids import alive
 from ..processes import Background, ServeError, private_dir, private_file, reap, terminate
 from ..waiting import until
 from .store import models_in, read_deployment
-from .supervisor import ENGINE_FILE, SOCKETS, STATUS_FILE, log_path
+from .supervisor import SOCKETS, STATUS_FILE, SUPERVISOR_FILE, log_path
 
 PID_FILE = "supervisor.pid"
 LOG_FILE = "supervisor.log"
@@ -88,7 +88,7 @@ def start(
     private_dir(run_dir / SOCKETS)
     (run_dir / STATUS_FILE).unlink(missing_ok=True)
     _, workers, _ = read_deployment(model_dir)
-    with private_file(run_dir / ENGINE_FILE) as f:
+    with private_file(run_dir / SUPERVISOR_FILE) as f:
         json.dump({"model_dir": str(model_dir), "workers": workers}, f)
     log(f"starting {workers} worker(s) (run folder {run_dir}) ...")
     proc = server.spawn(
@@ -159,7 +159,7 @@ def running(run_dir: Path) -> RunningWorkers | None:
     if _supervisor(run_dir).running() is None:
         return None
     try:
-        config = json.loads((run_dir / ENGINE_FILE).read_text())
+        config = json.loads((run_dir / SUPERVISOR_FILE).read_text())
     except (OSError, ValueError):
         return None
     return RunningWorkers(run_dir, int(config["workers"]))

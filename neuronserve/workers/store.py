@@ -1,4 +1,4 @@
-"""The native engine's store, as its processes read it back: each deployment's folder
+"""The workers' store, as their processes read it back: each deployment's folder
 holds `native.json` (the settings every worker reads, neuronserve.worker; how many
 workers the plan has; each worker's queue). Light on purpose: a worker reads it before
 it pins itself to its cores, so nothing here imports torch (nor numpy)."""

@@ -1,4 +1,4 @@
-"""The native engine's supervisor: starts one worker process per core group of the plan,
+"""The workers' supervisor: starts one worker process per core group of the plan,
 says how each is (`workers.json` in the run folder: starting, ready, dead, and why), and
 replaces one that dies or hangs, alone, while the others serve.
 
@@ -29,7 +29,8 @@ from ..worker import FAILURE_MARKER
 from .store import read_deployment
 from .wire import FrameError, ask
 
-ENGINE_FILE = "engine.json"
+# what the supervisor serves: the store's deployment folder and how many workers
+SUPERVISOR_FILE = "supervisor.json"
 STATUS_FILE = "workers.json"
 SOCKETS = "sockets"
 # how often workers are looked at, and ready ones asked how they are
@@ -76,7 +77,7 @@ class Slot:
 class Supervisor:
     def __init__(self, run_dir: Path):
         self.run_dir = Path(run_dir)
-        config = json.loads((self.run_dir / ENGINE_FILE).read_text())
+        config = json.loads((self.run_dir / SUPERVISOR_FILE).read_text())
         self.model_dir = Path(config["model_dir"])
         self.hang_s = read_deployment(self.model_dir)[2].hang_s
         self.slots = [Slot(i) for i in range(int(config["workers"]))]

@@ -1,4 +1,4 @@
-"""The native engine's wire: frames over a unix stream socket between the front and one
+"""The workers' wire: frames over a unix stream socket between the front and one
 worker, each frame its length, then a small JSON head (orjson) and a binary body.
 
     frame    = u32 size of the head and body | u32 size of the head | i64 id | head | body

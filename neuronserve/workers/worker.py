@@ -1,5 +1,5 @@
-"""A native worker: one process per core group, started by the supervisor, answering the
-front on a unix socket in the engine's run folder (wire.py).
+"""A worker: one process per core group, started by the supervisor, answering the front
+on a unix socket in the workers' run folder (wire.py).
 
     python -m neuronserve.workers.worker MODEL_DIR SOCKET INDEX
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ..worker import Worker, WorkerSettings
     from .store import QueuePolicy
 
-log = logging.getLogger("neuronserve.native")
+log = logging.getLogger("neuronserve.workers")
 
 # the most texts of a lone request this worker's loop tokenizes itself (Served._alone)
 INLINE_TEXTS = 4
@@ -309,7 +309,7 @@ class Served:
         stages: BatchStages | None = None,
     ) -> list[bytes]:
         """Each request's answer frame, then the batch's metrics (neuronserve.metrics) for
-        the front, which keeps the engine's series, on the first request's connection:
+        the front, which keeps the workers' series, on the first request's connection:
         what each model's Runner reported, and the worker's whole time on the batch from
         its start until its answers are made (`began`), shared by its requests. A
         traced request's frame carries the worker's stages: its wait in the queue, then
@@ -420,14 +420,14 @@ def main(argv: list[str]) -> int:
     model_dir, socket_path, index = Path(argv[0]), Path(argv[1]), int(argv[2])
     logging.basicConfig(
         level=logging.INFO,
-        format=f"%(asctime)s native worker {index} (pid %(process)d) %(message)s",
+        format=f"%(asctime)s worker {index} (pid %(process)d) %(message)s",
     )
     from ..worker import FAILURE_MARKER, start_worker
     from .store import read_deployment
 
     settings, _, policy = read_deployment(model_dir)
     try:
-        worker = start_worker(settings, model_dir, owner=f"native worker {index}", prefer=index)
+        worker = start_worker(settings, model_dir, owner=f"worker {index}", prefer=index)
     except Exception as e:  # noqa: BLE001 - said once, in the log the supervisor reads
         print(f"{FAILURE_MARKER} {e}", file=sys.stderr, flush=True)
         return 3

@@ -15,7 +15,7 @@ from in_process_front import front
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 from test_front_coalescing import Recording
-from test_native_wire import POLICY, FakeWorker, Peer, _serving
+from test_workers_wire import POLICY, FakeWorker, Peer, _serving
 
 from neuronserve.execution import RunReport
 from neuronserve.tracing import TRACING, Tracing, TracingUnavailable, parse_stages, settings

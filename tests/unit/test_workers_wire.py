@@ -488,7 +488,7 @@ def test_a_worker_that_closes_its_connection_fails_its_requests_with_worker_died
         assert await link.connect()
         await asyncio.sleep(RETRY_S * 1.5)  # no throttle left from that connect
         try:
-            with pytest.raises(WorkerDied, match="native worker 0"):
+            with pytest.raises(WorkerDied, match="worker 0 "):
                 await asyncio.wait_for(link.ask(1, frame({"op": "infer", "id": 1})), 5)
             # its socket still listens (a dying process closes its connections first):
             # the request's second try must not be sent there at once
@@ -557,7 +557,7 @@ def test_a_request_too_large_for_its_worker_fails_alone_in_the_front(tmp_path, t
     from neuronserve.artifact import read_manifest
     from neuronserve.served import ServedModel
     from neuronserve.tasks import TaskRequest
-    from neuronserve.workers.client import NativeClient
+    from neuronserve.workers.client import SocketClient
     from neuronserve.workers.supervisor import socket_path
 
     run_dir = tmp_path / "run"
@@ -569,7 +569,7 @@ def test_a_request_too_large_for_its_worker_fails_alone_in_the_front(tmp_path, t
     _, run = _serving(tmp_path, worker, path=path)
 
     async def body(path):
-        client = NativeClient("native", run_dir, 1)
+        client = SocketClient("native", run_dir, 1)
         worker.hold.clear()
         first = asyncio.create_task(client.run(model, TaskRequest(["first"], False)))
         await until(lambda: worker.batches == [1])
