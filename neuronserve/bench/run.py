@@ -427,7 +427,7 @@ class Sweep:
                 return {"cpu": {}, "t": time.monotonic()}
             return {
                 "cpu": cpu_by_role(server.root_pids(), server.front_pid),
-                "model_ms": model_ms(server.url),
+                "model_ms": model_ms(server.metrics_url),
                 "t": time.monotonic(),
             }
 

@@ -101,6 +101,7 @@ class FrontServer:
         worker_fields = workers.model_dump(exclude_unset=True)
         self.spec = load_spec(None, {"worker": worker_fields, "front": front})
         self.url = f"http://127.0.0.1:{self.spec.front.port}"
+        self.metrics_url = f"{self.url}/metrics"
         self._leases = _OwnLeases(Path(self.tmp.name))
         self.pid: int | None = None
 
@@ -149,6 +150,10 @@ class SageMakerServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}/invocations"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/metrics"
 
     def start(self, timeout_s: float = 600) -> None:
         work = Path(self.tmp.name)
@@ -232,13 +237,13 @@ def cpu_by_role(roots: list[int], front: int | None = None) -> dict[str, float]:
 MODEL_MS_SERIES = "neuronserve_model_ms_total"
 
 
-def model_ms(url: str) -> float | None:
-    """The time the workers behind `url` have spent in the model so far (ms, every model
-    and worker), read from its /metrics; None where it cannot be read."""
+def model_ms(metrics_url: str) -> float | None:
+    """The time the workers behind a server have spent in the model so far (ms, every
+    model and worker), read from its /metrics; None where it cannot be read."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        got = requests.get(f"{url}/metrics", timeout=10)
+        got = requests.get(metrics_url, timeout=10)
         got.raise_for_status()
         families = list(text_string_to_metric_families(got.text))
     except (requests.RequestException, ValueError):

@@ -81,8 +81,9 @@ class NeuronTargetBase:
 
     def versions(self) -> dict[str, str]:
         # the installed distribution's, or the module's once a compile imported it: the
-        # artifact cache asks before a compile has pinned its NeuronCores, and importing
-        # the SDK then would claim them
+        # artifact cache asks before a compile has pinned its NeuronCores, and the runtime
+        # reads NEURON_RT_VISIBLE_CORES once, when it starts ("Neuron Runtime
+        # configuration": https://awsdocs-neuron.readthedocs-hosted.com/en/latest/neuron-runtime/nrt-configurable-parameters.html)
         from .cache import installed
 
         module = sys.modules.get(self.sdk)
