@@ -191,13 +191,7 @@ def compiled(
     name = job.name or _default_name(model)
     job = replace(job, name=name)
     key = cache_key(job, model)
-    try:
-        root = private_folder(cache_root() / "artifacts", own=2)
-    except NotPrivate as e:
-        raise CompileError(
-            f"artifact cache {e}: the workers run the modules kept there; make it this "
-            f"user's alone (chmod 700) or set {CACHE_ENV} to another folder"
-        ) from None
+    root = _artifacts()
     out = root / key / name
     with _locked(root / f"{key}.lock"):
         found = _usable(out)
@@ -236,11 +230,7 @@ def compiled_to(job: CompileJob, progress: bool = True, log: Callable[[str], Non
     model = model_folder(job.compile.model, job.compile.revision, job.compile.allow_pickle_weights)
     job = replace(job, name=job.name or Path(out).resolve().name)
     key = cache_key(job, model)
-    try:
-        root = private_folder(cache_root() / "artifacts", own=2)
-    except NotPrivate as e:
-        log(f"artifact cache {e}: not used (chmod 700 it, or set {CACHE_ENV})")
-        return compile_job(job, progress)
+    root = _artifacts()
     cached = root / key / str(job.name)
     with _locked(root / f"{key}.lock"):
         if _usable(cached):
@@ -255,6 +245,17 @@ def _copy(artifact: Path, into: Path) -> Manifest:
     shutil.copytree(artifact, into, dirs_exist_ok=True)
     (into / MANIFEST).unlink()  # written again, whole, once the copy is
     return read_manifest(artifact, verify=False)
+
+
+def _artifacts() -> Path:
+    """The cache's folder of artifacts, this user's alone (CompileError otherwise)."""
+    try:
+        return private_folder(cache_root() / "artifacts", own=2)
+    except NotPrivate as e:
+        raise CompileError(
+            f"artifact cache {e}: the workers run the modules kept there; make it this "
+            f"user's alone (chmod 700) or set {CACHE_ENV} to another folder"
+        ) from None
 
 
 def _default_name(model: ModelFolder) -> str:
