@@ -5,10 +5,10 @@ initialize:  `neuronserve.worker.start_worker` with the settings packaging wrote
              archive's model-config.yaml: lease a core group, pin, load and warm up every
              model on it.
 handle:      one batch TorchServe formed, answered in place:
-  _parse:    TorchServe request rows -> (model, parsed request); the model is the one the
-             X-Neuronserve-Model header names (optional when the archive holds one); bad
-             requests become errors in place.
-  serve:     `Worker.serve`: one Runner call per model for the batch.
+  _parse:    TorchServe request rows -> (its model's Runner, parsed request); the model is
+             the one the X-Neuronserve-Model header names (optional when the archive
+             holds one); bad requests become errors in place.
+  start:     `Worker.start`, waited on: one Runner call per model for the batch.
   _answer:   per request, the task's JSON and the HTTP status (a RequestError keeps its
              own: 400, 404, 413, 500).
              The batch's metrics (`neuronserve.metrics`, labelled by model) are written
@@ -82,7 +82,7 @@ class NeuronServeHandler:
             self.metrics.add(batch_values(run, model))
 
         requests = self._parse(data, context)
-        results = self.worker.serve(requests, report, respond=False)
+        results = self.worker.start(requests, report).result()
         out = self._answer(results, requests, context)
         self.metrics.add(handler_values((time.perf_counter() - t0) * 1e3, served))
         return out
@@ -101,7 +101,8 @@ class NeuronServeHandler:
                         'empty request: send {"inputs": ...} as JSON, plain text '
                         'or a multipart field named "data"'
                     )
-                requests.append((model, self.worker.runner(model).parse(body, content_type)))
+                runner = self.worker.runner(model)
+                requests.append((runner, runner.parse(body, content_type)))
             except RequestError as e:
                 requests.append((None, e))
             except Exception:  # noqa: BLE001 - a decoding bug fails this request, not the batch
@@ -113,11 +114,11 @@ class NeuronServeHandler:
 
         out = []
         for idx, result in enumerate(results):
-            model, request = requests[idx]
+            runner, request = requests[idx]
             content_type = "application/json"
             if not isinstance(result, RequestError):
                 # orjson: json's encoder was a visible share of a lone request
-                answer = self.worker.respond(model, request, result)
+                answer = runner.respond(request, result)
                 body = orjson.dumps(answer, option=orjson.OPT_SERIALIZE_NUMPY)
                 # an answer over TorchServe's max_response_size kills this worker (its
                 # frame decoder refuses it): what the Runner could not foresee fails alone

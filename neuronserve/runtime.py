@@ -2,10 +2,11 @@
 
     decode -> tokenize -> plan (pick buckets, pad) -> call (the device) -> finish (unpad) -> respond
 
-Server adapters hand the Runner one batch as their server formed it and get back one
-result per request: a JSON-able response (TorchServe, the SageMaker front) or model
-output rows (Triton, which turns them into tensors), or a `RequestError` that fails
-that request alone while its neighbours are served.
+Servers hand the Runner one batch as they formed it (`start`) and get back one result
+per request (what the task's `finish` gives), or a `RequestError` that fails that
+request alone while its neighbours are served; `respond` makes a result the task's JSON
+(the TorchServe handler; our front does it itself), `tensors` its named tensors
+(Triton).
 """
 
 from __future__ import annotations
@@ -153,7 +154,9 @@ class Runner:
     def responses_for_bodies(
         self, bodies: Sequence[tuple[Any, str | None]], report: RunReport | None = None
     ) -> list[Response]:
-        """Decode, then respond: one result (or RequestError) per (body, content_type)."""
+        """Decode, serve as one batch and answer: one JSON-able answer (or RequestError)
+        per (body, content_type), waiting for them (the offline reference, bench's
+        in-process runner)."""
         parsed: list[TaskRequest | RequestError] = []
         for body, content_type in bodies:
             try:
@@ -162,65 +165,40 @@ class Runner:
                 parsed.append(e)
         return self.responses(parsed, report)
 
-    def responses(
-        self, requests: Sequence[TaskRequest | RequestError], report: RunReport | None = None
-    ) -> list[Response]:
-        """JSON-able responses for already-parsed requests served as one batch, with
-        errors passed through in place."""
-        return self.answers(requests, self.outputs(requests, report))
-
-    def answers(
-        self, requests: Sequence[TaskRequest | RequestError], outputs: Sequence[Outputs]
-    ) -> list[Response]:
-        """The JSON-able answers of a batch's `outputs`, errors passed through."""
-        return [
-            self.task.respond(o, req, self.info)
-            if isinstance(req, TaskRequest) and not isinstance(o, RequestError)
-            else o
-            for o, req in zip(outputs, requests, strict=True)
-        ]
-
     def outputs(
         self, requests: Sequence[TaskRequest | RequestError], report: RunReport | None = None
     ) -> list[Outputs]:
-        """Each request's results (`Task.finish`: model output rows for the per-row tasks,
-        JSON-able results for the others), one per text, for one batch; errors in place.
+        """`start`, waited on."""
+        return self.start(requests, report).result()
 
-        Tensor-based servers (Triton) turn these into their output tensors with
-        `task.tensors`; JSON servers use `responses`.
+    def responses(
+        self, requests: Sequence[TaskRequest | RequestError], report: RunReport | None = None
+    ) -> list[Response]:
+        """`start`, waited on, each result answered (`respond`)."""
+        results = self.outputs(requests, report)
+        return [self.respond(r, o) for r, o in zip(requests, results, strict=True)]
 
-        A batch larger than one device call (`group_rows` texts) on a target whose calls
-        leave the host's CPU free (a NeuronCore) is served in groups, pipelined: while
-        the device runs one group, this thread tokenizes the next and finishes the one
-        before, so the device is not idle during the host's work. This is for a caller
-        that waits for its answers (TorchServe's worker); `start` is for one that takes
-        its next batch meanwhile (a Triton instance).
-        """
-        report = report if report is not None else RunReport()
-        report.requests = len(requests)
-        results: list[Outputs | None] = [None] * len(requests)
-        groups = self._groups(requests, self.group_rows) if self.group_rows else []
-        if len(groups) <= 1:  # one call, on this thread
-            every = list(range(len(requests)))
-            prepared = self._prepare(requests, every, results, report)
-            self._complete(prepared, requests, results, self._call(prepared), report)
-            return cast(list[Outputs], results)
-        pending: tuple[_Prepared, Future[Any]] | None = None
-        for group in groups:
-            prepared = self._prepare(requests, group, results, report)
-            running = self._flight.device.submit(self._call, prepared)
-            if pending is not None:
-                self._complete(pending[0], requests, results, pending[1].result(), report)
-            pending = (prepared, running)
-        if pending is not None:
-            self._complete(pending[0], requests, results, pending[1].result(), report)
-        # every slot is filled now: refused at parse, refused here, or given its results
-        return cast(list[Outputs], results)
+    def respond(self, request: TaskRequest | RequestError, results: Outputs) -> Response:
+        """The task's JSON-able answer (numpy arrays: orjson) for one request's results;
+        an error passed through."""
+        if isinstance(request, RequestError) or isinstance(results, RequestError):
+            return results
+        return self.task.respond(results, request, self.info)
+
+    def tensors(self, request: TaskRequest, results: Outputs) -> dict[str, Any]:
+        """One request's results as its task's named tensors (neuronserve.tensors: what
+        Triton answers), with the tokens the model read of each text."""
+        from .tensors import results_tensors
+
+        return results_tensors(self.manifest.task, results, self.info, request.tokens)
 
     def start(
         self, requests: Sequence[TaskRequest | RequestError], report: RunReport | None = None
     ) -> Future[list[Outputs]]:
-        """`outputs` for one batch, as a future.
+        """Each request's results (`Task.finish`: model output rows for the per-row
+        tasks, JSON-able results for the others), one per text, for one batch, errors in
+        place, as a future: the one pipeline (tokenize, pad, device, unpad, finish)
+        every server runs, ours and the adapters (which wait on it).
 
         On a target whose calls leave the host's CPU free (a NeuronCore) the batch is
         served in groups: this thread tokenizes and pads each group and queues it for
@@ -239,13 +217,16 @@ class Runner:
         Elsewhere (the CPU, where the model and the host's work share the cores) the
         batch is served on this thread, in one call, and the future is already done."""
         done: Future[list[Outputs]] = Future()
-        if not self.group_rows:
-            done.set_result(self.outputs(requests, report))
-            return done
         report = report if report is not None else RunReport()
         report.requests = len(requests)
         results: list[Outputs | None] = [None] * len(requests)
-        return self._start_pipelined(requests, results, report, done)
+        if self.group_rows:
+            return self._start_pipelined(requests, results, report, done)
+        prepared = self._prepare(requests, list(range(len(requests))), results, report)
+        self._complete(prepared, requests, results, self._call(prepared), report)
+        # every slot is filled now: refused at parse, refused here, or given its results
+        done.set_result(cast(list[Outputs], results))
+        return done
 
     def _start_pipelined(
         self,

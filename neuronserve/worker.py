@@ -39,7 +39,7 @@ from .inflight import IN_FLIGHT, Countdown
 if TYPE_CHECKING:
     from .execution import RunReport
     from .runtime import Runner
-    from .tasks.base import RequestLimits, TaskRequest
+    from .tasks.base import RequestLimits
 
 log = logging.getLogger(__name__)
 
@@ -235,45 +235,23 @@ class Worker:
             )
         return found
 
-    def serve(
-        self,
-        requests: Sequence[tuple[str | None, Any]],
-        report: Callable[[str, RunReport], None],
-        respond: bool = True,
-    ) -> list[Any]:
-        """One batch of (model name, parsed request or RequestError) pairs as the server
-        formed it (an error is answered as it is), served on this thread: each model's
-        requests go through its Runner in one call of their own (requests for different
-        models never share a module run), the models taking turns at going first from
-        batch to batch so a busy one does not always delay another.
-        `respond`: JSON-able answers, else each request's results (`Worker.respond` and
-        `Worker.tensors` answer them, as the request asks).
-        `report(model, run report)` is called once per model served."""
-        from .execution import RunReport
-        from .tasks import RequestError
-
-        out: list[Any] = [r if isinstance(r, RequestError) else None for _, r in requests]
-        for name, idx in self._by_model(requests):
-            runner = self.runner(name or None)
-            run = RunReport()
-            batch = [requests[i][1] for i in idx]
-            results = runner.responses(batch, run) if respond else runner.outputs(batch, run)
-            for i, result in zip(idx, results, strict=True):
-                out[i] = result
-            report(runner.name, run)
-        return out
-
     def start(
         self,
-        requests: Sequence[tuple[str | None, Any]],
+        requests: Sequence[tuple[Runner | None, Any]],
         report: Callable[[str, RunReport], None],
-        respond: bool = True,
     ) -> Future[list[Any]]:
-        """`serve`, begun: the future is done on return where every Runner serves on
-        the caller's thread (CPU); on a pipelined target it completes on the Runner's
-        finishing thread, and the server may take its next batch meanwhile
-        (`Runner.start`). A model that cannot begin (dropped since the parse) fails its
-        requests alone."""
+        """One batch of (the Runner a request was parsed for, the request or the
+        RequestError it is answered with) as the server formed it, begun; the future
+        holds each request's results (`Task.finish`'s) or its error, in order. Each
+        model's requests go through its Runner in one call of their own (requests for
+        different models never share a module run), the models taking turns at going
+        first from batch to batch so a busy one does not always delay another. The
+        future is done on return where every Runner serves on the caller's thread (the
+        CPU); on a pipelined target it completes on the Runner's finishing thread, and
+        the server may take its next batch meanwhile (`Runner.start`); an adapter that
+        answers in place waits on it. A model that cannot begin (closed since the
+        parse) fails its requests alone. `report(model, run report)` is called once
+        per model served."""
         from .errors import internal_error
         from .execution import RunReport
         from .tasks import RequestError
@@ -283,17 +261,11 @@ class Worker:
         done: Future[list[Any]] = Future()
         parts = Countdown(lambda: done.set_result(out))
 
-        def served(
-            idx: list[int], run: RunReport, runner: Runner | None, started: Future[list[Any]]
-        ) -> None:
+        def served(idx: list[int], run: RunReport, runner: Runner, started: Future[Any]) -> None:
             try:
-                answers = started.result()
-                if respond and runner is not None:
-                    answers = runner.answers([requests[i][1] for i in idx], answers)
-                for i, result in zip(idx, answers, strict=True):
+                for i, result in zip(idx, started.result(), strict=True):
                     out[i] = result
-                if runner is not None:
-                    report(runner.name, run)
+                report(runner.name, run)
             except Exception:
                 log.exception("answering a batch")
                 for i in idx:  # these requests fail, the batch's others do not
@@ -301,65 +273,38 @@ class Worker:
             finally:
                 parts.settle()
 
-        for name, idx in self._by_model(requests):
+        for runner, idx in self._by_model(requests):
             run = RunReport()
             parts.add()
-            runner, started = self._start(name, [requests[i][1] for i in idx], run)
+            try:
+                started = runner.start([requests[i][1] for i in idx], run)
+            except Exception:
+                log.exception("serving %s", runner.name)
+                for i in idx:
+                    out[i] = internal_error(f"serving {runner.name}")
+                parts.settle()
+                continue
             started.add_done_callback(functools.partial(served, idx, run, runner))
         parts.close()
         return done
 
-    def _by_model(self, requests: Sequence[tuple[str | None, Any]]) -> list[tuple[str, list[int]]]:
+    def _by_model(
+        self, requests: Sequence[tuple[Runner | None, Any]]
+    ) -> list[tuple[Runner, list[int]]]:
         """Each model's requests (by index; not those refused already), the models in
         this batch's turn."""
         from .tasks import RequestError
 
-        groups: dict[str, list[int]] = {}
-        for i, (name, request) in enumerate(requests):
-            if not isinstance(request, RequestError):
-                groups.setdefault(name or "", []).append(i)
-        order = list(groups.items())
+        groups: dict[int, tuple[Runner, list[int]]] = {}
+        for i, (runner, request) in enumerate(requests):
+            if runner is not None and not isinstance(request, RequestError):
+                groups.setdefault(id(runner), (runner, []))[1].append(i)
+        order = list(groups.values())
         if len(order) > 1:
             k = self._turn % len(order)
             order = order[k:] + order[:k]
             self._turn += 1
         return order
-
-    def _start(
-        self, name: str, batch: list[Any], run: RunReport
-    ) -> tuple[Runner | None, Future[list[Any]]]:
-        """One model's part of a batch, begun on its Runner; if it cannot begin (a model
-        dropped since the parse), no Runner and its requests' errors."""
-        from .errors import internal_error
-        from .tasks import RequestError
-
-        try:
-            runner = self.runner(name or None)
-            return runner, runner.start(batch, run)
-        except Exception as e:
-            if not isinstance(e, RequestError):
-                log.exception("serving %s", name)
-                e = internal_error(f"serving {name}")
-            refused: Future[list[Any]] = Future()
-            refused.set_result([e] * len(batch))
-            return None, refused
-
-    def respond(self, model: str | None, request: TaskRequest, result: Any) -> Any:
-        """The task's JSON-able answer (numpy arrays: orjson) for one request's results."""
-        runner = self.runner(model)
-        return runner.task.respond(result, request, runner.info)
-
-    def tensors(
-        self, model: str | None, result: Any, request: TaskRequest | None = None
-    ) -> dict[str, Any]:
-        """One request's results as its task's named tensors (neuronserve.tensors): what
-        Triton answers, and what a worker sends the front; with the tokens the model read
-        of each text when `request` was tokenized here."""
-        from . import tensors
-
-        runner = self.runner(model)
-        tokens = request.tokens if request is not None else None
-        return tensors.results_tensors(runner.manifest.task, result, runner.info, tokens)
 
     def stop(self) -> None:
         """Stop following the catalog, answer the batches in flight, release the cores."""

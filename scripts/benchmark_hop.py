@@ -21,10 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from neuronserve import tensors
 from neuronserve.bench.spread import spread
 from neuronserve.waiting import until
-from neuronserve.workers.wire import MAX_ANSWER_BYTES, MAX_REQUEST_BYTES, frame, read_frame
+from neuronserve.workers.wire import MAX_ANSWER_BYTES, MAX_REQUEST_BYTES, answer, frame, read_frame
 
 LOOPS = ("asyncio", "uvloop")
 
@@ -38,14 +37,13 @@ def _run(loop: str, main: object) -> object:
 
 
 async def _echo(path: str) -> None:
-    body, header_length = tensors.pack({"EMBEDDING": np.ones((1, 768), np.float32)})
+    rows = np.ones((1, 768), np.float32)
 
-    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         while (got := await read_frame(reader, MAX_REQUEST_BYTES)) is not None:
-            head = {"id": got[0]["id"], "status": 200, "header_length": header_length}
-            writer.write(frame(head, body))
+            writer.write(answer({"id": got[0]["id"], "status": 200}, rows))
 
-    server = await asyncio.start_unix_server(answer, path)
+    server = await asyncio.start_unix_server(echo, path)
     async with server:
         await server.serve_forever()
 

@@ -1,6 +1,7 @@
-"""The front in this process (Starlette's test client on its ASGI app), in front of an
-engine in this process: each model's Runner answers what a worker would. For tests whose
-point is the front's HTTP handling; what needs a real engine is in tests/servers."""
+"""The front in this process (Starlette's test client on its ASGI app), in front of
+workers in this process: each model's Runner answers what a worker would, its results
+read back through a worker's answer frame. For tests whose point is the front's HTTP
+handling; what needs real workers is in tests/servers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 import threading
 from typing import Any
 
+from helpers import through_the_wire
 from starlette.testclient import TestClient
 
 from neuronserve.serve.front.app import build_app
@@ -20,9 +22,9 @@ from neuronserve.tasks import RequestError, TaskRequest
 from neuronserve.workers.answers import WorkerClient, WorkerCounts
 
 
-class InProcessEngine(WorkerClient):
-    """An engine whose workers are the Runners here: a request goes to its model's
-    Runner as one batch, as a worker runs it."""
+class InProcessWorkers(WorkerClient):
+    """Workers that are the Runners here: a request goes to its model's Runner as one
+    batch, as a worker runs it."""
 
     kind = "in-process"
 
@@ -42,14 +44,14 @@ class InProcessEngine(WorkerClient):
         [result] = self.runners[model.worker_name].outputs([sent])
         if isinstance(result, RequestError):
             raise result
-        request.tokens = sent.tokens  # what an engine's answer carries back (TOKENS)
-        return result
+        request.tokens = sent.tokens  # what a worker's answer carries back
+        return through_the_wire(result)  # read-only arrays over the frame, as they arrive
 
     async def health(self) -> WorkerCounts:
         return self.counts
 
     async def metrics(self) -> str:
-        return "# the engine's\n"
+        return "# the workers'\n"
 
     async def close(self) -> None:
         pass
@@ -88,10 +90,10 @@ def config_of(spec, sagemaker: bool = False) -> FrontConfig:
     return FrontConfig.of(spec.front, spec.limits, spec.multi_model, sagemaker)
 
 
-def front(tmp_path, runners: dict, **fields) -> tuple[TestClient, InProcessEngine, Serving]:
+def front(tmp_path, runners: dict, **fields) -> tuple[TestClient, InProcessWorkers, Serving]:
     config = config_of(load_spec(None, {"front_run_dir": tmp_path, **fields}))
     serving = Serving(config)
-    engine = InProcessEngine(runners)
+    engine = InProcessWorkers(runners)
     chars, total = fields.get("max_text_chars"), config.max_body_bytes
     serving.attach({name: served(r, chars, total) for name, r in runners.items()}, engine)
     return TestClient(build_app(serving)), engine, serving

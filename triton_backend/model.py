@@ -7,10 +7,11 @@ initialize: `neuronserve.worker.start_worker` with the settings packaging wrote 
     the preferred one), pin, and only then import torch and load every model.
 execute:    the batch Triton formed is split by model (the `model` request parameter,
     optional when the deployment holds one) and each model's requests go through one
-    Runner call (`Worker.serve`); a bad request gets its own error while the others are
-    answered. Its status is kept where Triton has a code for it (400, 404, 500, 503);
-    any other (413 for over-long text with truncation off) travels in the message as
-    "[413] ..." and neuronserve's front answers with it.
+    Runner call (`Worker.start`: waited on with one batch in flight, else answered
+    through the requests' response senders when it ends); a bad request gets its own
+    error while the others are answered. Its status is kept where Triton has a code
+    for it (400, 404, 500, 503); any other (413 for over-long text with truncation off)
+    travels in the message as "[413] ...".
 finalize:   release the lease.
 
 Inputs: IMAGE (BYTES, [n, 1]: encoded JPEG/PNG/WebP images) for image tasks; else
@@ -29,7 +30,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 
 import triton_python_backend_utils as pb_utils
 
@@ -78,7 +79,8 @@ def parameters(model_config: dict) -> dict[str, str]:
 
 
 def restore_pythonpath() -> None:
-    """The stub ignores PYTHONPATH; `neuronserve serve triton` passes it on here."""
+    """The stub ignores PYTHONPATH: a launcher that needs it (the tests' tritonserver,
+    on a checkout) passes it as NEURONSERVE_PYTHONPATH."""
     extra = [p for p in os.environ.get("NEURONSERVE_PYTHONPATH", "").split(os.pathsep) if p]
     for path in reversed(extra):
         if path not in sys.path:
@@ -86,7 +88,7 @@ def restore_pythonpath() -> None:
 
 
 class _Batch:
-    """A batch `execute` took: each request's (model, TaskRequest or its error), when it
+    """A batch `execute` took: each request's (Runner, TaskRequest or its error), when it
     began, and requests served per model. (A plain class: Triton's stub loads this file
     under a name of its own, which a dataclass's annotations cannot be resolved in.)"""
 
@@ -134,13 +136,13 @@ class TritonPythonModel:
         t0 = time.perf_counter()
         parsed = []
         for request in requests:
-            model = None
             try:
                 params = _parameters(request)
                 model = params.pop(self.model_parameter, None)
                 if model is not None and not isinstance(model, str):
                     raise RequestError(f'"{self.model_parameter}" must be a model name')
-                parsed.append((model, self._parse(request, self.worker.runner(model), params)))
+                runner = self.worker.runner(model)
+                parsed.append((runner, self._parse(request, runner, params)))
             except RequestError as e:
                 parsed.append((None, e))
         served = {}
@@ -149,15 +151,14 @@ class TritonPythonModel:
             served[model] = run.requests
             self._metrics.record(model, run)
 
-        if self.wait:
+        try:
+            started = self.worker.start(parsed, report)
+        except Exception as e:  # noqa: BLE001 - answered as the batch's 500s
             started = Future()
-            try:
-                started.set_result(self.worker.serve(parsed, report, respond=False))
-            except Exception as e:  # noqa: BLE001 - answered as the batch's 500s
-                started.set_exception(e)
-        else:
-            started = self.worker.start(parsed, report, respond=False)
+            started.set_exception(e)
         batch = _Batch(parsed, t0, served)
+        if self.wait:
+            wait([started])
         if started.done():  # served on this thread (CPU, or one batch at a time)
             return self._responses(batch, started)
         # a pipelined target: the batch runs on, and this instance takes the next one
@@ -175,11 +176,11 @@ class TritonPythonModel:
             pb_utils.Logger.log_error(f"neuronserve: {self.instance_name} failed a batch")
             results = [internal_error("serving the batch")] * len(batch.parsed)
         responses = []
-        for (model, request), result in zip(batch.parsed, results, strict=True):
+        for (runner, request), result in zip(batch.parsed, results, strict=True):
             try:
                 if isinstance(result, RequestError):
                     raise result
-                tensors = self.worker.tensors(model, result, request)
+                tensors = runner.tensors(request, result)
                 outputs = [pb_utils.Tensor(name, arr) for name, arr in tensors.items()]
                 responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
             except Exception as e:  # noqa: BLE001 - this request fails, the others do not

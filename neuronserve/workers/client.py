@@ -13,17 +13,23 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
-from .. import metrics, tensors
+from .. import metrics
 from ..tasks import RequestError
 from ..tracing import TRACING, parse_stages
-from ..worker import MODEL_PARAMETER
 from .answers import WorkerClient, WorkerCounts, WorkerDied, WorkersUnavailable, once_more
 from .process import ready, states
 from .supervisor import socket_path
-from .wire import MAX_ANSWER_BYTES, FrameError, FrameTooLarge, reachable, read_frame, request_frame
+from .wire import (
+    MAX_ANSWER_BYTES,
+    FrameError,
+    FrameTooLarge,
+    reachable,
+    read_frame,
+    request_frame,
+    results,
+)
 
 if TYPE_CHECKING:
     from ..served import ServedModel
@@ -39,7 +45,7 @@ class Link:
     def __init__(self, index: int, path: Path, keep: Any):
         self.index, self.path, self._keep = index, path, keep
         self.writer: asyncio.StreamWriter | None = None
-        self.waiting: dict[int, asyncio.Future[tuple[dict[str, Any], bytes]]] = {}
+        self.waiting: dict[int, asyncio.Future[tuple[dict[str, Any], memoryview]]] = {}
         self.tried = 0.0
         self._connecting: asyncio.Future[bool] | None = None
 
@@ -69,7 +75,7 @@ class Link:
         self._connecting = None
         return self.up
 
-    async def ask(self, rid: int, data: bytes) -> tuple[dict[str, Any], bytes]:
+    async def ask(self, rid: int, data: bytes) -> tuple[dict[str, Any], memoryview]:
         assert self.writer is not None
         answer = asyncio.get_running_loop().create_future()
         self.waiting[rid] = answer
@@ -139,28 +145,23 @@ class SocketClient(WorkerClient):
         self._ids = itertools.count(1)
 
     async def run(self, model: ServedModel, request: TaskRequest) -> Any:
-        task = model.handler
-        params: dict[str, Any] = {**request.parameters}
-        if request.truncate is not None:
-            params["truncate"] = request.truncate
-            params["truncation_direction"] = request.truncation_direction
-        params.pop(MODEL_PARAMETER, None)
-        head: dict[str, Any] = {"op": "infer", "model": model.worker_name, "parameters": params}
+        head: dict[str, Any] = {
+            "op": "infer",
+            "model": model.worker_name,
+            "parameters": request.parameters,
+            "truncate": request.truncate,
+            "direction": request.truncation_direction,
+        }
         if TRACING.recording():  # the worker's stages come back with its answer
             head["trace"] = True
         body = b""
-        if task.images:
+        if model.handler.images:
             images = [bytes(t) for t in request.texts]  # type: ignore[arg-type]
             head["images"], body = [len(b) for b in images], b"".join(images)
         else:
-            head["texts"] = [list(t) if isinstance(t, tuple) else t for t in request.texts]
-        codec = tensors.of(task.name)
-        m = model.manifest
-        output = codec.output_for(request.parameters) or tensors.first_output(
-            task.name, m.output_dim, m.labels
-        )
+            head["texts"] = request.texts  # a pair (a tuple) is written as a list of two
 
-        async def send() -> dict[str, np.ndarray]:
+        async def send() -> Any:
             rid = next(self._ids)
             try:  # a frame the worker would refuse never reaches it: the request's own 413
                 data = request_frame({**head, "id": rid}, body)
@@ -174,15 +175,10 @@ class SocketClient(WorkerClient):
                 raise RequestError(
                     str(answer.get("error", "")), int(answer.get("status", 500)), answer.get("kind")
                 )
-            return tensors.unpack_all(raw, answer.get("header_length"))
+            request.tokens = answer.get("tokens")
+            return results(answer, raw)
 
-        found = await once_more(send, f"a request to {model.name}")
-        if output not in found:
-            raise ValueError(f"the worker's answer holds no output {output!r}")
-        results = codec.decode(found[output], model.task_info)
-        request.tokens = tensors.token_counts(found.get(tensors.TOKENS))
-        rows = isinstance(results[0], np.ndarray) and results[0].ndim == 1
-        return np.stack(results) if rows else results
+        return await once_more(send, f"a request to {model.name}")
 
     async def _pick(self) -> Link:
         """The worker with the fewest requests waiting of those that answer."""

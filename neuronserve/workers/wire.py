@@ -2,12 +2,15 @@
 worker, each frame its length, then a small JSON head (orjson) and a binary body.
 
     frame    = u32 size of the head and body | u32 size of the head | i64 id | head | body
-    request  head {"id", "op": "infer", "model", "texts" (or "pairs"), "parameters",
-             "truncate", "direction"}; an image task's images are the body, "images" their
-             sizes. {"id", "op": "ping"} asks how the worker is.
-    answer   head {"id", "status", "error"?, "kind"?, "header_length"?}; a 200's body is
-             its task's tensors in the KServe v2 binary layout (neuronserve.tensors.pack,
-             which the front already reads): one copy of each tensor into the frame.
+    request  head {"id", "op": "infer", "model", "texts", "parameters", "truncate",
+             "direction"}, as the front parsed and checked it (a pair of texts is a list
+             of two; "parameters" the task's own); an image task's images are the body,
+             "images" their sizes. {"id", "op": "ping"} asks how the worker is.
+    answer   head {"id", "status", "error"?, "kind"?, "tokens"?} and a 200's results as
+             the task's `finish` gave them (`answer`, `results`): an array's bytes in the
+             body ("array": its dtype and shape), several arrays' one after another
+             ("arrays"), or JSON in the head ("results"); "tokens": the tokens the model
+             read of each text. One copy of each array into the frame, none out of it.
     metrics  head {"id": 0, "op": "metrics", "values": [[name, value, labels], ...]}: what
              a batch adds to the worker's metrics (neuronserve.metrics), after its answers.
 
@@ -29,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 _SIZES = struct.Struct("<IIq")
@@ -63,6 +67,46 @@ def frame(head: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
     return fixed + raw + bytes(body)
 
 
+def answer(head: dict[str, Any], results: Any) -> bytes:
+    """A 200's frame: `head` and one request's results (`results` reads them back)."""
+    body: list[Any] = []
+    if isinstance(results, np.ndarray) and results.dtype != object:
+        head["array"] = _layout(results)
+        body.append(np.ascontiguousarray(results).data)
+    elif results and isinstance(results, list) and all(isinstance(r, np.ndarray) for r in results):
+        head["arrays"] = [_layout(r) for r in results]
+        body.extend(np.ascontiguousarray(r).data for r in results)
+    else:
+        head["results"] = results
+    raw = orjson.dumps(head, option=orjson.OPT_SERIALIZE_NUMPY)
+    size = len(raw) + sum(b.nbytes for b in body)
+    return b"".join([_SIZES.pack(size, len(raw), head["id"]), raw, *body])
+
+
+def results(head: dict[str, Any], body: bytes | memoryview) -> Any:
+    """The results an `answer` frame carries: arrays over its body, read-only."""
+    if "array" in head:
+        return _array(head["array"], body)
+    if "arrays" in head:
+        out, at = [], 0
+        for layout in head["arrays"]:
+            array = _array(layout, body[at:])
+            out.append(array)
+            at += array.nbytes
+        return out
+    return head.get("results")
+
+
+def _layout(array: np.ndarray) -> list[Any]:
+    return [array.dtype.str, list(array.shape)]
+
+
+def _array(layout: list[Any], body: bytes | memoryview) -> np.ndarray:
+    dtype, shape = np.dtype(layout[0]), [int(d) for d in layout[1]]
+    count = int(np.prod(shape))
+    return np.frombuffer(body, dtype=dtype, count=count).reshape(shape)
+
+
 def request_frame(head: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
     """`frame(head, body)`; FrameTooLarge when it is over what a worker reads."""
     data = frame(head, body)
@@ -77,7 +121,7 @@ def request_frame(head: dict[str, Any], body: bytes | memoryview = b"") -> bytes
 
 async def read_frame(
     reader: asyncio.StreamReader, most: int
-) -> tuple[dict[str, Any], bytes] | None:
+) -> tuple[dict[str, Any], memoryview] | None:
     """The next frame's head and body; None at the end of the stream; FrameError for a
     frame larger than `most` bytes or one that does not parse (read past, with its id,
     so that the next frame can be read) or a stream that ends inside a frame."""
@@ -104,7 +148,7 @@ async def read_frame(
         raise FrameError(f"a frame's head is not JSON: {e}", rid) from None
     if not isinstance(head, dict):
         raise FrameError("a frame's head is not an object", rid)
-    return head, data[head_size:]
+    return head, memoryview(data)[head_size:]
 
 
 # a unix socket's address holds at most 107 bytes of path (sun_path)

@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RequestError, internal_error
 from ..tracing import BatchStages
-from .wire import MAX_REQUEST_BYTES, FrameError, frame, reachable, read_frame
+from .wire import MAX_REQUEST_BYTES, FrameError, answer, frame, reachable, read_frame
 
 if TYPE_CHECKING:
+    from ..runtime import Runner
     from ..tasks.base import Task, TaskRequest
     from ..tracing import Stage
     from ..worker import Worker, WorkerSettings
@@ -61,7 +62,8 @@ class Waiting:
 
     connection: Connection
     id: int
-    model: str | None
+    # the model it was parsed for, found once (None: refused before)
+    runner: Runner | None
     request: Any  # TaskRequest, or the RequestError it is answered with
     arrived: float = field(default_factory=time.monotonic)
     # a traced request: its worker's stages go back with its answer (neuronserve.tracing)
@@ -150,7 +152,7 @@ class Served:
             "busy_s": None if oldest is None else time.monotonic() - oldest,
         }
 
-    def take(self, conn: Connection, head: dict[str, Any], body: bytes) -> None:
+    def take(self, conn: Connection, head: dict[str, Any], body: memoryview) -> None:
         """Parse one request and queue it (a request that cannot be parsed is answered
         at once, its error alone)."""
         rid, model = head.get("id"), head.get("model")
@@ -162,8 +164,9 @@ class Served:
                 "max_queued); try again",
                 status=503,
             )
-            conn.send(self._answer_frame(Waiting(conn, rid, model, full), full))
+            conn.send(self._answer_frame(Waiting(conn, rid, None, full), full))
             return
+        runner = None
         try:
             if model is not None and not isinstance(model, str):
                 raise RequestError('"model" must be a model name')
@@ -171,7 +174,7 @@ class Served:
             parsed: Any = _request(runner.task, head, body)
         except RequestError as e:
             parsed = e
-        self.queue.append(Waiting(conn, rid, model, parsed, traced=head.get("trace") is True))
+        self.queue.append(Waiting(conn, rid, runner, parsed, traced=head.get("trace") is True))
         self.wake.set()
 
     async def batching(self) -> None:
@@ -274,7 +277,7 @@ class Served:
             stages.add(model, run.stages)
 
         try:
-            started = self.worker.start([(w.model, w.request) for w in batch], report, False)
+            started = self.worker.start([(w.runner, w.request) for w in batch], report)
         except Exception:
             log.exception("beginning a batch")
             failed: Future[list[Any]] = Future()
@@ -334,16 +337,12 @@ class Served:
     def _answer_frame(
         self, waiting: Waiting, result: Any, stages: list[Stage] | None = None
     ) -> bytes:
-        from ..tensors import pack
-
         traced = {"stages": stages} if stages else {}
         try:
             if isinstance(result, RequestError):
                 raise result
-            arrays = self.worker.tensors(waiting.model, result, waiting.request)
-            body, header_length = pack(arrays)
-            ok: dict[str, Any] = {"id": waiting.id, "status": 200, "header_length": header_length}
-            return frame({**ok, **traced}, body)
+            ok = {"id": waiting.id, "status": 200, "tokens": waiting.request.tokens, **traced}
+            return answer(ok, result)
         except Exception as e:  # noqa: BLE001 - this request fails, the others do not
             error = e if isinstance(e, RequestError) else internal_error("building the answer")
             head: dict[str, Any] = {"id": waiting.id, "status": error.status}
@@ -359,10 +358,11 @@ class Served:
         self.wake.set()
 
 
-def _request(task: Task, head: dict[str, Any], body: bytes) -> TaskRequest:
-    """A request frame as the task's request: texts (or pairs), or an image task's
-    images (the body, cut at the sizes the head gives), and the parameters."""
-    from ..tasks.base import TaskRequest, truncation_parameters
+def _request(task: Task, head: dict[str, Any], body: memoryview) -> TaskRequest:
+    """A request frame as the front parsed it: its texts (a pair as a list of two), or
+    an image task's images (the body, cut at the sizes the head gives), the task's own
+    parameters and the truncation it asked for, taken as they are."""
+    from ..tasks.base import TaskRequest
 
     params = head.get("parameters") or {}
     if not isinstance(params, dict):
@@ -374,36 +374,25 @@ def _request(task: Task, head: dict[str, Any], body: bytes) -> TaskRequest:
         images: list[str | tuple[str, str] | bytes] = []
         at = 0
         for n in sizes:
-            images.append(body[at : at + n])
+            images.append(bytes(body[at : at + n]))
             at += n
-        return TaskRequest(texts=images, single=False, parameters=task.own_parameters(params))
-    truncate, direction = truncation_parameters(params)
+        return TaskRequest(texts=images, single=False, parameters=params)
+    texts = head.get("texts")
+    if not isinstance(texts, list) or not texts:
+        raise RequestError("send at least one text")
     return TaskRequest(
-        texts=_texts(task, head.get("texts")),
+        texts=[t if isinstance(t, str) else _pair(t) for t in texts],
         single=False,
-        parameters=task.own_parameters(params),
-        truncate=truncate,
-        truncation_direction=direction,
+        parameters=params,
+        truncate=head.get("truncate"),
+        truncation_direction=head.get("direction") or "right",
     )
 
 
-def _texts(task: Task, texts: Any) -> list[Any]:
-    """A request's texts, single or pairs as its task takes them."""
-    if not isinstance(texts, list) or not texts:
-        raise RequestError("send at least one text")
-    items: list[Any] = []
-    for i, t in enumerate(texts):
-        if isinstance(t, str):
-            if task.pairs_required:
-                raise RequestError(f"task {task.name} needs a pair of texts, got one at {i}")
-            items.append(t)
-        elif isinstance(t, list) and len(t) == 2 and all(isinstance(x, str) for x in t):
-            if not task.accepts_pairs:
-                raise RequestError(f"task {task.name} takes single texts, not pairs")
-            items.append((t[0], t[1]))
-        else:
-            raise RequestError(f"texts[{i}] must be a text or a pair of texts")
-    return items
+def _pair(text: Any) -> tuple[str, str]:
+    if isinstance(text, list) and len(text) == 2 and all(isinstance(x, str) for x in text):
+        return text[0], text[1]
+    raise RequestError("a text must be a text or a pair of texts")
 
 
 def depth(settings: WorkerSettings) -> int:
@@ -426,6 +415,10 @@ def main(argv: list[str]) -> int:
     from .store import read_deployment
 
     settings, _, policy = read_deployment(model_dir)
+    # the front checked each request against the limits before it was sent: a worker
+    # bounds only what it alone sees, the answer's size from the request's tokens
+    checked = {"max_client_batch": None, "max_text_chars": None, "max_request_chars": None}
+    settings = settings.model_copy(update=checked)
     try:
         worker = start_worker(settings, model_dir, owner=f"worker {index}", prefer=index)
     except Exception as e:  # noqa: BLE001 - said once, in the log the supervisor reads

@@ -10,7 +10,7 @@ import json
 
 import numpy as np
 import pytest
-from helpers import compile_artifact, same_answers, tiny_vit
+from helpers import compile_artifact, same_answers, through_the_wire, tiny_vit
 from urllib3 import encode_multipart_formdata
 
 from neuronserve import tensors
@@ -153,9 +153,7 @@ def test_triton_tensors_carry_the_same_labels(classifier):
     codec = tensors.of(task.name)
     sent = codec.encode(results, runner.info)
     assert list(sent) == ["LOGITS", "SCORES", "LABEL"]
-    body, header = tensors.pack(sent)
-    arrived = tensors.unpack(body, header, "LOGITS")
-    rebuilt = task.respond(codec.decode(arrived, {}), request, runner.manifest.task_info())
+    rebuilt = task.respond(through_the_wire(results), request, runner.manifest.task_info())
     assert same_answers(rebuilt, runner.responses([request])[0], atol=1e-6)
 
 

@@ -15,6 +15,7 @@ from helpers import (
     compile_artifact,
     qa_reference,
     same_answers,
+    through_the_wire,
     tiny_model,
 )
 
@@ -323,8 +324,9 @@ def test_rerank_with_several_labels_scores_the_named_one(tmp_path_factory, minil
 
 @pytest.mark.parametrize("which", ["ner", "qa", "fill", "rerank"])
 def test_triton_tensors_carry_the_same_answers(request, which):
-    """What a Triton instance sends (the task's tensors) and the front rebuilds
-    (decoded, then respond) is the answer the Runner gives in process."""
+    """What a Triton instance sends is the task's tensors, and what a worker sends the
+    front (its answer frame, read back, then answered) is the answer the Runner gives in
+    process."""
     _, runner = request.getfixturevalue(which)
     task = runner.task
     codec = tensors.of(task.name)
@@ -336,17 +338,10 @@ def test_triton_tensors_carry_the_same_answers(request, which):
     }[which]
     parsed = runner.parse(json.dumps(body))
     results = runner.outputs([parsed])[0]
-    sent = codec.encode(results, runner.info)
+    sent = runner.tensors(parsed, results)
     specs = codec.outputs(runner.manifest.output_dim, runner.manifest.labels)
     assert [s.name for s in specs] == list(sent)
-    # through the wire layout the engines answer in, then back
-    body_bytes, header = tensors.pack(sent)
-    arrived = tensors.unpack(body_bytes, header, specs[0].name)
-    rebuilt = task.respond(
-        codec.decode(arrived, runner.manifest.task_info()),
-        parsed,
-        runner.manifest.task_info(),
-    )
+    rebuilt = task.respond(through_the_wire(results), parsed, runner.manifest.task_info())
     assert same_answers(rebuilt, runner.responses([parsed])[0], atol=1e-6)
 
 

@@ -6,6 +6,7 @@ start, TorchServe's and Triton's own behaviour, keep-alive, TLS) is in tests/ser
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import threading
@@ -149,12 +150,11 @@ def test_openai_usage_counts_the_tokens_the_model_reads(
 
 
 def test_the_workers_answer_carries_each_texts_token_count(tiny_embedder_dir, tiny_runner):
-    """What a worker answers the front (its tensors, packed as TorchServe's handler sends
-    them and as Triton's KServe answer lays them out) holds TOKENS: each text's tokens as
-    transformers counts them, read back by the front's codec."""
+    """What a worker answers the front holds the Runner's results and each text's tokens
+    as transformers counts them; a worker that counted none (an image model) says so."""
     from transformers import AutoTokenizer
 
-    from neuronserve import tensors
+    from neuronserve.workers.wire import answer, read_frame, results
 
     tok = AutoTokenizer.from_pretrained(tiny_embedder_dir)
     texts = [SENTENCES[0], SENTENCES[1] * 3, "a"]
@@ -162,18 +162,17 @@ def test_the_workers_answer_carries_each_texts_token_count(tiny_embedder_dir, ti
     [rows] = tiny_runner.outputs([request])
     want = [len(tok(t)["input_ids"]) for t in texts]
     assert request.tokens == want
-    sent = tensors.results_tensors("feature-extraction", rows, tiny_runner.info, request.tokens)
-    body, head = tensors.pack(sent)
-    found = tensors.unpack_all(body, head, ("EMBEDDING", tensors.TOKENS))
-    assert np.array_equal(found["EMBEDDING"], rows)
-    assert tensors.token_counts(found[tensors.TOKENS]) == want
-    # a worker that counted nothing (an image model) sends none, and the front says so
-    plain = tensors.results_tensors("feature-extraction", rows, tiny_runner.info, None)
-    body, head = tensors.pack(plain)
-    assert (
-        tensors.token_counts(tensors.unpack_all(body, head, (tensors.TOKENS,)).get("TOKENS"))
-        is None
-    )
+
+    async def sent(tokens: list[int] | None) -> tuple[dict, Any]:
+        reader = asyncio.StreamReader()
+        reader.feed_data(answer({"id": 1, "status": 200, "tokens": tokens}, rows))
+        reader.feed_eof()
+        head, body = await read_frame(reader, 1 << 24)
+        return head, results(head, body)
+
+    head, got = asyncio.run(sent(request.tokens))
+    assert head["tokens"] == want and np.array_equal(got, rows)
+    assert asyncio.run(sent(None))[0]["tokens"] is None
 
 
 def test_openai_client_names_its_model(two, tiny_runner):
@@ -218,7 +217,7 @@ def test_info_lists_every_model_and_metrics_label_them(two):
     series = 'neuronserve_front_requests_total{model="tiny-classifier",route="/predict",'
     assert series + 'status="200"} 1.0' in text
     assert 'neuronserve_front_requests_total{model="",route="/embed",status="404"} 1.0' in text
-    assert "# the engine's" in text
+    assert "# the workers'" in text
 
 
 def test_keys_are_asked_for_everywhere_but_the_probes(tmp_path, tiny_runner, monkeypatch):

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from in_process_front import InProcessEngine, front
+from in_process_front import InProcessWorkers, front
 
 from neuronserve.tasks import RequestError
 
 
-class Recording(InProcessEngine):
+class Recording(InProcessWorkers):
     """Remembers how many texts each call carried; a call takes a moment, as a real one."""
 
     def __init__(self, runners: dict[str, Any]):

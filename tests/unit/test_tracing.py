@@ -123,12 +123,12 @@ def test_requests_joined_in_one_engine_call_each_have_their_trace(tmp_path, tiny
 class _Reporting(FakeWorker):
     """A FakeWorker whose batches report a Runner's stages."""
 
-    def start(self, requests, report, respond) -> Future:
+    def start(self, requests, report) -> Future:
         run = RunReport()
         now = time.time_ns()
         run.stages += [("tokenize", now, now + 1000, {"texts": 1}), ("device", now, now + 5, {})]
         report("m", run)
-        return super().start(requests, report, respond)
+        return super().start(requests, report)
 
 
 def test_a_native_worker_sends_its_stages_with_a_traced_answer_only(tmp_path):

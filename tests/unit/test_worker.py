@@ -117,21 +117,21 @@ def _serves_each_model_alone(worker) -> None:
     from neuronserve.tasks import RequestError
 
     texts = ["one", "two", "three", "four"]
-    batch = [
-        (name, worker.runner(name).parse({"inputs": t}))
-        for name, t in zip(["a", "b", "a", "b"], texts, strict=True)
-    ]
+    runners = [worker.runner(name) for name in ["a", "b", "a", "b"]]
+    batch = [(r, r.parse({"inputs": t})) for r, t in zip(runners, texts, strict=True)]
     calls: list[tuple[str, int]] = []
-    answers = worker.serve(batch, lambda model, run: calls.append((model, run.requests)))
+    results = worker.start(batch, lambda model, run: calls.append((model, run.requests))).result()
     assert sorted(calls) == [("a", 2), ("b", 2)]
-    alone = [as_sent(worker.runner(n).responses([r])[0]) for n, r in batch]
-    assert [as_sent(a) for a in answers] == alone
-    worker.serve(batch, lambda model, run: calls.append((model, run.requests)))
+    answers = [as_sent(r.respond(req, res)) for (r, req), res in zip(batch, results, strict=True)]
+    alone = [as_sent(r.responses([req])[0]) for r, req in batch]
+    assert answers == alone
+    worker.start(batch, lambda model, run: calls.append((model, run.requests))).result()
     assert calls[0][0] != calls[2][0]  # the other model went first this time
     refused = RequestError("refused while decoding")
-    mixed = worker.serve([batch[0], (None, refused), batch[1]], lambda *_: None)
+    mixed = worker.start([batch[0], (None, refused), batch[1]], lambda *_: None).result()
     assert mixed[1] is refused  # an error is answered as it is
-    assert [as_sent(mixed[0]), as_sent(mixed[2])] == alone[:2]
+    both = [batch[0][0].respond(batch[0][1], mixed[0]), batch[1][0].respond(batch[1][1], mixed[2])]
+    assert [as_sent(a) for a in both] == alone[:2]
     with pytest.raises(RequestError, match="served: a, b") as unknown:
         worker.runner("c")
     assert unknown.value.status == 404

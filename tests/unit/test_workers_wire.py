@@ -1,5 +1,5 @@
-"""The native engine's wire and its worker's socket server, in this process: frames
-round-trip and every malformed one is refused; the worker's queue (one batch of all that
+"""The workers' wire and a worker's socket server, in this process: frames and answers
+round-trip and every malformed frame is refused; the worker's queue (one batch of all that
 wait, max_queued, queue_timeout_ms, max_batch_delay_ms) over a real unix socket, with a
 fake Worker in place of the model (the real workers: tests/servers/test_native.py)."""
 
@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
-from neuronserve import metrics, tensors
+from neuronserve import metrics
 from neuronserve.tasks import RequestError, get_task
 from neuronserve.workers.answers import WorkerDied
 from neuronserve.workers.client import RETRY_S, Link, _Series
@@ -28,10 +28,12 @@ from neuronserve.workers.store import QueuePolicy
 from neuronserve.workers.wire import (
     FrameError,
     FrameTooLarge,
+    answer,
     ask,
     frame,
     read_frame,
     request_frame,
+    results,
 )
 from neuronserve.workers.worker import INLINE_TEXTS, Served
 
@@ -113,6 +115,31 @@ def test_a_request_frame_over_what_a_worker_reads_is_never_made():
     assert request_frame({"id": 1, "texts": ["fine"]}) == frame({"id": 1, "texts": ["fine"]})
 
 
+@pytest.mark.parametrize(
+    "sent",
+    [
+        np.arange(12, dtype=np.float32).reshape(3, 4),
+        [np.ones((2, 4), np.float32), np.zeros((0, 4), np.float32), np.full((5, 4), 2.5, "<f4")],
+        [[{"entity": "PER", "score": 0.5}], []],
+        np.zeros((0, 3), dtype=np.int64),
+    ],
+    ids=["rows", "token-rows", "json", "empty"],
+)
+def test_an_answer_carries_a_requests_results_as_they_were(sent):
+    """Rows, a matrix per text, or JSON: back as they were, arrays read in place."""
+    head, body = _read_one(answer({"id": 9, "status": 200, "tokens": [3, 1]}, sent))
+    got = results(head, body)
+    assert (head["id"], head["tokens"]) == (9, [3, 1])
+    if isinstance(sent, np.ndarray):
+        assert got.dtype == sent.dtype and np.array_equal(got, sent)
+        assert not got.flags.owndata  # no copy out of the frame
+    elif isinstance(sent[0], np.ndarray):
+        assert [g.shape for g in got] == [w.shape for w in sent]
+        assert all(np.array_equal(g, w) for g, w in zip(got, sent, strict=True))
+    else:
+        assert got == sent
+
+
 def test_the_end_of_the_stream_between_frames_is_no_error():
     assert _read_one(b"", 100) is None
 
@@ -141,7 +168,7 @@ class FakeWorker:
             raise RequestError(f"no model {name!r} here; served: m", status=404)
         return self.runners["m"]
 
-    def start(self, requests, report, respond) -> Future:
+    def start(self, requests, report) -> Future:
         rows = sum(len(r.texts) for _, r in requests if not isinstance(r, RequestError))
         self.batches.append(len(requests))
         self.threads.append(threading.current_thread().name)
@@ -158,9 +185,6 @@ class FakeWorker:
 
         threading.Thread(target=finish, daemon=True).start()
         return done
-
-    def tensors(self, model, result, request) -> dict[str, np.ndarray]:
-        return {"EMBEDDING": np.asarray(result, dtype=np.float32)}
 
 
 POLICY = QueuePolicy(max_queued=100, queue_timeout_s=None, batch_delay_s=0.0, hang_s=60)
@@ -187,7 +211,7 @@ class Peer:
                 continue
             value = None
             if head["status"] == 200:
-                value = tensors.unpack_all(body, head["header_length"])["EMBEDDING"].tolist()
+                value = results(head, body)
             out[head["id"]] = (head, value)
         return out
 
@@ -258,11 +282,11 @@ class StepWorker(FakeWorker):
         super().__init__(max_batch)
         self.holds: list[threading.Event] = []
 
-    def start(self, requests, report, respond) -> Future:
+    def start(self, requests, report) -> Future:
         hold = threading.Event()
         self.holds.append(hold)
         self.hold = hold
-        return super().start(requests, report, respond)
+        return super().start(requests, report)
 
 
 def test_while_a_batch_runs_the_next_takes_at_most_one_full_call_of_texts(tmp_path):
@@ -335,7 +359,7 @@ def test_a_bad_request_is_answered_alone_and_its_batch_neighbours_are_served(tmp
         peer.send(1, ["held"])
         await until(lambda: worker.batches == [1])
         peer.send(2, ["fine"])
-        peer.send(3, [["a", "pair"]])  # feature-extraction takes single texts
+        peer.send(3, [["not", "a", "pair"]])
         peer.send(4, ["also fine"], model="other")
         peer.send(5, [])
         peer.send(6, ["fine too"])
@@ -345,7 +369,7 @@ def test_a_bad_request_is_answered_alone_and_its_batch_neighbours_are_served(tmp
 
     got = asyncio.run(run(body))
     assert [got[i][0]["status"] for i in range(1, 7)] == [200, 200, 400, 404, 400, 200]
-    assert "single texts" in got[3][0]["error"] and "served: m" in got[4][0]["error"]
+    assert "a pair of texts" in got[3][0]["error"] and "served: m" in got[4][0]["error"]
     assert got[2][1] == [[4, 2]] and got[6][1] == [[8, 2]]
 
 
@@ -379,10 +403,7 @@ def test_a_malformed_frame_fails_its_own_request_alone(tmp_path, monkeypatch):
     assert answered[9][0]["status"] == 413 and "over the bound" in answered[9][0]["error"]
     assert answered[10][0]["status"] == 200 and answered[10][1] == [[17, 1]]
     assert closed == b"" and closed_too == b""
-    assert got[7] == (
-        {"id": 7, "status": 200, "header_length": got[7][0]["header_length"]},
-        [[12, 1]],
-    )
+    assert got[7] == ({"id": 7, "status": 200, "tokens": None, "results": [[12, 1]]}, [[12, 1]])
 
 
 def test_beyond_max_queued_a_request_gets_503_at_once(tmp_path):

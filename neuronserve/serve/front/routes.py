@@ -303,13 +303,15 @@ class Api:
             )
         texts = await _texts(model, body.inputs, "inputs", body.parameters())
         params = {**body.parameters(), **_prompt(body.prompt_name), "token_embeddings": True}
-        # every token's vector: a 200 KB request could ask for hundreds of MB, which no
-        # worker should build
-        counts = await self.serving.token_counts(model, texts)
-        found = get_task(model.task).answer_bytes(counts, params, model.manifest.task_info())
-        refused = self.serving.config.answer_limits.check_answer(*found) if found else None
-        if refused is not None:
-            raise refused
+        # every token's vector: a 200 KB request could ask for hundreds of MB. A worker
+        # bounds its call's answer from the tokens it read; a request in several calls
+        # is bounded whole here, before any
+        if len(texts) > model.max_batch:
+            counts = await self.serving.token_counts(model, texts)
+            found = get_task(model.task).answer_bytes(counts, params, model.manifest.task_info())
+            refused = self.serving.config.answer_limits.check_answer(*found) if found else None
+            if refused is not None:
+                raise refused
         return raw_json((await self.serving.predict(model, texts, params)).raw)
 
     async def embed_sparse(self, request: Request) -> Response:
