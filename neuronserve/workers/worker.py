@@ -9,10 +9,10 @@ then opens its socket, 0600: the supervisor takes a socket that answers for a wo
 that is ready. Requests from every connection wait in one queue; when the worker can take
 a batch it takes all that wait (the Runner runs them in its buckets, each model's in a
 call of its own). On the CPU a batch runs on a thread of its own while the event loop
-reads, parses and answers; on a NeuronCore the worker holds `batches_in_flight` batches at
-once, so the device runs one while the host prepares the next and answers the last. A
-request that cannot be served is answered alone; a frame that does not parse closes its
-connection alone.
+reads and parses; on a NeuronCore the worker holds `batches_in_flight` batches at once,
+so the device runs one while the host prepares the next and answers the last. The
+thread that finishes a batch sends its answers (Connection). A request that cannot be
+served is answered alone; a frame that does not parse closes its connection alone.
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import select
 import signal
 import sys
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,16 +46,41 @@ log = logging.getLogger("neuronserve.workers")
 
 # the most texts of a lone request this worker's loop tokenizes itself (Served._alone)
 INLINE_TEXTS = 4
+# how long an answer waits for a front that reads nothing before its connection is closed
+SEND_TIMEOUT_S = 30.0
 
 
-@dataclass(eq=False)
 class Connection:
-    writer: asyncio.StreamWriter
-    closed: bool = False
+    """One connection of the front's, written to by whichever thread has its answer: the
+    thread that finishes a batch sends its answers itself, so a request's way back wakes
+    no event loop. Its own descriptor of the socket (closed with it, so a frame never
+    reaches a connection that took the number), a frame whole under a lock."""
+
+    def __init__(self, writer: asyncio.StreamWriter):
+        self.fd = os.dup(writer.get_extra_info("socket").fileno())
+        self.closed = False
+        self._lock = threading.Lock()
 
     def send(self, data: bytes) -> None:
-        if not self.closed and not self.writer.is_closing():
-            self.writer.write(data)
+        with self._lock:
+            view = memoryview(data)
+            while view and not self.closed:
+                try:
+                    view = view[os.write(self.fd, view) :]
+                except BlockingIOError:  # the front reads slower than this writes
+                    if not select.select([], [self.fd], [], SEND_TIMEOUT_S)[1]:
+                        self._close()
+                except OSError:  # the front closed it
+                    self._close()
+
+    def close(self) -> None:
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            os.close(self.fd)
 
 
 @dataclass
@@ -132,13 +159,12 @@ class Served:
                     conn.send(frame({"id": head.get("id"), "status": 200, **self.state()}))
                 else:
                     raise FrameError(f"unknown op {op!r}")
-                await writer.drain()
         except FrameError as e:
             log.warning("a connection sent what is not a frame, closed: %s", e)
         except (ConnectionError, OSError):
             pass
         finally:
-            conn.closed = True
+            conn.close()
             writer.close()
 
     def state(self) -> dict[str, Any]:
@@ -301,7 +327,7 @@ class Served:
             log.exception("serving a batch")
             results = [internal_error("serving the batch")] * len(batch)
         frames = self._frames(batch, results, metrics, self.started.get(number), stages)
-        self.loop.call_soon_threadsafe(self._send, batch, frames, number)
+        self._send(batch, frames, number)
 
     def _frames(
         self,
@@ -350,12 +376,16 @@ class Served:
             return frame({**head, "kind": error.kind} if error.kind else head)
 
     def _send(self, batch: list[Waiting], frames: list[bytes], number: int) -> None:
+        """A batch's answers, sent on the thread that made them. Its slot is freed
+        first, then the loop is woken only if requests wait for it: the loop queues a
+        request before it looks for a slot, so one of the two sees the other."""
         self.started.pop(number, None)
+        if self.queue:
+            self.loop.call_soon_threadsafe(self.wake.set)
         for waiting, data in zip(batch, frames, strict=False):
             waiting.connection.send(data)
         for data in frames[len(batch) :]:  # the metrics
             batch[0].connection.send(data)
-        self.wake.set()
 
 
 def _request(task: Task, head: dict[str, Any], body: memoryview) -> TaskRequest:
