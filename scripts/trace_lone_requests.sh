@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where a lone request's time goes, read from its trace: the front on the native engine
+# Where a lone request's time goes, read from its trace: our server
 # serving BERT-base on the simulated inf2 NeuronCore (scripts/inferentia_sim_env.sh), every
 # request traced to scripts/otlp_sink.py, N (default 300) lone /embed requests one after
 # another after a warm-up; the medians of each span's start and length, into
@@ -32,7 +32,7 @@ PY
 "$ROOT/.venv/bin/neuronserve" serve front --stop --run-dir "$RUN/front" >/dev/null
 kill "$SINK"; wait "$SINK" || true
 {
-  echo "## A lone request's spans, the front on the native engine, simulated inf2 NeuronCore"
+  echo "## A lone request's spans, our server, simulated inf2 NeuronCore"
   echo
   echo "$(git rev-parse --short HEAD), $(date -u +%Y-%m-%dT%H:%MZ), ${N:-300} lone /embed requests of 128 tokens after 3 s of warm-up; $(cat "$RUN/spans.txt") spans received."
   echo
