@@ -120,7 +120,7 @@ def engine_batch_sizes(
     Triton's preferred batch sizes, and the largest of them TorchServe's batchSize. The
     whole grid when the buckets were not timed (a target whose modules run only on the
     serving host). `depth`: device calls one engine batch should hold (a worker serves
-    such a batch pipelined, its host work beside the device's: Runner.outputs), so each
+    such a batch pipelined, its host work beside the device's: Runner.start), so each
     size's multiples up to that many."""
     sizes = sorted(set(efficient_batches(grid, bucket_ms).values())) or list(grid.batch_sizes)
     return sorted({size * k for size in sizes for k in range(1, depth + 1)})

@@ -153,7 +153,7 @@ class Executor:
     def run(self, rows: Sequence[Row], report: RunReport | None = None) -> RowOutputs:
         """Outputs for `rows` in their order: rows grouped by length into the smallest
         buckets that hold them, batches beyond the largest bucket split. The three
-        stages in turn; a pipelined caller (Runner.outputs) runs `call` on a thread of
+        stages in turn; a pipelined caller (Runner.start) runs `call` on a thread of
         its own, so the device waits for no padding or unpadding."""
         planned = self.plan(rows)
         return self.finish(planned, self.call(planned), report)

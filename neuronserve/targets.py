@@ -100,7 +100,7 @@ def core_kind(name: str) -> str:
 
 # device calls a worker's batch holds on a target whose calls leave the host's CPU free
 # (a NeuronCore): the worker tokenizes and answers one group while the device runs
-# another, so the worker's batch is several of the device's (Runner.outputs). On CPU
+# another, so the worker's batch is several of the device's (Runner.start). On CPU
 # the same cores do both, and one call per batch is best.
 PIPELINE_DEPTH = {"cpu": 1, "neuron": 4}
 

@@ -313,7 +313,7 @@ class Task:
     pairs_required = False
     images = False
     # a request may name one of the model's prompts (prompt_name), and the model's
-    # default prompt applies when it names none (Runner.outputs)
+    # default prompt applies when it names none (Runner.start)
     takes_prompts = False
     # its answers use each token's character span in the text (Encoded.source's offsets)
     uses_offsets = False
