@@ -22,6 +22,8 @@ output) is the Runner's, shared with Triton.
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import logging
 import time
 from http import HTTPStatus
@@ -33,6 +35,8 @@ from ts.metrics.metric_type_enum import MetricTypes
 from neuronserve.worker import MODEL_HEADER
 
 logger = logging.getLogger(__name__)
+# seconds into a worker's start after which every thread's stack is written to its log
+START_STALL_S = 120
 
 
 # Not TorchServe's BaseHandler (TorchServe takes any class with initialize and handle):
@@ -49,6 +53,9 @@ class NeuronServeHandler:
 
         self.context = context
         self.manifest = context.manifest
+        # a start that stalls says where, in the worker's log (TorchServe's model_log)
+        with contextlib.suppress(ValueError, OSError, RuntimeError):  # stderr without a file
+            faulthandler.dump_traceback_later(START_STALL_S)
         try:
             settings = WorkerSettings.from_section(getattr(context, "model_yaml_config", None))
             self.worker = start_worker(
@@ -61,6 +68,8 @@ class NeuronServeHandler:
             # waiting for a worker that will never be READY.
             logger.error("%s %s", FAILURE_MARKER, " | ".join(str(e).splitlines()))
             raise
+        finally:
+            faulthandler.cancel_dump_traceback_later()
         from neuronserve.worker import DeferredMetrics
 
         self.metrics = DeferredMetrics(self._add)

@@ -136,7 +136,9 @@ class DeferredMetrics:
         self._lock = threading.Lock()
         self._pending: dict[tuple[Metric, tuple[tuple[str, str], ...]], float] = {}
         self._wake = threading.Event()
-        threading.Thread(target=self._loop, name="neuronserve-metrics", daemon=True).start()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="neuronserve-metrics", daemon=True)
+        self._thread.start()
 
     def add(self, values: Iterable[tuple[Metric, float, dict[str, str]]]) -> None:
         with self._lock:
@@ -149,10 +151,18 @@ class DeferredMetrics:
                 self._pending[key] = before + float(value)
         self._wake.set()
 
+    def close(self) -> None:
+        """Emit what is pending now and stop the thread: an adapter's finalize, so that
+        nothing is emitted after its server has let the model go."""
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=5)
+
     def _loop(self) -> None:
         while True:
             self._wake.wait()
-            time.sleep(self.interval_s)  # the response leaves first; later batches join
+            if not self._closed:
+                time.sleep(self.interval_s)  # the response leaves first; later batches join
             with self._lock:
                 pending, self._pending = self._pending, {}
                 self._wake.clear()
@@ -161,3 +171,5 @@ class DeferredMetrics:
                     self._emit(metric, value, dict(labels))
                 except Exception:  # a metric must never stop the worker
                     log.exception("could not emit %s", metric.name)
+            if self._closed:
+                return

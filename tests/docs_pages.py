@@ -246,12 +246,21 @@ def run_page(page: Path, reader) -> None:
     script = PREAMBLE + "\n".join(as_script(b) for b in runnable) + 'echo "## end (${SECONDS}s)"\n'
     (work / "page.sh").write_text(script)
     run = dict(cwd=work, env=env, capture_output=True, text=True, timeout=900)
-    if OWN_NETWORK is not None:
-        script_cmd = f"ip link set lo up && {OWN_SHM} && exec bash page.sh"
-        done = subprocess.run([*OWN_NETWORK, "bash", "-c", script_cmd], **run)
-    else:
-        with FileLock(TURNS):
-            done = subprocess.run(["bash", "page.sh"], **run)
+    try:
+        if OWN_NETWORK is not None:
+            script_cmd = f"ip link set lo up && {OWN_SHM} && exec bash page.sh"
+            done = subprocess.run([*OWN_NETWORK, "bash", "-c", script_cmd], **run)
+        else:
+            with FileLock(TURNS):
+                done = subprocess.run(["bash", "page.sh"], **run)
+    except subprocess.TimeoutExpired as e:  # what the page and its servers said so far
+        said = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout
+        logs = "".join(
+            f"\n--- {log.relative_to(work)}\n{log.read_text(errors='replace')[-3000:]}"
+            for log in sorted(work.rglob("*.log"))
+        )
+        said = (said or "")[-4000:]
+        pytest.fail(f"{page_id(page)} ran past {e.timeout:.0f} s:\n{said}{logs[-12000:]}")
     # kept beside the page's script: each block's header says when into the page it began
     (work / "page.log").write_text(done.stdout + done.stderr)
     assert done.returncode == 0, f"{page_id(page)}:\n{done.stdout[-6000:]}\n{done.stderr[-4000:]}"

@@ -26,6 +26,7 @@ its per-text results. Outputs: the task's tensors (neuronserve.tensors).
 from __future__ import annotations
 
 import faulthandler
+import gc
 import json
 import os
 import sys
@@ -246,6 +247,9 @@ class TritonPythonModel:
         worker = getattr(self, "worker", None)
         if worker is not None:
             worker.stop()
+        metrics = getattr(self, "_metrics", None)
+        if metrics is not None:
+            metrics.close()
 
 
 # request parameters Triton's clients set themselves (tritonclient: binary_data_output when
@@ -339,6 +343,15 @@ class _Metrics:
         if key not in self._series:
             self._series[key] = self.families[metric.name].Metric(labels={**self.labels, **labels})
         return self._series[key]
+
+    def close(self) -> None:
+        """The last values sent, then every metric and family let go here, while
+        tritonserver still answers the stub: a metric's end is a message to it, which
+        left to the collector at the stub's exit can wait on a server that is gone."""
+        self.deferred.close()
+        self._series.clear()
+        self.families.clear()
+        gc.collect()
 
     def record(self, model: str, report) -> None:
         """Each metric update is a message to the Triton process and its answer (the
