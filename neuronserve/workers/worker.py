@@ -68,7 +68,9 @@ class Connection:
                 try:
                     view = view[os.write(self.fd, view) :]
                 except BlockingIOError:  # the front reads slower than this writes
-                    if not select.select([], [self.fd], [], SEND_TIMEOUT_S)[1]:
+                    writable = select.poll()  # not select(): a descriptor may be past 1024
+                    writable.register(self.fd, select.POLLOUT)
+                    if not writable.poll(SEND_TIMEOUT_S * 1000):
                         self._close()
                 except OSError:  # the front closed it
                     self._close()
