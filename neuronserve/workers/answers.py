@@ -115,6 +115,11 @@ class WorkerClient(ABC):
         at most the model's largest compiled batch (Serving splits beyond it); raises
         RequestError with the worker's status for a request it refused."""
 
+    def idle(self) -> int:
+        """Workers that answer and have no request of the front's at them now: what one
+        large request may be spread over."""
+        return 0
+
     @abstractmethod
     async def health(self) -> WorkerCounts:
         """How many workers are ready, of how many the plan has."""

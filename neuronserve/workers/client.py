@@ -191,6 +191,9 @@ class SocketClient(WorkerClient):
             raise WorkersUnavailable("no worker answers")
         return min(up, key=lambda link: len(link.waiting))
 
+    def idle(self) -> int:
+        return sum(1 for link in self._links if link.up and not link.waiting)
+
     async def health(self) -> WorkerCounts:
         found = await asyncio.to_thread(states, self._run_dir)
         return WorkerCounts(ready(found), self._workers)

@@ -139,6 +139,22 @@ def test_answers_equal_the_model_computed_another_way(front, tiny_embedder_dir):
     assert np.allclose(np.array(r.json()), want, atol=1e-4)
 
 
+def test_a_large_request_on_an_idle_server_runs_on_every_worker(front, tiny_embedder_dir):
+    """One request of eight texts at a time: each is spread over both idle workers (each
+    worker's CPU read from its process), and its answers are the model's in order."""
+    texts = [f"text number {i} " + "and some more words to read " * (4 + 2 * i) for i in range(8)]
+    want = reference_embeddings(tiny_embedder_dir, texts)
+    workers = [psutil.Process(w["pid"]) for w in front.states()]
+    before = [sum(p.cpu_times()[:2]) for p in workers]
+    for _ in range(40):
+        r = requests.post(f"{front.url}/embed", json={"inputs": texts}, timeout=60)
+        assert r.status_code == 200
+        assert np.allclose(np.array(r.json()), want, atol=1e-4)
+    used = [sum(p.cpu_times()[:2]) - b for p, b in zip(workers, before, strict=True)]
+    # on one worker, the other would have used next to nothing
+    assert min(used) > 0.3 * max(used), used
+
+
 def test_a_worker_killed_under_load_is_replaced_alone_and_no_request_fails(front):
     wait_for(lambda: _ready(front), 60, what="both workers ready")
     before = {w["index"]: w["pid"] for w in front.states()}

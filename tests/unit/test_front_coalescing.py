@@ -168,3 +168,25 @@ def test_every_call_to_the_engine_is_counted_whichever_route_made_it(tmp_path, t
     assert engine.calls == 4  # the in-process engine's own count
     assert _counted(serving, "neuronserve_front_worker_calls_total") == 4
     assert _counted(serving, "neuronserve_front_worker_requests_total") == 3
+
+
+def test_a_request_is_spread_over_idle_workers_and_its_rows_come_back_in_order(
+    serving, tiny_runner
+):
+    serving, engine, model = serving
+    largest = model.manifest.grid.max_batch
+    texts = [f"text number {i} " + "with words " * i for i in range(largest)]
+    want = _alone(tiny_runner, texts)
+    engine.idle = lambda: 2  # type: ignore[method-assign]
+    [answer] = _together(serving, model, [(texts, {})])
+    assert engine.sizes == [largest // 2, largest // 2]
+    np.testing.assert_allclose(np.asarray(answer.value), want, atol=1e-5)
+    # too few texts to be worth a second hop, or no idle worker: as few calls as fit
+    engine.sizes.clear()
+    _together(serving, model, [(texts[:3], {})])
+    engine.idle = lambda: 0  # type: ignore[method-assign]
+    _together(serving, model, [(texts, {})])
+    _together(serving, model, [(texts + texts[:1], {})])
+    # over the largest batch: in pieces of even size
+    half = -(-(largest + 1) // 2)
+    assert engine.sizes == [3, largest, half, largest + 1 - half]

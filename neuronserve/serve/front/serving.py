@@ -203,9 +203,9 @@ class Serving:
         """The answer to `{"inputs": inputs, "parameters": parameters}` for `model`, the
         same way on every route: parsed and limited by the model's task here,
         its texts in calls of at most the model's largest compiled batch (joined with
-        other requests that arrive at once: coalescing.py; a request over
-        max_client_batch refused, or split when the spec allows), the workers' results
-        answered by the task here."""
+        other requests that arrive at once: coalescing.py; spread over the workers that
+        stand idle: `spread`; a request over max_client_batch refused, or split when the
+        spec allows), the workers' results answered by the task here."""
         task = model.handler
         with TRACING.span("parse", model=model.name):
             request = task.parse(inputs, parameters)
@@ -214,28 +214,29 @@ class Serving:
             raise refused
         started = time.perf_counter()
         with TRACING.span("workers", model=model.name, texts=len(request.texts)):
-            results = await self.results(model, request)
+            results, calls = await self.results(model, request)
         self.metrics.te_inference.observe(time.perf_counter() - started)
         # each call to the workers bounded its own answer (max_answer_bytes); what no one foretold
         # (a SPLADE model's terms) is bounded once the calls are joined, when written
-        joined = len(request.texts) > model.max_batch
         with TRACING.span("answer"):
             value = task.respond(results, request, model.task_info)
         return Answer(
             value=value,
-            limits=self.config.answer_limits if joined else None,
+            limits=self.config.answer_limits if calls > 1 else None,
             tokens=request.tokens,
         )
 
-    async def results(self, model: ServedModel, request: TaskRequest) -> Any:
-        """`request`'s results (Task.finish's, one per text) from the workers."""
+    async def results(self, model: ServedModel, request: TaskRequest) -> tuple[Any, int]:
+        """`request`'s results (Task.finish's, one per text) from the workers, and in how
+        many calls they came."""
         client = self.ready()
         texts = request.texts
         if len(texts) > self.config.max_client_batch and not self.config.split_client_batches:
             raise self.too_many(len(texts))
-        step = model.max_batch
-        if len(texts) <= step:
-            return await self._coalescer.run(client, model, request)
+        calls = spread(len(texts), model.max_batch, client.idle())
+        if calls == 1:
+            return await self._coalescer.run(client, model, request), 1
+        step = -(-len(texts) // calls)
         starts = range(0, len(texts), step)
         for i in starts:  # one request, in as many calls
             self.metrics.worker_call(model.name, 1 if i == 0 else 0)
@@ -246,8 +247,8 @@ class Serving:
         counted = [piece.tokens for piece in pieces]
         request.tokens = None if None in counted else [n for c in counted for n in c or ()]
         if all(isinstance(p, np.ndarray) for p in parts):
-            return np.concatenate(parts)
-        return [r for part in parts for r in part]
+            return np.concatenate(parts), len(pieces)
+        return [r for part in parts for r in part], len(pieces)
 
     def too_many(self, count: int) -> RequestError:
         return RequestError(
@@ -299,3 +300,17 @@ def base_url(name: str) -> str:
 async def off_loop(fn: Callable[[], Any], chars: int) -> Any:
     """`fn()`, in a worker thread when its input is large enough to stall other requests."""
     return fn() if chars <= _INLINE_CHARS else await asyncio.to_thread(fn)
+
+
+# texts a call must keep for a request to be spread over idle workers: below it the
+# extra hop costs about what the shorter call saves
+SPREAD_ROWS = 4
+
+
+def spread(texts: int, max_batch: int, idle: int) -> int:
+    """In how many calls a request of `texts` goes to the workers: as few as the largest
+    compiled batch allows, or, while workers stand idle, one per idle worker (each of at
+    least SPREAD_ROWS texts), so that a large request on a quiet server is not served by
+    one core while the others wait."""
+    fewest = -(-texts // max_batch)
+    return max(fewest, min(idle, texts // SPREAD_ROWS))
