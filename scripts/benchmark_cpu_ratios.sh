@@ -102,7 +102,8 @@ PY
     $NS bench --title "$MODEL: infinity-emb's optimum engine, requests of 1 text, run $i" \
       -e "infinity-optimum=openai:http://127.0.0.1:7997/embeddings" --generator wrk \
       --sequence-lengths 8,128 --texts-per-request 1 --concurrency 1,8,32 \
-      --warmup 1 --duration 4 --tokenizer "$ART/tokenizer.json" --out "$run/peer"
+      --warmup 1 --duration 4 --tokenizer "$ART/tokenizer.json" --task feature-extraction \
+      --out "$run/peer"
     .venv/bin/python scripts/offline_reference.py "$ART" --sequence-lengths 8,128 \
       > "$run/offline.json"
   done
