@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .spec import ModelEntry
 
@@ -73,6 +74,25 @@ class UnpackLimits:
             )
 
 
+class _NotPlain(Exception):
+    """A member tarfile's "data" filter would refuse (its name in args[0])."""
+
+
+def _plain_member(member: Any, dest: Path) -> Any:
+    """`member` as tarfile's "data" filter passes it, on a Python without the filters
+    (3.10 before 3.10.12, 3.11 before 3.11.4: Debian bookworm's 3.11.2): only files and
+    folders, inside `dest`, with no set-id bits and nobody else's write; else _NotPlain."""
+    inside = (dest / member.name).resolve()
+    if not (member.isfile() or member.isdir()) or member.name.startswith("/"):
+        raise _NotPlain(member.name)
+    if inside != dest.resolve() and dest.resolve() not in inside.parents:
+        raise _NotPlain(member.name)
+    member.mode &= 0o755
+    member.uid = member.gid = 0  # as root, owned by root, never by the archive's ids
+    member.uname = member.gname = ""
+    return member
+
+
 def unpack_tar(tarballs: list[Path], dest: Path, most: int | None = None) -> None:
     """Extract `tarballs` (gzip or not) into `dest` within one UnpackLimits for them all
     (their sizes together: many small archives get no more room than one of their joint
@@ -97,13 +117,17 @@ def unpack_tar(tarballs: list[Path], dest: Path, most: int | None = None) -> Non
                         else f"{tarball.name} (with those before it)"
                     )
                     limits.check(what, members, total)
-                    t.extract(member, dest, filter="data")
-        except (tarfile.TarError, OSError, ModelSourceError) as e:
+                    if hasattr(tarfile, "data_filter"):
+                        t.extract(member, dest, filter="data")
+                    else:
+                        t.extract(_plain_member(member, dest), dest)
+        except (tarfile.TarError, OSError, ModelSourceError, _NotPlain) as e:
             shutil.rmtree(dest, ignore_errors=True)
             if isinstance(e, ModelSourceError):
                 raise
-            if isinstance(e, tarfile.FilterError):
-                why = f"its member {e.tarinfo.name!r} is a link, a device or outside the archive"
+            if isinstance(e, (_NotPlain, getattr(tarfile, "FilterError", _NotPlain))):
+                name = e.args[0] if isinstance(e, _NotPlain) else e.tarinfo.name
+                why = f"its member {name!r} is a link, a device or outside the archive"
             else:  # an OSError's path is this host's business, its reason the caller's
                 why = (e.strerror or type(e).__name__) if isinstance(e, OSError) else str(e)
             raise ModelSourceError(f"{tarball.name} is not a usable tar.gz: {why}") from None

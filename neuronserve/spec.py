@@ -405,12 +405,12 @@ class WorkerSection(Section):
         IN_FLIGHT,
         ge=1,
         le=4,
-        description="batches a Triton instance on a Neuron target holds at once: 2 "
-        "(default) keeps its NeuronCore busy while the host parses and answers the batch "
-        "beside the one on the device; 1 answers each batch before taking the next. A "
-        "batch held by an instance whose process dies (killed, out of memory) fails at once "
-        "with 1; beyond the first, Triton never answers it: its clients' timeouts end it "
-        "(the front's deadline_s). TorchServe's workers hold one batch whatever this says",
+        description="batches a worker on a Neuron target holds at once: 2 (default) keeps "
+        "its NeuronCore busy while the host parses and answers the batch beside the one on "
+        "the device; 1 answers each batch before taking the next. In a Triton repository, "
+        "a batch held by an instance whose process dies (killed, out of memory) fails at "
+        "once with 1; beyond the first, Triton never answers it: its clients' timeouts end "
+        "it. TorchServe's workers hold one batch whatever this says",
     )
 
     @model_validator(mode="after")

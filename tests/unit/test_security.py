@@ -445,3 +445,59 @@ def test_a_module_folder_outside_the_model_is_refused(tmp_path, path):
         )
     )
     assert read_modules(tmp_path).normalize
+
+
+def _tarball(path: Path, members: list[tuple[str, bytes | None, str | None]]) -> Path:
+    """A model.tar.gz of (name, file bytes or None for a link, the link's target)."""
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as t:
+        for name, data, link in members:
+            info = tarfile.TarInfo(name)
+            if link is not None:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                t.addfile(info)
+            else:
+                assert data is not None
+                info.size, info.mode = len(data), 0o6777  # set-id and world-writable
+                t.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize("filters", [True, False], ids=["with-filters", "python-3.11.2"])
+def test_a_model_archive_extracts_its_files_only_on_every_supported_python(
+    tmp_path, monkeypatch, filters
+):
+    """Python 3.10 before 3.10.12 and 3.11 before 3.11.4 (Debian bookworm's 3.11.2) have
+    no extraction filters: tarfile.extract takes no `filter`. Both ways, a plain archive
+    extracts (without set-id or world-write bits) and a link or a path out of the
+    folder is refused, with nothing left."""
+    import tarfile
+
+    from neuronserve.sources import ModelSourceError, unpack_tar
+
+    if not filters:
+        monkeypatch.delattr(tarfile, "data_filter")
+        monkeypatch.delattr(tarfile, "FilterError")
+        plain_extract = tarfile.TarFile.extract
+
+        def extract(self, member, path="", **kw):
+            if "filter" in kw:  # as 3.11.2 answers
+                raise TypeError("TarFile.extract() got an unexpected keyword argument 'filter'")
+            return plain_extract(self, member, path, **kw)
+
+        monkeypatch.setattr(tarfile.TarFile, "extract", extract)
+    good = _tarball(tmp_path / "good.tar.gz", [("manifest.json", b"{}", None)])
+    unpack_tar([good], tmp_path / "out")
+    written = tmp_path / "out" / "manifest.json"
+    assert written.read_bytes() == b"{}"
+    assert stat.S_IMODE(written.stat().st_mode) & 0o7022 == 0
+    for bad in (
+        [("manifest.json", b"{}", None), ("weights", None, "/etc/passwd")],
+        [("../outside.json", b"{}", None)],
+    ):
+        dest = tmp_path / "refused"
+        with pytest.raises(ModelSourceError, match="is a link, a device or outside the archive"):
+            unpack_tar([_tarball(tmp_path / "bad.tar.gz", bad)], dest)
+        assert not dest.exists() and not (tmp_path / "outside.json").exists()
