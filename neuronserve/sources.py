@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from .spec import ModelEntry
 
@@ -126,7 +126,8 @@ def unpack_tar(tarballs: list[Path], dest: Path, most: int | None = None) -> Non
             if isinstance(e, ModelSourceError):
                 raise
             if isinstance(e, (_NotPlain, getattr(tarfile, "FilterError", _NotPlain))):
-                name = e.args[0] if isinstance(e, _NotPlain) else e.tarinfo.name
+                # FilterError: its member is the one refused
+                name = e.args[0] if isinstance(e, _NotPlain) else cast(Any, e).tarinfo.name
                 why = f"its member {name!r} is a link, a device or outside the archive"
             else:  # an OSError's path is this host's business, its reason the caller's
                 why = (e.strerror or type(e).__name__) if isinstance(e, OSError) else str(e)

@@ -27,6 +27,7 @@ from typing import Any
 
 import yaml
 
+from .. import targets
 from ..spec import DeploySpec, env_of
 from .sagemaker.context import ContextError, check_runs, package_sagemaker
 
@@ -174,9 +175,7 @@ def _pod(spec: DeploySpec, target: str, o: ClusterOptions) -> Pod:
         )
     if o.min_replicas < 1 or o.max_replicas < o.min_replicas:
         raise ClusterError(f"replicas: need 1 <= min ({o.min_replicas}) <= max ({o.max_replicas})")
-    memory = o.memory or _memory(
-        [e.artifact for e in spec.model_entries()], cores // cores_per_worker
-    )
+    memory = o.memory or _memory(spec, target, cores // cores_per_worker)
     return Pod(
         name=_dns_name(name),
         target=target,
@@ -197,12 +196,27 @@ def _dns_name(name: str) -> str:
     return out
 
 
-def _memory(artifacts: list[Path], workers: int) -> str:
-    """A memory request from the artifacts: every worker holds every model's weights once
-    more while loading, plus the front and the tokenizers."""
-    weights = sum(f.stat().st_size for a in artifacts for f in Path(a).rglob("*") if f.is_file())
-    gib = 1.5 + 2 * workers * weights / 2**30
-    return f"{math.ceil(gib)}Gi"
+def _memory(spec: DeploySpec, target: str, workers: int) -> str:
+    """The pod's memory: on CPU what the server's own memory plan asks of the host for
+    these workers (placement.memory_plan: each worker's models, activations and runtime,
+    and the front's and the supervisor's reserve), so a pod at its limit starts;
+    on Neuron, where the models live on the device, the host's share: the weights once
+    more per worker while loading, the front and the tokenizers."""
+    from .. import placement
+    from ..artifact import read_manifest
+
+    entries = spec.model_entries()
+    if targets.core_kind(target) == "cpu":
+        models = []
+        for e in entries:
+            manifest = read_manifest(e.artifact, verify=False)
+            models.append((e.served_name(manifest.name), manifest, Path(e.artifact)))
+        plan = placement.WorkerPlan("cpu", workers, spec.worker.cores_per_worker, None)
+        need = placement.memory_plan(models, plan, None, target).need
+        return f"{math.ceil((workers * need + placement.HOST_RESERVE) / 2**30)}Gi"
+    artifacts = [Path(e.artifact) for e in entries]
+    weights = sum(f.stat().st_size for a in artifacts for f in a.rglob("*") if f.is_file())
+    return f"{math.ceil(1.5 + 2 * workers * weights / 2**30)}Gi"
 
 
 def deployment(pod: Pod, namespace: str, replicas: int, claim: str | None) -> dict[str, Any]:

@@ -232,3 +232,24 @@ def test_kubernetes_mode_needs_its_key(monkeypatch):
     monkeypatch.delenv("NEURONSERVE_PLATFORM")
     with pytest.raises(sagemaker.PlatformError, match="NEURONSERVE_PLATFORM is not set"):
         sagemaker.platform()
+
+
+def test_a_pods_memory_is_what_the_servers_own_memory_plan_asks(tiny_artifact, monkeypatch):
+    """The limit the Deployment writes is the one at which the server's own check (each
+    worker's models, activations and runtime, and the front's reserve) passes, and a GiB
+    less is refused by it: the pod does not crash-loop on its own memory plan."""
+    from neuronserve import placement
+
+    spec = spec_of(tiny_artifact)
+    deploy = k8s.manifests(spec, "cpu", k8s.ClusterOptions("x", cores=8))["plain/deployment.yaml"]
+    limits = deploy[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["cpu"] == "8" and limits["memory"].endswith("Gi")
+    limit = int(limits["memory"][:-2]) * 2**30
+    manifest = read_manifest(tiny_artifact)
+    models = [(manifest.name, manifest, tiny_artifact)]
+    plan = placement.WorkerPlan("cpu", 8, 1, 8)
+    for memory, fits in ((limit, True), (limit - 2**30, False)):
+        monkeypatch.setattr(placement, "_host_memory", lambda m=memory: m)
+        assert placement.memory_plan(models, plan, None).fits is fits, placement.memory_plan(
+            models, plan, None
+        ).lines()
