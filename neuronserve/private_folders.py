@@ -10,8 +10,9 @@ rule, as OpenSSH's StrictModes and sudo apply it to the files they trust:
 - the folders neuronserve makes or owns (the run folder itself, and the levels a caller
   names as its own) are real folders, not symlinks, owned by this user, mode 0700: made
   so, or found so (one found more open is refused, never chmodded);
-- every folder above them is owned by this user or by root, and no other user can write
-  it, unless it has the sticky bit (/tmp): there nobody can rename or remove what is not
+- every folder above them is owned by this user or by root (or, in a user namespace, by
+  an owner outside it, which no user inside can be), and no other user can write it,
+  unless it has the sticky bit (/tmp): there nobody can rename or remove what is not
   theirs.
 """
 
@@ -56,11 +57,31 @@ def shared_above(folder: Path) -> str | None:
     st = os.stat(folder)
     if not stat.S_ISDIR(st.st_mode):
         return "is not a directory"
-    if st.st_uid not in (0, os.getuid()):
+    if st.st_uid not in (0, os.getuid()) and not unmapped_owner(st.st_uid):
         return f"is owned by uid {st.st_uid}, not this user ({os.getuid()}) or root"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
         return f"is writable by other users (mode {stat.S_IMODE(st.st_mode):o}, no sticky bit)"
     return None
+
+
+# where a user namespace says which of its ids are mapped, and which id it shows for an
+# owner it does not map (user_namespaces(7))
+UID_MAP = Path("/proc/self/uid_map")
+OVERFLOW_UID = Path("/proc/sys/kernel/overflowuid")
+
+
+def unmapped_owner(uid: int) -> bool:
+    """Whether `uid` is the overflow id a user namespace shows for an owner outside it (a
+    container's `/`, owned by the host's root, in a pod with its own user namespace): no
+    process in this namespace can be that user, so, like root, no local user here can
+    write or rename what it owns. On a host (every id mapped) it is just `nobody`."""
+    try:
+        overflow = int(OVERFLOW_UID.read_text())
+        ranges = [[int(n) for n in line.split()] for line in UID_MAP.read_text().splitlines()]
+    except (OSError, ValueError):
+        return False
+    mapped = any(len(r) == 3 and r[0] <= uid < r[0] + r[2] for r in ranges)
+    return uid == overflow and not mapped
 
 
 def private_folder(path: Path, own: int = 1) -> Path:
