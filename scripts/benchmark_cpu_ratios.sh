@@ -11,7 +11,7 @@
 # RUNS rounds (default 3), each model's rounds one after the other; ratios taken round by
 # round, then median (min-max): scripts/cpu_ratios.py. About 40 minutes on 2 cores.
 #
-#   INFINITY=/tmp/infvenv/bin/infinity_emb scripts/benchmark_cpu_ratios.sh  # -> benchmarks/cpu-ratios/
+#   INFINITY=/tmp/infvenv/bin/infinity_emb scripts/benchmark_cpu_ratios.sh  # -> benchmarks/cpu-ratios-one-and-32-texts/
 #
 # INFINITY: the peer's venv, for example
 #   python -m venv /tmp/infvenv && /tmp/infvenv/bin/pip install torch==2.13.0 \
@@ -27,7 +27,7 @@ command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; ex
 : "${INFINITY:?set INFINITY to the infinity_emb of the peer venv (see the comment above)}"
 NS=.venv/bin/neuronserve
 WORK=${WORK:-.bench}
-OUT=$(realpath -m "${OUT:-benchmarks/cpu-ratios}")
+OUT=$(realpath -m "${OUT:-benchmarks/cpu-ratios-one-and-32-texts}")
 RUNS=${RUNS:-3}
 mkdir -p "$WORK/art" "$OUT"
 date -u +"started %Y-%m-%dT%H:%M:%SZ on $(git rev-parse --short HEAD)" > "$OUT/when.txt"

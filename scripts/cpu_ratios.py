@@ -4,7 +4,7 @@ best texts/s for requests of 32 texts against the offline reference (the artifac
 OpenVINO model in process, batches of 32). Bests are over the concurrencies run; ratios
 are taken round by round, then given as median (min-max) over the rounds.
 
-    .venv/bin/python scripts/cpu_ratios.py benchmarks/cpu-ratios
+    .venv/bin/python scripts/cpu_ratios.py benchmarks/cpu-ratios-one-and-32-texts
 """
 
 from __future__ import annotations
@@ -105,4 +105,4 @@ def main(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("benchmarks/cpu-ratios"))
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path("benchmarks/cpu-ratios-one-and-32-texts"))
