@@ -313,4 +313,4 @@ def spread(texts: int, max_batch: int, idle: int) -> int:
     least SPREAD_ROWS texts), so that a large request on a quiet server is not served by
     one core while the others wait."""
     fewest = -(-texts // max_batch)
-    return max(fewest, min(idle, texts // SPREAD_ROWS))
+    return max(1, fewest, min(idle, texts // SPREAD_ROWS))
