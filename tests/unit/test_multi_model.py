@@ -338,16 +338,17 @@ def test_model_management_takes_the_admin_key_outside_sagemaker(tmp_path):
     assert config_of(spec, sagemaker=True).admin_keys is None
 
 
-def test_the_container_runs_the_contract_when_sagemaker_asks(tmp_path, monkeypatch):
+def test_the_container_runs_the_contract_when_sagemaker_asks(tmp_path, monkeypatch, tiny_artifact):
     """SAGEMAKER_MULTI_MODEL=true: a multi-model spec with the budget of the container's
-    environment, and a deployment that starts with no model at all (SageMaker loads them
-    through /models) whose workers follow the catalog."""
+    environment, and a deployment that starts with no model at all, not even the one
+    baked into the image (SageMaker loads them through /models and lists only those),
+    whose workers follow the catalog."""
     from neuronserve.platforms.sagemaker.entrypoint import sagemaker_deployment, sagemaker_spec
 
     monkeypatch.setenv("SAGEMAKER_MULTI_MODEL", "true")
     monkeypatch.setenv("NEURONSERVE_MEMORY_BUDGET_MB", "512")
     monkeypatch.setenv("NEURONSERVE_MODEL_DIR", str(tmp_path / "empty"))
-    monkeypatch.setenv("NEURONSERVE_BAKED_MODEL", str(tmp_path / "none"))
+    monkeypatch.setenv("NEURONSERVE_BAKED_MODEL", str(tiny_artifact))
     monkeypatch.setenv("SAGEMAKER_MODEL_SERVER_WORKERS", "1")
     spec = sagemaker_spec(tmp_path / "work")
     assert spec.multi_model.enabled and spec.multi_model.memory_budget_mb == 512
@@ -355,6 +356,7 @@ def test_the_container_runs_the_contract_when_sagemaker_asks(tmp_path, monkeypat
     assert deployment.multi_model and deployment.initial == {} and deployment.packaged.models == []
     assert deployment.spec.multi_model.catalog_dir == tmp_path / "work" / "catalog"
     monkeypatch.setenv("SAGEMAKER_MULTI_MODEL", "false")
+    monkeypatch.setenv("NEURONSERVE_BAKED_MODEL", str(tmp_path / "none"))
     with pytest.raises(Exception, match="no model in"):
         sagemaker_deployment(sagemaker_spec(tmp_path / "work"), tmp_path / "work")
 

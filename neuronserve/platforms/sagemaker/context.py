@@ -37,20 +37,25 @@ def _files() -> Path:
     return Path(str(resources.files("neuronserve.platforms.sagemaker.files")))
 
 
+# of the cpu extra, what the images leave out (requirements)
+IMAGE_LEAVES_OUT = {"nncf"}
+
+
 def requirements(target: str) -> list[str]:
     """neuronserve's own requirements, without torch (the Dockerfile
     installs the build of torch its target needs); an image that runs CPU artifacts also
-    gets every library a CPU module format needs (ONNX Runtime, OpenVINO), since `serve`
-    may be handed another artifact than the one packaged."""
+    gets the `cpu` extra: every CPU module format's runtime (ONNX Runtime, OpenVINO) and
+    what compiling for the CPU needs (onnx, onnxscript), since `serve` may be handed
+    another artifact than the one packaged, or a Hub id to compile at start. Not NNCF
+    (and its scientific stack): a model compiled at start chooses among the other
+    precisions; OpenVINO's int8 is compiled ahead of time."""
     from packaging.requirements import Requirement
-
-    from ...compile.cpu import RUNTIME_PACKAGES
 
     out = []
     for line in metadata.requires("neuronserve") or []:
         req = Requirement(line)
         wanted = req.marker is None or req.marker.evaluate({"extra": ""})
-        if "cpu" in RUNS[target] and req.name in RUNTIME_PACKAGES.values():
+        if "cpu" in RUNS[target] and req.name not in IMAGE_LEAVES_OUT:
             wanted = wanted or bool(req.marker and req.marker.evaluate({"extra": "cpu"}))
         if wanted and req.name != "torch":
             req.marker = None

@@ -161,7 +161,7 @@ def sagemaker_deployment(spec: DeploySpec, work: Path) -> Deployment:
         ]
     else:
         try:
-            source = model_source()
+            source = model_source(baked=not spec.multi_model.enabled)
         except ModelSourceError:
             if not spec.multi_model.enabled:
                 raise
