@@ -31,6 +31,7 @@ OUT=$(realpath -m "${OUT:-benchmarks/cpu-ratios-one-and-32-texts}")
 RUNS=${RUNS:-3}
 mkdir -p "$WORK/art" "$OUT"
 date -u +"started %Y-%m-%dT%H:%M:%SZ on $(git rev-parse --short HEAD)" > "$OUT/when.txt"
+source scripts/infinity_peer.sh
 PID=""
 trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null || true' EXIT
 
@@ -54,38 +55,7 @@ import sys
 from neuronserve.compile.driver import describe
 print(describe(sys.argv[1]))" "$ART" > "$OUT/$MODEL/precision.txt"
 
-  PEER_DIR="$(realpath -m "$WORK/$MODEL-onnx")"
-  if [ ! -f "$PEER_DIR/onnx/model.onnx" ]; then
-    rm -rf "$PEER_DIR" && cp -r "$MODEL_DIR" "$PEER_DIR" && mkdir -p "$PEER_DIR/onnx"
-    "$(dirname "$INFINITY")/python" - "$PEER_DIR" <<'PY'
-import inspect
-import sys
-import torch
-from transformers import AutoModel, AutoTokenizer
-d = sys.argv[1]
-model, tok = AutoModel.from_pretrained(d).eval(), AutoTokenizer.from_pretrained(d)
-enc = tok(["a sentence to trace"], return_tensors="pt")
-# in the order of forward's own parameters (DistilBERT takes no token_type_ids)
-takes = list(inspect.signature(model.forward).parameters)
-names = [n for n in takes if n in ("input_ids", "attention_mask", "token_type_ids") and n in enc]
-axes = {n: {0: "batch_size", 1: "sequence_length"} for n in [*names, "last_hidden_state"]}
-torch.onnx.export(model, tuple(enc[n] for n in names), f"{d}/onnx/model.onnx",
-                  input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
-                  opset_version=17, dynamo=False)
-# an embedder to the peer, whatever head the checkpoint was saved with
-model.config.architectures = [type(model).__name__]
-model.config.save_pretrained(d)
-PY
-  fi
-  HF_HUB_OFFLINE=1 INFINITY_ANONYMOUS_USAGE_STATS=0 DO_NOT_TRACK=1 "$INFINITY" v2 \
-    --model-id "$PEER_DIR" --engine optimum --no-onnx-disable-optimize --device cpu \
-    --port 7997 > "$WORK/infinity-$MODEL.log" 2>&1 &
-  PID=$!
-  echo "waiting for infinity-emb (optimum) on port 7997 ..."
-  until curl -sf http://127.0.0.1:7997/health > /dev/null; do
-    kill -0 "$PID" || { tail "$WORK/infinity-$MODEL.log"; exit 1; }
-    sleep 1
-  done
+  start_infinity "$MODEL_DIR" "$MODEL"
   # the peer idles while our server is measured, and the other way round
   for i in $(seq 1 "$RUNS"); do
     run="$OUT/$MODEL/run$i"

@@ -37,32 +37,8 @@ PEERS=()
 PID=""
 trap '[ -n "$PID" ] && kill "$PID" 2>/dev/null || true' EXIT
 if [ -n "${INFINITY:-}" ]; then
-  PEER_DIR="$(realpath -m "$WORK/minilm-onnx")"
-  if [ ! -f "$PEER_DIR/onnx/model.onnx" ]; then
-    rm -rf "$PEER_DIR" && cp -r "$MODEL_DIR" "$PEER_DIR" && mkdir -p "$PEER_DIR/onnx"
-    "$(dirname "$INFINITY")/python" - "$PEER_DIR" <<'EOF'
-import sys
-import torch
-from transformers import AutoModel, AutoTokenizer
-d = sys.argv[1]
-model, tok = AutoModel.from_pretrained(d).eval(), AutoTokenizer.from_pretrained(d)
-enc = tok(["a sentence to trace"], return_tensors="pt")
-names = ["input_ids", "attention_mask", "token_type_ids"]
-axes = {n: {0: "batch_size", 1: "sequence_length"} for n in [*names, "last_hidden_state"]}
-torch.onnx.export(model, tuple(enc[n] for n in names), f"{d}/onnx/model.onnx",
-                  input_names=names, output_names=["last_hidden_state"], dynamic_axes=axes,
-                  opset_version=17, dynamo=False)
-EOF
-  fi
-  HF_HUB_OFFLINE=1 INFINITY_ANONYMOUS_USAGE_STATS=0 DO_NOT_TRACK=1 "$INFINITY" v2 \
-    --model-id "$PEER_DIR" --engine optimum --no-onnx-disable-optimize --device cpu \
-    --port 7997 > "$WORK/infinity-optimum.log" 2>&1 &
-  PID=$!
-  echo "waiting for infinity-emb (optimum) on port 7997 ..."
-  until curl -sf http://127.0.0.1:7997/health > /dev/null; do
-    kill -0 "$PID" || { tail "$WORK/infinity-optimum.log"; exit 1; }
-    sleep 1
-  done
+  source scripts/infinity_peer.sh
+  start_infinity "$MODEL_DIR" minilm
   PEERS+=(-e "infinity-optimum=openai:http://127.0.0.1:7997/embeddings")
 fi
 
