@@ -245,7 +245,14 @@ def run_page(page: Path, reader) -> None:
     shutil.copytree(env_model(env), work / "all-MiniLM-L6-v2", copy_function=os.link)
     script = PREAMBLE + "\n".join(as_script(b) for b in runnable) + 'echo "## end (${SECONDS}s)"\n'
     (work / "page.sh").write_text(script)
-    run = dict(cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    # a temporary folder of the page's own: a TorchServe it starts keeps its pid file and
+    # its workers' sockets there (/tmp/.model_server.pid, /tmp/.ts.sock.9000: the same
+    # names for every TorchServe on the host, shared across network namespaces), so it
+    # neither waits on another's workers nor stops another TorchServe
+    tmp = work / "tmp"
+    tmp.mkdir()
+    page_env = {**env, "TMPDIR": str(tmp), "TEMP": str(tmp)}
+    run = dict(cwd=work, env=page_env, capture_output=True, text=True, timeout=900)
     try:
         if OWN_NETWORK is not None:
             script_cmd = f"ip link set lo up && {OWN_SHM} && exec bash page.sh"

@@ -465,11 +465,21 @@ def standin_process(
     ):
         sys.modules.pop(name, None)
     import _standin_runtime
+    import torch
 
+    # importing the stand-in torch_neuron sets torch.neuron, as the SDK does: put back what
+    # was there, or a later test's library takes it for a Neuron device (transformers asks
+    # torch.neuron.is_available(), which Inf1's module never had)
+    had_neuron = hasattr(torch, "neuron")
+    neuron = getattr(torch, "neuron", None)
     _standin_runtime.reset()
     try:
         yield
     finally:
+        if had_neuron:
+            torch.neuron = neuron
+        elif hasattr(torch, "neuron"):
+            del torch.neuron
         sys.path.remove(str(STANDIN))
         for name in (
             "torch_neuronx",

@@ -152,8 +152,11 @@ def test_a_hub_id_from_a_mounted_offline_cache(run, tmp_path, tiny_embedder_dir)
             "-e", "HF_HUB_CACHE=/opt/hf/hub", "-v", f"{cache}:/opt/hf/hub:ro")  # fmt: skip
     c.ready()
     texts = ["one short text", "and another one"]
-    # a model without a sentence-transformers config: its CLS vector, as it computes it
-    assert np.allclose(_embed(c.url, texts), _cls(tiny_embedder_dir, texts), atol=1e-3)
+    # a model without a sentence-transformers config: its CLS vector, as it computes it,
+    # within the accuracy floor of the precision compiling at start chose (bf16 on AMX)
+    got, want = _embed(c.url, texts), _cls(tiny_embedder_dir, texts)
+    cosine = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    assert got.shape == want.shape and cosine.min() > 0.999, cosine
     code, took = c.stop()
     assert code == 0 and took < 10, (code, took, c.logs())
 
