@@ -59,43 +59,6 @@ def test_a_folder_above_owned_by_another_user_is_refused(tmp_path):
         private_folder(theirs / "run")
 
 
-# in a user namespace of its own (as a pod's with hostUsers: false, or a rootless
-# container), `/` and /tmp belong to an owner it does not map: they show as the overflow uid
-_IN_A_NAMESPACE = r"""
-import shutil, sys, tempfile
-from pathlib import Path
-exec(sys.stdin.read())  # private_folders.py, which imports the standard library only
-base = Path(tempfile.mkdtemp())
-print(private_folder(base / "leases" / "run", own=2))
-shutil.rmtree(base)
-"""
-
-
-def test_a_lease_folder_is_made_inside_a_user_namespace(tmp_path):
-    """As `nobody` in a user namespace mapping only itself to root: `/` and /tmp are
-    owned by the overflow uid there, which no user inside can be; the folder is made, as
-    it would be under root's `/`. On the host the same uid is `nobody`, refused above."""
-    import subprocess
-
-    from helpers import as_nobody
-
-    from neuronserve import private_folders
-
-    prefix = as_nobody()
-    if (
-        prefix is None
-        or subprocess.run(
-            [*prefix[:4], "unshare", "-U", "-r", "true"], capture_output=True
-        ).returncode
-    ):
-        pytest.skip("needs root, runuser and unprivileged user namespaces")
-    inside = [*prefix[:4], "unshare", "-U", "-r", *prefix[4:], "-c", _IN_A_NAMESPACE]
-    source = Path(private_folders.__file__).read_text()
-    done = subprocess.run(inside, input=source, capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().endswith("leases/run")
-
-
 def test_a_sticky_shared_folder_above_is_allowed_and_made_folders_are_private(tmp_path):
     tmp_like = tmp_path / "tmp"
     tmp_like.mkdir()
