@@ -53,6 +53,16 @@ IN_FLIGHT_PER_WORKER = 8
 # Loading a model and warming every bucket: minutes for a Neuron artifact on first load.
 STARTUP_S = 600
 API_KEY_ITEM = "api-key"
+# the image's USER (Dockerfile.*): named in the manifest so runAsNonRoot is checked
+# against a number the kubelet sees, as the restricted Pod Security Standard asks
+IMAGE_UID = 10001
+# The pod's only writable folder, its /tmp (the image's HOME and the server's work folder:
+# the workers' store, their sockets and logs, Hub downloads): an emptyDir of medium Memory,
+# a tmpfs, whose root is mode 1777 as a /tmp should be; a disk emptyDir is 0777 without the
+# sticky bit, where another user could rename the server's private folders away
+# (kubernetes pkg/volume/emptydir: defaultPerm 0777; tmpfs's own default mode is 1777).
+# Its pages count against the pod's memory: the store's copy of the models, plus this.
+SCRATCH_RESERVE = 256 * 2**20
 
 
 class ClusterError(ContextError):
@@ -87,6 +97,7 @@ class Pod:
     cores: int
     cores_per_worker: int
     memory: str
+    scratch: str  # the /tmp emptyDir's sizeLimit, part of `memory`
     secret: str
     grace_s: int
     options: ClusterOptions
@@ -149,8 +160,17 @@ class Pod:
             "ports": [{"name": "http", "containerPort": PORT, "protocol": "TCP"}],
             "env": self.env(model_dir),
             "resources": self.resources(),
-            # the image's USER 10001: checked by the kubelet, no way back to root
-            "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
+            # the restricted Pod Security Standard: the image's user, checked by the
+            # kubelet, no way back to root, nothing written outside the scratch volume
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": IMAGE_UID,
+                "allowPrivilegeEscalation": False,
+                "readOnlyRootFilesystem": True,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "volumeMounts": [{"name": "scratch", "mountPath": "/tmp"}],
             # /ping is 200 only once every worker has loaded and warmed up
             "startupProbe": probe("/ping", 5, STARTUP_S // 5),
             "readinessProbe": probe("/ping", 5, 2),
@@ -159,6 +179,9 @@ class Pod:
             # is restarted
             "livenessProbe": probe("/health", 10, 12),
         }
+
+    def volumes(self) -> list[dict[str, Any]]:
+        return [{"name": "scratch", "emptyDir": {"medium": "Memory", "sizeLimit": self.scratch}}]
 
 
 def _pod(spec: DeploySpec, target: str, o: ClusterOptions) -> Pod:
@@ -175,13 +198,15 @@ def _pod(spec: DeploySpec, target: str, o: ClusterOptions) -> Pod:
         )
     if o.min_replicas < 1 or o.max_replicas < o.min_replicas:
         raise ClusterError(f"replicas: need 1 <= min ({o.min_replicas}) <= max ({o.max_replicas})")
-    memory = o.memory or _memory(spec, target, cores // cores_per_worker)
+    scratch = _scratch(spec)
+    memory = o.memory or _memory(spec, target, cores // cores_per_worker, scratch)
     return Pod(
         name=_dns_name(name),
         target=target,
         cores=cores,
         cores_per_worker=cores_per_worker,
         memory=memory,
+        scratch=f"{math.ceil(scratch / 2**20)}Mi",
         secret=o.api_key_secret or f"{_dns_name(name)}-api-key",
         # the front drains for up to its deadline, then stops its workers
         grace_s=int(spec.front.deadline_s) + 30,
@@ -196,12 +221,25 @@ def _dns_name(name: str) -> str:
     return out
 
 
-def _memory(spec: DeploySpec, target: str, workers: int) -> str:
+def _artifact_bytes(spec: DeploySpec) -> int:
+    return sum(
+        f.stat().st_size for e in spec.model_entries() for f in Path(e.artifact).rglob("*")
+        if f.is_file()
+    )  # fmt: skip
+
+
+def _scratch(spec: DeploySpec) -> int:
+    """The /tmp tmpfs: the workers' store holds a copy of every model."""
+    return _artifact_bytes(spec) + SCRATCH_RESERVE
+
+
+def _memory(spec: DeploySpec, target: str, workers: int, scratch: int) -> str:
     """The pod's memory: on CPU what the server's own memory plan asks of the host for
     these workers (placement.memory_plan: each worker's models, activations and runtime,
     and the front's and the supervisor's reserve), so a pod at its limit starts;
     on Neuron, where the models live on the device, the host's share: the weights once
-    more per worker while loading, the front and the tokenizers."""
+    more per worker while loading, the front and the tokenizers. Both with the scratch
+    tmpfs on top."""
     from .. import placement
     from ..artifact import read_manifest
 
@@ -213,26 +251,26 @@ def _memory(spec: DeploySpec, target: str, workers: int) -> str:
             models.append((e.served_name(manifest.name), manifest, Path(e.artifact)))
         plan = placement.WorkerPlan("cpu", workers, spec.worker.cores_per_worker, None)
         need = placement.memory_plan(models, plan, None, target).need
-        return f"{math.ceil((workers * need + placement.HOST_RESERVE) / 2**30)}Gi"
-    artifacts = [Path(e.artifact) for e in entries]
-    weights = sum(f.stat().st_size for a in artifacts for f in a.rglob("*") if f.is_file())
-    return f"{math.ceil(1.5 + 2 * workers * weights / 2**30)}Gi"
+        return f"{math.ceil((workers * need + placement.HOST_RESERVE + scratch) / 2**30)}Gi"
+    weights = _artifact_bytes(spec)
+    return f"{math.ceil(1.5 + (2 * workers * weights + scratch) / 2**30)}Gi"
 
 
 def deployment(pod: Pod, namespace: str, replicas: int, claim: str | None) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "terminationGracePeriodSeconds": pod.grace_s,
         "containers": [pod.container("neuronserve", "/mnt/models" if claim else None)],
+        "volumes": pod.volumes(),
     }
     if pod.scheduler:
         spec["schedulerName"] = pod.scheduler
     if claim:
-        spec["containers"][0]["volumeMounts"] = [
+        spec["containers"][0]["volumeMounts"].append(
             {"name": "model", "mountPath": "/mnt/models", "readOnly": True}
-        ]
-        spec["volumes"] = [
+        )
+        spec["volumes"].append(
             {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        ]
+        )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -332,6 +370,7 @@ def serving_runtime(pod: Pod, namespace: str) -> dict[str, Any]:
             "supportedModelFormats": [{"name": "neuronserve", "version": "1", "autoSelect": True}],
             "protocolVersions": ["v1"],
             "containers": [container],
+            "volumes": pod.volumes(),
         },
     }
 

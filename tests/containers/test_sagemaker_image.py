@@ -170,3 +170,12 @@ def _cls(model_dir: Path, texts: list[str]) -> np.ndarray:
     with torch.no_grad():
         rows = [model.eval()(**tok(t, return_tensors="pt")).last_hidden_state[0, 0] for t in texts]
     return torch.stack(rows).numpy()
+
+
+def test_the_image_holds_our_server_only(cpu_image):
+    """No Java runtime, no tritonserver, no TorchServe or Triton packages: only our server."""
+    found = docker("run", "--rm", "--entrypoint", "sh", cpu_image, "-c",
+                   "command -v java tritonserver torchserve; python3 -m pip list --format=freeze"
+                   " | grep -i -E '^(torchserve|model-archiver|tritonclient|nvidia-pytriton)='"
+                   "; true")  # fmt: skip
+    assert found.stdout.strip() == "", found.stdout

@@ -136,9 +136,9 @@ def test_a_claim_mounts_the_model_and_kserve_fetches_it(tiny_artifact):
     deploy = objs["plain/deployment.yaml"][0]
     kubernetes_validate.validate(deploy, k8s.KUBERNETES_VERSION, strict=True)
     pod = deploy["spec"]["template"]["spec"]
-    assert pod["volumes"][0]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert pod["volumes"][-1]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
     (c,) = pod["containers"]
-    assert c["volumeMounts"][0]["mountPath"] == "/mnt/models"
+    assert {"name": "model", "mountPath": "/mnt/models", "readOnly": True} in c["volumeMounts"]
     assert {"name": "NEURONSERVE_MODEL_DIR", "value": "/mnt/models"} in c["env"]
     assert c["resources"]["limits"]["cpu"] == "4"
     isvc = objs["kserve/inference-service.yaml"][0]
@@ -236,15 +236,18 @@ def test_kubernetes_mode_needs_its_key(monkeypatch):
 
 def test_a_pods_memory_is_what_the_servers_own_memory_plan_asks(tiny_artifact, monkeypatch):
     """The limit the Deployment writes is the one at which the server's own check (each
-    worker's models, activations and runtime, and the front's reserve) passes, and a GiB
-    less is refused by it: the pod does not crash-loop on its own memory plan."""
+    worker's models, activations and runtime, and the front's reserve) passes with the
+    scratch tmpfs full, and a GiB less is refused by it: the pod does not crash-loop on its
+    own memory plan."""
     from neuronserve import placement
 
     spec = spec_of(tiny_artifact)
     deploy = k8s.manifests(spec, "cpu", k8s.ClusterOptions("x", cores=8))["plain/deployment.yaml"]
     limits = deploy[0]["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert limits["cpu"] == "8" and limits["memory"].endswith("Gi")
-    limit = int(limits["memory"][:-2]) * 2**30
+    (scratch,) = deploy[0]["spec"]["template"]["spec"]["volumes"]
+    assert scratch["emptyDir"]["medium"] == "Memory"  # its pages count against the limit
+    limit = int(limits["memory"][:-2]) * 2**30 - int(scratch["emptyDir"]["sizeLimit"][:-2]) * 2**20
     manifest = read_manifest(tiny_artifact)
     models = [(manifest.name, manifest, tiny_artifact)]
     plan = placement.WorkerPlan("cpu", 8, 1, 8)
