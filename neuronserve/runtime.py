@@ -434,6 +434,10 @@ class Runner:
             return self._encode_images(live, results)
         if self.task.windowed:
             return self._encode_windows(live, results)
+        chunked = [(i, r) for i, r in live if r.parameters.get("chunking")]
+        if chunked:
+            whole = [(i, r) for i, r in live if not r.parameters.get("chunking")]
+            return {**self._encode(whole, results), **self._encode_chunks(chunked, results)}
         tokenizer = cast(TextTokenizer, self.tokenizer)
         offsets = self.task.uses_offsets
         modes: dict[tuple[bool, str], list[int]] = {}
@@ -494,11 +498,39 @@ class Runner:
                 )
         return out
 
+    def _encode_chunks(
+        self, live: Sequence[tuple[int, TaskRequest]], results: list[Outputs | None]
+    ) -> dict[int, list[list[Encoded]]]:
+        """Each text of a request that asked for chunking as its chunks of the largest
+        compiled length (one when it fits), at most max_chunks_per_request in all."""
+        tokenizer = cast(TextTokenizer, self.tokenizer)
+        out = {}
+        for i, r in live:
+            overlap = r.parameters["chunking"]["overlap"]
+            try:
+                chunks = [tokenizer.chunks(cast(str, t), overlap) for t in r.texts]
+            except ValueError as e:
+                results[i] = RequestError(
+                    f"chunking.overlap {overlap} leaves no room for new text in a chunk of "
+                    f"{self.max_sequence_length} tokens: ask for a smaller overlap ({e})",
+                    status=422,
+                )
+                continue
+            results[i] = self.limits.check_chunks(sum(len(c) for c in chunks))
+            if results[i] is None:
+                out[i] = chunks
+        return out
+
     def _too_long(self, encoded: Sequence[Sequence[Any]]) -> RequestError | None:
         """The 413 for a request holding a text over the largest compiled length, which
         is left whole only when truncation is off."""
         if self.preprocessor is not None:
             return None  # every image is made the compiled size
+        chunks = (
+            ' or embedded in chunks ("chunking": true)'
+            if "chunking" in self.task.parameters
+            else ""
+        )
         for k, windows in enumerate(encoded):
             e = windows[0]
             if len(e.ids) > self.max_sequence_length:
@@ -506,7 +538,7 @@ class Runner:
                     f"inputs[{k}] is {e.full_length} tokens long; this model was compiled "
                     f"for at most {self.max_sequence_length} tokens and truncation is off. Send "
                     'shorter text, ask for it to be cut ("truncate": true in the request\'s '
-                    "parameters), compile with a larger --sequence-lengths, or set "
+                    f"parameters){chunks}, compile with a larger --sequence-lengths, or set "
                     "`truncation: true` for the deployment.",
                     status=413,
                 )

@@ -14,7 +14,7 @@ import numpy as np
 
 from . import __version__
 from .tasks import Task, get_task
-from .tasks.base import RequestLimits, Text, prompted
+from .tasks.base import RequestError, RequestLimits, TaskRequest, Text, prompted
 from .tokenization import TextTokenizer
 
 if TYPE_CHECKING:
@@ -36,6 +36,8 @@ class ServedModel:
     max_request_chars: int | None = None
     # an embedder's calibration for int8 and uint8 answers (None: it has none)
     calibration: Calibration | None = None
+    # the most chunks one request asking for chunking may make (max_chunks_per_request)
+    max_chunks: int | None = None
 
     @property
     def worker_name(self) -> str:
@@ -83,7 +85,19 @@ class ServedModel:
     @functools.cached_property
     def limits(self) -> RequestLimits:
         """What one request's texts may hold (its workers check the same)."""
-        return RequestLimits(chars=self.max_text_chars, total_chars=self.max_request_chars)
+        return RequestLimits(
+            chars=self.max_text_chars, total_chars=self.max_request_chars, chunks=self.max_chunks
+        )
+
+    def chunks_refused(self, request: TaskRequest) -> RequestError | None:
+        """The 413 for a request asking for chunking whose texts make more chunks than
+        it may, counted from their lengths before any worker's work (each worker counts
+        again, exactly, what it is sent)."""
+        chunking = request.parameters.get("chunking")
+        if not chunking or self.max_chunks is None or self.tokenizer is None:
+            return None
+        texts = [t for t in request.texts if isinstance(t, str)]
+        return self.limits.check_chunks(self.tokenizer.chunk_count(texts, chunking["overlap"]))
 
     @functools.cached_property
     def max_batch(self) -> int:

@@ -458,6 +458,13 @@ class LimitsSection(Section):
         ge=2,
         description="deepest nesting a JSON request body may have (413 beyond)",
     )
+    max_chunks_per_request: int = Field(
+        64,
+        ge=1,
+        description="most chunks of the largest compiled length the texts of one request "
+        "asking for chunking may make in all (413 beyond): what bounds the device time one "
+        "request of long texts can take",
+    )
 
 
 # what to run instead, for each server neuronserve once started itself

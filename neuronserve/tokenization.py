@@ -29,6 +29,9 @@ class Encoded:
     # the `tokenizers` Encoding: character offsets into the text sent, word ids, special
     # tokens (token-level tasks answer with them)
     source: Any = None
+    # a chunk of a longer text (`chunks`): the text's tokens it holds, from, to (special
+    # tokens not counted)
+    span: tuple[int, int] | None = None
 
     def row(self) -> dict[str, list[int]]:
         return {
@@ -66,6 +69,11 @@ class TextTokenizer:
         self._truncating: dict[str, Tokenizer] = {}
         self._to_length: Tokenizer | None = None
         self._to_length_lock = threading.Lock()
+        # one tokenizer for every overlap a request asks for (set per call, under the
+        # lock): one kept per value would let requests grow the worker's memory
+        self._overflowing = Tokenizer.from_str(self._json)
+        self._overflowing.no_padding()
+        self._overflowing_lock = threading.Lock()
 
     def _cutting(self, direction: str) -> Tokenizer:
         # made on first use: most deployments never cut from the left
@@ -117,20 +125,49 @@ class TextTokenizer:
         `stride` tokens: the transformers question-answering pipeline's split
         (truncation="only_second", return_overflowing_tokens). Raises ValueError when the
         question leaves no room for context."""
-        key = f"windows-{stride}"
-        if key not in self._truncating:
-            tok = Tokenizer.from_str(self._json)
-            tok.no_padding()
-            tok.enable_truncation(self.max_length, stride=stride, strategy="only_second")
-            self._truncating[key] = tok
-        try:
-            first = self._truncating[key].encode(*pair)
-        except Exception as e:  # noqa: BLE001 - the Rust error says why (no room for context)
-            raise ValueError(str(e)) from None
         return [
             Encoded(e.ids, e.attention_mask, e.type_ids, len(e.ids), e)
-            for e in (first, *first.overflowing)
+            for e in self._overflow(pair[0], pair[1], stride, "only_second")
         ]
+
+    def chunks(self, text: str, overlap: int) -> list[Encoded]:
+        """`text` as windows of at most `max_length` tokens on token boundaries, each with
+        the model's special tokens, consecutive windows sharing `overlap` tokens of the
+        text (one window when it fits); each window's `span` says which. Raises
+        ValueError when `overlap` leaves no room for new text in a window."""
+        out, start = [], 0
+        for e in self._overflow(text, None, overlap, "longest_first"):
+            held = len(e.ids) - sum(e.special_tokens_mask)
+            out.append(
+                Encoded(e.ids, e.attention_mask, e.type_ids, len(e.ids), e, (start, start + held))
+            )
+            start += held - overlap
+        return out
+
+    def chunk_count(self, texts: Sequence[str], overlap: int) -> int:
+        """How many chunks `chunks` makes of `texts` in all, from their lengths alone."""
+        room = self.max_length - self._full.num_special_tokens_to_add(False)
+        step = max(1, room - overlap)
+        lengths = [
+            len(e) for e in self._full.encode_batch_fast(list(texts), add_special_tokens=False)
+        ]
+        return sum(1 if n <= room else 1 + -(-(n - room) // step) for n in lengths)
+
+    def _overflow(self, text: str, pair: str | None, stride: int, strategy: str) -> list[Any]:
+        """`text` (and `pair`) cut to `max_length`, with every overflowing window."""
+        with self._overflowing_lock:
+            try:
+                self._overflowing.enable_truncation(
+                    self.max_length, stride=stride, strategy=strategy
+                )
+                first = self._overflowing.encode(text, pair)
+            # the Rust error says why (no room); a stride it cannot take panics, which
+            # reaches Python as a BaseException that must not end the worker's thread
+            except BaseException as e:
+                if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+                    raise
+                raise ValueError(str(e).splitlines()[0]) from None
+        return [first, *first.overflowing]
 
     @property
     def vocab_size(self) -> int:

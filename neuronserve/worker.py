@@ -123,6 +123,8 @@ class WorkerSettings(BaseModel):
     max_answer_bytes: int | None = None
     # the most characters one request's texts may hold in all, as read (max_body_bytes)
     max_request_chars: int | None = None
+    # the most chunks a request asking for chunking may make (max_chunks_per_request)
+    max_chunks: int | None = None
     # every model each worker loads, in the order packaging was given them
     models: list[ModelSettings] = []
     # multi-model: the catalog folder whose wanted models the worker follows (catalog.py)
@@ -140,6 +142,7 @@ class WorkerSettings(BaseModel):
             self.max_json_depth,
             self.max_answer_bytes,
             self.max_request_chars,
+            self.max_chunks,
         )
 
     def as_section(self) -> dict[str, Any]:

@@ -58,7 +58,10 @@ class InProcessWorkers(WorkerClient):
 
 
 def served(
-    runner, max_text_chars: int | None = None, max_request_chars: int | None = None
+    runner,
+    max_text_chars: int | None = None,
+    max_request_chars: int | None = None,
+    max_chunks: int | None = None,
 ) -> ServedModel:
     m = runner.manifest
     return ServedModel(
@@ -69,6 +72,7 @@ def served(
         tokenizer=_tokenizer(runner),
         max_request_chars=max_request_chars,
         calibration=ServedModel.calibration_of(m, runner.artifact_dir),
+        max_chunks=max_chunks,
     )
 
 
@@ -91,9 +95,10 @@ def config_of(spec, sagemaker: bool = False) -> FrontConfig:
 
 
 def front(tmp_path, runners: dict, **fields) -> tuple[TestClient, InProcessWorkers, Serving]:
-    config = config_of(load_spec(None, {"front_run_dir": tmp_path, **fields}))
-    serving = Serving(config)
+    spec = load_spec(None, {"front_run_dir": tmp_path, **fields})
+    serving = Serving(config_of(spec))
     engine = InProcessWorkers(runners)
-    chars, total = fields.get("max_text_chars"), config.max_body_bytes
-    serving.attach({name: served(r, chars, total) for name, r in runners.items()}, engine)
+    chars, total = fields.get("max_text_chars"), spec.limits.max_body_bytes
+    chunks = spec.limits.max_chunks_per_request
+    serving.attach({name: served(r, chars, total, chunks) for name, r in runners.items()}, engine)
     return TestClient(build_app(serving)), engine, serving

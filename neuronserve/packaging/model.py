@@ -181,6 +181,7 @@ def _worker_settings(
         max_text_chars=spec.limits.max_text_chars,
         max_json_depth=spec.limits.max_json_depth,
         max_answer_bytes=spec.limits.max_answer_bytes,
+        max_chunks=spec.limits.max_chunks_per_request,
         max_request_chars=spec.limits.max_body_bytes,
         batches_in_flight=spec.worker.batches_in_flight,
         **models,

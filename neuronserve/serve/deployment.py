@@ -198,6 +198,7 @@ class Deployment:
             else served_truncation(ModelEntry(artifact=artifact), self.spec, manifest),
             max_text_chars=self.spec.limits.max_text_chars,
             max_request_chars=self.spec.limits.max_body_bytes,
+            max_chunks=self.spec.limits.max_chunks_per_request,
             tokenizer=ServedModel.tokenizer_of(manifest, artifact),
             key=key,
             calibration=ServedModel.calibration_of(manifest, artifact),

@@ -61,6 +61,19 @@ class RequestLimits:
     # (max_body_bytes): a rerank query is read once per document, so a body within its
     # limit can ask for far more than it holds
     total_chars: int | None = None
+    # the most chunks the texts of a request asking for chunking may make
+    # (max_chunks_per_request): counted once they are tokenized
+    chunks: int | None = None
+
+    def check_chunks(self, chunks: int) -> RequestError | None:
+        if self.chunks is None or chunks <= self.chunks:
+            return None
+        return RequestError(
+            f"the request's texts make {chunks} chunks; this server runs at most "
+            f"{self.chunks} for one request (max_chunks_per_request): send fewer or shorter "
+            "texts per request, or a smaller chunking.overlap",
+            status=413,
+        )
 
     def check_answer(self, estimate: int | None, what: str) -> RequestError | None:
         """The 413 for a request whose answer would be about `estimate` bytes (described

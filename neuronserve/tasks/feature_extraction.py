@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -83,6 +83,9 @@ def cosines(got: np.ndarray, want: np.ndarray) -> dict[str, float]:
 
 
 TOKEN_EMBEDDINGS = "TOKEN_EMBEDDINGS"
+# how a long text's chunks become its answer: their mean weighted by the tokens of text
+# each holds, their elementwise max, or every chunk's vector with its span ("none")
+CHUNK_POOLING = ("mean", "max", "none")
 # the task setting saying the model's answers are L2-normalised by default, outside its
 # compiled module (a request may ask for them as they are: `normalize: false`)
 NORMALIZE = "normalize"
@@ -95,14 +98,21 @@ class FeatureExtraction(Task):
     auto_class = "AutoModel"
     name = "feature-extraction"
     accepts_pairs = False
-    parameters = frozenset({"prompt_name", "token_embeddings", "normalize"})
+    parameters = frozenset({"prompt_name", "token_embeddings", "normalize", "chunking"})
     takes_prompts = True
 
     def check_parameters(self, parameters: dict[str, Any]) -> dict[str, Any]:
-        boolean(parameters, "token_embeddings", False)
+        out = dict(parameters)
+        tokens = boolean(parameters, "token_embeddings", False)
         if parameters.get("normalize") is not None:
             boolean(parameters, "normalize", True)
-        return dict(parameters)
+        if parameters.get("chunking") not in (None, False):
+            if tokens:
+                raise RequestError("chunking and token_embeddings cannot be asked together")
+            out["chunking"] = chunking(parameters["chunking"])
+        else:
+            out.pop("chunking", None)
+        return out
 
     def wrap(
         self, model: torch.nn.Module, model_dir: Path, options: dict[str, Any]
@@ -168,12 +178,46 @@ class FeatureExtraction(Task):
         request: TaskRequest,
         info: dict[str, Any],
     ) -> Any:
+        if request.parameters.get("chunking") and not isinstance(outputs, list):
+            return self._pooled_chunks(outputs, encoded, request, info)
         if not isinstance(outputs, list):
             return self._normalized(outputs, request, info)  # pooled vectors only
         # each text's rows: its pooled vector, then one per token (as they came)
         if request.parameters.get("token_embeddings"):
             return [rows[1:] for rows in outputs]
         return self._normalized(np.stack([rows[0] for rows in outputs]), request, info)
+
+    def _pooled_chunks(
+        self,
+        rows: np.ndarray,
+        encoded: Sequence[Sequence[Encoded]],
+        request: TaskRequest,
+        info: dict[str, Any],
+    ) -> Any:
+        """Each text's answer from its chunks' vectors (the module's, before Normalize):
+        pooled as the request asked, then normalised as the model does; or, for pooling
+        "none", every chunk's vector so normalised, with the text's tokens it holds."""
+        pooling, at = request.parameters["chunking"]["pooling"], 0
+        out: list[Any] = []
+        for chunks in encoded:
+            vectors, at = rows[at : at + len(chunks)], at + len(chunks)
+            spans = [cast(tuple[int, int], c.span) for c in chunks]
+            if pooling == "none":
+                vectors = self._normalized(vectors, request, info)
+                out.append(
+                    [
+                        {"embedding": v, "span": list(sp)}
+                        for v, sp in zip(vectors, spans, strict=True)
+                    ]
+                )
+            elif pooling == "max":
+                out.append(vectors.max(axis=0))
+            else:
+                held = np.asarray([max(1, stop - start) for start, stop in spans], dtype=np.float64)
+                out.append((vectors * held[:, None]).sum(axis=0) / held.sum())
+        if pooling == "none":
+            return out
+        return self._normalized(np.stack(out).astype(np.float32), request, info)
 
     @staticmethod
     def _normalized(vectors: np.ndarray, request: TaskRequest, info: dict[str, Any]) -> Any:
@@ -189,6 +233,8 @@ class FeatureExtraction(Task):
         return normalized(vectors)
 
     def respond(self, outputs: Any, request: TaskRequest, info: dict[str, Any]) -> Any:
+        if (request.parameters.get("chunking") or {}).get("pooling") == "none":
+            return outputs[0] if request.single else outputs  # each text's chunks
         # float32 arrays, not lists of Python floats: orjson writes each number in the
         # fewest digits that read back as the same float32 (as TEI does), about half the
         # bytes of a float64's 17 digits, and without a Python object per number
@@ -198,6 +244,28 @@ class FeatureExtraction(Task):
             else np.ascontiguousarray(outputs, dtype=np.float32)
         )
         return vectors[0] if request.single else vectors
+
+
+def chunking(value: Any) -> dict[str, Any]:
+    """A request's `chunking` checked, with its defaults: `true`, or an object of
+    `overlap` (tokens consecutive chunks share, default 0) and `pooling` (CHUNK_POOLING,
+    default "mean")."""
+    given = {} if value is True else value
+    if not isinstance(given, dict) or set(given) - {"overlap", "pooling"}:
+        raise RequestError(
+            '"chunking" must be true or an object of "overlap" (tokens consecutive chunks '
+            f'share) and "pooling" ({", ".join(CHUNK_POOLING)}), got {value!r}'
+        )
+    overlap, pooling = given.get("overlap", 0), given.get("pooling", "mean")
+    if not isinstance(overlap, int) or isinstance(overlap, bool) or overlap < 0:
+        raise RequestError(
+            f'"chunking.overlap" must be a whole number of tokens >= 0, got {overlap!r}'
+        )
+    if pooling not in CHUNK_POOLING:
+        raise RequestError(
+            f'"chunking.pooling" must be one of {", ".join(CHUNK_POOLING)}, got {pooling!r}'
+        )
+    return {"overlap": overlap, "pooling": pooling}
 
 
 def prompt_fields(model_dir: Path) -> dict[str, Any]:

@@ -153,7 +153,19 @@ class Api:
         model = await self._model(request, "/v1/embeddings", body.model, EMBEDDINGS)
         texts = await _texts(model, body.input, "input")
         dims = _dimensions(model, body.dimensions)
-        prediction = await self.serving.predict(model, texts, {})
+        each_chunk = _each_chunk(body, dims)
+        prediction = await self.serving.predict(model, texts, _chunked({}, body))
+        if each_chunk:
+            tokens = await self.serving.count_tokens(model, texts, prediction)
+            each = [
+                {"object": "embedding", "index": i, "embedding": c["embedding"], "span": c["span"]}
+                for i, chunks in enumerate(prediction.value)
+                for c in chunks
+            ]
+            usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+            return json_response(
+                {"object": "list", "data": each, "model": model.name, "usage": usage}
+            )
         vectors = _vectors(prediction)
         if dims is not None:
             vectors = normalized(vectors[:, :dims])
@@ -247,14 +259,15 @@ class Api:
                 "earlier neuronserve): compile it again to serve normalize: false",
                 status=424,
             )
-        params = {**body.parameters(), **_prompt(body.prompt_name)}
+        params = _chunked({**body.parameters(), **_prompt(body.prompt_name)}, body)
         if outside:
             params["normalize"] = body.normalize
         quantized = _quantized(body) or body.encoding_format == "base64"
+        each_chunk = _each_chunk(body, dims)
         if model.task == "feature-extraction" and dims is None:
             prediction = await self.serving.predict(model, texts, params)
             as_answered = outside or body.normalize == bool(model.manifest.normalize)
-            if as_answered and not quantized:
+            if (as_answered and not quantized) or each_chunk:
                 return raw_json(prediction.raw)
             vectors = _vectors(prediction)
             if not as_answered:
@@ -621,6 +634,30 @@ def _target_model(request: Request) -> str | None:
     if not target:
         return None
     return target.removesuffix(".tar.gz")
+
+
+def _chunked(params: dict[str, Any], body: s.Chunked) -> dict[str, Any]:
+    """`params` with the body's `chunking`, when it asks for it."""
+    chunking = body.chunking_parameter()
+    return {**params, "chunking": chunking} if chunking else params
+
+
+def _each_chunk(body: s.Chunked, dims: int | None) -> bool:
+    """Whether the body asks for every chunk's vector (which comes as the model answers
+    it: floats, every dimension)."""
+    if not (isinstance(body.chunking, s.Chunking) and body.chunking.pooling == "none"):
+        return False
+    if (
+        dims is not None
+        or _quantized(cast(s.Quantized, body))
+        or getattr(body, "encoding_format", "float") != "float"
+    ):
+        raise RequestError(
+            'chunking.pooling "none" answers each chunk\'s float vector as the model gives it: '
+            "send it without dimensions, embedding_type or encoding_format base64",
+            status=422,
+        )
+    return True
 
 
 def _dimensions(model: ServedModel, dims: int | None) -> int | None:

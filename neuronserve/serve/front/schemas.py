@@ -132,6 +132,32 @@ class Truncation(Body):
 # OpenAI
 
 
+class Chunking(Body):
+    overlap: int = Field(0, ge=0, description="tokens of text consecutive chunks share")
+    pooling: Literal["mean", "max", "none"] = Field(
+        "mean",
+        description="mean: the chunks' vectors averaged, each weighted by the tokens of text "
+        "it holds; max: their elementwise max; none: every chunk's vector with its span (the "
+        "text's tokens it holds, from, to); pooled vectors are normalised as the model does",
+    )
+
+
+class Chunked(Body):
+    chunking: Chunking | bool | None = Field(
+        None,
+        description="an extension: a text longer than the largest compiled length is split "
+        "into chunks of that length (on token boundaries, the special tokens in each) that "
+        "run as rows of the same batches, and answered as one vector (or each chunk's); "
+        "`true` takes the defaults. Usage counts every token the model read",
+    )
+
+    def chunking_parameter(self) -> dict[str, Any] | bool | None:
+        """The task parameter `chunking` (checked again by the task, as /invocations'
+        parameters are)."""
+        c = self.chunking
+        return c.model_dump() if isinstance(c, Chunking) else (c or None)
+
+
 class Quantized(Body):
     """An extension of the embedding routes: each vector quantized as
     sentence-transformers' quantize_embeddings does (the model's calibration ranges for
@@ -150,7 +176,7 @@ class Quantized(Body):
     )
 
 
-class OpenAIEmbeddingsRequest(Quantized):
+class OpenAIEmbeddingsRequest(Quantized, Chunked):
     input: Inputs = Field(description="one text or a list of texts (or token ids)")
     model: str | None = Field(
         None,
@@ -226,7 +252,7 @@ class EmbedSparseRequest(EmbedAllRequest):
     pass
 
 
-class EmbedRequest(EmbedAllRequest, Quantized):
+class EmbedRequest(EmbedAllRequest, Quantized, Chunked):
     normalize: bool = Field(True, description="L2-normalise each embedding")
     dimensions: int | None = Field(
         None, ge=1, description="keep the first N dimensions (then normalise, if asked)"

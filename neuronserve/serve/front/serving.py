@@ -209,7 +209,7 @@ class Serving:
         task = model.handler
         with TRACING.span("parse", model=model.name):
             request = task.parse(inputs, parameters)
-            refused = model.limits.check(request)
+            refused = model.limits.check(request) or model.chunks_refused(request)
         if refused is not None:
             raise refused
         started = time.perf_counter()
