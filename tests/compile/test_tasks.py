@@ -205,6 +205,23 @@ def test_answers_equal_the_qa_pipelines_across_windows(qa):
     assert same_answers(got, [qa_reference(model, i["question"], i["context"], 32) for i in items])
 
 
+def test_a_doc_stride_the_tokenizer_cannot_take_fails_alone(qa):
+    """A stride as long as a window's room for context (the Rust tokenizer panics on it,
+    which Python sees as a BaseException) is that request's 413; its neighbour answers."""
+    model, runner = qa
+    context = " ".join(TEXTS)
+    bodies = [
+        {"question": "Who?", "context": context, "parameters": {"doc_stride": 31}},
+        {"question": "Who?", "context": context},
+    ]
+    refused, answered = runner.responses_for_bodies(
+        [(json.dumps(b), "application/json") for b in bodies]
+    )
+    assert isinstance(refused, RequestError) and refused.status == 413, refused
+    assert "doc_stride" in str(refused)
+    assert same_answers(answered, qa_reference(model, "Who?", context, 32))
+
+
 def test_a_long_context_runs_as_windows_across_buckets(qa):
     _, runner = qa
     from neuronserve.tasks import get_task
