@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .. import metrics
+from .. import metrics, traffic
 from ..tasks import RequestError
 from ..tracing import TRACING, parse_stages
 from .answers import WorkerClient, WorkerCounts, WorkerDied, WorkersUnavailable, once_more
@@ -217,12 +217,27 @@ class _Series:
         # each series' labelled child, by name and labels: every batch reports the same
         # few, and prometheus_client's `labels` costs more than the update it precedes
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+        # what `neuronserve tune` reads back (traffic.py): the rows of each device call
+        self.rows = Histogram(
+            traffic.BATCH_ROWS,
+            "Rows each device call of the workers ran (the batch sizes formed), by model",
+            [metrics.MODEL_LABEL],
+            buckets=traffic.ROW_BUCKETS,
+            registry=self.registry,
+        )
+        self._rows: dict[str, Any] = {}
 
     def add(self, values: list[Any]) -> None:
         for name, value, labels in values:
             metric = metrics.BY_NAME.get(name)
             if metric is None or not isinstance(labels, dict):
                 continue
+            if metric is metrics.BUCKET_RUNS:  # one device call of batch_size rows
+                model = str(labels.get(metrics.MODEL_LABEL, ""))
+                child = self._rows.get(model) or self._rows.setdefault(
+                    model, self.rows.labels(model)
+                )
+                child.observe(float(labels.get("batch_size", 0)))
             series = self._made.get(name)
             if series is None:
                 kind = Counter if metric.kind == "counter" else Gauge

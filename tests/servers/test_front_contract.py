@@ -364,6 +364,32 @@ def test_metrics_count_routes_and_show_the_workers_by_model(front):
     assert re.search(r'neuronserve_requests_total\{[^}]*model="minilm"', front.get("/metrics").text)
 
 
+def test_metrics_hold_what_tune_reads_back(front, minilm_dir):
+    """Each text's tokens (the front's) and each device call's rows (the workers'), as
+    `neuronserve tune` reads them: the difference one request makes."""
+    from transformers import AutoTokenizer
+
+    from neuronserve import traffic
+
+    before = traffic.read(front.get("/metrics").text, "minilm")
+    texts = ["one", "a somewhat longer text of a dozen words or so, for the histogram", "x y"]
+    assert front.post("/embed", {"inputs": texts}).status_code == 200
+    after = wait_for(
+        lambda: (t := traffic.read(front.get("/metrics").text, "minilm")).rows.count
+        > before.rows.count and t, 10, 0.1, "the workers' rows",
+    )  # fmt: skip
+    lengths = [len(ids) for ids in AutoTokenizer.from_pretrained(minilm_dir)(texts)["input_ids"]]
+    assert after.tokens.total - before.tokens.total == sum(lengths)
+    bound = [next(b for b in traffic.TOKEN_BUCKETS if n <= b) for n in lengths]
+    grew = {
+        b: d
+        for b, n in after.tokens.by_bound.items()
+        if (d := n - before.tokens.by_bound.get(b, 0))
+    }
+    assert grew == {b: bound.count(b) for b in bound}
+    assert after.rows.total - before.rows.total == len(texts)  # every text a row of a call
+
+
 def test_the_front_process_never_loads_torch(front):
     """It parses JSON and forwards it: torch is the workers'. Read from the running
     process's memory map, not from an import in this one."""

@@ -23,6 +23,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from ... import traffic
 from ...host_load import NeuronMonitor, cpu_seconds
 from ...metrics import MODEL_LABEL
 
@@ -70,6 +71,15 @@ class FrontMetrics:
             )
         )
 
+        # what `neuronserve tune` reads back (traffic.py): each text's tokens, by model
+        self.text_tokens = Histogram(
+            traffic.TEXT_TOKENS,
+            "Tokens of each text requests sent, as the model read them before padding (all "
+            "its chunks' for a text sent in chunks), by model",
+            ["model"],
+            buckets=traffic.TOKEN_BUCKETS,
+            registry=self.registry,
+        )
         self._add_model_metrics()
         self._add_tei_metrics()
         # set on a Neuron host once the workers are up (watch_neuron_cores)
@@ -173,6 +183,13 @@ class FrontMetrics:
         series[0].inc()
         series[1].observe(seconds)
 
+    def texts(self, model: str, tokens: list[int] | None) -> None:
+        """The tokens of each text of a request the workers answered."""
+        if tokens:
+            series = self.text_tokens.labels(model)
+            for n in tokens:
+                series.observe(n)
+
     def worker_call(self, model: str, requests: int) -> None:
         series = self._call_series.get(model)
         if series is None:
@@ -213,6 +230,7 @@ class FrontMetrics:
             self.model_waited,
             self.worker_calls,
             self.worker_requests,
+            self.text_tokens,
         ):
             with contextlib.suppress(KeyError):
                 metric.remove(model)

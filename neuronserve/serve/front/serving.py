@@ -220,6 +220,7 @@ class Serving:
         # (a SPLADE model's terms) is bounded once the calls are joined, when written
         with TRACING.span("answer"):
             value = task.respond(results, request, model.task_info)
+        self.metrics.texts(model.name, request.tokens)
         return Answer(
             value=value,
             limits=self.config.answer_limits if calls > 1 else None,
