@@ -211,11 +211,9 @@ def _series(text: str) -> dict[str, float]:
     return out
 
 
-def front_pace(url: str, seconds: float = 10.0, key: str | None = None) -> list[str]:
-    """Read a running front's /metrics twice, `seconds` apart, and say what set the
-    pace in between: requests per second, host CPU per request, the NeuronCores' mean
-    utilization and the share of this host's CPUs the deployment used (run it on the
-    host that serves). Raises OSError when the front cannot be read."""
+def read_metrics(url: str, key: str | None = None) -> str:
+    """A running front's /metrics text, with its key when given (never carried on to
+    where a redirect points). Raises OSError when it cannot be read."""
     import urllib.error
     import urllib.request
 
@@ -227,23 +225,30 @@ def front_pace(url: str, seconds: float = 10.0, key: str | None = None) -> list[
         def redirect_request(self, *args: object, **kwargs: object) -> None:
             return None
 
-    opener = urllib.request.build_opener(Stay)
+    request = urllib.request.Request(url.rstrip("/") + "/metrics", headers=headers)
+    try:
+        with urllib.request.build_opener(Stay).open(request, timeout=10) as r:
+            return str(r.read().decode())
+    except urllib.error.HTTPError as e:
+        if 300 <= e.code < 400:
+            raise OSError(
+                f"{url}/metrics answered {e.code}, a redirect to "
+                f"{e.headers.get('Location')!r}: not followed (it would take the key "
+                "along); give the front's own address"
+            ) from None
+        raise OSError(f"{url}/metrics answered {e.code}: {e.read()[:200]!r}") from None
+    except (urllib.error.URLError, ValueError) as e:
+        raise OSError(f"cannot read {url}/metrics: {e}") from None
+
+
+def front_pace(url: str, seconds: float = 10.0, key: str | None = None) -> list[str]:
+    """Read a running front's /metrics twice, `seconds` apart, and say what set the
+    pace in between: requests per second, host CPU per request, the NeuronCores' mean
+    utilization and the share of this host's CPUs the deployment used (run it on the
+    host that serves). Raises OSError when the front cannot be read."""
 
     def read() -> tuple[float, dict[str, float]]:
-        request = urllib.request.Request(url.rstrip("/") + "/metrics", headers=headers)
-        try:
-            with opener.open(request, timeout=10) as r:
-                text = r.read().decode()
-        except urllib.error.HTTPError as e:
-            if 300 <= e.code < 400:
-                raise OSError(
-                    f"{url}/metrics answered {e.code}, a redirect to "
-                    f"{e.headers.get('Location')!r}: not followed (it would take the key "
-                    "along); give the front's own address"
-                ) from None
-            raise OSError(f"{url}/metrics answered {e.code}: {e.read()[:200]!r}") from None
-        except (urllib.error.URLError, ValueError) as e:
-            raise OSError(f"cannot read {url}/metrics: {e}") from None
+        text = read_metrics(url, key)
         return time.monotonic(), _series(text)
 
     t0, before = read()

@@ -24,6 +24,7 @@ ROW_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 
 TEXT_TOKENS = "neuronserve_text_tokens"
 BATCH_ROWS = "neuronserve_batch_rows"
+REQUESTS = "neuronserve_front_requests"  # the front's, by route, status and model
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,11 @@ class Traffic:
     model: str
     tokens: Counts
     rows: Counts
+    requests: int = 0  # answered (2xx), on every route
+
+    @property
+    def texts_per_request(self) -> float:
+        return self.tokens.count / self.requests if self.requests else 1.0
 
 
 def read(metrics_text: str, model: str) -> Traffic:
@@ -55,25 +61,29 @@ def read(metrics_text: str, model: str) -> Traffic:
 
     cumulative: dict[str, dict[float, float]] = {TEXT_TOKENS: {}, BATCH_ROWS: {}}
     sums: dict[str, float] = {TEXT_TOKENS: 0.0, BATCH_ROWS: 0.0}
+    requests = 0.0
     for family in text_string_to_metric_families(metrics_text):
-        if family.name not in cumulative:
-            continue
-        for sample in family.samples:
-            if sample.labels.get("model") != model:
-                continue
-            if sample.name.endswith("_bucket"):
-                cumulative[family.name][float(sample.labels["le"])] = sample.value
-            elif sample.name.endswith("_sum"):
-                sums[family.name] = sample.value
-    found = {}
-    for name, buckets in cumulative.items():
-        if not buckets or max(buckets.values()) == 0:
-            raise ValueError(
-                f"the server reports no {name} for model {model!r}: send it traffic first"
-            )
-        by_bound, before = {}, 0.0
-        for bound in sorted(buckets):
-            by_bound[bound] = int(buckets[bound] - before)
-            before = buckets[bound]
-        found[name] = Counts(by_bound, sums[name])
-    return Traffic(model, found[TEXT_TOKENS], found[BATCH_ROWS])
+        mine = [s for s in family.samples if s.labels.get("model") == model]
+        if family.name == REQUESTS:
+            requests += sum(
+                s.value for s in mine
+                if s.name.endswith("_total") and s.labels.get("status", "").startswith("2")
+            )  # fmt: skip
+        elif family.name in cumulative:
+            for sample in mine:
+                if sample.name.endswith("_bucket"):
+                    cumulative[family.name][float(sample.labels["le"])] = sample.value
+                elif sample.name.endswith("_sum"):
+                    sums[family.name] = sample.value
+    tokens, rows = (_counts(n, cumulative[n], sums[n], model) for n in (TEXT_TOKENS, BATCH_ROWS))
+    return Traffic(model, tokens, rows, int(requests))
+
+
+def _counts(name: str, cumulative: dict[float, float], total: float, model: str) -> Counts:
+    if not cumulative or max(cumulative.values()) == 0:
+        raise ValueError(f"the server reports no {name} for model {model!r}: send it traffic first")
+    by_bound, before = {}, 0.0
+    for bound in sorted(cumulative):
+        by_bound[bound] = int(cumulative[bound] - before)
+        before = cumulative[bound]
+    return Counts(by_bound, total)

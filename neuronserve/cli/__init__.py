@@ -1,5 +1,5 @@
-"""The `neuronserve` command: compile, validate, package, serve, bench, soak, doctor,
-autoscale. One module per
+"""The `neuronserve` command: compile, validate, tune, package, serve, bench, soak,
+doctor, autoscale. One module per
 subcommand; this one only puts them together.
 
 Every command reads the same deployment spec (`--spec deploy.yaml`); flags given on the
@@ -13,7 +13,7 @@ import sys
 
 import typer
 
-from . import autoscale, bench, compile, doctor, package, serve, sign, soak, validate
+from . import autoscale, bench, compile, doctor, package, serve, sign, soak, tune, validate
 
 app = typer.Typer(
     help="Compile Hugging Face encoders ahead of time and serve them with one pinned worker "
@@ -26,6 +26,7 @@ app = typer.Typer(
 )
 app.command("compile")(compile.compile_cmd)
 app.command("validate")(validate.validate_cmd)
+app.command("tune")(tune.tune_cmd)
 app.command("sign")(sign.sign_cmd)
 app.add_typer(package.app, name="package")
 app.add_typer(serve.app, name="serve")
