@@ -102,10 +102,34 @@ def _served(
         found = {}
         for c in concurrency:
             _wrk(url, lua, c, warm)
+            before = _device(port)
             found[c] = _wrk(url, lua, c, seconds)
+            after = _device(port)
+            busy, answered = (a - b for a, b in zip(after, before, strict=True))
+            found[c]["device_ms_per_request"] = busy * 1e3 / max(answered, 1)
+            found[c]["chip_busy"] = busy / seconds
         return found
     finally:
         subprocess.run([*cmd, "--stop"], check=False, capture_output=True)
+
+
+def _device(port: int) -> tuple[float, float]:
+    """(the NeuronCore's busy seconds, requests answered) from the front's /metrics (the
+    stand-in's neuron-monitor reports the core's busy time)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    busy = answered = 0.0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "neuronserve_neuroncore_busy_seconds_total":
+                busy += sample.value
+            elif sample.name == "neuronserve_front_requests_total":
+                answered += sample.value
+    return busy, answered
 
 
 def run(default: Path, tuned: Path, texts_file: Path, out: Path) -> None:
@@ -133,22 +157,26 @@ def summary(results: dict, default: Path, tuned: Path, texts_count: int) -> str:
         m = json.loads((art / "manifest.json").read_text())
         return ", ".join(map(str, m["sequence_lengths"]))
 
-    def med(label: str, c: int, key: str) -> str:
+    def med(label: str, c: int, key: str, digits: int = 1) -> str:
         values = [r[str(c)][key] if str(c) in r else r[c][key] for r in results[label]]
-        return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+        m, lo, hi = statistics.median(values), min(values), max(values)
+        return f"{m:.{digits}f} ({lo:.{digits}f}-{hi:.{digits}f})"
 
     lines = [
         f"{texts_count} texts, one per request, to /embed; median (range) over "
         f"{len(results['default'])} rounds, alternating",
         "",
-        "| grid | sequence lengths | clients | req/s | p50 ms | non-2xx |",
-        "|---|---|---:|---:|---:|---:|",
+        "| grid | sequence lengths | clients | req/s | p50 ms | device ms/request | chip busy "
+        "| non-2xx |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for label, art in (("default", default), ("tuned", tuned)):
         for c in results[label][0]:
             errors = sum((r[c] if c in r else r[str(c)])["non_2xx"] for r in results[label])
+            device = med(label, c, "device_ms_per_request", 3)
             lines.append(f"| {label} | {grid(art)} | {c} | {med(label, c, 'rps')} | "
-                         f"{med(label, c, 'p50_ms')} | {errors} |")  # fmt: skip
+                         f"{med(label, c, 'p50_ms')} | {device} | "
+                         f"{med(label, c, 'chip_busy', 2)} | {errors} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -71,6 +71,7 @@ def tune_cmd(
     grid and the proposed one, the padded share of the tokens and the expected device
     time per text and per request; with --apply, compiles the proposed grid into a new
     artifact, to serve beside the old one or to swap in (PUT /models/NAME)."""
+    # long: typer declares one parameter per command-line option
     from ..artifact import ArtifactError, read_manifest
     from ..tuning import Costs, price, propose
 
@@ -92,18 +93,22 @@ def tune_cmd(
     except (OSError, ValueError) as e:
         fail(str(e), 1)
     typer.echo(said)
+    _print(m, most, largest, lengths, [("today", today), ("proposed", proposed)])
+    if apply is not None:
+        _apply(m, list(proposed.sequence_lengths), apply, str(source))
+
+
+def _print(m: Manifest, most: int, largest: int, lengths: Lengths, grids: list) -> None:
     measured = "measured bucket times" if m.bucket_ms else "no measured times: by tokens"
     typer.echo(f"batch sizes {', '.join(map(str, m.batch_sizes))} ({measured}); at most "
                f"{most} sequence lengths, the largest {largest}")  # fmt: skip
     typer.echo(f"{'':9} {'sequence lengths':28} {'padded':>7} {'ms/text':>9} {'ms/request':>11}")
-    for label, p in (("today", today), ("proposed", proposed)):
+    for label, p in grids:
         note = f"  (estimated: {', '.join(map(str, p.estimated))})" if p.estimated else ""
         typer.echo(
             f"{label:9} {', '.join(map(str, p.sequence_lengths)):28} {p.padded_share:>7.1%} "
             f"{p.ms_per_text:>9.4f} {p.ms_per_request(lengths):>11.4f}{note}"
         )
-    if apply is not None:
-        _apply(m, list(proposed.sequence_lengths), apply, str(source))
 
 
 def _lengths(artifact: Path, url: str | None, texts: Path | None, model: str,

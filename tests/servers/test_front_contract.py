@@ -10,6 +10,7 @@ in process (tests/unit); what only the workers do, in test_native.py."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import threading
 import time
@@ -364,19 +365,30 @@ def test_metrics_count_routes_and_show_the_workers_by_model(front):
     assert re.search(r'neuronserve_requests_total\{[^}]*model="minilm"', front.get("/metrics").text)
 
 
-def test_metrics_hold_what_tune_reads_back(front, minilm_dir):
+def _traffic(front):
+    """minilm's traffic as the front reports it, or None before the workers' rows are in."""
+    from neuronserve import traffic
+
+    try:
+        return traffic.read(front.get("/metrics").text, "minilm")
+    except ValueError:
+        return None
+
+
+def test_metrics_hold_what_tune_reads_back(front, minilm_dir, minilm_artifact):
     """Each text's tokens (the front's) and each device call's rows (the workers'), as
     `neuronserve tune` reads them: the difference one request makes."""
     from transformers import AutoTokenizer
 
     from neuronserve import traffic
 
-    before = traffic.read(front.get("/metrics").text, "minilm")
+    assert front.post("/embed", {"inputs": "so that the series exist"}).status_code == 200
+    before = wait_for(lambda: _traffic(front), 10, 0.1, "the workers' rows")
     texts = ["one", "a somewhat longer text of a dozen words or so, for the histogram", "x y"]
     assert front.post("/embed", {"inputs": texts}).status_code == 200
     after = wait_for(
-        lambda: (t := traffic.read(front.get("/metrics").text, "minilm")).rows.count
-        > before.rows.count and t, 10, 0.1, "the workers' rows",
+        lambda: (t := _traffic(front)) and t.rows.count > before.rows.count and t,
+        10, 0.1, "the workers' rows",
     )  # fmt: skip
     lengths = [len(ids) for ids in AutoTokenizer.from_pretrained(minilm_dir)(texts)["input_ids"]]
     assert after.tokens.total - before.tokens.total == sum(lengths)
@@ -388,6 +400,13 @@ def test_metrics_hold_what_tune_reads_back(front, minilm_dir):
     }
     assert grew == {b: bound.count(b) for b in bound}
     assert after.rows.total - before.rows.total == len(texts)  # every text a row of a call
+    # and `neuronserve tune` reads them so, with the key from the environment
+    env = {**os.environ, "NEURONSERVE_API_KEY": KEYS[1]}
+    out = run_cli("tune", minilm_artifact, "--url", front.url, env=env).stdout
+    assert "traffic of minilm at" in out and re.search(r"^proposed\s+[\d, ]*256\s", out, re.M), out
+    refused = run_cli("tune", minilm_artifact, "--url", front.url, check=False,
+                      env={**os.environ, "NEURONSERVE_API_KEY": "wrong"})  # fmt: skip
+    assert refused.returncode == 1 and "401" in refused.stderr, refused.stderr
 
 
 def test_the_front_process_never_loads_torch(front):
