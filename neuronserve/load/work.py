@@ -1,6 +1,6 @@
 """What one request of a bench point holds, for every task: built once per point from the
 sweep's text of `seq` tokens and the texts-per-request count, then handed to each
-endpoint in the form that endpoint speaks (a native JSON body, Triton input columns, the
+endpoint in the form that endpoint speaks (a native JSON body, the
 `transformers` pipeline's arguments).
 
     feature-extraction, text-classification, token-classification: n texts

@@ -1,2 +1,2 @@
-"""Engine control: starting TorchServe and Triton with truthful readiness, stopping
-them, and the SageMaker entrypoint in front of either."""
+"""Serving on neuronserve's own workers: a deployment (its workers' store and run
+folder), where its models come from, and the front in front of it (front/)."""
