@@ -526,14 +526,12 @@ class Runner:
         is left whole only when truncation is off."""
         if self.preprocessor is not None:
             return None  # every image is made the compiled size
-        chunks = (
-            ' or embedded in chunks ("chunking": true)'
-            if "chunking" in self.task.parameters
-            else ""
-        )
         for k, windows in enumerate(encoded):
             e = windows[0]
             if len(e.ids) > self.max_sequence_length:
+                chunks = ' or embedded in chunks ("chunking": true)' * (
+                    "chunking" in self.task.parameters
+                )
                 return RequestError(
                     f"inputs[{k}] is {e.full_length} tokens long; this model was compiled "
                     f"for at most {self.max_sequence_length} tokens and truncation is off. Send "

@@ -70,9 +70,9 @@ class TextTokenizer:
         self._to_length: Tokenizer | None = None
         self._to_length_lock = threading.Lock()
         # one tokenizer for every overlap a request asks for (set per call, under the
-        # lock): one kept per value would let requests grow the worker's memory
-        self._overflowing = Tokenizer.from_str(self._json)
-        self._overflowing.no_padding()
+        # lock): one kept per value would let requests grow the worker's memory. Made on
+        # first use: most models never window or chunk a text
+        self._overflowing: Tokenizer | None = None
         self._overflowing_lock = threading.Lock()
 
     def _cutting(self, direction: str) -> Tokenizer:
@@ -156,6 +156,9 @@ class TextTokenizer:
     def _overflow(self, text: str, pair: str | None, stride: int, strategy: str) -> list[Any]:
         """`text` (and `pair`) cut to `max_length`, with every overflowing window."""
         with self._overflowing_lock:
+            if self._overflowing is None:
+                self._overflowing = Tokenizer.from_str(self._json)
+                self._overflowing.no_padding()
             try:
                 self._overflowing.enable_truncation(
                     self.max_length, stride=stride, strategy=strategy

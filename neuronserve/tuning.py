@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .buckets import Bucket
 from .traffic import TOKEN_BUCKETS
 
 
@@ -147,7 +146,3 @@ def propose(lengths: Lengths, costs: Costs, most: int, largest: int) -> Priced:
 def _bounds(seen: set[int]) -> set[int]:
     """The histogram bounds that hold some text."""
     return {next((b for b in TOKEN_BUCKETS if b >= s), s) for s in seen}
-
-
-def bucket_keys(batch_sizes: Sequence[int], seqs: Sequence[int]) -> list[str]:
-    return [Bucket(b, s).key for b in batch_sizes for s in seqs]

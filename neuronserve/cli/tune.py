@@ -86,7 +86,7 @@ def tune_cmd(
     largest = max_sequence_length or m.grid.max_seq
     most = (buckets or len(m.grid.buckets)) // len(m.batch_sizes)
     try:
-        lengths, said = _lengths(artifact, url, texts, model or m.name, key, m.grid.max_batch)
+        lengths, said = _lengths(m, artifact, url, texts, model or m.name, key)
         costs = Costs(m.bucket_ms, m.batch_sizes)
         today = price([s for s in m.sequence_lengths if s <= largest] or [largest], lengths, costs)
         proposed = propose(lengths, costs, most, largest)
@@ -111,12 +111,13 @@ def _print(m: Manifest, most: int, largest: int, lengths: Lengths, grids: list) 
         )
 
 
-def _lengths(artifact: Path, url: str | None, texts: Path | None, model: str,
-             key: str | None, max_batch: int) -> tuple[Lengths, str]:  # fmt: skip
+def _lengths(m: Manifest, artifact: Path, url: str | None, texts: Path | None, model: str,
+             key: str | None) -> tuple[Lengths, str]:  # fmt: skip
     """The traffic's lengths and batch sizes, and a line saying what they are."""
     from .. import traffic
     from ..tuning import Lengths
 
+    max_batch = m.grid.max_batch
     if url is not None:
         from ..host_load import read_metrics
 
@@ -134,11 +135,9 @@ def _lengths(artifact: Path, url: str | None, texts: Path | None, model: str,
         said = (f"traffic of {model} at {url}: {seen.tokens.count} texts in {seen.requests} "
                 f"requests, {calls} device calls of {rows_each:.1f} rows on average")  # fmt: skip
         return lengths, said
-    from ..artifact import read_manifest
     from ..served import ServedModel
 
-    m = read_manifest(artifact)
-    tokenizer = ServedModel.tokenizer_of(m, artifact)
+    tokenizer = ServedModel.tokenizer_of(m, artifact)  # its bytes checked against `m`
     if tokenizer is None:
         raise ValueError(f"{artifact} has no tokenizer: tune sizes text models' grids")
     lines = [line for line in Path(str(texts)).read_text().splitlines() if line.strip()]

@@ -198,8 +198,9 @@ def _pod(spec: DeploySpec, target: str, o: ClusterOptions) -> Pod:
         )
     if o.min_replicas < 1 or o.max_replicas < o.min_replicas:
         raise ClusterError(f"replicas: need 1 <= min ({o.min_replicas}) <= max ({o.max_replicas})")
-    scratch = _scratch(spec)
-    memory = o.memory or _memory(spec, target, cores // cores_per_worker, scratch)
+    model_bytes = _artifact_bytes(spec)
+    scratch = model_bytes + SCRATCH_RESERVE  # the workers' store copies every model
+    memory = o.memory or _memory(spec, target, cores // cores_per_worker, model_bytes, scratch)
     return Pod(
         name=_dns_name(name),
         target=target,
@@ -228,12 +229,7 @@ def _artifact_bytes(spec: DeploySpec) -> int:
     )  # fmt: skip
 
 
-def _scratch(spec: DeploySpec) -> int:
-    """The /tmp tmpfs: the workers' store holds a copy of every model."""
-    return _artifact_bytes(spec) + SCRATCH_RESERVE
-
-
-def _memory(spec: DeploySpec, target: str, workers: int, scratch: int) -> str:
+def _memory(spec: DeploySpec, target: str, workers: int, model_bytes: int, scratch: int) -> str:
     """The pod's memory: on CPU what the server's own memory plan asks of the host for
     these workers (placement.memory_plan: each worker's models, activations and runtime,
     and the front's and the supervisor's reserve), so a pod at its limit starts;
@@ -252,8 +248,7 @@ def _memory(spec: DeploySpec, target: str, workers: int, scratch: int) -> str:
         plan = placement.WorkerPlan("cpu", workers, spec.worker.cores_per_worker, None)
         need = placement.memory_plan(models, plan, None, target).need
         return f"{math.ceil((workers * need + placement.HOST_RESERVE + scratch) / 2**30)}Gi"
-    weights = _artifact_bytes(spec)
-    return f"{math.ceil(1.5 + (2 * workers * weights + scratch) / 2**30)}Gi"
+    return f"{math.ceil(1.5 + (2 * workers * model_bytes + scratch) / 2**30)}Gi"
 
 
 def deployment(pod: Pod, namespace: str, replicas: int, claim: str | None) -> dict[str, Any]:
