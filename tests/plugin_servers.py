@@ -16,6 +16,7 @@ docs start it, and `torchserve --stop`."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -127,8 +128,26 @@ def start_tritonserver(repo: Path, work: Path, env: dict[str, str] | None = None
         except requests.ConnectionError:
             return False
 
-    wait_for(ready, 180, what="tritonserver ready")
+    try:
+        wait_for(ready, 180, what="tritonserver ready")
+    except BaseException:
+        # a server that never came up must not outlive its test: its stubs hold their core
+        # leases, and every later server of this test process would find none free
+        _kill_tree(proc.pid)
+        raise
     return Server(proc, url, log, {}, proc.pid, f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}")
+
+
+def _kill_tree(pid: int) -> None:
+    try:
+        root = psutil.Process(pid)
+        tree = [*root.children(recursive=True), root]
+    except psutil.Error:
+        return
+    for p in tree:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(tree, timeout=30)
 
 
 def stop_tritonserver(server: Server, within_s: float = 60) -> int:
