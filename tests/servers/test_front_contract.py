@@ -375,6 +375,21 @@ def _traffic(front):
         return None
 
 
+def _settled(front, more_than: float = -1.0):
+    """minilm's traffic once the workers' rows exceed `more_than` and hold still: a
+    worker reports a batch's rows after its answers (they go out first), so the series
+    may trail a response by a moment."""
+    last = None
+    for _ in range(50):
+        now = _traffic(front)
+        if now is not None and now.rows.total > more_than:
+            if last is not None and now.rows.total == last.rows.total:
+                return now
+            last = now
+        time.sleep(0.2)
+    raise AssertionError(f"the workers' rows never settled above {more_than}: {last}")
+
+
 def test_metrics_hold_what_tune_reads_back(front, minilm_dir, minilm_artifact):
     """Each text's tokens (the front's) and each device call's rows (the workers'), as
     `neuronserve tune` reads them: the difference one request makes."""
@@ -383,13 +398,10 @@ def test_metrics_hold_what_tune_reads_back(front, minilm_dir, minilm_artifact):
     from neuronserve import traffic
 
     assert front.post("/embed", {"inputs": "so that the series exist"}).status_code == 200
-    before = wait_for(lambda: _traffic(front), 10, 0.1, "the workers' rows")
+    before = _settled(front)
     texts = ["one", "a somewhat longer text of a dozen words or so, for the histogram", "x y"]
     assert front.post("/embed", {"inputs": texts}).status_code == 200
-    after = wait_for(
-        lambda: (t := _traffic(front)) and t.rows.count > before.rows.count and t,
-        10, 0.1, "the workers' rows",
-    )  # fmt: skip
+    after = _settled(front, before.rows.total)
     lengths = [len(ids) for ids in AutoTokenizer.from_pretrained(minilm_dir)(texts)["input_ids"]]
     assert after.tokens.total - before.tokens.total == sum(lengths)
     bound = [next(b for b in traffic.TOKEN_BUCKETS if n <= b) for n in lengths]
