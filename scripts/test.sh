@@ -28,13 +28,14 @@ NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir .site
 # for servers to start and stop. Each file runs whole in one process (its servers are
 # shared by its tests), in the order collected: the slowest first (tests/conftest.py).
 # mypy (half a minute of one core) checks types beside them; its verdict comes at the end.
+# The slowest 25 tests are listed after the run: where the suite's time goes.
 types_log=$(mktemp)
 .venv/bin/mypy >"$types_log" 2>&1 &
 types_pid=$!
 tests=0
 started=$SECONDS
 .venv/bin/python -m pytest -v -n 3 --dist loadfile --no-loadscope-reorder \
-  --hypothesis-profile=thorough --ignore=tests/containers "$@" || tests=$?
+  --hypothesis-profile=thorough --durations=25 --ignore=tests/containers "$@" || tests=$?
 echo "tests: $((SECONDS - started)) s"
 types=0
 wait "$types_pid" || types=$?
