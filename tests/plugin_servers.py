@@ -16,7 +16,6 @@ docs start it, and `torchserve --stop`."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -30,6 +29,8 @@ from pathlib import Path
 import psutil
 import requests
 from helpers import free_port, wait_for
+
+from neuronserve.processes import process_tree, wait_gone
 
 
 def pytriton_dir() -> Path:
@@ -133,21 +134,9 @@ def start_tritonserver(repo: Path, work: Path, env: dict[str, str] | None = None
     except BaseException:
         # a server that never came up must not outlive its test: its stubs hold their core
         # leases, and every later server of this test process would find none free
-        _kill_tree(proc.pid)
+        wait_gone(process_tree(proc.pid), 0)  # killed now, then reaped
         raise
     return Server(proc, url, log, {}, proc.pid, f"127.0.0.1:{grpc}", f"http://127.0.0.1:{metrics}")
-
-
-def _kill_tree(pid: int) -> None:
-    try:
-        root = psutil.Process(pid)
-        tree = [*root.children(recursive=True), root]
-    except psutil.Error:
-        return
-    for p in tree:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    psutil.wait_procs(tree, timeout=30)
 
 
 def stop_tritonserver(server: Server, within_s: float = 60) -> int:

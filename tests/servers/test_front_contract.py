@@ -376,18 +376,19 @@ def _traffic(front):
 
 
 def _settled(front, more_than: float = -1.0):
-    """minilm's traffic once the workers' rows exceed `more_than` and hold still: a
-    worker reports a batch's rows after its answers (they go out first), so the series
-    may trail a response by a moment."""
-    last = None
-    for _ in range(50):
+    """minilm's traffic once the workers' rows exceed `more_than` and have held still for
+    0.2 s: a worker reports a batch's rows after its answers (they go out first), so the
+    series may trail a response by a moment."""
+    first_read: dict[float, float] = {}  # each rows total, when it was first read
+
+    def held():
         now = _traffic(front)
-        if now is not None and now.rows.total > more_than:
-            if last is not None and now.rows.total == last.rows.total:
-                return now
-            last = now
-        time.sleep(0.2)
-    raise AssertionError(f"the workers' rows never settled above {more_than}: {last}")
+        if now is None or now.rows.total <= more_than:
+            return None
+        since = first_read.setdefault(now.rows.total, time.monotonic())
+        return now if time.monotonic() - since >= 0.2 else None
+
+    return wait_for(held, 10, 0.05, f"the workers' rows to settle above {more_than}")
 
 
 def test_metrics_hold_what_tune_reads_back(front, minilm_dir, minilm_artifact):
