@@ -82,10 +82,6 @@ def front(tmp_path_factory, tiny_artifact):
     ], "a process of the deployment outlived its stop"
 
 
-def _pid(front: NativeFront, index: int) -> int | None:
-    return {w["index"]: w["pid"] for w in front.states()}.get(index)
-
-
 def _ready(front: NativeFront) -> bool:
     states = front.states()
     return len(states) == 2 and all(w["state"] == "ready" for w in states)
@@ -174,8 +170,13 @@ def test_a_worker_killed_under_load_is_replaced_alone_and_no_request_fails(front
         wait_for(lambda: front.health()["workers_ready"] == 1, 10, 0.05, "the front to see it")
         assert front.health()["status"] == "degraded"
         # the supervisor's own word: a new process at index 0, ready
-        wait_for(lambda: _ready(front) and _pid(front, 0) != before[0], 60, what="a replacement")
-        replaced = {w["index"]: w for w in front.states()}
+        # one read of the states for both: read twice, the supervisor could mark the dead
+        # one between them (ready, then a pid of None)
+        replaced = wait_for(
+            lambda: (s := {w["index"]: w for w in front.states()}) and len(s) == 2
+            and all(w["state"] == "ready" for w in s.values()) and s[0]["pid"] != before[0] and s,
+            60, what="a replacement",
+        )  # fmt: skip
         n = len(statuses)
         wait_for(lambda: len(statuses) > n + 20, 30, what="load on the replacement")
     finally:
