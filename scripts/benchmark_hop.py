@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from spread import spread
 
-from neuronserve.bench.spread import spread
 from neuronserve.waiting import until
 from neuronserve.workers.wire import MAX_ANSWER_BYTES, MAX_REQUEST_BYTES, answer, frame, read_frame
 

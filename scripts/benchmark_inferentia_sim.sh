@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/inferentia_sim_env.sh
 . scripts/inferentia_sim_env.sh
 [ -x .venv/bin/neuronserve ] || scripts/install.sh
-[ -f "$SIM/bert-base/config.json" ] || .venv/bin/python -m neuronserve.bench.models \
+[ -f "$SIM/bert-base/config.json" ] || .venv/bin/python scripts/random_model.py \
   bert-base "$SIM/bert-base" --task feature-extraction
 # compiled in device-time mode, so the bucket times it records are the device's
 [ -f "$SIM/bert-neuronx/manifest.json" ] || .venv/bin/neuronserve compile \

@@ -31,7 +31,7 @@ for TASK in $TASKS; do
     *) ARCH=distilbert-base; GRID=(--batch-sizes 1,2,4,8 --sequence-lengths 16,32,64,128); SEQS=16,128 ;;
   esac
   MODEL_DIR="$WORK/$ARCH-$TASK"
-  [ -f "$MODEL_DIR/config.json" ] || .venv/bin/python -m neuronserve.bench.models "$ARCH" "$MODEL_DIR" --task "$TASK"
+  [ -f "$MODEL_DIR/config.json" ] || .venv/bin/python scripts/random_model.py "$ARCH" "$MODEL_DIR" --task "$TASK"
   ART="$WORK/art/$ARCH-$TASK"
   rm -rf "$ART" && mkdir -p "$OUT"
   $NS compile --model "$MODEL_DIR" --task "$TASK" "${GRID[@]}" --out "$ART" --name "${TASK%%-*}"
@@ -47,6 +47,6 @@ print(describe(sys.argv[1]))" "$ART" > "$OUT/precision.txt"
       --sequence-lengths "$SEQS" --texts-per-request "$PER_REQUEST" --concurrency 1,16 --server-warmup 15 \
       --warmup 2 --duration 4 --min-requests 10 --out "$OUT/run$i"
   done
-  .venv/bin/python -m neuronserve.bench.spread "$OUT"/run* > "$OUT/summary.md"
+  .venv/bin/python scripts/spread.py "$OUT"/run* > "$OUT/summary.md"
   cat "$OUT/summary.md"
 done

@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 command -v wrk >/dev/null || { echo "wrk is needed: apt-get install wrk" >&2; exit 2; }
 OUT=$(realpath -m "${OUT:-benchmarks/tuned-grid}")
 mkdir -p "$OUT"
-[ -f "$SIM/bert-base/config.json" ] || .venv/bin/python -m neuronserve.bench.models \
+[ -f "$SIM/bert-base/config.json" ] || .venv/bin/python scripts/random_model.py \
   bert-base "$SIM/bert-base" --task feature-extraction
 # compiled in device-time mode, so the bucket times it records are the device's
 [ -f "$SIM/bert-default/manifest.json" ] || .venv/bin/neuronserve compile \

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from neuronserve.bench.spread import spread
+from spread import spread
 
 ROUTES = ("/v1/embeddings", "/embed", "/invocations")
 PEER = "infinity-optimum"

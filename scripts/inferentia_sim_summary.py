@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from neuronserve.bench.spread import spread
+from spread import spread
 
 # bert-base on inf2.xlarge, sequence 128, batch 8: 2,674 inferences/s over the chip's two
 # NeuronCores (AWS's Inf2 performance tables), so per NeuronCore

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from neuronserve.bench.spread import spread
+from spread import spread
 
 CPU = ("workers", "frontend", "front", "client")
 

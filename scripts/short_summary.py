@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from neuronserve.bench.spread import spread
+from spread import spread
 
 # what each row of the tables is called, and the bench endpoint label it comes from
 ENDPOINTS = {

@@ -7,6 +7,7 @@ import json
 import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -214,8 +215,9 @@ def test_load_counts_successes_and_failures_from_every_thread():
     assert len(e.threads) == 4 and r.wall_s > 0 and r.client_cpu_s >= 0
 
 
-def test_spread_derives_the_lone_request_cost_run_by_run():
-    from neuronserve.bench.spread import markdown
+def test_spread_derives_the_lone_request_cost_run_by_run(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "scripts"))  # a benchmark script's
+    from spread import markdown
 
     def run(started):
         return {

@@ -1,9 +1,9 @@
 """Models with random weights for benchmarks: size and shape are what cost time, so a
 randomly initialised DistilBERT-base measures the same as a trained one.
 
-    python -m neuronserve.bench.models distilbert-base OUT_DIR [--tokenizer DIR] [--task T]
-    python -m neuronserve.bench.models bert-base OUT_DIR --task feature-extraction
-    python -m neuronserve.bench.models vit-base OUT_DIR --task image-classification
+    python scripts/random_model.py distilbert-base OUT_DIR [--tokenizer DIR] [--task T]
+    python scripts/random_model.py bert-base OUT_DIR --task feature-extraction
+    python scripts/random_model.py vit-base OUT_DIR --task image-classification
 
 The tokenizer defaults to the bundled all-MiniLM-L6-v2 one, which is the
 bert-base-uncased vocabulary DistilBERT-base and BERT-base use.

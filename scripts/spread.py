@@ -1,9 +1,8 @@
 """The spread of several runs of one bench command: per endpoint and point, the median and
-range of req/s and of each ratio the runs report (to vanilla, to the engine asked
-directly), and of the front's CPU per request. Absolute numbers on shared machines move
-between runs; a figure is worth quoting with its spread.
+range of req/s, of the ratio to vanilla and of the front's CPU per request. Absolute
+numbers on shared machines move between runs; a figure is worth quoting with its spread.
 
-    python -m neuronserve.bench.spread RUN_DIR [RUN_DIR ...] > summary.md
+    python scripts/spread.py RUN_DIR [RUN_DIR ...] > summary.md
 """
 
 from __future__ import annotations
@@ -15,11 +14,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from .floor import floor_ms, point_peaks
+from neuronserve.bench.floor import floor_ms, point_peaks
 
 FIGURES = (
     ("req_per_s", "req/s", 1),
-    ("ratio_vs_engine", "x engine direct", 2),
     ("ratio_vs_vanilla", "x vanilla", 2),
     ("p50_ms", "p50 ms", 1),
     ("model_ms", "model ms", 1),
