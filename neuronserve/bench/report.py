@@ -30,13 +30,8 @@ COLUMNS = [
     "client_cores",
     "generator",
     "mean_ms",
-    "queue_ms",
-    "server_ms",
-    "handler_ms",
-    "tokenize_ms",
     "model_ms",
     "cpu_ms_per_req_client",
-    "cpu_ms_per_req_frontend",
     "cpu_ms_per_req_workers",
     "cpu_ms_per_req_front",
     "ratio_vs_baseline",
@@ -63,6 +58,22 @@ def write_all(results: dict[str, Any], out: Path, title: str) -> list[Path]:
 
 def _fmt(v: Any) -> Any:
     return round(v, 3) if isinstance(v, float) else v
+
+
+def _table(title: str, header: list[str], rows: list[list[Any]], intro: str = "") -> list[str]:
+    """A markdown table under its title: the first column and any `header` ending in `<`
+    aligned left, the rest right (figures)."""
+    left = [i == 0 or h.endswith("<") for i, h in enumerate(header)]
+    names = [h.removesuffix("<") for h in header]
+    return [
+        f"### {title}",
+        "",
+        *([intro, ""] if intro else []),
+        "| " + " | ".join(names) + " |",
+        "|" + "".join("---|" if a else "---:|" for a in left),
+        *("| " + " | ".join(str(c) for c in row) + " |" for row in rows),
+        "",
+    ]
 
 
 def best_by_seq(points: list[dict[str, Any]], texts: int = 1) -> dict[str, dict[int, dict]]:
@@ -124,24 +135,19 @@ def best_table(points: list[dict[str, Any]], texts: int) -> list[str]:
     if not best:
         return []
     seqs = sorted({s for b in best.values() for s in b})
-    lines = [
-        f"### Best req/s over concurrency, {texts} text(s) per request "
-        "(ratio to the vanilla pipeline in this run; concurrency in brackets)",
-        "",
-        "| endpoint | " + " | ".join(f"seq {s}" for s in seqs) + " |",
-        "|---|" + "---:|" * len(seqs),
-    ]
-    for name, by_seq in best.items():
-        cells = []
-        for s in seqs:
-            r = by_seq.get(s)
-            if r is None:
-                cells.append("")
-                continue
-            ratio = f" ({r['ratio_vs_vanilla']:.1f}x)" if r.get("ratio_vs_vanilla") else ""
-            cells.append(f"{r['req_per_s']:.1f}{ratio} [c{r['concurrency']}]")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return [*lines, ""]
+
+    def cell(r: dict[str, Any] | None) -> str:
+        if r is None:
+            return ""
+        ratio = f" ({r['ratio_vs_vanilla']:.1f}x)" if r.get("ratio_vs_vanilla") else ""
+        return f"{r['req_per_s']:.1f}{ratio} [c{r['concurrency']}]"
+
+    return _table(
+        f"Best req/s over concurrency, {texts} text(s) per request (ratio to the vanilla "
+        "pipeline in this run; concurrency in brackets)",
+        ["endpoint", *(f"seq {s}" for s in seqs)],
+        [[name, *(cell(by_seq.get(s)) for s in seqs)] for name, by_seq in best.items()],
+    )
 
 
 def front_table(points: list[dict[str, Any]]) -> list[str]:
@@ -155,21 +161,20 @@ def front_table(points: list[dict[str, Any]]) -> list[str]:
         for r in points
         if r.get("baseline")
     }
-    lines = [
-        "### The front's routes against its /invocations (same processes, same point)",
-        "",
-        "| route | seq | texts | c | req/s | /invocations req/s | ratio | "
-        "p50 ms (/invocations) | CPU ms/req of the front |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    cells = []
     for r in rows:
         e = baseline[(r["session"], r["seq"], r["texts"], r["concurrency"])]
-        lines.append(
-            f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r['concurrency']} | "
-            f"{r['req_per_s']:.1f} | {e['req_per_s']:.1f} | {r['ratio_vs_baseline']:.2f} | "
-            f"{r['p50_ms']:.1f} ({e['p50_ms']:.1f}) | {_cell2(r, 'cpu_ms_per_req_front')} |"
-        )
-    return [*lines, ""]
+        cells.append(
+            [r["endpoint"], r["seq"], r["texts"], r["concurrency"], f"{r['req_per_s']:.1f}",
+             f"{e['req_per_s']:.1f}", f"{r['ratio_vs_baseline']:.2f}",
+             f"{r['p50_ms']:.1f} ({e['p50_ms']:.1f})", _cell2(r, "cpu_ms_per_req_front")]
+        )  # fmt: skip
+    return _table(
+        "The front's routes against its /invocations (same processes, same point)",
+        ["route", "seq", "texts", "c", "req/s", "/invocations req/s", "ratio",
+         "p50 ms (/invocations)", "CPU ms/req of the front"],
+        cells,
+    )  # fmt: skip
 
 
 def _cell2(r: dict[str, Any], key: str) -> str:
@@ -204,27 +209,21 @@ def wrk_lines(check: dict[str, Any] | None) -> list[str]:
 
 
 def every_point_table(points: list[dict[str, Any]]) -> list[str]:
-    lines = [
-        "### Every point",
-        "",
-        "| endpoint | seq | texts | c | req/s | p50 ms | p95 ms | p99 ms | max ms | "
-        "x vanilla | client cores | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    rows = []
     for r in points:
+        head = [r["endpoint"], r["seq"], r["texts"], r["concurrency"]]
         if not r.get("req_per_s"):
-            lines.append(
-                f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r['concurrency']} "
-                f"| failed | | | | | | | {r['errors']} |"
-            )
+            rows.append([*head, "failed", "", "", "", "", "", "", r["errors"]])
             continue
         ratio = f"{r['ratio_vs_vanilla']:.2f}" if r.get("ratio_vs_vanilla") else ""
-        lines.append(
-            f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r['concurrency']} | "
-            f"{r['req_per_s']:.1f} | {r['p50_ms']:.1f} | {r['p95_ms']:.1f} | {r['p99_ms']:.1f} | "
-            f"{r['max_ms']:.1f} | {ratio} | {r['client_cores']:.2f} | {r['errors']} |"
-        )
-    return lines
+        figures = [f"{r[k]:.1f}" for k in ("req_per_s", "p50_ms", "p95_ms", "p99_ms", "max_ms")]
+        rows.append([*head, *figures, ratio, f"{r['client_cores']:.2f}", r["errors"]])
+    return _table(
+        "Every point",
+        ["endpoint", "seq", "texts", "c", "req/s", "p50 ms", "p95 ms", "p99 ms", "max ms",
+         "x vanilla", "client cores", "errors"],
+        rows,
+    )  # fmt: skip
 
 
 def _flags(machine: dict[str, Any]) -> str:
@@ -244,27 +243,24 @@ def split_table(results: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     cores = results["machine"]["cores"]
-    out = [
-        "### Where the CPU goes (per request, measuring window)",
-        "",
-        "Milliseconds of CPU each process role used per request; at saturation a "
-        f"{cores}-core machine serves at most {cores} x 1000 / total req/s.",
-        "",
-        "| endpoint | seq | c | req/s | mean ms | CPU workers | CPU front | CPU client | "
-        "CPU total | cores x 1000 / total |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    cells = []
     for r in rows:
         total = sum(r.get(k, 0.0) for k in r if k.startswith("cpu_ms_per_req_"))
-        out.append(
-            f"| {r['endpoint']} | {r['seq']} | {r['concurrency']} | {r['req_per_s']:.1f} | "
-            f"{_cell(r, 'mean_ms')} | {_cell(r, 'cpu_ms_per_req_workers')} | "
-            f"{_cell(r, 'cpu_ms_per_req_front')} | {_cell(r, 'cpu_ms_per_req_client')} | "
-            f"{total:.1f} | {cores * 1000 / total:.0f} |"
-            if total
-            else ""
-        )
-    return [*out, ""]
+        if total:
+            cells.append(
+                [r["endpoint"], r["seq"], r["concurrency"], f"{r['req_per_s']:.1f}",
+                 *(_cell(r, k) for k in ("mean_ms", "cpu_ms_per_req_workers",
+                                         "cpu_ms_per_req_front", "cpu_ms_per_req_client")),
+                 f"{total:.1f}", f"{cores * 1000 / total:.0f}"]
+            )  # fmt: skip
+    return _table(
+        "Where the CPU goes (per request, measuring window)",
+        ["endpoint", "seq", "c", "req/s", "mean ms", "CPU workers", "CPU front", "CPU client",
+         "CPU total", "cores x 1000 / total"],
+        cells,
+        "Milliseconds of CPU each process role used per request; at saturation a "
+        f"{cores}-core machine serves at most {cores} x 1000 / total req/s.",
+    )  # fmt: skip
 
 
 def pace_table(results: dict[str, Any]) -> list[str]:
@@ -277,26 +273,24 @@ def pace_table(results: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     cores = results["machine"]["cores"]
-    out = [
-        "### The chip against the host",
-        "",
-        "NeuronCore busy: the mean utilization neuron-monitor reported for the cores in "
-        "use during the point; host CPU busy: CPU per request of every process (the "
-        f"client's included) x req/s over the machine's {cores} cores.",
-        "",
-        "| endpoint | seq | c | req/s | NeuronCore busy | host CPU busy | CPU ms/req "
-        "| pace set by |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
+    cells = []
     for r in rows:
         cpu = sum(r.get(k, 0.0) for k in r if k.startswith("cpu_ms_per_req_"))
         host = cpu * r["req_per_s"] / (cores * 1000)
-        verdict = pace(r["neuroncore_busy"], host).split(":")[0]
-        out.append(
-            f"| {r['endpoint']} | {r['seq']} | {r['concurrency']} | {r['req_per_s']:.1f} | "
-            f"{r['neuroncore_busy']:.0%} | {host:.0%} | {cpu:.2f} | {verdict} |"
-        )
-    return [*out, ""]
+        cells.append(
+            [r["endpoint"], r["seq"], r["concurrency"], f"{r['req_per_s']:.1f}",
+             f"{r['neuroncore_busy']:.0%}", f"{host:.0%}", f"{cpu:.2f}",
+             pace(r["neuroncore_busy"], host).split(":")[0]]
+        )  # fmt: skip
+    return _table(
+        "The chip against the host",
+        ["endpoint", "seq", "c", "req/s", "NeuronCore busy", "host CPU busy", "CPU ms/req",
+         "pace set by<"],
+        cells,
+        "NeuronCore busy: the mean utilization neuron-monitor reported for the cores in "
+        "use during the point; host CPU busy: CPU per request of every process (the "
+        f"client's included) x req/s over the machine's {cores} cores.",
+    )  # fmt: skip
 
 
 def floor_table(results: dict[str, Any]) -> list[str]:
@@ -316,31 +310,29 @@ def floor_table(results: dict[str, Any]) -> list[str]:
     probes = ", ".join(
         f"{t} thread(s): " + ", ".join(f"{k} {v:g}" for k, v in g.items()) for t, g in peaks.items()
     )
-    out = [
-        "### The model against the machine's floor (concurrency 1)",
-        "",
-        "Arithmetic per request from the model's config (bench/floor.py: projections, "
-        "feed-forward, attention), over the peak matrix-multiply throughput a probe measured "
-        f"on a worker's cores after the servers stopped (GOP/s, {probes}). A model time "
-        "near its floor gets faster only with less or cheaper arithmetic.",
-        "",
-        "| endpoint | seq | precision | model ms | GOP | achieved GOP/s | "
-        "floor ms at int8 peak | model / int8 floor | floor ms at its precision | "
-        "model / that floor |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    cells = []
     for r in rows:
         peak = point_peaks(r, peaks)
         gop, ms = r["model_gflop"], r["model_ms"]
         int8_ms = floor_ms(gop, peak["int8"])
         own = peak.get(r.get("precision", ""))
         own_ms = floor_ms(gop, own) if own else None
-        out.append(
-            f"| {r['endpoint']} | {r['seq']} | {r.get('precision', '')} | {ms:.2f} | "
-            f"{gop:.3f} | {gop / ms * 1e3:.1f} | {int8_ms:.2f} | {ms / int8_ms:.1f} | "
-            + (f"{own_ms:.2f} | {ms / own_ms:.1f} |" if own_ms else " | |")
-        )
-    return [*out, ""]
+        cells.append(
+            [r["endpoint"], r["seq"], r.get("precision", ""), f"{ms:.2f}", f"{gop:.3f}",
+             f"{gop / ms * 1e3:.1f}", f"{int8_ms:.2f}", f"{ms / int8_ms:.1f}",
+             *((f"{own_ms:.2f}", f"{ms / own_ms:.1f}") if own_ms else ("", ""))]
+        )  # fmt: skip
+    return _table(
+        "The model against the machine's floor (concurrency 1)",
+        ["endpoint", "seq", "precision<", "model ms", "GOP", "achieved GOP/s",
+         "floor ms at int8 peak", "model / int8 floor", "floor ms at its precision",
+         "model / that floor"],
+        cells,
+        "Arithmetic per request from the model's config (bench/floor.py: projections, "
+        "feed-forward, attention), over the peak matrix-multiply throughput a probe measured "
+        f"on a worker's cores after the servers stopped (GOP/s, {probes}). A model time "
+        "near its floor gets faster only with less or cheaper arithmetic.",
+    )  # fmt: skip
 
 
 def baseline_check(points: list[dict[str, Any]]) -> list[str]:
@@ -349,24 +341,17 @@ def baseline_check(points: list[dict[str, Any]]) -> list[str]:
     rows = [r for r in points if r.get("plain_loop_req_per_s")]
     if not rows:
         return []
-    out = [
-        "### The baseline, checked",
-        "",
+    return _table(
+        "The baseline, checked",
+        ["endpoint", "seq", "texts", "torch threads", "vanilla req/s", "plain loop req/s",
+         "vanilla / loop"],
+        [[r["endpoint"], r["seq"], r["texts"], r.get("torch_threads", ""),
+          f"{r['req_per_s']:.1f}", f"{r['plain_loop_req_per_s']:.1f}",
+          f"{r['req_per_s'] / r['plain_loop_req_per_s']:.3f}"] for r in rows],
         "The vanilla endpoint (the `transformers` pipeline driven by the load generator, "
         "one request at a time) against the same pipeline called in a plain loop right "
         "after it, same process and threads, after three warm-up calls.",
-        "",
-        "| endpoint | seq | texts | torch threads | vanilla req/s | plain loop req/s | "
-        "vanilla / loop |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        out.append(
-            f"| {r['endpoint']} | {r['seq']} | {r['texts']} | {r.get('torch_threads', '')} | "
-            f"{r['req_per_s']:.1f} | {r['plain_loop_req_per_s']:.1f} | "
-            f"{r['req_per_s'] / r['plain_loop_req_per_s']:.3f} |"
-        )
-    return [*out, ""]
+    )  # fmt: skip
 
 
 def plots(results: dict[str, Any], out: Path) -> list[Path]:
