@@ -24,24 +24,6 @@ from ..waiting import until
 from ..workers import process
 
 
-class _OwnLeases:
-    """A server bench starts leases cores in a folder of its own (its workers inherit
-    this process's environment): set while it runs, put back when it stops."""
-
-    def __init__(self, tmp: Path):
-        self.folder, self._before = Path(tmp) / "leases", os.environ.get(LEASE_DIR_ENV)
-
-    def take(self) -> None:
-        self._before = os.environ.get(LEASE_DIR_ENV)
-        os.environ[LEASE_DIR_ENV] = str(self.folder)
-
-    def give_back(self) -> None:
-        if self._before is None:
-            os.environ.pop(LEASE_DIR_ENV, None)
-        else:
-            os.environ[LEASE_DIR_ENV] = self._before
-
-
 def bench_worker(layout: str, worker: WorkerSection | None = None) -> WorkerSection:
     """The workers of a server bench starts: their batching as `worker` (the bench
     command's) says, `layout`, and room for slow points."""
@@ -76,84 +58,86 @@ def layout_plan(artifact: Path, worker: WorkerSection) -> placement.WorkerPlan:
     return placement.plan(placement.PlanRequest.of(worker, [read_manifest(artifact, verify=False)]))
 
 
-class FrontServer:
+class _Started:
+    """A server bench starts: its workers as `neuronserve package` plans them on this host,
+    a temporary folder of its own (its leases in it), on a free port."""
+
+    url: str
+    metrics_url: str
+    workers_work: Path
+
+    def __init__(self, artifact: Path, layout: str, worker: WorkerSection | None, kind: str):
+        self.artifact, self.layout = Path(artifact), layout
+        self.worker = bench_worker(layout, worker)
+        plan = layout_plan(self.artifact, self.worker)
+        self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
+        self.tmp = tempfile.TemporaryDirectory(prefix=f"ns-bench-{kind}-")
+        self.lease_dir = Path(self.tmp.name) / "leases"
+        self.port = free_ports(1)[0]
+        self.front_pid: int | None = None
+
+    def root_pids(self) -> list[int]:
+        pids = [self.front_pid, _supervisor_pid(self.workers_work)]
+        return [p for p in pids if p is not None]
+
+
+class FrontServer(_Started):
     """neuronserve's front and its workers, started as `neuronserve serve front` starts
     them, so one session measures each of its routes on the same running processes."""
 
     def __init__(self, artifact: Path, layout: str, worker: WorkerSection | None = None):
         from ..serve.front.launch import WORKERS_DIR
 
-        self.artifact, self.layout = Path(artifact), layout
-        workers = bench_worker(layout, worker)
-        plan = layout_plan(self.artifact, workers)
-        self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
+        super().__init__(artifact, layout, worker, "front")
         self.name = read_manifest(self.artifact, verify=False).name
-        self.tmp = tempfile.TemporaryDirectory(prefix="ns-bench-front-")
         self.run_dir = Path(self.tmp.name) / "front"
         self.workers_work = self.run_dir / WORKERS_DIR
         front = {
-            "port": free_ports(1)[0],
+            "port": self.port,
             "run_dir": self.run_dir,
             # the load generator decides the load: no limit of the front's may refuse it
             "max_in_flight": 100_000,
             "deadline_s": 600,
         }
-        worker_fields = workers.model_dump(exclude_unset=True)
+        worker_fields = self.worker.model_dump(exclude_unset=True)
         self.spec = load_spec(None, {"worker": worker_fields, "front": front})
-        self.url = f"http://127.0.0.1:{self.spec.front.port}"
+        self.url = f"http://127.0.0.1:{self.port}"
         self.metrics_url = f"{self.url}/metrics"
-        self._leases = _OwnLeases(Path(self.tmp.name))
-        self.pid: int | None = None
+        # its workers inherit this process's environment: the variable is put back at stop
+        self._leases_before = os.environ.get(LEASE_DIR_ENV)
 
     def start(self) -> None:
         from ..serve.front import launch
 
-        self._leases.take()
-        self.pid = launch.start(self.spec, [self.artifact], log=lambda _: None).pid
-
-    def root_pids(self) -> list[int]:
-        pids = [self.pid, _supervisor_pid(self.workers_work)]
-        return [p for p in pids if p is not None]
-
-    @property
-    def front_pid(self) -> int | None:
-        return self.pid
+        self._leases_before = os.environ.get(LEASE_DIR_ENV)
+        os.environ[LEASE_DIR_ENV] = str(self.lease_dir)
+        self.front_pid = launch.start(self.spec, [self.artifact], log=lambda _: None).pid
 
     def stop(self, cleanup: bool = True) -> None:
         from ..serve.front import launch
 
-        if self.pid is not None:
+        if self.front_pid is not None:
             launch.stop(self.run_dir, log=lambda _: None)
-            self.pid = None
-            self._leases.give_back()
+            self.front_pid = None
+            if self._leases_before is None:
+                os.environ.pop(LEASE_DIR_ENV, None)
+            else:
+                os.environ[LEASE_DIR_ENV] = self._leases_before
         if cleanup:
             self.tmp.cleanup()
 
-    @property
-    def lease_dir(self) -> Path:
-        return self._leases.folder
 
-
-class SageMakerServer:
+class SageMakerServer(_Started):
     """The SageMaker container entrypoint (`python -m
     neuronserve.platforms.sagemaker.entrypoint`), serving /ping and /invocations on a
     free port."""
 
     def __init__(self, artifact: Path, layout: str):
-        self.artifact, self.layout = Path(artifact), layout
-        plan = layout_plan(self.artifact, WorkerSection(layout=layout))
-        self.workers, self.cores_per_worker = plan.workers, plan.cores_per_worker
-        self.tmp = tempfile.TemporaryDirectory(prefix="ns-bench-sagemaker-")
-        self.port = free_ports(1)[0]
+        super().__init__(artifact, layout, None, "sagemaker")
+        self.workers_work = Path(self.tmp.name)
+        self.url = f"http://127.0.0.1:{self.port}/invocations"
+        self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
         self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/invocations"
-
-    @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/metrics"
 
     def start(self, timeout_s: float = 600) -> None:
         work = Path(self.tmp.name)
@@ -166,16 +150,16 @@ class SageMakerServer:
             "NEURONSERVE_WORK_DIR": str(work),
             env_of("worker", "workers"): str(self.workers),
             env_of("worker", "cores_per_worker"): str(self.cores_per_worker),
-            "NEURONSERVE_LEASE_DIR": str(work / "leases"),
+            LEASE_DIR_ENV: str(self.lease_dir),
         }
         self.log = open(work / "sagemaker.log", "w")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(
+        self.proc = proc = subprocess.Popen(
             [sys.executable, "-m", "neuronserve.platforms.sagemaker.entrypoint"],
             env=env,
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        proc = self.proc
+        self.front_pid = proc.pid
 
         def pinged() -> bool:
             if proc.poll() is not None:
@@ -191,34 +175,16 @@ class SageMakerServer:
         if not until(pinged, timeout_s, 0.5):
             raise RuntimeError(f"the SageMaker entrypoint was not ready after {timeout_s:.0f}s")
 
-    @property
-    def front_pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def root_pids(self) -> list[int]:
-        if self.proc is None:
-            return []
-        pid = _supervisor_pid(self.workers_work)
-        return [self.proc.pid, *([pid] if pid is not None else [])]
-
     def stop(self, cleanup: bool = True) -> None:
         proc = self.proc
         if proc is not None and proc.poll() is None:
             stop_tree(proc.pid, lambda: proc.send_signal(signal.SIGTERM), 120)
             proc.wait()
-        self.proc = None
+        self.proc = self.front_pid = None
         if getattr(self, "log", None):
             self.log.close()
         if cleanup:
             self.tmp.cleanup()
-
-    @property
-    def lease_dir(self) -> Path:
-        return Path(self.tmp.name) / "leases"
-
-    @property
-    def workers_work(self) -> Path:
-        return Path(self.tmp.name)
 
 
 def cpu_by_role(roots: list[int], front: int | None = None) -> dict[str, float]:
