@@ -78,14 +78,15 @@ class BucketGrid:
         # best[i]: least total cost of the first i rows in length order; runs are
         # contiguous in that order, so the longest row of a run is its last
         best, cut = [0.0] + [float("inf")] * len(order), [0] * (len(order) + 1)
-        # a run's cost by its rows, for each length a run ends at: a batch has few
-        # lengths, and this loop runs rows x largest batch times on every call
+        # a run's cost by its rows (up to what this call has), for each length a run ends
+        # at: a batch has few lengths, and this loop runs rows x largest batch times
         run_costs: dict[int, list[float]] = {}
+        most = min(self.max_batch, len(order))
         for i in range(1, len(order) + 1):
             longest = lengths[order[i - 1]]
             costs = run_costs.get(longest)
             if costs is None:
-                sizes = range(1, self.max_batch + 1)
+                sizes = range(1, most + 1)
                 costs = run_costs[longest] = [0.0] + [cost(self.choose(k, longest)) for k in sizes]
             for k in range(1, min(self.max_batch, i) + 1):
                 total = best[i - k] + costs[k]

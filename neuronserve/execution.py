@@ -10,6 +10,7 @@ tokenizing and turning outputs into responses belong to the Runner and the tasks
 
 from __future__ import annotations
 
+import functools
 import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -168,9 +169,7 @@ class Executor:
         given) and padded into each bucket's tensors."""
         lengths = [self.layout.length(r) for r in rows]
         if chunks is None:
-            costs = self.bucket_ms
-            measured = costs and all(b.key in costs for b in self.grid.buckets)
-            chunks = list(self.grid.chunks(lengths, (lambda b: costs[b.key]) if measured else None))
+            chunks = list(self.grid.chunks(lengths, self._cost))
             if self.copies:
                 chunks = _spread(chunks, 1 + len(self.copies))
         if buckets is None:
@@ -181,6 +180,15 @@ class Executor:
             arrays = pad_batch([rows[i] for i in chunk], bucket, names, pads)
             tensors.append(tuple(torch.from_numpy(arrays[n]) for n in names))
         return Planned(len(rows), lengths, chunks, buckets, tensors)
+
+    @functools.cached_property
+    def _cost(self) -> Callable[[Bucket], float] | None:
+        """Each bucket's measured time where the grid's every bucket has one (else None),
+        found once: a batch's plan looks it up for every run it weighs."""
+        costs = self.bucket_ms
+        if not costs or not all(b.key in costs for b in self.grid.buckets):
+            return None
+        return {b: costs[b.key] for b in self.grid.buckets}.__getitem__
 
     def call(self, planned: Planned) -> list[Called]:
         """The device's work: each bucket run's module call, its output and time (ms),

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import struct
 from collections.abc import Iterator
@@ -103,7 +104,7 @@ def _layout(array: np.ndarray) -> list[Any]:
 
 def _array(layout: list[Any], body: bytes | memoryview) -> np.ndarray:
     dtype, shape = np.dtype(layout[0]), [int(d) for d in layout[1]]
-    count = int(np.prod(shape))
+    count = math.prod(shape)  # not np.prod: 40x its cost on a short list
     return np.frombuffer(body, dtype=dtype, count=count).reshape(shape)
 
 

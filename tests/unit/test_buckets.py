@@ -80,6 +80,23 @@ def test_measured_costs_split_mixed_lengths_into_the_cheapest_runs():
     assert list(grid.chunks(lengths)) == [sorted(range(8), key=lambda i: lengths[i])]
 
 
+def test_a_plan_prices_only_the_runs_its_rows_can_make():
+    # a lone request weighs one run, not one per batch size of the grid (its cost is
+    # looked up on every request the server plans)
+    grid = BucketGrid((1, 4, 8, 16, 32), (16, 128))
+    priced: list[Bucket] = []
+
+    def cost(b: Bucket) -> float:
+        priced.append(b)
+        return b.batch * b.seq
+
+    assert list(grid.chunks([20], cost)) == [[0]]
+    assert priced == [Bucket(1, 128)]
+    priced.clear()
+    assert sorted(i for c in grid.chunks([20, 20, 100], cost) for i in c) == [0, 1, 2]
+    assert len(priced) == 2 * 3  # two lengths, runs of one to three rows
+
+
 def test_one_call_beats_several_when_calls_cost_more_than_padding():
     grid = BucketGrid((1, 2, 4, 8), (8, 16))
     ms = {b.key: 10.0 + b.batch * b.seq * 0.001 for b in grid.buckets}  # a call dominates
