@@ -103,8 +103,9 @@ class FrontServer(_Started):
         self.spec = load_spec(None, {"worker": worker_fields, "front": front})
         self.url = f"http://127.0.0.1:{self.port}"
         self.metrics_url = f"{self.url}/metrics"
-        # its workers inherit this process's environment: the variable is put back at stop
-        self._leases_before = os.environ.get(LEASE_DIR_ENV)
+        # the lease variable as it was before start (its workers inherit this process's
+        # environment), put back at stop
+        self._leases_before: str | None = None
 
     def start(self) -> None:
         from ..serve.front import launch
