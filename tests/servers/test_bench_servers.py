@@ -76,9 +76,11 @@ def test_bench_runs_servers_and_the_runner_and_writes_every_report(
     for p in front:
         assert p["cpu_ms_per_req_front"] >= 0 and p["cpu_ms_per_req_workers"] > 0
         # the model's time per request, from the workers' counter on /metrics: some of
-        # what a request took, never more (a lone request waits for nothing else)
+        # what a request took on average, never more (a lone request waits for nothing
+        # else). Against the mean, not the median: one slow run lifts the counter's mean
+        # above a median it leaves alone.
         if p["concurrency"] == 1:
-            assert 0 < p["model_ms"] < p["p50_ms"], p
+            assert 0 < p["model_ms"] < p["mean_ms"], p
         if p["baseline"]:
             continue
         match = [
