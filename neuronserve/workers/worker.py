@@ -378,16 +378,21 @@ class Served:
             return frame({**head, "kind": error.kind} if error.kind else head)
 
     def _send(self, batch: list[Waiting], frames: list[bytes], number: int) -> None:
-        """A batch's answers, sent on the thread that made them. Its slot is freed
+        """A batch's answers, sent on the thread that made them, in one write per
+        connection (the front's one connection usually holds the whole batch: a write a
+        request cost a syscall and a wake-up of the front each). Its slot is freed
         first, then the loop is woken only if requests wait for it: the loop queues a
         request before it looks for a slot, so one of the two sees the other."""
         self.started.pop(number, None)
         if self.queue:
             self.loop.call_soon_threadsafe(self.wake.set)
+        by_connection: dict[Connection, list[bytes]] = {}
         for waiting, data in zip(batch, frames, strict=False):
-            waiting.connection.send(data)
-        for data in frames[len(batch) :]:  # the metrics
-            batch[0].connection.send(data)
+            by_connection.setdefault(waiting.connection, []).append(data)
+        # the metrics, after the answers on the first request's connection
+        by_connection[batch[0].connection].extend(frames[len(batch) :])
+        for connection, data in by_connection.items():
+            connection.send(data[0] if len(data) == 1 else b"".join(data))
 
 
 def _request(task: Task, head: dict[str, Any], body: memoryview) -> TaskRequest:
