@@ -103,7 +103,7 @@ class TextTokenizer:
             return []
         method = "encode_batch" if offsets else "encode_batch_fast"
         batch = getattr(self._full, method)(list(texts))
-        out = [Encoded(e.ids, e.attention_mask, e.type_ids, len(e.ids), e) for e in batch]
+        out = [Encoded(e.ids, e.attention_mask, e.type_ids, len(e), e) for e in batch]
         if truncate:
             long_idx = [i for i, e in enumerate(out) if e.full_length > self.max_length]
             if long_idx:
@@ -126,7 +126,7 @@ class TextTokenizer:
         (truncation="only_second", return_overflowing_tokens). Raises ValueError when the
         question leaves no room for context."""
         return [
-            Encoded(e.ids, e.attention_mask, e.type_ids, len(e.ids), e)
+            Encoded(e.ids, e.attention_mask, e.type_ids, len(e), e)
             for e in self._overflow(pair[0], pair[1], stride, "only_second")
         ]
 
@@ -137,9 +137,9 @@ class TextTokenizer:
         ValueError when `overlap` leaves no room for new text in a window."""
         out, start = [], 0
         for e in self._overflow(text, None, overlap, "longest_first"):
-            held = len(e.ids) - sum(e.special_tokens_mask)
+            held = len(e) - sum(e.special_tokens_mask)
             out.append(
-                Encoded(e.ids, e.attention_mask, e.type_ids, len(e.ids), e, (start, start + held))
+                Encoded(e.ids, e.attention_mask, e.type_ids, len(e), e, (start, start + held))
             )
             start += held - overlap
         return out
@@ -224,7 +224,7 @@ class TextTokenizer:
         """Each text, cut after its first `most` tokens (special tokens not counted), at
         the end of that token's characters: what Cohere's `max_tokens_per_doc` asks."""
         batch = self._full.encode_batch_fast(list(texts), add_special_tokens=False)
-        long = [i for i, e in enumerate(batch) if len(e.ids) > most]
+        long = [i for i, e in enumerate(batch) if len(e) > most]
         if not long:
             return list(texts)
         out = list(texts)
@@ -246,4 +246,4 @@ class TextTokenizer:
                 self._to_length.no_padding()
             self._to_length.enable_truncation(length)
             e = self._to_length.encode(repeated)
-        return Encoded(e.ids, e.attention_mask, e.type_ids, len(e.ids))
+        return Encoded(e.ids, e.attention_mask, e.type_ids, len(e))
