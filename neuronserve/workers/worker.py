@@ -391,8 +391,8 @@ class Served:
             by_connection.setdefault(waiting.connection, []).append(data)
         # the metrics, after the answers on the first request's connection
         by_connection[batch[0].connection].extend(frames[len(batch) :])
-        for connection, data in by_connection.items():
-            connection.send(data[0] if len(data) == 1 else b"".join(data))
+        for connection, joined in by_connection.items():
+            connection.send(joined[0] if len(joined) == 1 else b"".join(joined))
 
 
 def _request(task: Task, head: dict[str, Any], body: memoryview) -> TaskRequest:
