@@ -275,6 +275,65 @@ def test_requests_waiting_together_run_as_one_batch_each_answered_its_own(tmp_pa
     assert {1, 3, 5} == set(got_a) and {2, 4} == set(got_b)
 
 
+class ReportingWorker(FakeWorker):
+    """A FakeWorker that reports each batch's run, as Worker.start does."""
+
+    def start(self, requests, report) -> Future:
+        from neuronserve.execution import RunReport
+
+        run = RunReport()
+        run.requests = len(requests)
+        report("m", run)
+        return super().start(requests, report)
+
+
+def _frames_of(data: bytes) -> list[dict[str, Any]]:
+    async def read():
+        reader, heads = _reader(data), []
+        while (got := await read_frame(reader, 1 << 24)) is not None:
+            heads.append(got[0])
+        return heads
+
+    return asyncio.run(read())
+
+
+def test_a_batchs_answers_go_in_one_write_per_connection_the_metrics_after_them(
+    tmp_path, monkeypatch
+):
+    from neuronserve.workers import worker as worker_module
+
+    writes: list[tuple[int, bytes]] = []
+    send = worker_module.Connection.send
+
+    def recorded(self, data):
+        writes.append((id(self), bytes(data)))
+        send(self, data)
+
+    monkeypatch.setattr(worker_module.Connection, "send", recorded)
+    worker = ReportingWorker()
+    served, run = _serving(tmp_path, worker)
+
+    async def body(path):
+        a, b = await Peer.to(path), await Peer.to(path)
+        worker.hold.clear()
+        a.send(1, ["first"])  # runs alone, held
+        await until(lambda: worker.batches == [1])
+        for i in range(2, 6):  # 2 and 4 from b, 3 and 5 from a: one batch of four
+            (a if i % 2 else b).send(i, ["x"])
+        await until(lambda: len(served.queue) == 4)
+        worker.hold.set()
+        return await a.answers(3), await b.answers(2)
+
+    got_a, got_b = asyncio.run(run(body))
+    assert worker.batches == [1, 4]
+    assert {1, 3, 5} == set(got_a) and {2, 4} == set(got_b)
+    # the first batch's write, then one write for each connection of the second
+    batch = [[h.get("id") if h.get("op") != "metrics" else "metrics" for h in _frames_of(d)]
+             for _, d in writes[1:]]  # fmt: skip
+    assert sorted(batch, key=len) == [[3, 5], [2, 4, "metrics"]], batch
+    assert len({c for c, _ in writes[1:]}) == 2
+
+
 class StepWorker(FakeWorker):
     """A FakeWorker whose batches each finish when their own event is set."""
 
