@@ -34,6 +34,9 @@ BARE = orjson.dumps([VECTOR], option=orjson.OPT_SERIALIZE_NUMPY)
 SIZE = struct.Struct("<I")
 
 
+# The device's hold is the stand-in's (tests/neuron_standin/_standin_runtime.py, _Core:
+# its wake-up measure and hold), written again so that these processes import no torch;
+# a change to that hold belongs here too.
 def _late() -> float:
     """How late this host's sleep wakes (as the stand-in measures it)."""
     late = []
